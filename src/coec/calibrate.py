@@ -1,0 +1,198 @@
+"""One layer-by-layer pass over the dense model accumulating second moments.
+
+For every decoder layer and for the inputs of ``o_proj`` and ``down_proj`` it accumulates
+
+    G = Σ_t x_t x_tᵀ  (d_in × d_in),   sum = Σ_t x_t  (d_in),   n = number of tokens,
+
+without ever holding all tokens: each batch's Gram is formed in the compute dtype (float32 for
+16/32-bit models) and added to a float64 total. Layers are processed one at a time with the
+hidden states of all calibration sequences cached between layers, so only one layer (and one
+layer's Grams) is on the device at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .models import decoder_layers
+
+log = logging.getLogger(__name__)
+
+MODULES = ("o_proj", "down_proj")
+
+
+class NonFiniteActivations(FloatingPointError):
+    """NaN or Inf in the calibration activations of a named layer/module."""
+
+
+class GramAccumulator:
+    """Running Σ x xᵀ, Σ x and token count for one module input (hook target)."""
+
+    def __init__(self, dim: int, device: torch.device, total_dtype=torch.float64):
+        self.gram = torch.zeros(dim, dim, dtype=total_dtype, device=device)
+        self.sum = torch.zeros(dim, dtype=total_dtype, device=device)
+        self.count = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add a batch of inputs ``x`` (..., d) to the statistics."""
+        x = x.reshape(-1, x.shape[-1])
+        work = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        self.gram += (work.T @ work).to(self.gram.dtype)
+        self.sum += work.sum(0).to(self.sum.dtype)
+        self.count += x.shape[0]
+
+
+def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list:
+    """Per-layer attention masks for full-length causal sequences without padding, built the
+    way the model's own forward builds them (full or sliding-window per ``layer_types``)."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    cfg = model.config
+    kw = dict(config=cfg, inputs_embeds=hidden, attention_mask=None, cache=None,
+              position_ids=position_ids)
+    full = create_causal_mask(**kw)
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    sliding = (create_sliding_window_causal_mask(**kw)
+               if "sliding_attention" in types else None)
+    return [sliding if t == "sliding_attention" else full for t in types]
+
+
+def _layer_call(layer, hidden, mask, position_ids, position_embeddings):
+    out = layer(hidden, attention_mask=mask, position_ids=position_ids,
+                position_embeddings=position_embeddings)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def embed_batches(model, input_ids: torch.Tensor, batch_size: int, device: torch.device,
+                  store_device: torch.device) -> list[torch.Tensor]:
+    """Token embeddings of the calibration sequences, in batches kept on ``store_device``."""
+    emb = model.model.embed_tokens
+    emb_dev = emb.weight.device
+    emb.to(device)
+    hidden = [emb(input_ids[i:i + batch_size].to(device)).to(store_device)
+              for i in range(0, input_ids.shape[0], batch_size)]
+    emb.to(emb_dev)
+    return hidden
+
+
+@torch.no_grad()
+def run_layerwise(model, input_ids: torch.Tensor, batch_size: int = 8, device=None,
+                  on_layer: Callable[[int, dict[str, GramAccumulator]], None] | None = None,
+                  modules: tuple[str, ...] = MODULES, progress: bool = True,
+                  before_layer: Callable[[int, torch.nn.Module], None] | None = None) -> None:
+    """Run the calibration sequences through the decoder layer by layer, accumulating
+    :class:`GramAccumulator` statistics of the named module inputs; ``on_layer(i, stats)`` is
+    called after layer ``i`` (e.g. to write its file). ``before_layer(i, layer)`` may modify a
+    layer in place before its statistics are taken (iterative calibration prunes here).
+
+    input_ids: (n_seq, seqlen). Hidden states of all sequences are cached between layers on
+    the device that held the model (CPU offload for large models).
+    """
+    layers = decoder_layers(model)
+    store = next(model.parameters()).device
+    device = torch.device(device) if device is not None else store
+    hidden = embed_batches(model, input_ids, batch_size, device, store)
+    seqlen = input_ids.shape[1]
+    pos = torch.arange(seqlen, device=device).unsqueeze(0)
+    rotary = model.model.rotary_emb
+    rot_dev = next(rotary.buffers()).device
+    rotary.to(device)
+    pe = rotary(hidden[0].to(device), pos)
+    masks = layer_masks(model, hidden[0].to(device), pos)
+    bar = tqdm(range(len(layers)), desc="calibrate", unit="layer", disable=not progress)
+    for i in bar:
+        layer = layers[i]
+        home = next(layer.parameters()).device
+        layer.to(device)
+        if before_layer is not None:
+            before_layer(i, layer)
+        stats, handles = {}, []
+        for name in modules:
+            mod = layer.self_attn.o_proj if name == "o_proj" else layer.mlp.down_proj
+            acc = stats[name] = GramAccumulator(mod.in_features, device)
+            handles.append(mod.register_forward_pre_hook(
+                lambda _m, args, acc=acc: acc.update(args[0])))
+        try:
+            for b, h in enumerate(hidden):
+                out = _layer_call(layer, h.to(device), masks[i], pos, pe)
+                hidden[b] = out.to(store)
+        finally:
+            for hd in handles:
+                hd.remove()
+        for name, acc in stats.items():
+            if not (torch.isfinite(acc.gram).all() and torch.isfinite(acc.sum).all()):
+                raise NonFiniteActivations(
+                    f"NaN/Inf in calibration activations of layer {i} {name} input "
+                    f"(check the model dtype and the data)")
+        layer.to(home)
+        if on_layer is not None:
+            on_layer(i, stats)
+    rotary.to(rot_dev)
+
+
+def gram_tensors(stats: dict[str, GramAccumulator], dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """Flatten layer statistics into safetensors entries ``<module>.gram|sum|count``."""
+    out = {}
+    for name, acc in stats.items():
+        out[f"{name}.gram"] = acc.gram.to(dtype).cpu().contiguous()
+        out[f"{name}.sum"] = acc.sum.to(torch.float64).cpu().contiguous()
+        out[f"{name}.count"] = torch.tensor([acc.count], dtype=torch.int64)
+    return out
+
+
+def calibrate_to_dir(model, input_ids: torch.Tensor, out_dir: str | Path, batch_size: int = 8,
+                     device=None, gram_dtype: str = "float32", meta: dict | None = None) -> dict:
+    """Write ``layer{i}.safetensors`` (Grams, sums, counts of o_proj and down_proj inputs) for
+    every layer plus ``meta.json`` into ``out_dir`` (written to a temp dir, then renamed)."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from .models import torch_dtype
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    dt = torch_dtype(gram_dtype)
+    t0 = time.time()
+
+    def write(i, stats):
+        save_file(gram_tensors(stats, dt), str(tmp / f"layer{i}.safetensors"))
+
+    run_layerwise(model, input_ids, batch_size=batch_size, device=device, on_layer=write)
+    info = {"n_layers": len(decoder_layers(model)), "n_sequences": int(input_ids.shape[0]),
+            "seqlen": int(input_ids.shape[1]), "tokens": int(input_ids.numel()),
+            "gram_dtype": gram_dtype, "seconds": round(time.time() - t0, 3), **(meta or {})}
+    (tmp / "meta.json").write_text(json.dumps(info, indent=2))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.replace(out_dir)
+    log.info("calibrated %d layers on %d tokens in %.1fs", info["n_layers"], info["tokens"],
+             info["seconds"])
+    return info
+
+
+def load_layer_stats(gram_dir: str | Path, layer: int, module: str) -> dict[str, torch.Tensor]:
+    """``gram`` (d,d), ``mean`` (d,), ``count`` and ``sum`` of one module's input at one layer."""
+    from safetensors import safe_open
+
+    path = Path(gram_dir) / f"layer{layer}.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"Gram file not found: {path}")
+    with safe_open(str(path), framework="pt") as f:
+        gram = f.get_tensor(f"{module}.gram")
+        total = f.get_tensor(f"{module}.sum")
+        count = int(f.get_tensor(f"{module}.count")[0])
+    if not (torch.isfinite(gram).all() and torch.isfinite(total).all()):
+        raise NonFiniteActivations(f"NaN/Inf in the Gram of {module} in {path}")
+    return {"gram": gram, "sum": total, "count": count, "mean": total / max(count, 1)}

@@ -1,0 +1,1 @@
+"""Evaluation: perplexity (ppl) and zero-shot accuracy through lm-eval (zeroshot)."""

@@ -1,0 +1,230 @@
+"""Calibration, selection, surgery and perplexity on tiny random Llama / Qwen2 models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from coec.calibrate import NonFiniteActivations, run_layerwise
+from coec.data import eval_windows, sample_windows
+from coec.evaluate.ppl import perplexity
+from coec.models import AttnGeometry, ModelError, attention_geometry, check_family, load_model
+from coec.prune import prepare_for_save_, prune_layer_, prune_model_, set_output_weights_
+from coec.select import (channel_variance, column_scores, group_scores, head_indices, n_keep,
+                         o_proj_columns, select_layer, top_k_sorted)
+
+from conftest import make_model_dir, tiny_config
+
+
+def _ids(n=3, t=24, vocab=320, seed=1):
+    return torch.randint(0, vocab, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------- calibration
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_grams_equal_explicit_inputs(tmp_path, family):
+    """Layer-wise Grams equal X Xᵀ of inputs captured from the full model forward (float64)."""
+    path = make_model_dir(tmp_path / family, family, dtype=torch.float64)
+    model, _ = load_model(path, dtype="float64")
+    ids = _ids()
+    captured = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        for name, mod in (("o_proj", layer.self_attn.o_proj), ("down_proj", layer.mlp.down_proj)):
+            hooks.append(mod.register_forward_pre_hook(
+                lambda _m, a, key=(i, name): captured.setdefault(key, []).append(a[0])))
+    with torch.no_grad():
+        model(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    stats = {}
+    run_layerwise(model, ids, batch_size=2, on_layer=lambda i, s: stats.update({i: s}),
+                  progress=False)
+    for (i, name), xs in captured.items():
+        X = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs])
+        G = X.T @ X
+        acc = stats[i][name]
+        assert acc.count == X.shape[0]
+        assert (acc.gram - G).norm() / G.norm() < 1e-10
+        assert torch.allclose(acc.sum, X.sum(0), rtol=1e-10, atol=1e-12)
+
+
+def test_nan_activations_raise(llama_dir):
+    model, _ = load_model(llama_dir)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteActivations, match="layer 1 down_proj"):
+        run_layerwise(model, _ids(), progress=False)
+
+
+# ----------------------------------------------------------------------------- selection
+def test_scores_hand_computed():
+    W = torch.tensor([[3.0, 0.0, 1.0], [4.0, 1.0, 0.0]])  # column norms 5, 1, 1
+    X = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
+    G, s, n = X @ X.T, X.sum(1), X.shape[1]
+    var = X.var(dim=1, unbiased=True).double()
+    assert torch.allclose(channel_variance(G.diagonal(), s, n), var)
+    xn = X.norm(dim=1).double()
+    wn = torch.tensor([5.0, 1.0, 1.0], dtype=torch.float64)
+    assert torch.allclose(column_scores("wanda_sp", W, G.diagonal(), s, n), wn * xn)
+    assert torch.allclose(column_scores("flap", W, G.diagonal(), s, n), var * wn**2)
+    assert torch.allclose(column_scores("rcpu", W, G.diagonal(), s, n), wn * xn * var)
+    # the constant channel has zero variance: flap/rcpu score it 0, wanda_sp does not
+    assert column_scores("flap", W, G.diagonal(), s, n)[2] == 0
+    assert column_scores("wanda_sp", W, G.diagonal(), s, n)[2] > 0
+
+
+def test_keep_counts_and_rounding():
+    assert n_keep(1536, 0.3) == 1076          # ceil(1075.2)
+    assert n_keep(10, 0.1) == 9               # no float error: 0.9*10 = 9.000000000000002
+    assert n_keep(8, 0.3) == 6                # ceil(5.6)
+    assert n_keep(3, 0.3, "ceil") == 3        # the paper's rule keeps all 3 groups
+    assert n_keep(3, 0.3, "nearest") == 2     # round the pruned count: one group goes
+    assert n_keep(4, 0.3, "nearest") == 3
+    for bad in (0.0, 1.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="ratio"):
+            n_keep(10, bad)
+    with pytest.raises(ValueError, match="rounding"):
+        n_keep(10, 0.3, "floor")
+
+
+def test_group_selection_keeps_gqa_structure():
+    geom = AttnGeometry(n_heads=6, n_kv=3, head_dim=2)  # 2 query heads per KV head
+    col = torch.tensor([1.0, 1, 1, 1,  5, 5, 5, 5,  2, 2, 2, 2], dtype=torch.float64)
+    assert group_scores(col, geom).tolist() == [4.0, 20.0, 8.0]
+    assert top_k_sorted(group_scores(col, geom), 2) == [1, 2]
+    assert head_indices([1, 2], geom) == [2, 3, 4, 5]
+    assert o_proj_columns([0, 2], geom).tolist() == [0, 1, 2, 3, 8, 9, 10, 11]
+    # a full select_layer on a constructed case: o_proj columns scaled per group
+    Wo = torch.diag(torch.tensor([1.0] * 4 + [5.0] * 4 + [2.0] * 4))
+    Wd = torch.diag(torch.tensor([1.0, 6, 2, 5, 3, 4]))
+    st = lambda dim: {"gram": torch.eye(dim), "sum": torch.zeros(dim), "count": 10}
+    keep = select_layer("wanda_sp", Wo, st(12), Wd, st(6), geom, 0.3, group_rounding="nearest")
+    assert keep == {"kv_groups": [1, 2], "channels": [1, 2, 3, 4, 5]}  # ceil(0.7*6) = 5 kept
+    keep = select_layer("wanda_sp", Wo, st(12), Wd, st(6), geom, 0.3, group_rounding="ceil")
+    assert keep["kv_groups"] == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------- surgery
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def _all_keep(geom, d_ff, n_layers):
+    return {"layers": [{"kv_groups": list(range(geom.n_kv)), "channels": list(range(d_ff))}
+                       for _ in range(n_layers)]}
+
+
+def test_prune_nothing_identical(tiny_dir):
+    model, _ = load_model(tiny_dir, dtype="float64")
+    ids = _ids()
+    ref = _logits(model, ids)
+    geom = attention_geometry(model.config)
+    prune_model_(model, _all_keep(geom, model.config.intermediate_size, 2))
+    assert torch.equal(_logits(model, ids), ref)
+
+
+def test_prune_kv_group_equals_zeroing(tiny_dir, tmp_path):
+    """Removing KV group 0 (+ its query heads) and MLP channels == zeroing those o_proj /
+    down_proj input columns in the unpruned model; save -> vanilla reload is identical."""
+    from transformers import AutoModelForCausalLM
+
+    ids = _ids()
+    ref_model, _ = load_model(tiny_dir, dtype="float64")
+    model, _ = load_model(tiny_dir, dtype="float64")
+    geom = attention_geometry(model.config)
+    d_ff = model.config.intermediate_size
+    channels = [c for c in range(d_ff) if c % 3]  # drop every third channel
+    keep = {"layers": [{"kv_groups": [1], "channels": channels},
+                       {"kv_groups": [1], "channels": channels}]}
+    prune_model_(model, keep)
+    dropped_cols = o_proj_columns([0], geom)
+    dropped_ch = [c for c in range(d_ff) if c not in channels]
+    with torch.no_grad():
+        for layer in ref_model.model.layers:
+            layer.self_attn.o_proj.weight[:, dropped_cols] = 0
+            layer.mlp.down_proj.weight[:, dropped_ch] = 0
+    out = _logits(model, ids)
+    torch.testing.assert_close(out, _logits(ref_model, ids), rtol=1e-10, atol=1e-10)
+    assert model.config.num_key_value_heads == 1
+    assert model.config.num_attention_heads == geom.groups
+    assert model.config.head_dim == geom.head_dim
+    assert model.config.intermediate_size == len(channels)
+    if model.config.model_type == "qwen2":  # q/k/v biases were sliced with their rows
+        assert model.model.layers[0].self_attn.k_proj.bias.shape == (geom.head_dim,)
+    prepare_for_save_(model)
+    model.save_pretrained(tmp_path / "pruned")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned", dtype=torch.float64)
+    assert torch.equal(_logits(reloaded, ids), out)
+
+
+def test_bias_save_reload_llama(llama_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model, _ = load_model(llama_dir, dtype="float64")
+    geom = attention_geometry(model.config)
+    prune_model_(model, {"layers": [{"kv_groups": [0], "channels": list(range(0, 48, 2))}] * 2})
+    torch.manual_seed(0)
+    for layer in model.model.layers:
+        for mod, lin in (("o_proj", layer.self_attn.o_proj), ("down_proj", layer.mlp.down_proj)):
+            set_output_weights_(layer, mod, lin.weight.data * 0.9, torch.randn(lin.out_features))
+    ids = _ids()
+    out = _logits(model, ids)
+    prepare_for_save_(model)
+    assert torch.equal(_logits(model, ids), out)  # zero sibling biases change nothing
+    model.save_pretrained(tmp_path / "b")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "b", dtype=torch.float64)
+    assert reloaded.config.attention_bias and reloaded.config.mlp_bias
+    assert torch.equal(_logits(reloaded, ids), out)
+
+
+def test_qwen2_o_bias_export_refused(tmp_path):
+    path = make_model_dir(tmp_path / "q", "qwen2")
+    model, _ = load_model(path)
+    layer = model.model.layers[0]
+    set_output_weights_(layer, "o_proj", layer.self_attn.o_proj.weight.data, torch.ones(32))
+    with pytest.raises(ModelError, match="o_proj bias"):
+        prepare_for_save_(model)
+
+
+# ----------------------------------------------------------------------------- perplexity
+def test_perplexity_hand_computed(llama_dir):
+    model, _ = load_model(llama_dir, dtype="float64")
+    tokens = torch.arange(50) % 300
+    windows = eval_windows(tokens, 16, None)
+    assert windows.shape == (3, 16)  # trailing 2 tokens dropped
+    nll, n = 0.0, 0
+    for w in windows:
+        logp = torch.log_softmax(_logits(model, w[None])[0], -1)
+        for t in range(1, 16):
+            nll -= float(logp[t - 1, w[t]])
+            n += 1
+    res = perplexity(model, windows, batch_size=2, progress=False)
+    assert res["tokens_scored"] == n == 45
+    assert math.isclose(res["ppl"], math.exp(nll / n), rel_tol=1e-9)
+    assert eval_windows(tokens, 16, 2).shape == (2, 16)
+
+
+def test_sample_windows_deterministic():
+    tokens = torch.arange(1000)
+    a, b = sample_windows(tokens, 5, 64, 0), sample_windows(tokens, 5, 64, 0)
+    assert torch.equal(a, b) and a.shape == (5, 64)
+    assert not torch.equal(a, sample_windows(tokens, 5, 64, 1))
+    assert all(torch.equal(w, torch.arange(w[0], w[0] + 64)) for w in a)  # contiguous windows
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_models(tmp_path):
+    from transformers import AutoConfig
+
+    with pytest.raises(ModelError, match="gpt2"):
+        check_family(AutoConfig.for_model("gpt2"))
+    with pytest.raises(ModelError, match="not divisible"):
+        attention_geometry(tiny_config("llama", num_attention_heads=4, num_key_value_heads=3))
+    with pytest.raises(ModelError, match="does not exist"):
+        load_model("./no/such/dir")
