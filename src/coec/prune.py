@@ -113,6 +113,13 @@ def prepare_for_save_(model) -> None:
     when o_proj / down_proj carry biases, the ``attention_bias`` / ``mlp_bias`` flags (sibling
     projections get zero biases). Families whose vanilla modules cannot hold the bias raise."""
     rewrite_config_(model)
+    validate = getattr(model.config, "validate_architecture", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as exc:  # e.g. LlamaConfig: hidden_size % num_attention_heads != 0
+            raise ModelError(f"the pruned config cannot be saved by this transformers version "
+                             f"({exc}); evaluate the pruned model in memory instead") from exc
     layers = decoder_layers(model)
     o_bias = any(l.self_attn.o_proj.bias is not None for l in layers)
     d_bias = any(l.mlp.down_proj.bias is not None for l in layers)

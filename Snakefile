@@ -1,0 +1,29 @@
+# coec: structured pruning + compensation, every paper artifact a target.
+#   snakemake --cores all results/table1.csv                      (embedded default, CPU)
+#   snakemake results/table1.csv --workflow-profile workflow/profiles/slurm \
+#             --configfile workflow/configs/paper.yaml
+# (targets before --configfile: that option takes several files)
+
+import os
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: os.path.join(workflow.basedir, "config.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/resources.smk"
+include: "workflow/rules/calibrate.smk"
+include: "workflow/rules/select.smk"
+include: "workflow/rules/compensate.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/table1.csv",

@@ -1,0 +1,97 @@
+"""Calibration and perplexity overhead against their plain-compute baselines, same run.
+
+    python benchmarks/bench_foundation.py [--model resources/models/smollm2-135m]
+        [--nseq 16 --seqlen 512 --batch 4 --dtype float32 --device cpu]
+
+Prints:
+- calibration time / (plain forward over the same tokens + the Gram matmuls alone)  (goal <= 1.25)
+- perplexity time / plain forward (logits only) over the same windows                (goal <= 1.1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from coec.calibrate import run_layerwise
+from coec.evaluate.ppl import perplexity
+from coec.models import load_model, resolve_device
+
+
+def timed(fn, repeat=1):
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="resources/models/smollm2-135m")
+    ap.add_argument("--nseq", type=int, default=16)
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeat", type=int, default=2)
+    a = ap.parse_args()
+    dev = resolve_device(a.device)
+    model, _ = load_model(a.model, dtype=a.dtype, device=dev)
+    cfg = model.config
+    ids = torch.randint(0, cfg.vocab_size, (a.nseq, a.seqlen), generator=torch.Generator().manual_seed(0))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    @torch.no_grad()
+    def plain_forward():
+        for i in range(0, a.nseq, a.batch):
+            model.model(input_ids=ids[i:i + a.batch].to(dev))  # decoder only, no lm_head
+        sync()
+
+    @torch.no_grad()
+    def plain_logits():
+        for i in range(0, a.nseq, a.batch):
+            model(input_ids=ids[i:i + a.batch].to(dev)).logits
+        sync()
+
+    n_tok = a.batch * a.seqlen
+    xa = torch.randn(n_tok, cfg.num_attention_heads * cfg.head_dim, device=dev, dtype=model.dtype)
+    xm = torch.randn(n_tok, cfg.intermediate_size, device=dev, dtype=model.dtype)
+
+    def grams_alone():
+        for _ in range(cfg.num_hidden_layers * (a.nseq // a.batch)):
+            for x in (xa, xm):
+                w = x.float()
+                (w.T @ w).double()
+        sync()
+
+    def calib():
+        run_layerwise(model, ids, batch_size=a.batch, device=dev, progress=False)
+        sync()
+
+    def ppl():
+        perplexity(model, ids, batch_size=a.batch, progress=False)
+        sync()
+
+    calib()  # warm-up
+    t_fwd = timed(plain_forward, a.repeat)
+    t_gram = timed(grams_alone, a.repeat)
+    t_cal = timed(calib, a.repeat)
+    t_log = timed(plain_logits, a.repeat)
+    t_ppl = timed(ppl, a.repeat)
+    tokens = a.nseq * a.seqlen
+    print(f"model {a.model} dtype {a.dtype} device {dev} tokens {tokens} "
+          f"({a.nseq}x{a.seqlen}, batch {a.batch}), threads {torch.get_num_threads()}")
+    print(f"plain decoder forward     {t_fwd:8.2f} s  ({tokens / t_fwd:,.0f} tok/s)")
+    print(f"Gram matmuls alone        {t_gram:8.2f} s")
+    print(f"calibration (layer-wise)  {t_cal:8.2f} s  ({tokens / t_cal:,.0f} tok/s)  "
+          f"ratio {t_cal / (t_fwd + t_gram):.3f} (goal <= 1.25)")
+    print(f"plain forward + logits    {t_log:8.2f} s")
+    print(f"perplexity                {t_ppl:8.2f} s  ratio {t_ppl / t_log:.3f} (goal <= 1.1)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+# One layer-by-layer pass per (model, calibration set): Grams, channel sums, token counts of
+# every layer's o_proj and down_proj inputs. Shared by every selection and compensation.
+
+
+def calib_cfg(name):
+    return config["calibration"][name]
+
+
+rule calibrate:
+    input:
+        model=model_input,
+        text=lambda wc: dataset_input(calib_cfg(wc.calib)["dataset"]),
+    output:
+        directory("results/{model}/grams/{calib}"),
+    params:
+        model=lambda wc: model_path(wc.model),
+        dataset=lambda wc: json.dumps(dataset_spec(calib_cfg(wc.calib)["dataset"])),
+        nsamples=lambda wc: calib_cfg(wc.calib)["nsamples"],
+        seqlen=lambda wc: calib_cfg(wc.calib)["seqlen"],
+        seed=lambda wc: calib_cfg(wc.calib).get("seed", 0),
+        batch=lambda wc: calib_cfg(wc.calib).get("batch_size", 8),
+        gram_dtype=lambda wc: calib_cfg(wc.calib).get("gram_dtype", "float32"),
+        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        device=config.get("compute", {}).get("device", "auto"),
+    log:
+        "results/logs/calibrate/{model}/{calib}.log",
+    benchmark:
+        "results/benchmarks/calibrate/{model}/{calib}.tsv"
+    resources:
+        **rule_resources("calibrate"),
+    shell:
+        "{PY} calibrate --model {params.model:q} --dataset {params.dataset:q} "
+        "--nsamples {params.nsamples} --seqlen {params.seqlen} --seed {params.seed} "
+        "--batch-size {params.batch} --dtype {params.dtype} --gram-dtype {params.gram_dtype} "
+        "--device {params.device} --out {output} > {log} 2>&1"

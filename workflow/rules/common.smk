@@ -1,0 +1,106 @@
+# Helpers shared by the rules: config validation, path scheme, per-rule resources.
+import json
+import sys
+from shlex import quote as shlex_quote
+
+from coec.config import validate_config
+
+validate_config(config, os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"))
+
+# the interpreter running Snakemake (so rules work without an activated venv)
+PY = f"{sys.executable} -m coec"
+
+
+wildcard_constraints:
+    model=r"[^/]+",
+    calib=r"[^/]+",
+    select=r"wanda_sp|flap|rcpu",
+    ratio=r"0\.[0-9]+",
+    comp=r"[^/]+",
+    first=r"[0-9]+",
+    last=r"[0-9]+",
+
+
+def fmt_ratio(r):
+    return f"{float(r):g}"
+
+
+def model_cfg(name):
+    return config["models"][name]
+
+
+def model_path(name):
+    """What the CLI loads: the converted folder for embedded models, else the hub id / dir."""
+    m = model_cfg(name)
+    return f"resources/models/{name}" if m["source"] == "embedded" else m["source"]
+
+
+def model_input(wc):
+    """Files a job depends on for its model (only embedded models are workflow outputs)."""
+    m = model_cfg(wc.model)
+    return [f"resources/models/{wc.model}"] if m["source"] == "embedded" else []
+
+
+def dataset_spec(name):
+    d = dict(config["datasets"][name])
+    if d["source"] == "embedded":
+        d["dir"] = f"resources/text/{name}"
+    return d
+
+
+def dataset_input(name):
+    d = config["datasets"][name]
+    if d["source"] == "embedded":
+        return [f"resources/text/{name}/calib.txt", f"resources/text/{name}/eval.txt"]
+    if d["source"] == "files":
+        return [d["calib"], d["eval"]]
+    return []
+
+
+def comp_spec(name):
+    return config["compensations"][name]
+
+
+def blocks(model):
+    """(first, last) layer ranges of the compensation jobs of a model."""
+    n = model_cfg(model)["num_layers"]
+    size = config.get("compute", {}).get("compensate_block", 1) or n
+    return [(a, min(a + size, n) - 1) for a in range(0, n, size)]
+
+
+def cell_dir(model, calib, select, ratio, comp=None):
+    base = f"results/{model}/{calib}/{select}-{fmt_ratio(ratio)}"
+    return f"{base}/{comp}" if comp else base
+
+
+def comp_files(wc):
+    """Per-block compensated weights of a cell; none for the prune-only cell."""
+    if comp_spec(wc.comp)["method"] == "none":
+        return []
+    base = cell_dir(wc.model, wc.calib, wc.select, wc.ratio, wc.comp)
+    return [f"{base}/block{a}-{b}.safetensors" for a, b in blocks(wc.model)]
+
+
+def res(rule_name, key, default=None):
+    """A resource for a rule, from config.resources.default < config.resources.<rule> <
+    models.<model>.resources.<rule>; returns a callable of wildcards."""
+
+    def get(wc):
+        out = dict(config.get("resources", {}).get("default", {}))
+        out.update(config.get("resources", {}).get(rule_name, {}))
+        model = getattr(wc, "model", None)
+        if model:
+            out.update(model_cfg(model).get("resources", {}).get(rule_name, {}))
+        return out.get(key, default)
+
+    return get
+
+
+def rule_resources(rule_name):
+    return dict(
+        gpu=res(rule_name, "gpu", 0),
+        mem_mb=res(rule_name, "mem_mb", 8000),
+        runtime=res(rule_name, "runtime", 60),
+        cpus_per_task=res(rule_name, "cpus_per_task", 1),
+        slurm_partition=res(rule_name, "slurm_partition", ""),
+    )

