@@ -21,6 +21,8 @@ include: "workflow/rules/select.smk"
 include: "workflow/rules/compensate.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/geometry.smk"
+include: "workflow/rules/iterative.smk"
 
 
 rule all:

@@ -29,6 +29,26 @@ def timed(fn, repeat=1):
     return best
 
 
+def random_model(arch: str, layers: int | None, dtype: str, device):
+    """A randomly initialised model with a published architecture (no weights downloaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from coec.cost import PUBLISHED_ARCHS
+    from coec.models import torch_dtype
+
+    spec = dict(PUBLISHED_ARCHS[arch])
+    family = spec.pop("model_type")
+    if layers:
+        spec["num_hidden_layers"] = layers
+    cfg = AutoConfig.for_model(family, **spec)
+    cfg._attn_implementation = "sdpa"
+    torch.set_default_dtype(torch_dtype(dtype))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg)
+    torch.set_default_dtype(torch.float32)
+    return model.eval()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="resources/models/smollm2-135m")
@@ -38,9 +58,16 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--random-arch", default=None,
+                    help="a coec.cost.PUBLISHED_ARCHS name: random weights of that shape, no download")
+    ap.add_argument("--layers", type=int, default=None, help="truncate --random-arch to N layers")
     a = ap.parse_args()
     dev = resolve_device(a.device)
-    model, _ = load_model(a.model, dtype=a.dtype, device=dev)
+    if a.random_arch:
+        model = random_model(a.random_arch, a.layers, a.dtype, dev)
+        a.model = f"random {a.random_arch} ({model.config.num_hidden_layers} layers)"
+    else:
+        model, _ = load_model(a.model, dtype=a.dtype, device=dev)
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (a.nseq, a.seqlen), generator=torch.Generator().manual_seed(0))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -121,5 +121,5 @@ def test_changing_ppl_seqlen_replans_only_evaluation(trimmed_run):
     changed.write_text(yaml.safe_dump(cfg))
     res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
     counts = job_counts(res.stdout)
-    assert set(counts) == {"ppl_dense", "ppl_cell", "table1", "total"}
+    assert set(counts) == {"ppl_dense", "ppl_cell", "table", "total"}
     assert counts["ppl_cell"] == 4 and counts["ppl_dense"] == 1

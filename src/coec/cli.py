@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spec", type=_json, required=True)
     s.add_argument("--out", required=True)
 
+    s = sub.add_parser("geometry", help="App. C measurements of one cell")
+    s.add_argument("--model", required=True)
+    s.add_argument("--keep", required=True)
+    s.add_argument("--comp", nargs="*", default=[])
+    s.add_argument("--out", required=True)
+
     s = sub.add_parser("export", help="write a pruned, compensated HF checkpoint")
     s.add_argument("--model", required=True)
     s.add_argument("--keep", required=True)
@@ -112,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["iterative"]:  # the iterative multi-domain method has its own CLI
+        from .iterative import main as iterative_main
+
+        return iterative_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -155,6 +166,8 @@ def _dispatch(a) -> None:
         from .report import write_report
 
         write_report(a.kind, a.spec, a.out)
+    elif a.stage == "geometry":
+        P.run_geometry(a.model, a.keep, a.comp, a.out)
     elif a.stage == "export":
         P.run_export(a.model, a.keep, a.comp, a.dtype, a.out)
 

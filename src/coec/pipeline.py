@@ -114,6 +114,7 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
                 opts["value_proj"] = expanded_value_proj(w[names["v_proj"]], k["kv_groups"],
                                                          geom).to(dev)
             W0 = w[names[module]].to(dev)
+            opts.setdefault("n_tokens", st["count"])
             res = compensate(W0, st["gram"].to(dev), st["mean"].to(dev), cols.to(dev), method,
                              **opts)
             tensors[f"layer{i}.{module}.weight"] = res.weight.detach().cpu().contiguous()
@@ -171,6 +172,50 @@ def run_ppl(model_src: str, dataset: dict, seqlen: int, max_windows: int | None,
     write_json(out, res)
     log.info("ppl %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)
     return res
+
+
+GEOMETRY_RANKS = {"o_proj": 16, "down_proj": 64}
+
+
+def load_comp_tensors(comp_files: list[str] | None) -> dict[str, torch.Tensor]:
+    """All ``layer{i}.{module}.weight|bias`` tensors of a cell's block files."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for path in comp_files or []:
+        out.update(load_file(path))
+    return out
+
+
+def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, out: str,
+                 ranks: dict | None = None) -> list[dict]:
+    """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) for one
+    cell -> geometry.csv (uncompensated cells measure W_K against itself)."""
+    import pandas as pd
+
+    from .geometry import module_geometry
+
+    ranks = ranks or GEOMETRY_RANKS
+    model_dir = resolve_model_dir(model_src)
+    geom = attention_geometry(_config_obj(model_dir))
+    keep = json.loads(Path(keep_path).read_text())
+    comp = load_comp_tensors(comp_files)
+    rows = []
+    for i, k in enumerate(keep["layers"]):
+        names = layer_tensor_names(i)
+        w = read_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
+        for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
+                             ("down_proj", torch.tensor(k["channels"], dtype=torch.long))):
+            W0 = w[names[module]].double()
+            W_comp = comp.get(f"layer{i}.{module}.weight", W0[:, cols])
+            vp = (expanded_value_proj(w[names["v_proj"]], k["kv_groups"], geom)
+                  if module == "o_proj" else None)
+            r = min(ranks[module], len(cols) - 1, W0.shape[0] - 1)
+            row = {"layer": i, "module": module}
+            row.update(module_geometry(W0, cols, W_comp, r, value_proj=vp))
+            rows.append(row)
+    D.atomic_write_text(out, pd.DataFrame(rows).to_csv(index=False))
+    return rows
 
 
 def run_zeroshot(model_src: str, tasks: list[str], data_dir: str | None, limit: int | None,

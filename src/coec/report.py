@@ -58,13 +58,120 @@ def to_markdown(df: pd.DataFrame, digits: int = 2, caption: str = "") -> str:
     return (f"{caption}\n\n{text}" if caption else text)
 
 
-def write_report(kind: str, spec: dict, out: str | Path) -> pd.DataFrame:
-    """Write ``out`` (CSV) and its Markdown twin (same stem, .md)."""
-    if kind != "table":
-        raise ValueError(f"unknown report kind {kind!r}; expected 'table'")
-    df = build_table(spec)
+def write_table(df: pd.DataFrame, out: str | Path, digits: int = 2, caption: str = "") -> None:
+    """``out`` (CSV) and its Markdown twin (same stem, .md)."""
     out = Path(out)
     atomic_write_text(out, df.to_csv(index=False, float_format="%.4f"))
-    atomic_write_text(out.with_suffix(".md"),
-                      to_markdown(df, spec.get("digits", 2), spec.get("caption", "")))
-    return df
+    atomic_write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
+
+
+def appc_summary(spec: dict) -> pd.DataFrame:
+    """App. C summary (one row per key) from a cell's geometry.csv."""
+    from .geometry import summarize_geometry
+
+    rows = pd.read_csv(spec["geometry"]).to_dict("records")
+    summary = summarize_geometry(rows)
+    return pd.DataFrame({"quantity": list(summary), "value": [float(v) for v in summary.values()]})
+
+
+def table4(spec: dict) -> pd.DataFrame:
+    """Deployment cost (Table 4) of the named architectures at ``ratio``: published configs
+    (``coec.cost.PUBLISHED_ARCHS``) and local model folders (their config.json)."""
+    from .cost import PUBLISHED_ARCHS, cost_table
+
+    archs = {}
+    for name in spec.get("published", []):
+        if name not in PUBLISHED_ARCHS:
+            raise ValueError(f"unknown published architecture {name!r}; "
+                             f"known: {', '.join(PUBLISHED_ARCHS)}")
+        archs[name] = PUBLISHED_ARCHS[name]
+    for name, folder in spec.get("local", {}).items():
+        archs[name] = json.loads((Path(folder) / "config.json").read_text())
+    rows = cost_table(archs, spec["ratio"], spec.get("group_rounding", "ceil"))
+    return pd.DataFrame(rows)
+
+
+def plot_geometry(spec: dict, out: str | Path) -> None:
+    """Principal angles O–P and O–C per layer, one panel per module (App. C)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = pd.read_csv(spec["geometry"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for ax, module in zip(axes, ("o_proj", "down_proj")):
+        d = df[df.module == module]
+        r = int(d["r"].iloc[0]) if len(d) else 0
+        ax.plot(d.layer, d.angle_OP_mean, "o-", label="O–P (pruning)")
+        ax.plot(d.layer, d.angle_OC_mean, "s-", label="O–C (after compensation)")
+        ax.set_title(f"{module} (top-{r} frames)")
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("mean principal angle (degrees)")
+    axes[0].legend()
+    fig.suptitle(spec.get("caption", "App. C: read-frame rotation by pruning and compensation"),
+                 fontsize=9)
+    fig.tight_layout()
+    _save_fig(fig, out)
+
+
+def plot_lines(spec: dict, out: str | Path) -> None:
+    """A metric against an x value, one line per series, one panel per group (Fig. 2 style).
+
+    spec: {"xlabel", "ylabel", "caption", "logx", "panels": {title: {series: [[x, path], ...]}},
+    "metric"}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = spec["panels"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (title, series) in zip(axes[0], panels.items()):
+        for name, points in series.items():
+            xs = [x for x, _ in points]
+            ys = [metric_value(p, spec.get("metric", "ppl")) for _, p in points]
+            ax.plot(xs, ys, "o-", label=DISPLAY.get(name, name))
+        ax.set_title(title)
+        ax.set_xlabel(spec.get("xlabel", ""))
+        if spec.get("logx"):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(spec.get("ylabel", ""))
+    axes[0][0].legend()
+    fig.suptitle(spec.get("caption", ""), fontsize=9)
+    fig.tight_layout()
+    _save_fig(fig, out)
+
+
+def _save_fig(fig, out: str | Path) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    fig.savefig(tmp, dpi=130)
+    tmp.replace(out)
+
+
+def write_report(kind: str, spec: dict, out: str | Path):
+    """Dispatch: table (CSV + .md), appc (CSV + .md), table4 (CSV + .md), geometry-figure and
+    lines-figure (PNG)."""
+    if kind == "table":
+        df = build_table(spec)
+        write_table(df, out, spec.get("digits", 2), spec.get("caption", ""))
+        return df
+    if kind == "appc":
+        df = appc_summary(spec)
+        write_table(df, out, 3, spec.get("caption", ""))
+        return df
+    if kind == "table4":
+        df = table4(spec)
+        write_table(df, out, 2, spec.get("caption", ""))
+        return df
+    if kind == "geometry-figure":
+        return plot_geometry(spec, out)
+    if kind == "lines-figure":
+        return plot_lines(spec, out)
+    raise ValueError(f"unknown report kind {kind!r}; expected table, appc, table4, "
+                     "geometry-figure or lines-figure")

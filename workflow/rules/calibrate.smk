@@ -26,10 +26,11 @@ rule calibrate:
         "results/logs/calibrate/{model}/{calib}.log",
     benchmark:
         "results/benchmarks/calibrate/{model}/{calib}.tsv"
+    threads: THREADS
     resources:
         **rule_resources("calibrate"),
     shell:
-        "{PY} calibrate --model {params.model:q} --dataset {params.dataset:q} "
+        "OMP_NUM_THREADS={threads} {PY} calibrate --model {params.model:q} --dataset {params.dataset:q} "
         "--nsamples {params.nsamples} --seqlen {params.seqlen} --seed {params.seed} "
         "--batch-size {params.batch} --dtype {params.dtype} --gram-dtype {params.gram_dtype} "
         "--device {params.device} --out {output} > {log} 2>&1"

@@ -7,6 +7,16 @@ from coec.config import validate_config
 
 validate_config(config, os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"))
 
+# Fig. 2 calibration sets: the base set with nsamples replaced, named <base>-n<N>
+if "fig2" in config:
+    _base = config["fig2"]["calibration"]
+    for _n in config["fig2"]["nsamples"]:
+        config["calibration"].setdefault(f"{_base}-n{_n}",
+                                         dict(config["calibration"][_base], nsamples=_n))
+
+# torch threads per job (OMP_NUM_THREADS); jobs run in parallel when cores allow
+THREADS = config.get("compute", {}).get("threads", 2)
+
 # the interpreter running Snakemake (so rules work without an activated venv)
 PY = f"{sys.executable} -m coec"
 

@@ -19,9 +19,10 @@ rule compensate:
         "results/logs/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.log",
     benchmark:
         "results/benchmarks/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.tsv"
+    threads: THREADS
     resources:
         **rule_resources("compensate"),
     shell:
-        "{PY} compensate --model {params.model:q} --grams {input.grams} --keep {input.keep} "
+        "OMP_NUM_THREADS={threads} {PY} compensate --model {params.model:q} --grams {input.grams} --keep {input.keep} "
         "--spec {params.spec:q} --first {wildcards.first} --last {wildcards.last} "
         "--device {params.device} --out {output.weights} > {log} 2>&1"

@@ -1,9 +1,18 @@
 # Tables: results/table1.csv (+ .md twin) and friends, assembled from per-cell JSON files.
 
 
+def table_cfg(name):
+    """A table's config; table2 defaults to table1's cells scored by zero-shot mean7."""
+    if name in config:
+        return config[name]
+    if name == "table2":
+        return dict(config["table1"], metric="mean7")
+    return config["extra_tables"][name]
+
+
 def table_spec(name, filename):
     """The report spec of a table: a dense row, then one row per (ratio, selection, comp)."""
-    t = config[name] if name in config else config["extra_tables"][name]
+    t = table_cfg(name)
     models = t["models"]
     rows = [{"labels": {"ratio": 0.0, "selection": "dense", "compensation": "dense"},
              "cells": {m: f"results/{m}/dense/{filename}" for m in models}}]
@@ -14,9 +23,10 @@ def table_spec(name, filename):
             rows.append({"labels": {"ratio": float(r), "selection": row["selection"],
                                     "compensation": row.get("label", row["compensation"])},
                          "cells": cells})
-    return {"metric": t.get("metric", "ppl"), "digits": 2, "models": models,
+    metric = t.get("metric", "ppl")
+    return {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
             "label_columns": ["ratio", "selection", "compensation"], "rows": rows,
-            "caption": f"{name}: {t.get('metric', 'ppl')} | calibration {t['calibration']} "
+            "caption": f"{name}: {metric} | calibration {t['calibration']} "
                        f"{json.dumps(config['calibration'][t['calibration']])} | evaluation "
                        f"{json.dumps(config['evaluation'], sort_keys=True)}"}
 
@@ -26,19 +36,31 @@ def table_inputs(name, filename):
     return sorted({p for row in spec["rows"] for p in row["cells"].values()})
 
 
-rule table1:
+TABLE_FILES = {"table1": "ppl.json", "table2": "zeroshot.json", "table3": "ppl.json"}
+
+
+def table_file(name):
+    if name in TABLE_FILES:
+        return TABLE_FILES[name]
+    return "zeroshot.json" if table_cfg(name).get("metric", "ppl") != "ppl" else "ppl.json"
+
+
+rule table:
     input:
-        lambda wc: table_inputs("table1", "ppl.json"),
+        lambda wc: table_inputs(wc.table, table_file(wc.table)),
     output:
-        csv="results/table1.csv",
-        md="results/table1.md",
+        csv="results/{table}.csv",
+        md="results/{table}.md",
+    wildcard_constraints:
+        table=r"table[123]|" + "|".join(config.get("extra_tables", {}) or ["table_none"]),
     params:
-        spec=lambda wc: json.dumps(table_spec("table1", "ppl.json")),
+        spec=lambda wc: json.dumps(table_spec(wc.table, table_file(wc.table))),
     log:
-        "results/logs/report/table1.log",
+        "results/logs/report/{table}.log",
     benchmark:
-        "results/benchmarks/report/table1.tsv"
+        "results/benchmarks/report/{table}.tsv"
+    threads: THREADS
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"

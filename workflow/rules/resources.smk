@@ -11,10 +11,11 @@ rule prepare_model:
         "results/logs/prepare_model/{model}.log",
     benchmark:
         "results/benchmarks/prepare_model/{model}.tsv"
+    threads: THREADS
     resources:
         **rule_resources("prepare"),
     shell:
-        "{PY} prepare-model --name {wildcards.model} --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} prepare-model --name {wildcards.model} --spec {params.spec:q} --out {output} > {log} 2>&1"
 
 
 rule prepare_text:
@@ -28,10 +29,11 @@ rule prepare_text:
         "results/logs/prepare_text/{dataset}.log",
     benchmark:
         "results/benchmarks/prepare_text/{dataset}.tsv"
+    threads: THREADS
     resources:
         **rule_resources("prepare"),
     shell:
-        "{PY} prepare-text --out resources/text/{wildcards.dataset} "
+        "OMP_NUM_THREADS={threads} {PY} prepare-text --out resources/text/{wildcards.dataset} "
         "--eval-every {params.eval_every} > {log} 2>&1"
 
 
@@ -42,7 +44,8 @@ rule prepare_zeroshot:
         "results/logs/prepare_zeroshot.log",
     benchmark:
         "results/benchmarks/prepare_zeroshot.tsv"
+    threads: THREADS
     resources:
         **rule_resources("prepare"),
     shell:
-        "{PY} prepare-zeroshot --out resources/zeroshot > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} prepare-zeroshot --out resources/zeroshot > {log} 2>&1"

@@ -14,8 +14,9 @@ rule select:
         "results/logs/select/{model}/{calib}/{select}-{ratio}.log",
     benchmark:
         "results/benchmarks/select/{model}/{calib}/{select}-{ratio}.tsv"
+    threads: THREADS
     resources:
         **rule_resources("select"),
     shell:
-        "{PY} select --model {params.model:q} --grams {input.grams} --method {wildcards.select} "
+        "OMP_NUM_THREADS={threads} {PY} select --model {params.model:q} --grams {input.grams} --method {wildcards.select} "
         "--ratio {wildcards.ratio} --group-rounding {params.group_rounding} --out {output} > {log} 2>&1"

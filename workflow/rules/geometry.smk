@@ -1,0 +1,116 @@
+# App. C geometry, Table 4 deployment cost, Fig. 2 calibration-size sweep.
+
+
+rule geometry:
+    input:
+        model=model_input,
+        keep="results/{model}/{calib}/{select}-{ratio}/keep.json",
+        comp=comp_files,
+    output:
+        "results/{model}/{calib}/{select}-{ratio}/{comp}/geometry.csv",
+    params:
+        model=lambda wc: model_path(wc.model),
+        comp=lambda wc, input: " ".join(input.comp),
+    log:
+        "results/logs/geometry/{model}/{calib}/{select}-{ratio}/{comp}.log",
+    benchmark:
+        "results/benchmarks/geometry/{model}/{calib}/{select}-{ratio}/{comp}.tsv"
+    threads: THREADS
+    resources:
+        **rule_resources("report"),
+    shell:
+        "OMP_NUM_THREADS={threads} {PY} geometry --model {params.model:q} --keep {input.keep} "
+        "--comp {params.comp} --out {output} > {log} 2>&1"
+
+
+def appc_geometry():
+    c = config["appC"]
+    return f"{cell_dir(c['model'], c['calibration'], c['selection'], c['ratio'], c['compensation'])}/geometry.csv"
+
+
+def appc_caption():
+    c = config["appC"]
+    return (f"App. C geometry: {c['model']}, calibration {c['calibration']}, {c['selection']} "
+            f"selection at {fmt_ratio(c['ratio'])}, compensation {c['compensation']} "
+            f"({json.dumps(comp_spec(c['compensation']), sort_keys=True)}); O = original read "
+            f"frame on kept coordinates, P = pruned W_K, C = compensated; o_proj r_p=16, down_proj r=64")
+
+
+rule appC:
+    input:
+        lambda wc: appc_geometry(),
+    output:
+        csv="results/appC.csv",
+        md="results/appC.md",
+        png="results/figures/appC_angles.png",
+    params:
+        spec=lambda wc: json.dumps({"geometry": appc_geometry(), "caption": appc_caption()}),
+    log:
+        "results/logs/report/appC.log",
+    benchmark:
+        "results/benchmarks/report/appC.tsv"
+    resources:
+        **rule_resources("report"),
+    shell:
+        "({PY} report --kind appc --spec {params.spec:q} --out {output.csv} && "
+        "{PY} report --kind geometry-figure --spec {params.spec:q} --out {output.png}) > {log} 2>&1"
+
+
+rule table4:
+    input:
+        lambda wc: [f"resources/models/{m}" for m in config["table4"].get("models", [])
+                    if model_cfg(m)["source"] == "embedded"],
+    output:
+        csv="results/table4.csv",
+        md="results/table4.md",
+    params:
+        spec=lambda wc: json.dumps({
+            "ratio": config["table4"]["ratio"],
+            "group_rounding": "ceil",
+            "published": config["table4"].get("published", []),
+            "local": {m: str(model_path(m)) for m in config["table4"].get("models", [])},
+            "caption": f"Table 4: deployment cost at {fmt_ratio(config['table4']['ratio'])} "
+                       "column sparsity (ceil rounding of KV groups and channels); params in 1e9, "
+                       "memory in GiB (bf16 weights + KV cache + one layer's activations at 4096 "
+                       "tokens), GFLOPs per token = 2 x params"}),
+    log:
+        "results/logs/report/table4.log",
+    benchmark:
+        "results/benchmarks/report/table4.tsv"
+    resources:
+        **rule_resources("report"),
+    shell:
+        "{PY} report --kind table4 --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+
+
+def fig2_spec():
+    f = config["fig2"]
+    panels = {}
+    for r in f["ratios"]:
+        panels[f"{round(float(r) * 100)} % column sparsity"] = {
+            comp: [[n, f"{cell_dir(f['model'], f['calibration'] + '-n' + str(n), f['selection'], r, comp)}/ppl.json"]
+                   for n in f["nsamples"]]
+            for comp in f["compensations"]}
+    seqlen = config["calibration"][f["calibration"]]["seqlen"]
+    return {"panels": panels, "metric": "ppl", "logx": True,
+            "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
+            "caption": f"Fig. 2: perplexity vs calibration size, {f['model']}, {f['selection']} "
+                       f"selection recomputed at each N; eval {config['evaluation']['ppl_dataset']} "
+                       f"seqlen {config['evaluation']['ppl_seqlen']}"}
+
+
+rule fig2:
+    input:
+        lambda wc: sorted({p for s in fig2_spec()["panels"].values() for pts in s.values() for _, p in pts}),
+    output:
+        "results/figures/fig2_calibration_size.png",
+    params:
+        spec=lambda wc: json.dumps(fig2_spec()),
+    log:
+        "results/logs/report/fig2.log",
+    benchmark:
+        "results/benchmarks/report/fig2.tsv"
+    resources:
+        **rule_resources("report"),
+    shell:
+        "{PY} report --kind lines-figure --spec {params.spec:q} --out {output} > {log} 2>&1"
