@@ -1,0 +1,256 @@
+"""Dense linear-algebra kernels for the compensation methods (pure: tensors in, tensors out).
+
+Conventions: ``G`` is a calibration Gram ``sum_t x_t x_t^T`` (or its mean), ``Gxx = G[K, K]``,
+``Gyx = W0 G[:, K]`` and ``c = ||Y||^2 = tr(W0 G W0^T)`` (paper Sec. 3.1). Every routine is
+device-agnostic; the SVD has an explicit fallback chain (paper App. B, "SVD watchdog").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "SVD_CHAIN",
+    "svd",
+    "polar",
+    "polar_eigh",
+    "ns_inverse",
+    "ns_inv_sqrt",
+    "ns_polar",
+    "normalize_gram",
+    "temper_gram",
+    "power_max_eig",
+    "relerr",
+    "relerr_with_bias",
+]
+
+SVD_CHAIN = ("default", "gesvd", "cpu_float64")
+
+
+def _finite(*ts: torch.Tensor) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in ts)
+
+
+def svd(A: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD ``A = U diag(S) Vh`` with a fallback chain.
+
+    Chain: the default driver on ``A``'s device/dtype -> ``gesvd`` (CUDA only) -> float64 on CPU.
+    Any exception or a non-finite factor moves to the next entry. When an entry other than the
+    first is used, its name is appended to ``record`` (so ``record`` lists fallbacks only).
+    Shapes: A (m, n) -> U (m, p), S (p,), Vh (p, n), p = min(m, n); returned on A's device/dtype.
+    """
+    last: Exception | None = None
+    for name in SVD_CHAIN:
+        if name == "gesvd" and A.device.type != "cuda":
+            continue
+        try:
+            if name == "default":
+                U, S, Vh = torch.linalg.svd(A, full_matrices=False)
+            elif name == "gesvd":
+                U, S, Vh = torch.linalg.svd(A, full_matrices=False, driver="gesvd")
+            else:
+                U, S, Vh = torch.linalg.svd(A.detach().to("cpu", torch.float64), full_matrices=False)
+                U, S, Vh = (t.to(A.device, A.dtype) for t in (U, S, Vh))
+        except Exception as exc:  # noqa: BLE001 - any solver failure moves down the chain
+            last = exc
+            continue
+        if not _finite(U, S, Vh):
+            last = FloatingPointError(f"non-finite SVD factors from driver {name!r}")
+            continue
+        if name != "default" and record is not None:
+            record.append(name)
+        return U, S, Vh
+    raise RuntimeError(f"SVD failed on every driver of the fallback chain {SVD_CHAIN}: {last}")
+
+
+def polar(A: torch.Tensor, record: list | None = None) -> torch.Tensor:
+    """Orthogonal polar factor ``U_A Vh_A`` of ``A`` (m, n) from its thin SVD (paper Sec. 4.1).
+
+    For m >= n the result has orthonormal columns and maximises ``<Z, A>`` over such Z
+    (orthogonal Procrustes, Schoenemann 1966); for a square A it is in O(m).
+    """
+    U, _, Vh = svd(A, record)
+    return U @ Vh
+
+
+def polar_eigh(A: torch.Tensor, record: list | None = None, max_cond: float = 1e6) -> torch.Tensor:
+    """Polar factor of a tall A (m, n), m >= n, as ``A (A^T A)^{-1/2}`` via a float64 eigh of the
+    (n, n) Gram, refined by one Newton–Schulz step ``P <- P (3I - P^T P) / 2``.
+
+    About 10x faster than an SVD on a GPU at n = 4096 (measured on an H200: 0.11 s against 1.1 s)
+    and equal to the SVD polar to ~1e-9 there. The Gram squares the condition number, so when
+    ``cond(A) > max_cond`` (or A is rank-deficient, where the polar factor is not unique) or the
+    refined factor is not orthonormal to ~1e-5 (float32) / 1e-10 (float64), this falls back to
+    ``polar`` (SVD chain). Returns (m, n) in A's dtype.
+    """
+    if A.shape[0] < A.shape[1]:
+        return polar(A, record)
+    A64 = A.to(torch.float64)
+    w, V = torch.linalg.eigh(A64.mT @ A64)
+    wmax = float(w.max()) if w.numel() else 0.0
+    if not (wmax > 0 and math.isfinite(wmax)) or float(w.min()) <= wmax / max_cond**2:
+        return polar(A, record)
+    P = A64 @ ((V * w.rsqrt()) @ V.mT)
+    P = P @ (1.5 * torch.eye(P.shape[1], dtype=P.dtype, device=P.device) - 0.5 * (P.mT @ P))
+    P = P.to(A.dtype)
+    tol = 1e-10 if A.dtype == torch.float64 else 1e-5
+    err = float((P.mT @ P - torch.eye(P.shape[1], dtype=P.dtype, device=P.device)).abs().max())
+    if not math.isfinite(err) or err > tol:
+        return polar(A, record)
+    return P
+
+
+def ns_inverse(
+    M: torch.Tensor, X0: torch.Tensor | None = None, tol: float | None = None, max_iter: int = 60
+) -> tuple[torch.Tensor, int]:
+    """Newton–Schulz inverse ``X_{j+1} = X_j (2I - M X_j)`` (Higham 2008; used for Cayley, App. B).
+
+    M (n, n). ``X0`` defaults to ``M^T / (||M||_1 ||M||_inf)`` (always convergent); callers with a
+    better bound pass their own. Stops when ``||I - M X||_F < tol`` (default ~ 50 eps sqrt(n)).
+    Returns (X, iterations).
+    """
+    n = M.shape[-1]
+    eye = torch.eye(n, dtype=M.dtype, device=M.device)
+    if X0 is None:
+        X0 = M.mT / (torch.linalg.matrix_norm(M, 1) * torch.linalg.matrix_norm(M, float("inf")))
+    if tol is None:
+        tol = 10.0 * torch.finfo(M.dtype).eps * math.sqrt(n)
+    X = X0
+    prev = float("inf")
+    it = 0
+    for it in range(1, max_iter + 1):
+        E = eye - M @ X
+        err = float(torch.linalg.matrix_norm(E))
+        if err < tol or (err > 0.5 * prev and err < 1e-3):  # converged / round-off floor
+            return X, it - 1
+        prev = err
+        X = X + X @ E
+    return X, it
+
+
+def ns_inv_sqrt(
+    M: torch.Tensor, scale: float | None = None, tol: float | None = None, max_iter: int = 60
+) -> tuple[torch.Tensor, int]:
+    """Inverse square root of an SPD matrix by the coupled Newton–Schulz iteration (Higham 2008, 6.3).
+
+    M (n, n), SPD. With ``A = M / scale`` (eigenvalues must lie in (0, 3); default scale
+    ``||M||_F``): ``T = (3I - Z Y)/2; Y <- Y T; Z <- T Z`` from ``Y = A, Z = I`` gives
+    ``Z -> A^{-1/2}``. Stops when ``||T - I||_F < tol`` (default 10 eps sqrt(n)) or at the
+    round-off floor. Returns (M^{-1/2}, iterations).
+    """
+    n = M.shape[-1]
+    eye = torch.eye(n, dtype=M.dtype, device=M.device)
+    if scale is None:
+        scale = float(torch.linalg.matrix_norm(M))
+    if tol is None:
+        tol = 10.0 * torch.finfo(M.dtype).eps * math.sqrt(n)
+    Y = M / scale
+    Z = None  # identity
+    prev = float("inf")
+    it = 0
+    for it in range(1, max_iter + 1):
+        T = 1.5 * eye - 0.5 * (Y if Z is None else Z @ Y)
+        err = float(torch.linalg.matrix_norm(T - eye))
+        if err < tol or (err > 0.5 * prev and err < 1e-2):  # converged / round-off floor
+            break
+        Y = Y @ T
+        Z = T if Z is None else T @ Z
+        prev = err
+    Z = eye if Z is None else Z
+    return Z / math.sqrt(scale), it
+
+
+def ns_polar(X: torch.Tensor, scale: float | None = None, tol: float | None = None) -> tuple[torch.Tensor, int]:
+    """Newton–Schulz polar retraction of a wide frame: ``(X X^T)^{-1/2} X`` (paper App. B).
+
+    X (r, k), r <= k, full row rank. The inverse square root of the small (r, r) Gram is computed
+    by the coupled Newton–Schulz iteration, so the cost is two (r, r, k) products plus O(r^3)
+    per iteration instead of O(r^2 k) per iteration. ``scale`` is an upper bound on
+    ``lambda_max(X X^T)`` (default ``||X X^T||_F``). Returns (row-orthonormal frame, iterations).
+    """
+    Z, it = ns_inv_sqrt(X @ X.mT, scale=scale, tol=tol)
+    return Z @ X, it
+
+
+def normalize_gram(G: torch.Tensor) -> torch.Tensor:
+    """``G / (tr(G) / d)`` after symmetrising, so a sum and a mean Gram give the same matrix.
+
+    Every compensation objective is invariant to a positive scaling of G; this only removes the
+    N-dependence from the floating-point path. A zero-trace G is returned symmetrised, unscaled.
+    """
+    G = 0.5 * (G + G.mT)
+    t = float(torch.diagonal(G).sum()) / G.shape[0]
+    return G / t if t > 0 and math.isfinite(t) else G
+
+
+def temper_gram(G: torch.Tensor, alpha: float, clip: bool = True) -> tuple[torch.Tensor, dict]:
+    """Spectral tempering ``G^alpha = E diag(mu^alpha) E^T`` of the FULL Gram (paper Sec. 4.4, eq. G^alpha).
+
+    G (d, d) symmetric. Negative eigenvalues (round-off, or an indefinite estimate) are clipped to
+    0 before the power when ``clip`` (always for alpha < 1: mu^alpha is undefined for mu < 0).
+    Clipping matters even at alpha = 1: an indefinite metric makes the two-sided objective
+    unbounded below (DESIGN.md). Returns (G_alpha, info) with info: ``lambda_max`` (of G_alpha),
+    ``n_negative`` (eigenvalues clipped), ``min_eig`` (before clipping).
+    """
+    if alpha == 1.0 and not clip:
+        lam = power_max_eig(G)
+        return G, {"lambda_max": lam, "n_negative": 0, "min_eig": float("nan")}
+    mu, E = torch.linalg.eigh(G)
+    n_neg = int((mu < 0).sum())
+    min_eig = float(mu.min())
+    mu = mu.clamp_min(0.0)
+    mu_a = mu if alpha == 1.0 else mu.pow(alpha)
+    Ga = (E * mu_a) @ E.mT
+    Ga = 0.5 * (Ga + Ga.mT)
+    return Ga, {"lambda_max": float(mu_a.max()), "n_negative": n_neg, "min_eig": min_eig}
+
+
+def power_max_eig(A: torch.Tensor, iters: int = 30) -> float:
+    """Largest |eigenvalue| of a symmetric A (n, n) by deterministic power iteration (lower bound)."""
+    n = A.shape[0]
+    v = torch.ones(n, dtype=A.dtype, device=A.device) / math.sqrt(n)
+    lam = 0.0
+    for _ in range(iters):
+        w = A @ v
+        nw = float(torch.linalg.vector_norm(w))
+        if nw == 0.0 or not math.isfinite(nw):
+            return max(lam, 0.0)
+        lam = nw
+        v = w / nw
+    return lam
+
+
+def relerr(W: torch.Tensor, Gxx: torch.Tensor, Gyx: torch.Tensor, c: float) -> float:
+    """Relative reconstruction error (paper Sec. 3.1):
+    ``(tr(W Gxx W^T) - 2 tr(W Gyx^T) + c) / c``. W, Gyx (d_out, k); Gxx (k, k); returns a float.
+    """
+    W = W.to(Gxx.dtype)
+    q = float(((W @ Gxx) * W).sum())
+    p = float((W * Gyx).sum())
+    return (q - 2.0 * p + c) / c if c > 0 else float("nan")
+
+
+def relerr_with_bias(
+    W: torch.Tensor,
+    b: torch.Tensor | None,
+    W0: torch.Tensor,
+    gram_mean: torch.Tensor,
+    mean: torch.Tensor,
+    keep: torch.Tensor,
+) -> float:
+    """Relative error of ``y ~ W x_K + b`` with a MEAN Gram ``E[x x^T]`` and channel means ``E[x]``.
+
+    ``E||W0 x - W x_K - b||^2 = E||W0 x - W x_K||^2 - 2 b^T (W0 mu - W mu_K) + ||b||^2``, divided by
+    ``E||W0 x||^2``. Only meaningful when the Gram's token count is known (option ``n_tokens``).
+    """
+    dt = gram_mean.dtype
+    W0, W, mean = W0.to(dt), W.to(dt), mean.to(dt)
+    WG = W0 @ gram_mean
+    c = float((WG * W0).sum())
+    err = relerr(W, gram_mean[keep][:, keep], WG[:, keep], c) * c
+    if b is not None:
+        b = b.to(dt)
+        err += -2.0 * float(b @ (W0 @ mean - W @ mean[keep])) + float(b @ b)
+    return err / c if c > 0 else float("nan")

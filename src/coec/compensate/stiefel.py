@@ -1,0 +1,422 @@
+"""Right-rotation solvers and the inter-layer alignment penalty (paper Sec. 4.1, 4.2, 4.5, App. B).
+
+Reduced Stiefel reading (DESIGN.md): with the thin SVD of the current weight
+``W = U diag(S) Vt`` (r = min(d_out, k) modes), ``W Q_r = U diag(S) R`` with
+``R = Vt Q_r in St(r, k)`` (rows orthonormal, ``R R^T = I_r``). The right solve minimises the
+profiled objective
+
+    F(R) = min_s  err(s U S R) + lambda_a A(R),
+    err(W) = (tr(W Gxx W^T) - 2 tr(W Gyx^T) + c) / c,
+
+with the optimal global scale recomputed after every step (Sec. 4.1). Because ``U^T U = I``,
+``err(s U S R) = (s^2 q - 2 s p + c)/c`` with ``q = sum_i S_i^2 (R Gxx R^T)_ii`` and
+``p = <S U^T Gyx, R>``; by the envelope theorem the gradient at ``s = s*`` is
+``Xi = (2/c) (s^2 S^2 R Gxx - s S U^T Gyx) + lambda_a dA/dR``.
+
+Steps. The paper normalises the step as ``eta / s^2`` and never gives eta. Here
+``t = eta * base`` with ``base`` chosen by ``eta_scale``:
+
+* ``"rayleigh"`` (default): ``base = ||g||^2 / <g, H g>``, the exact line-search step of the
+  quadratic model along the search direction g at fixed s, with
+  ``H[g] = (2 s^2 / c) S^2 g Gxx``. It is of the paper's form ``eta' / s^2`` with a per-step,
+  unit-free eta'; costs one extra (r, k, k) product per step. eta = 1 by default.
+* ``"lipschitz"``: ``base = 1 / (s^2 L0)``, ``L0 = 2 S_max^2 lambda_max(Gxx) / c`` (the
+  worst-case curvature; safe but slow when a few outlier channels dominate lambda_max).
+* ``"raw"``: ``base = 1 / s^2`` (the paper's literal form; eta then carries the layer's units).
+
+App. B step cap: ``t <= 1 / ||grad||_F`` so that ``||t grad|| <= 1``. Backtracking: a step that
+raises F is rejected and eta halved (for the rest of this solve), so F is monotone.
+Retraction: Newton–Schulz polar when r < k, Cayley (inverse by Newton–Schulz) when r = k (App. B).
+Stop: ``||R_new - R||_F / sqrt(r) < delta`` (RMS change of a frame row), no descent possible, or
+``max_steps`` accepted steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .linalg import ns_inverse, ns_polar, polar, svd
+
+__all__ = [
+    "Alignment",
+    "alignment_setup",
+    "alignment_value",
+    "riemannian_grad",
+    "retract_polar",
+    "retract_cayley",
+    "RightResult",
+    "ProfiledObjective",
+    "solve_reduced",
+    "solve_full",
+]
+
+
+# --------------------------------------------------------------------------- alignment (Sec. 4.5)
+
+
+@dataclass
+class Alignment:
+    """Precomputed alignment data for one o_proj (paper Sec. 4.5).
+
+    kind: "projector" (paper) or "angle" (principal-angle variant, see ``alignment_value``).
+    Va (k, rp): anchor frame ``orth(V_full[K, :rp])`` (polar orthonormalisation; same subspace
+    as QR, which is all either penalty uses).
+    Uv (k, rp) or None: leading left singular vectors of the pruned, query-layout v_proj.
+    C (rp, rp) or None: ``Uv^T Pi_anchor Uv = (Va^T Uv)^T (Va^T Uv)``.
+    """
+
+    kind: str
+    rank: int
+    Va: torch.Tensor
+    Uv: torch.Tensor | None = None
+    C: torch.Tensor | None = None
+
+
+def alignment_setup(
+    W0: torch.Tensor,
+    keep: torch.Tensor,
+    value_proj: torch.Tensor | None,
+    rank: int,
+    kind: str = "projector",
+    record: list | None = None,
+) -> Alignment:
+    """Build the anchor from the UNPRUNED weight W0 (d_out, d_in) and U_v from value_proj (k, d_model).
+
+    anchor = orth(V_full[K, :]) with V_full the top-``rank`` right singular vectors of W0 (Sec. 4.5).
+    """
+    _, _, Vh = svd(W0, record)
+    Va = polar(Vh[:rank].mT[keep], record)  # (k, rp)
+    Uv = C = None
+    if value_proj is not None:
+        Uv = svd(value_proj.to(W0.dtype), record)[0][:, :rank]
+        B = Va.mT @ Uv
+        C = B.mT @ B
+    if kind == "projector" and Uv is None:
+        raise ValueError("align='projector' needs value_proj (k x d_model)")
+    return Alignment(kind=kind, rank=rank, Va=Va, Uv=Uv, C=C)
+
+
+def alignment_value(Rp: torch.Tensor, al: Alignment, kind: str | None = None) -> tuple[float, torch.Tensor]:
+    """Alignment penalty and its Euclidean gradient w.r.t. the top-rp rows ``Rp`` (rp, k) of R.
+
+    projector (paper Sec. 4.5): ``A = ||Uv^T (Rp^T Rp - Va Va^T) Uv||_F^2 / rp^2``. With
+    ``M = Rp Uv`` and ``E = M^T M - C``: ``A = ||E||_F^2 / rp^2``, ``dA/dRp = 4 M E Uv^T / rp^2``.
+
+    angle (option): mean squared sine of the principal angles theta_i between the row space of
+    Rp (top-rp right singular subspace of the compensated weight) and the anchor subspace,
+    ``A = (1/rp) sum_i sin^2 theta_i = 1 - ||Rp Va||_F^2 / rp = ||Rp^T Rp - Va Va^T||_F^2 / (2 rp)``,
+    ``dA/dRp = -(2/rp) (Rp Va) Va^T``. Why: App. C finds the projector penalty at ~1e-7 while the
+    principal angles stay at ~22 deg. Any subspace metric is invariant to rotations inside the
+    subspace (principal angles too, despite App. C's wording); what the paper's penalty misses is
+    everything outside span(Uv), because the Uv^T (.) Uv sandwich keeps only an rp x rp block. This
+    variant drops the sandwich, so it targets exactly the angles App. C measures; it needs no Uv.
+    It depends only on the top-rp subspace, not on the order of the rows inside it.
+    Returns (value, gradient (rp, k)).
+    """
+    kind = kind or al.kind
+    rp = al.rank
+    f64 = torch.float64  # values in float64 (they are small differences); gradients in R's dtype
+    if kind == "projector":
+        M = Rp.to(f64) @ al.Uv.to(f64)
+        E = M.mT @ M - al.C.to(f64)
+        val = float((E * E).sum()) / rp**2
+        grad = ((4.0 / rp**2) * (M @ E)).to(Rp.dtype) @ al.Uv.mT
+        return val, grad
+    if kind == "angle":
+        B = Rp.to(f64) @ al.Va.to(f64)  # (rp, rp): singular values are cos(theta_i)
+        val = 1.0 - float((B * B).sum()) / rp
+        grad = ((-2.0 / rp) * B).to(Rp.dtype) @ al.Va.mT
+        return val, grad
+    raise ValueError(f"unknown align kind {kind!r}; expected 'projector' or 'angle'")
+
+
+# --------------------------------------------------------------------------- manifold primitives
+
+
+def riemannian_grad(R: torch.Tensor, Xi: torch.Tensor) -> torch.Tensor:
+    """Riemannian gradient on St(r, k) (rows orthonormal), embedded metric: ``Xi - sym(Xi R^T) R``."""
+    B = Xi @ R.mT
+    return Xi - 0.5 * (B + B.mT) @ R
+
+
+def retract_polar(R: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
+    """Newton–Schulz polar retraction ``polar(R - D)`` for R (r, k), r <= k, D tangent (App. B).
+
+    For tangent D, ``(R - D)(R - D)^T = I + D D^T`` has its spectrum in ``[1, 1 + ||D||_F^2]``,
+    inside the Newton–Schulz convergence region (0, 3) without rescaling when ``||D||_F <= 1``
+    (the step cap); larger D is rescaled.
+    """
+    X = R - D
+    bound = 1.0 + float((D * D).sum())
+    return ns_polar(X, scale=1.0 if bound < 2.5 else bound)[0]
+
+
+def retract_cayley(R: torch.Tensor, A: torch.Tensor, t: float) -> torch.Tensor:
+    """Cayley retraction ``(I + t/2 A)^{-1} (I - t/2 A) R`` for skew A (n, n) (Wen & Yin 2012).
+
+    Its velocity at t = 0 is ``-A R``. The inverse is by Newton–Schulz from
+    ``X0 = M^T / (1 + (t/2)^2 ||A||_F^2)`` (``M^T M = I + (t/2)^2 A^T A``, so this converges).
+    """
+    h = 0.5 * t
+    n = A.shape[0]
+    eye = torch.eye(n, dtype=A.dtype, device=A.device)
+    M = eye + h * A
+    Minv, _ = ns_inverse(M, M.mT / (1.0 + h * h * float((A * A).sum())))
+    return Minv @ ((eye - h * A) @ R)
+
+
+# --------------------------------------------------------------------------- profiled objective
+
+
+class ProfiledObjective:
+    """``F(R) = min_s err(s U S R) + lambda_a A(R)`` and its Euclidean gradient (module docstring).
+
+    U (d_out, r), S (r,) >= 0 descending, Gxx (k, k), Gyx (d_out, k), c > 0. The scale is only
+    applied when its denominator q is positive (App. B); otherwise s = 1 and ``scale_ok`` False.
+    """
+
+    def __init__(self, U, S, Gxx, Gyx, c: float, align: Alignment | None = None, align_lambda: float = 0.0):
+        self.S = S
+        self.S2 = (S * S)[:, None]
+        self.P = S[:, None] * (U.mT @ Gyx)  # (r, k)
+        self.Gxx = Gxx
+        self.c = float(c)
+        self.align = align if (align is not None and align_lambda > 0) else None
+        self.lam = float(align_lambda)
+
+    def evaluate(self, R: torch.Tensor, RG: torch.Tensor | None = None) -> dict:
+        RG = R @ self.Gxx if RG is None else RG
+        q = float((self.S2 * RG * R).sum())
+        p = float((self.P * R).sum())
+        ok = q > 0 and math.isfinite(q)
+        s = p / q if ok else 1.0
+        err = (s * s * q - 2.0 * s * p + self.c) / self.c
+        A = 0.0
+        if self.align is not None:
+            A = alignment_value(R[: self.align.rank], self.align)[0]
+        return {"F": err + self.lam * A, "err": err, "A": A, "s": s, "ok": ok, "RG": RG}
+
+    def grad(self, R: torch.Tensor, ev: dict) -> torch.Tensor:
+        s = ev["s"]
+        Xi = (2.0 / self.c) * (s * s * self.S2 * ev["RG"] - s * self.P)
+        if self.align is not None:
+            rp = self.align.rank
+            Xi[:rp] += self.lam * alignment_value(R[:rp], self.align)[1]
+        return Xi
+
+
+@dataclass
+class RightResult:
+    """Output of a right solve. R (r, k) row-orthonormal; Q (k, k) only for the full solver."""
+
+    R: torch.Tensor
+    s: float
+    scale_ok: bool
+    RG: torch.Tensor
+    F_start: float
+    F_end: float
+    err_end: float
+    A_start: float
+    A_end: float
+    steps: int = 0
+    trials: int = 0
+    backtracks: int = 0
+    capped: int = 0
+    scale_skipped: int = 0
+    stop: str = ""
+    eta_end: float = 0.0
+    orth_cleanups: int = 0
+    Q: torch.Tensor | None = None
+    history: list = field(default_factory=list)
+
+
+def _step_base(obj, ev: dict, g: torch.Tensor, L0: float, eta_scale: str) -> float:
+    """Step unit multiplied by eta (module docstring). g: the search direction (Euclidean, r x k)."""
+    s2 = ev["s"] ** 2 if ev["s"] != 0 else 1.0
+    if eta_scale == "raw":
+        return 1.0 / s2
+    if eta_scale == "rayleigh":
+        # exact line search of the quadratic model at fixed s: ||g||^2 / <g, H g>,
+        # H[g] = (2 s^2 / c) S^2 g Gxx (Euclidean Hessian of the error in R at fixed scale)
+        curv = (2.0 * s2 / obj.c) * float((obj.S2 * (g @ obj.Gxx) * g).sum())
+        gg = float((g * g).sum())
+        if curv > 0 and math.isfinite(curv):
+            return gg / curv
+    return 1.0 / (s2 * L0) if L0 > 0 else 1.0 / s2
+
+
+def _orth_error(R: torch.Tensor) -> float:
+    """``max |R R^T - I|``."""
+    return float((R @ R.mT - torch.eye(R.shape[0], dtype=R.dtype, device=R.device)).abs().max())
+
+
+def _orth_tol(dtype) -> float:
+    return 1e-10 if dtype == torch.float64 else 1e-5
+
+
+def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_steps, max_backtracks, track, RG0=None):
+    """Shared backtracking descent loop. ``retract_step(x, R, Xi)`` -> dict with the direction's
+    norm, its R-velocity ``vel`` and ``go(t)`` -> new variable; x is the solver's variable (R, or Q
+    for the full solver); ``measure(x)`` -> R. ``RG0`` optionally caches ``R0 Gxx``."""
+    x = R0
+    R = measure(x)
+    ev = obj.evaluate(R, RG0)
+    res = dict(F_start=ev["F"], A_start=ev["A"], steps=0, trials=0, backtracks=0, capped=0, skipped=0)
+    res["skipped"] += 0 if ev["ok"] else 1
+    hist = [ev["F"]] if track else []
+    r = R.shape[0]
+    eta_cur = float(eta)
+    stop = "max_steps"
+    for _ in range(max_steps):
+        Xi = obj.grad(R, ev)
+        dirn = retract_step(x, R, Xi)  # closure with the search direction for this point
+        gnorm = dirn["norm"]
+        if not math.isfinite(gnorm):
+            stop = "nonfinite_grad"
+            break
+        if gnorm == 0.0:
+            stop = "stationary"
+            break
+        base = _step_base(obj, ev, dirn["vel"], L0, eta_scale)
+        t = eta_cur * base
+        if t * gnorm > 1.0:  # App. B step cap: ||t * grad|| <= 1
+            t = 1.0 / gnorm
+            res["capped"] += 1
+        accepted = False
+        for _bt in range(max_backtracks + 1):
+            res["trials"] += 1
+            x_new = dirn["go"](t)
+            R_new = measure(x_new)
+            ev_new = obj.evaluate(R_new)
+            if math.isfinite(ev_new["F"]) and ev_new["F"] <= ev["F"]:
+                accepted = True
+                break
+            t *= 0.5
+            eta_cur = min(eta_cur, t / base)  # halve eta for the rest of this solve
+            res["backtracks"] += 1
+            if t * gnorm / math.sqrt(r) < 1e-3 * delta:  # steps this small cannot pass delta anyway
+                break
+        if not accepted:
+            stop = "no_descent"
+            break
+        dR = float(torch.linalg.matrix_norm(R_new - R)) / math.sqrt(r)
+        x, R, ev = x_new, R_new, ev_new
+        res["steps"] += 1
+        res["skipped"] += 0 if ev["ok"] else 1
+        if track:
+            hist.append(ev["F"])
+        if dR < delta:
+            stop = "delta"
+            break
+    return x, R, ev, res, stop, eta_cur, hist
+
+
+def _finish(obj, x, R, ev, res, stop, eta_cur, hist, Q=None, drifts=True) -> RightResult:
+    cleanups = 0
+    # The polar retraction re-orthonormalises at every step; Cayley steps compose, and in low
+    # precision their round-off accumulates: check once per solve and re-project if needed.
+    if drifts and res["steps"] > 0 and R.dtype != torch.float64 and _orth_error(R) > _orth_tol(R.dtype):
+        R = ns_polar(R, scale=1.5)[0]
+        ev = obj.evaluate(R)
+        cleanups = 1
+    return RightResult(
+        R=R, s=ev["s"], scale_ok=ev["ok"], RG=ev["RG"], F_start=res["F_start"], F_end=ev["F"],
+        err_end=ev["err"], A_start=res["A_start"], A_end=ev["A"], steps=res["steps"],
+        trials=res["trials"], backtracks=res["backtracks"], capped=res["capped"],
+        scale_skipped=res["skipped"], stop=stop, eta_end=eta_cur, orth_cleanups=cleanups, Q=Q,
+        history=hist,
+    )
+
+
+def _lipschitz(S: torch.Tensor, lam_max: float, c: float) -> float:
+    """``L0 = 2 S_max^2 lambda_max(Gxx) / c``: curvature bound of the unscaled error in R."""
+    return 2.0 * float(S.max()) ** 2 * float(lam_max) / c if c > 0 else 0.0
+
+
+def solve_reduced(
+    U: torch.Tensor,
+    S: torch.Tensor,
+    Vt: torch.Tensor,
+    Gxx: torch.Tensor,
+    Gyx: torch.Tensor,
+    c: float,
+    lam_max: float,
+    *,
+    eta: float = 1.0,
+    eta_scale: str = "rayleigh",
+    delta: float = 7e-4,
+    max_steps: int = 100,
+    max_backtracks: int = 30,
+    align: Alignment | None = None,
+    align_lambda: float = 0.0,
+    track: bool = False,
+    RG0: torch.Tensor | None = None,
+) -> RightResult:
+    """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
+
+    U (d_out, r), S (r,), Vt (r, k) the thin SVD of the current weight (S descending);
+    Gxx (k, k), Gyx (d_out, k), c = ||Y||^2 in the same metric; ``lam_max`` >= lambda_max(Gxx)
+    (sets the step unit). Polar retraction when r < k, Cayley when r = k.
+    """
+    obj = ProfiledObjective(U, S, Gxx, Gyx, c, align, align_lambda)
+    r, k = Vt.shape
+    square = r == k
+
+    def retract_step(x, R, Xi):
+        if square:
+            B = Xi @ R.mT
+            A = 0.5 * (B - B.mT)  # skew part: grad = A R
+            return {"norm": float(torch.linalg.matrix_norm(A)), "go": lambda t: retract_cayley(R, A, t), "vel": A @ R}
+        g = riemannian_grad(R, Xi)
+        return {"norm": float(torch.linalg.matrix_norm(g)), "go": lambda t: retract_polar(R, t * g), "vel": g}
+
+    out = _descend(
+        obj, Vt, _lipschitz(S, lam_max, c), retract_step, lambda x: x, eta=eta, eta_scale=eta_scale,
+        delta=delta, max_steps=max_steps, max_backtracks=max_backtracks, track=track, RG0=RG0,
+    )
+    return _finish(obj, *out, drifts=square)
+
+
+def solve_full(
+    U: torch.Tensor,
+    S: torch.Tensor,
+    Vt: torch.Tensor,
+    Gxx: torch.Tensor,
+    Gyx: torch.Tensor,
+    c: float,
+    lam_max: float,
+    *,
+    eta: float = 1.0,
+    eta_scale: str = "rayleigh",
+    delta: float = 7e-4,
+    max_steps: int = 100,
+    max_backtracks: int = 30,
+    align: Alignment | None = None,
+    align_lambda: float = 0.0,
+    track: bool = False,
+    RG0: torch.Tensor | None = None,
+) -> RightResult:
+    """Full right solve over ``Q_r in O(k)`` from ``Q = I`` with Cayley steps (ablation "converged
+    two-sided rotation"; Sec. 4.1). Same objective as ``solve_reduced`` through ``R = Vt Q``; the
+    Euclidean gradient is ``Vt^T Xi_R`` and the canonical direction ``skew(Xi_Q Q^T) Q``. Costs
+    O(k^3) per step. Returns R = Vt Q and Q.
+    """
+    obj = ProfiledObjective(U, S, Gxx, Gyx, c, align, align_lambda)
+    k = Vt.shape[1]
+    Q0 = torch.eye(k, dtype=Vt.dtype, device=Vt.device)
+
+    def retract_step(Q, R, Xi):
+        XQ = Vt.mT @ Xi
+        B = XQ @ Q.mT
+        A = 0.5 * (B - B.mT)
+        return {"norm": float(torch.linalg.matrix_norm(A)), "go": lambda t: retract_cayley(Q, A, t), "vel": Vt @ (A @ Q)}
+
+    Q, R, ev, res, stop, eta_cur, hist = _descend(
+        obj, Q0, _lipschitz(S, lam_max, c), retract_step, lambda Q: Vt @ Q, eta=eta,
+        eta_scale=eta_scale, delta=delta, max_steps=max_steps, max_backtracks=max_backtracks,
+        track=track, RG0=RG0,
+    )
+    return _finish(obj, Q, R, ev, res, stop, eta_cur, hist, Q=Q)

@@ -1,0 +1,126 @@
+"""Bad input gets one clear ValueError naming the problem; the API contract on good input."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_compensate_problems import make_problem  # noqa: E402
+
+from coec.compensate import METHODS, Compensation, compensate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def prob():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield make_problem(12, 20, 14, 100)
+    torch.set_num_threads(n)
+
+
+def _bad(x, idx, val):
+    x = x.clone()
+    x[idx] = val
+    return x
+
+
+@pytest.mark.parametrize(
+    "keep, match",
+    [
+        (torch.tensor([], dtype=torch.long), "keep is empty"),
+        (torch.tensor([0, 3, 20]), "out of range"),
+        (torch.tensor([-1, 3, 5]), "out of range"),
+        (torch.tensor([3, 1, 5]), "sorted"),
+        (torch.tensor([1, 3, 3, 5]), "duplicate"),
+        (torch.tensor([[1, 3]]), "1-D"),
+        (torch.tensor([1.0, 3.0]), "integer"),
+    ],
+)
+def test_bad_keep(prob, keep, match):
+    W0, G, mean, _, _ = prob
+    with pytest.raises(ValueError, match=match):
+        compensate(W0, G, mean, keep, "rcpu")
+
+
+def test_bad_shapes_and_values(prob):
+    W0, G, mean, keep, _ = prob
+    cases = [
+        ((W0[:, :-1], G, mean, keep, "none"), "gram shape"),
+        ((W0, G[:-1], mean, keep, "none"), "gram shape"),
+        ((W0, G, mean[:-1], keep, "none"), "mean has"),
+        ((W0[0], G, mean, keep, "none"), "W0 must be 2-D"),
+        ((_bad(W0, (0, 0), float("nan")), G, mean, keep, "coec"), "W0 contains NaN or Inf"),
+        ((W0, _bad(G, (1, 2), float("inf")), mean, keep, "coec"), "gram contains NaN or Inf"),
+        ((W0, _bad(G, (1, 2), float("nan")), mean, keep, "lstsq"), "gram contains NaN or Inf"),
+        ((W0, G, _bad(mean, 0, float("nan")), keep, "bias"), "mean contains NaN or Inf"),
+        ((W0, G, None, keep, "bias"), "requires mean"),
+        ((W0, G.to(torch.int64), mean, keep, "none"), "floating-point"),
+        ((W0, G, mean, keep, "ridge"), "unknown method"),
+        ((W0, G, mean, keep, "COEC"), "unknown method"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            compensate(*args)
+
+
+@pytest.mark.parametrize(
+    "method, opts, match",
+    [
+        ("coec", {"alpah": 0.9}, "unknown option"),
+        ("rcpu", {"alpha": 0.9}, "unknown option"),
+        ("lstsq", {"max_rounds": 3}, "unknown option"),
+        ("coec", {"alpha": 0.0}, "alpha"),
+        ("coec", {"alpha": 1.5}, "alpha"),
+        ("coec", {"rescale": "median"}, "rescale"),
+        ("coec", {"right": "left"}, "right"),
+        ("coec", {"align": "cosine"}, "align"),
+        ("coec", {"tol_mode": "rel"}, "tol_mode"),
+        ("coec", {"eta_scale": "auto"}, "eta_scale"),
+        ("coec", {"eta": 0.0}, "eta"),
+        ("coec", {"delta": -1.0}, "delta"),
+        ("coec", {"kappa": 0.5}, "kappa"),
+        ("coec", {"max_rounds": 2.5}, "max_rounds"),
+        ("coec", {"max_rounds": -1}, "max_rounds"),
+        ("coec", {"max_inner_steps": 0}, "max_inner_steps"),
+        ("coec", {"gcv_grid": (1.0, 0.1, 10)}, "gcv_grid"),
+        ("coec", {"gcv_grid": (1e-4, 1e5)}, "gcv_grid"),
+        ("coec", {"anchor_rank": 0}, "anchor_rank"),
+        ("coec", {"align_lambda": -1.0}, "align_lambda"),
+        ("coec", {"align_lambda": 5.0}, "requires value_proj"),
+        ("coec", {"value_proj": torch.zeros(13, 8, dtype=torch.float64)}, "value_proj must have k"),
+        ("coec", {"value_proj": torch.full((14, 8), float("nan"), dtype=torch.float64)}, "value_proj contains NaN"),
+        ("coec", {"value_proj": torch.randn(14, 8, dtype=torch.float64), "anchor_rank": 12}, "anchor_rank"),
+        ("coec", {"psd_clip": 1}, "psd_clip"),
+        ("coec", {"compute_dtype": "float16"}, "compute_dtype"),
+        ("coec", {"temper_dtype": "bfloat16"}, "temper_dtype"),
+        ("coec", {"left_polar": "qr"}, "left_polar"),
+        ("lstsq", {"ridge": -1.0}, "ridge"),
+        ("none", {"n_tokens": 0}, "n_tokens"),
+    ],
+)
+def test_bad_options(prob, method, opts, match):
+    W0, G, mean, keep, _ = prob
+    with pytest.raises(ValueError, match=match):
+        compensate(W0, G, mean, keep, method, **opts)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_output_contract(prob, method, dtype):
+    W0, G, mean, keep, _ = prob
+    kw = {"max_rounds": 3} if method == "coec" else {}
+    out = compensate(W0.to(dtype), G.float(), mean.float(), keep.to(torch.int32), method, **kw)
+    assert isinstance(out, Compensation)
+    assert out.weight.shape == (12, 14) and out.weight.dtype == dtype and out.weight.device == W0.device
+    assert (out.bias is not None) == (method == "bias")
+    if out.bias is not None:
+        assert out.bias.shape == (12,) and out.bias.dtype == dtype
+    s = json.dumps(out.info, allow_nan=False)
+    assert "relerr_before" in s and "seconds" in s
+    # keep as a plain list also works
+    compensate(W0, G, mean, keep.tolist(), method, **kw)

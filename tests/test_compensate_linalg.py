@@ -1,0 +1,120 @@
+"""Kernels: polar factor, Newton–Schulz iterations, retractions, tempering, relative error."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_compensate_problems import make_problem  # noqa: E402
+
+from coec.compensate.linalg import (  # noqa: E402
+    normalize_gram,
+    ns_inv_sqrt,
+    ns_inverse,
+    ns_polar,
+    polar,
+    polar_eigh,
+    power_max_eig,
+    relerr,
+    temper_gram,
+)
+from coec.compensate.stiefel import retract_cayley, retract_polar, riemannian_grad  # noqa: E402
+
+F64 = torch.float64
+
+
+def _eye(n):
+    return torch.eye(n, dtype=F64)
+
+
+def test_polar_is_procrustes_optimum():
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(7, 7, generator=g, dtype=F64)
+    Q = polar(A)
+    assert torch.allclose(Q @ Q.mT, _eye(7), atol=1e-12)
+    best = float((Q * A).sum())
+    for _ in range(50):
+        Z, _ = torch.linalg.qr(torch.randn(7, 7, generator=g, dtype=F64))
+        assert float((Z * A).sum()) <= best + 1e-12
+    T = polar(torch.randn(9, 4, generator=g, dtype=F64))  # thin: orthonormal columns
+    assert torch.allclose(T.mT @ T, _eye(4), atol=1e-12)
+
+
+def test_newton_schulz_kernels():
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(6, 15, generator=g, dtype=F64)
+    P, _ = ns_polar(X)
+    assert torch.allclose(P @ P.mT, _eye(6), atol=1e-12)
+    assert torch.allclose(P, polar(X.mT).mT, atol=1e-10)
+    M = X @ X.mT
+    Z, _ = ns_inv_sqrt(M)
+    assert torch.allclose(Z @ M @ Z, _eye(6), atol=1e-10)
+    A = torch.randn(8, 8, generator=g, dtype=F64)
+    Minv, _ = ns_inverse(_eye(8) + 0.3 * (A - A.mT))
+    assert torch.allclose(Minv @ (_eye(8) + 0.3 * (A - A.mT)), _eye(8), atol=1e-12)
+    B = torch.randn(5, 5, generator=g, dtype=F64) + 5 * _eye(5)  # default start also converges
+    assert torch.allclose(ns_inverse(B)[0] @ B, _eye(5), atol=1e-10)
+
+
+def test_retractions_stay_on_the_manifold_and_follow_the_gradient():
+    g = torch.Generator().manual_seed(2)
+    R = polar(torch.randn(15, 6, generator=g, dtype=F64)).mT  # (6, 15) row-orthonormal
+    Xi = torch.randn(6, 15, generator=g, dtype=F64)
+    rg = riemannian_grad(R, Xi)
+    assert torch.allclose(R @ rg.mT + rg @ R.mT, torch.zeros(6, 6, dtype=F64), atol=1e-12)  # tangent
+    for t in (1e-3, 0.1):
+        Rn = retract_polar(R, t * rg / float(rg.norm()))
+        assert torch.allclose(Rn @ Rn.mT, _eye(6), atol=1e-12)
+    t = 1e-6
+    Rn = retract_polar(R, t * rg)
+    assert torch.allclose((Rn - R) / t, -rg, atol=1e-5)  # first-order: R - t grad
+    Rs = polar(torch.randn(6, 6, generator=g, dtype=F64))
+    Xs = torch.randn(6, 6, generator=g, dtype=F64)
+    B = Xs @ Rs.mT
+    A = 0.5 * (B - B.mT)
+    Rc = retract_cayley(Rs, A, 0.7)
+    assert torch.allclose(Rc @ Rc.mT, _eye(6), atol=1e-12)
+    assert torch.allclose((retract_cayley(Rs, A, t) - Rs) / t, -A @ Rs, atol=1e-5)
+
+
+def test_tempering_and_normalisation():
+    W0, G, mean, keep, X = make_problem(8, 20, 12, 100)
+    Gn = normalize_gram(G)
+    assert float(Gn.diagonal().mean()) == pytest.approx(1.0)
+    assert torch.allclose(normalize_gram(G / 100.0), Gn, rtol=1e-12)
+    G1, info = temper_gram(Gn, 1.0)
+    assert torch.allclose(G1, Gn, atol=1e-10) and info["n_negative"] >= 0
+    Gh, _ = temper_gram(Gn, 0.5)
+    assert torch.allclose(Gh @ Gh, Gn, atol=1e-8)  # G^(1/2) squared
+    ev, E = torch.linalg.eigh(Gn)
+    ev[:2] = -0.5
+    Gi = (E * ev) @ E.mT
+    Gc, info = temper_gram(Gi, 0.9)
+    assert info["n_negative"] == 2 and float(torch.linalg.eigvalsh(Gc).min()) > -1e-10
+    assert power_max_eig(Gn) == pytest.approx(float(ev.max()), rel=1e-3)
+
+
+def test_relerr_matches_token_level_definition():
+    W0, G, mean, keep, X = make_problem(8, 20, 12, 100)
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(8, 12, generator=g, dtype=F64)
+    Y = W0 @ X
+    emp = float(((Y - W @ X[keep]) ** 2).sum() / (Y**2).sum())
+    WG = W0 @ G
+    assert relerr(W, G[keep][:, keep], WG[:, keep], float((WG * W0).sum())) == pytest.approx(emp, rel=1e-10)
+
+
+def test_polar_eigh_matches_svd_polar_and_falls_back():
+    g = torch.Generator().manual_seed(4)
+    A = torch.randn(12, 8, generator=g, dtype=F64) * torch.logspace(0, -2, 8, dtype=F64)
+    assert torch.allclose(polar_eigh(A), polar(A), atol=1e-10)
+    assert torch.allclose(polar_eigh(A.float()), polar(A).float(), atol=1e-5)
+    D = A.clone()
+    D[:, 3] = 0.0  # rank-deficient: eigh path refuses, the SVD polar is used
+    P = polar_eigh(D)
+    assert torch.allclose(P.mT @ P, _eye(8), atol=1e-12)
+    assert torch.allclose(P, polar(D), atol=1e-12)

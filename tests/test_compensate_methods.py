@@ -1,0 +1,223 @@
+"""RCPU and COEC properties (paper Sec. 3–4, App. B): optimality, monotonicity, equivalences."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_compensate_problems import make_oproj, make_problem  # noqa: E402
+
+from coec.compensate import METHODS, compensate  # noqa: E402
+from coec.compensate.baselines import rcpu  # noqa: E402
+from coec.compensate.linalg import normalize_gram, relerr, svd  # noqa: E402
+from coec.compensate.stiefel import solve_full, solve_reduced  # noqa: E402
+
+F64 = {"compute_dtype": "float64"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny LAPACK calls are 100x slower with contended threads
+    yield
+    torch.set_num_threads(n)
+
+
+def _metric(W0, G, keep):
+    G = normalize_gram(G)
+    WG = W0 @ G
+    return G[keep][:, keep], WG[:, keep], float((WG * W0).sum())
+
+
+def _err_opt_scale(W, Gxx, Gyx, c):
+    """Relative error of W after its own optimal global scale."""
+    s = float((Gyx * W).sum()) / float(((W @ Gxx) * W).sum())
+    return relerr(s * W, Gxx, Gyx, c)
+
+
+PROBLEMS = [  # (d_out, d_in, k, tokens, seed): d_out < k and d_out >= k
+    (16, 40, 28, 300, 0),
+    (24, 40, 20, 300, 1),
+    (32, 32, 24, 200, 2),
+    (12, 50, 35, 80, 3),  # fewer tokens than d_in: rank-deficient G
+]
+
+
+# ----------------------------------------------------------------------------- RCPU
+
+
+@pytest.mark.parametrize("p", PROBLEMS[:3])
+def test_rcpu_rotation_orthogonal_optimal_and_scale_closed_form(p):
+    W0, G, mean, keep, _ = make_problem(*p)
+    Gn = normalize_gram(G)
+    W, info = rcpu(W0, Gn, keep)
+    Q = info["Q"]
+    eye = torch.eye(Q.shape[0], dtype=Q.dtype)
+    assert torch.allclose(Q @ Q.mT, eye, atol=1e-6) and torch.allclose(Q.mT @ Q, eye, atol=1e-6)
+    Gxx, Gyx, c = _metric(W0, G, keep)
+    WK = W0[:, keep]
+    QW = Q @ WK
+    s_closed = float((Gyx * QW).sum()) / float(((QW @ Gxx) * QW).sum())
+    assert info["scale"] == pytest.approx(s_closed, rel=1e-12)
+    assert torch.allclose(W, s_closed * QW, atol=1e-12)
+    err = relerr(W, Gxx, Gyx, c)
+    assert err <= _err_opt_scale(WK, Gxx, Gyx, c) + 1e-12  # identity rotation, own scale
+    g = torch.Generator().manual_seed(123)
+    for _ in range(100):
+        Qr, _ = torch.linalg.qr(torch.randn(Q.shape[0], Q.shape[0], generator=g, dtype=Q.dtype))
+        assert err <= _err_opt_scale(Qr @ WK, Gxx, Gyx, c) + 1e-12
+    out = compensate(W0, G, mean, keep, "rcpu")
+    assert torch.allclose(out.weight, W, atol=1e-10)
+    assert out.info["relerr_after"] == pytest.approx(err, rel=1e-9)
+
+
+def test_coec_reduces_to_rcpu():
+    for p in PROBLEMS:
+        W0, G, mean, keep, _ = make_problem(*p)
+        ref = compensate(W0, G, mean, keep, "rcpu").weight
+        out = compensate(W0, G, mean, keep, "coec", alpha=1.0, rescale="global", right="none", **F64)
+        assert torch.allclose(out.weight, ref, atol=1e-6, rtol=0), p
+        assert out.info["relerr_after"] == pytest.approx(compensate(W0, G, mean, keep, "rcpu").info["relerr_after"], rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- COEC
+
+
+@pytest.mark.parametrize("p", PROBLEMS)
+@pytest.mark.parametrize("right", ["stiefel", "full"])
+def test_coec_beats_rcpu_and_is_monotone(p, right):
+    W0, G, mean, keep, _ = make_problem(*p)
+    r = compensate(W0, G, mean, keep, "rcpu").info["relerr_after"]
+    out = compensate(W0, G, mean, keep, "coec", alpha=1.0, right=right, max_rounds=15, **F64)
+    info = out.info
+    assert info["relerr_after"] <= r + 1e-12
+    h = info["objective_history"]
+    assert len(h) == info["rounds"] + 1 and info["rounds"] >= 1
+    assert all(b <= a for a, b in zip(h, h[1:])), h
+    assert h[-1] == pytest.approx(info["relerr_tempered_after"], rel=1e-9)  # alpha=1: same metric
+    assert info["relerr_tempered_after"] == pytest.approx(info["relerr_after"], rel=1e-9)
+    # with the default float32 loop it still beats RCPU
+    out32 = compensate(W0, G, mean, keep, "coec", alpha=1.0, right=right, max_rounds=15)
+    assert out32.weight.dtype == W0.dtype and out32.info["compute_dtype"] == "float32"
+    assert out32.info["relerr_after"] <= r * (1 + 1e-5)
+    json.dumps(info)
+
+
+def test_coec_default_options_run_and_history_monotone():
+    W0, G, mean, keep, _ = make_problem(20, 48, 30, 300, seed=5)
+    out = compensate(W0, G, mean, keep, "coec")
+    h = out.info["objective_history"]
+    assert all(b <= a for a, b in zip(h, h[1:]))
+    assert out.info["relerr_after"] < out.info["relerr_before"]
+    assert out.info["rescales"] == 1 + 2 * out.info["rounds"] or out.info["stop_reason"] == "non_monotone_guard"
+    for key in ("relerr_before", "relerr_after", "rounds", "inner_steps", "inner_steps_per_round", "gcv_lambdas",
+                "gcv_lambdas_rel", "gcv_at_grid_end", "objective_history", "seconds", "svd_fallbacks",
+                "scale_skipped", "kappa_clamped"):
+        assert key in out.info, key
+    assert len(out.info["gcv_lambdas"]) == len(out.info["gcv_lambdas_rel"]) == out.info["rescales"]
+    json.dumps(out.info, allow_nan=False)
+
+
+@pytest.mark.parametrize("dims", [(8, 20, 12), (12, 16, 10)])  # r < k (polar) and r == k (Cayley)
+def test_right_solver_orthonormal_and_reduced_equals_full(dims):
+    """Reduced St(r, k) and full O(k) right solves, run to convergence from Q_r = I on a small
+    problem, reach the same objective (Sec. 4.2: same solutions, fewer redundant directions)."""
+    d_out, d_in, k = dims
+    W0, G, mean, keep, _ = make_problem(d_out, d_in, k, 200, seed=0, outliers=0)
+    Gxx, Gyx, c = _metric(W0, G, keep)
+    U, S, Vt = svd(W0[:, keep])
+    lam = float(torch.linalg.eigvalsh(Gxx).max())
+    red = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-10, max_steps=3000, track=True)
+    full = solve_full(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-10, max_steps=3000)
+    assert red.stop != "max_steps" and full.stop != "max_steps"
+    r = min(d_out, k)
+    for res in (red, full):
+        assert res.R.shape == (r, k)
+        assert torch.allclose(res.R @ res.R.mT, torch.eye(r, dtype=res.R.dtype), atol=1e-6)
+        assert res.F_end < res.F_start
+    assert torch.allclose(full.Q @ full.Q.mT, torch.eye(k, dtype=full.Q.dtype), atol=1e-6)
+    assert all(b <= a for a, b in zip(red.history, red.history[1:]))
+    assert red.F_end == pytest.approx(full.F_end, rel=1e-7)
+    assert red.F_end < 0.5 * red.F_start
+
+
+def test_coec_deterministic_bit_for_bit():
+    W0, G, mean, keep, vp = make_oproj()
+    kw = dict(align_lambda=50.0, value_proj=vp, anchor_rank=4, max_rounds=8)
+    a = compensate(W0, G, mean, keep, "coec", **kw)
+    b = compensate(W0, G, mean, keep, "coec", **kw)
+    assert torch.equal(a.weight, b.weight)
+    W0, G, mean, keep, _ = make_problem(16, 40, 28, 300)
+    a = compensate(W0, G, mean, keep, "coec", max_rounds=8)
+    b = compensate(W0, G, mean, keep, "coec", max_rounds=8)
+    assert torch.equal(a.weight, b.weight)
+    assert a.info["objective_history"] == b.info["objective_history"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", [None, "float64"])
+def test_gram_sum_vs_mean_identical(method, dtype):
+    W0, G, mean, keep, _ = make_problem(16, 40, 28, 300, seed=4)
+    n = 300
+    kw = {"compute_dtype": dtype} if dtype else {}
+    if method == "coec":
+        kw["max_rounds"] = 10
+    a = compensate(W0, G / n, mean, keep, method, **kw)
+    b = compensate(W0, G, mean, keep, method, **kw)
+    tol = 1e-9 if (dtype == "float64" or method != "coec") else 1e-5
+    assert torch.allclose(a.weight, b.weight, atol=tol * float(a.weight.abs().max()), rtol=0)
+    assert a.info["relerr_after"] == pytest.approx(b.info["relerr_after"], rel=1e-6, abs=1e-12)
+    if a.bias is not None:
+        assert torch.allclose(a.bias, b.bias, atol=1e-12)
+
+
+def test_baselines_formulas():
+    W0, G, mean, keep, X = make_problem(16, 40, 28, 300)
+    pruned = torch.tensor([j for j in range(40) if j not in set(keep.tolist())])
+    out = compensate(W0, G, mean, keep, "none")
+    assert torch.equal(out.weight, W0[:, keep]) and out.bias is None
+    out = compensate(W0, G, mean, keep, "bias", n_tokens=300)
+    assert torch.allclose(out.bias, W0[:, pruned] @ mean[pruned], atol=1e-12)
+    assert torch.equal(out.weight, W0[:, keep])
+    # the FLAP bias removes the mean error: empirical error with the bias matches the formula
+    Y, Yk = W0 @ X, W0[:, keep] @ X[keep] + out.bias[:, None]
+    emp = float(((Y - Yk) ** 2).sum() / (Y**2).sum())
+    assert out.info["relerr_after_with_bias"] == pytest.approx(emp, rel=1e-9)
+    assert out.info["relerr_after_with_bias"] <= out.info["relerr_before"]
+    out = compensate(W0, G, mean, keep, "lstsq", ridge=1e-2)
+    Gxx, Gyx = G[keep][:, keep], W0 @ G[:, keep]
+    lam = 1e-2 * float(Gxx.diagonal().mean())
+    ref = torch.linalg.solve(Gxx + lam * torch.eye(28, dtype=G.dtype), Gyx.mT).mT
+    assert torch.allclose(out.weight, ref, atol=1e-10)
+    # ridge 0 is plain least squares: no method in the family does better on calibration data
+    ls = compensate(W0, G, mean, keep, "lstsq", ridge=0.0).info["relerr_after"]
+    assert ls <= compensate(W0, G, mean, keep, "rcpu").info["relerr_after"] + 1e-12
+    assert ls <= compensate(W0, G, mean, keep, "coec", alpha=1.0, **F64).info["relerr_after"] + 1e-12
+
+
+@pytest.mark.parametrize("rescale", ["gcv", "global"])
+@pytest.mark.parametrize("tol_mode", ["relative", "absolute"])
+def test_coec_option_variants(rescale, tol_mode):
+    W0, G, mean, keep, _ = make_problem(16, 40, 28, 300, seed=9)
+    out = compensate(W0, G, mean, keep, "coec", rescale=rescale, tol_mode=tol_mode, tol=1e-3, max_rounds=30,
+                     eta_scale="lipschitz", eta=4.0)
+    h = out.info["objective_history"]
+    assert all(b <= a for a, b in zip(h, h[1:]))
+    if out.info["stop_reason"] == "tol":
+        last = h[-2] - h[-1]
+        assert (last / h[-2] if tol_mode == "relative" else last) < 1e-3
+    if rescale == "global":
+        assert out.info["gcv_lambdas"] == []
+
+
+def test_left_polar_eigh_matches_svd():
+    W0, G, mean, keep, _ = make_problem(24, 40, 20, 300, seed=1)
+    a = compensate(W0, G, mean, keep, "coec", left_polar="svd", max_rounds=10, **F64)
+    b = compensate(W0, G, mean, keep, "coec", left_polar="eigh", max_rounds=10, **F64)
+    assert b.info["left_polar_used"] == "eigh"
+    assert b.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=1e-6)
