@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from coec.calibrate import NonFiniteActivations, run_layerwise
 from coec.data import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity
 from coec.models import AttnGeometry, ModelError, attention_geometry, check_family, load_model
-from coec.prune import prepare_for_save_, prune_layer_, prune_model_, set_output_weights_
+from coec.prune import prepare_for_save_, prune_model_, set_output_weights_
 from coec.select import (channel_variance, column_scores, group_scores, head_indices, n_keep,
                          o_proj_columns, select_layer, top_k_sorted)
 
@@ -167,7 +165,6 @@ def test_bias_save_reload_llama(llama_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     model, _ = load_model(llama_dir, dtype="float64")
-    geom = attention_geometry(model.config)
     prune_model_(model, {"layers": [{"kv_groups": [0], "channels": list(range(0, 48, 2))}] * 2})
     torch.manual_seed(0)
     for layer in model.model.layers:
@@ -228,3 +225,32 @@ def test_bad_models(tmp_path):
         attention_geometry(tiny_config("llama", num_attention_heads=4, num_key_value_heads=3))
     with pytest.raises(ModelError, match="does not exist"):
         load_model("./no/such/dir")
+
+
+def test_per_layer_widths_run_in_memory(llama_dir):
+    """FLAP's adaptive structure gives per-layer widths: the config is left alone, the model
+    still equals zeroing the pruned columns, and saving is refused with a clear error."""
+    ids = _ids()
+    model, _ = load_model(llama_dir, dtype="float64")
+    ref, _ = load_model(llama_dir, dtype="float64")
+    geom = attention_geometry(model.config)
+    keep = {"layers": [{"kv_groups": [1], "channels": list(range(40))},
+                       {"kv_groups": [0, 1], "channels": list(range(0, 48, 2))}]}
+    prune_model_(model, keep)
+    with torch.no_grad():
+        ref.model.layers[0].self_attn.o_proj.weight[:, o_proj_columns([0], geom)] = 0
+        ref.model.layers[0].mlp.down_proj.weight[:, 40:] = 0
+        ref.model.layers[1].mlp.down_proj.weight[:, 1::2] = 0
+    torch.testing.assert_close(_logits(model, ids), _logits(ref, ids), rtol=1e-10, atol=1e-10)
+    with pytest.raises(ModelError, match="per-layer widths differ"):
+        prepare_for_save_(model)
+
+
+def test_unsaveable_head_count_is_a_clear_error(tmp_path):
+    """transformers' LlamaConfig needs hidden % heads == 0 on save: 40 % 6 != 0."""
+    path = make_model_dir(tmp_path / "m", "llama", hidden_size=40, num_attention_heads=10,
+                          num_key_value_heads=5, head_dim=4)
+    model, _ = load_model(path)
+    prune_model_(model, {"layers": [{"kv_groups": [0, 1, 2], "channels": list(range(48))}] * 2})
+    with pytest.raises(ModelError, match="cannot be saved"):
+        prepare_for_save_(model)

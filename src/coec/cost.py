@@ -25,7 +25,6 @@ What is counted
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +42,6 @@ __all__ = [
 ]
 
 GIB = 2**30
-_EPS = 1e-9
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -125,23 +123,13 @@ def _dims(cfg: Mapping[str, Any], shape: Mapping[str, Any] | None = None) -> dic
 
 
 def kept_count(n: int, ratio: float, rounding: str = "ceil") -> int:
-    """Units kept out of ``n`` at pruning ratio ``ratio`` in (0, 1).
+    """Units kept out of ``n`` at pruning ratio ``ratio`` in (0, 1): the selection stage's own
+    rule (:func:`coec.select.n_keep`), so cost figures and pruned models cannot disagree."""
+    from .select import n_keep
 
-    ``"ceil"`` (the paper): keep ``ceil((1 - ratio) n)``; ``"nearest"``: round the pruned count
-    ``ratio * n`` to nearest (halves up) and keep the rest. Never fewer than 1 is kept. A 1e-9 tolerance absorbs float error, e.g.
-    ``(1 - 0.7) * 10 = 3.0000000000000004`` keeps 3, not 4.
-    """
-    if not 0.0 < ratio < 1.0:
-        raise ValueError(f"pruning ratio must be in (0, 1), got {ratio}")
     if n < 1:
         raise ValueError(f"count must be >= 1, got {n}")
-    if rounding == "ceil":
-        keep = math.ceil((1.0 - ratio) * n - _EPS)
-    elif rounding == "nearest":
-        keep = n - math.floor(ratio * n + 0.5 + _EPS)
-    else:
-        raise ValueError(f"rounding must be 'ceil' or 'nearest', got {rounding!r}")
-    return max(1, min(n, keep))
+    return n_keep(n, ratio, rounding)
 
 
 def pruned_shape(config: Any, ratio: float, group_rounding: str = "ceil") -> dict[str, int]:

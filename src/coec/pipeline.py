@@ -75,9 +75,10 @@ def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_r
 def expanded_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom) -> torch.Tensor:
     """The pruned v_proj in the query-head layout: each kept KV head's rows repeated for its
     query heads, (k, d_model) with k = kept query heads × head_dim (the o_proj input order)."""
+    from .geometry import expand_kv_rows
+
     rows = v_weight.index_select(0, kv_rows(kv_groups, geom))
-    rows = rows.view(len(kv_groups), geom.head_dim, -1)
-    return rows.repeat_interleave(geom.groups, dim=0).reshape(-1, v_weight.shape[1])
+    return expand_kv_rows(rows, geom.groups, geom.head_dim)
 
 
 def module_options(options: dict, module: str) -> dict:

@@ -85,13 +85,15 @@ def prune_model_(model, keep: dict) -> None:
         raise ValueError(f"keep set has {len(keep['layers'])} layers, model has {len(layers)}")
     for layer, k in zip(layers, keep["layers"]):
         prune_layer_(layer, geom, k["kv_groups"], k["channels"])
-    rewrite_config_(model)
+    rewrite_config_(model, strict=False)
 
 
-def rewrite_config_(model) -> None:
-    """Set head counts, head_dim, intermediate_size and bias flags from the pruned modules.
+def rewrite_config_(model, strict: bool = True) -> bool:
+    """Set head counts, head_dim and intermediate_size from the pruned modules.
 
-    Vanilla HF configs hold one width for all layers, so per-layer widths must agree.
+    Vanilla HF configs hold one width for all layers: with per-layer widths (FLAP's adaptive
+    structure) ``strict`` raises, otherwise the config is left alone (the in-memory model still
+    runs: attention infers head counts from weight shapes) and False is returned.
     """
     cfg = model.config
     geom = attention_geometry(cfg)
@@ -99,6 +101,8 @@ def rewrite_config_(model) -> None:
     kv = {l.self_attn.k_proj.out_features // geom.head_dim for l in layers}
     ff = {l.mlp.down_proj.in_features for l in layers}
     if len(kv) != 1 or len(ff) != 1:
+        if not strict:
+            return False
         raise ModelError(f"per-layer widths differ (KV heads {sorted(kv)}, d_ff {sorted(ff)}): "
                          "a vanilla HF config cannot describe this model")
     n_kv = kv.pop()
@@ -106,6 +110,7 @@ def rewrite_config_(model) -> None:
     cfg.num_key_value_heads = n_kv
     cfg.num_attention_heads = n_kv * geom.groups
     cfg.intermediate_size = ff.pop()
+    return True
 
 
 def prepare_for_save_(model) -> None:
