@@ -53,9 +53,15 @@ def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list
     way the model's own forward builds them (full or sliding-window per ``layer_types``)."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+    import inspect
+
     cfg = model.config
-    kw = dict(config=cfg, inputs_embeds=hidden, attention_mask=None, cache=None,
-              position_ids=position_ids)
+    kw = dict(config=cfg, inputs_embeds=hidden, attention_mask=None, position_ids=position_ids)
+    # the cache argument was renamed (past_key_values -> cache) in transformers 5.2x
+    params = inspect.signature(create_causal_mask).parameters
+    kw["cache" if "cache" in params else "past_key_values"] = None
+    if "cache_position" in params:
+        kw["cache_position"] = torch.arange(hidden.shape[1], device=hidden.device)
     full = create_causal_mask(**kw)
     types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
     sliding = (create_sliding_window_causal_mask(**kw)
