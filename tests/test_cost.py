@@ -143,3 +143,27 @@ def test_bad_configs_raise_clear_errors():
         count_params({k: v for k, v in QWEN7.items() if k != "intermediate_size"})
     with pytest.raises(ValueError, match="ratio"):
         pruned_shape(QWEN7, 1.0)
+
+
+def test_memory_plan_matches_meta_shapes():
+    """Gram sizes follow the meta-device module shapes; 8B / 70B figures as in the README."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from coec.cost import PUBLISHED_ARCHS, memory_plan
+
+    spec = dict(PUBLISHED_ARCHS["Llama-3.1-8B"])
+    fam = spec.pop("model_type")
+    cfg = AutoConfig.for_model(fam, **dict(spec, num_hidden_layers=1))
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    layer = m.model.layers[0]
+    d_o, d_ff = layer.self_attn.o_proj.in_features, layer.mlp.down_proj.in_features
+    plan = memory_plan(PUBLISHED_ARCHS["Llama-3.1-8B"])
+    assert plan["gram_layer_gb"] * 2**30 == (d_o**2 + d_ff**2) * 4
+    assert round(plan["gram_layer_gb"], 3) == 0.828 and round(plan["gram_total_gb"], 1) == 26.5
+    big = memory_plan(PUBLISHED_ARCHS["Llama-3-70B"])
+    assert round(big["gram_layer_gb"], 2) == 3.31 and round(big["gram_total_gb"]) == 265
+    # a 70B calibration job holds one layer's Grams, never all of them
+    assert big["calib_peak_gb"] < big["gram_total_gb"] / 10
+    assert 15 < big["comp_down_peak_gb"] < 40

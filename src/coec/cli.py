@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", default=None)
     s.add_argument("--comp", nargs="*", default=[])
     s.add_argument("--cell", type=_json, default={})
+    s.add_argument("--device-map", default=None, help="e.g. auto: spread a 70B+ model over GPUs")
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("zeroshot", help="lm-eval zero-shot accuracy of a model cell")
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", default=None)
     s.add_argument("--comp", nargs="*", default=[])
     s.add_argument("--cell", type=_json, default={})
+    s.add_argument("--device-map", default=None, help="e.g. auto: spread a 70B+ model over GPUs")
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("prepare-zeroshot", help="extract the offline zero-shot task data")
@@ -156,10 +158,10 @@ def _dispatch(a) -> None:
         P.run_compensate(a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device)
     elif a.stage == "ppl":
         P.run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
-                  a.out, a.keep, a.comp, a.cell)
+                  a.out, a.keep, a.comp, a.cell, a.device_map)
     elif a.stage == "zeroshot":
         P.run_zeroshot(a.model, a.tasks, a.data_dir, a.limit, a.batch_size, a.max_length,
-                       a.dtype, a.device, a.out, a.keep, a.comp, a.cell)
+                       a.dtype, a.device, a.out, a.keep, a.comp, a.cell, a.device_map)
     elif a.stage == "prepare-zeroshot":
         P.prepare_zeroshot(a.out)
     elif a.stage == "report":

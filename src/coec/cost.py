@@ -299,3 +299,39 @@ def cost_table(archs: Mapping[str, Any], ratio: float, group_rounding: str = "ce
             "ffn_pruned": shape["intermediate_size"],
         })
     return rows
+
+
+def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: int = 2048,
+                act_bytes: int = 2, gram_bytes: int = 4) -> dict[str, float]:
+    """Memory of each workflow stage for one model, in GiB (2^30 bytes).
+
+    - ``gram_layer_gb`` / ``gram_total_gb``: stored Grams of one layer / all layers (o_proj input
+      d_heads², down_proj input d_ff², ``gram_bytes`` each, full matrices as stored);
+      ``*_sym_gb``: the same with only one triangle.
+    - ``calib_peak_gb``: the calibration job's device peak: one layer's weights (bf16), the fp64
+      Gram accumulators of that layer, the cached hidden states of all sequences
+      (nsamples × seqlen × hidden × ``act_bytes``; they live on the offload device, counted here
+      as the worst case) and one batch's MLP activations; never all layers' Grams.
+    - ``comp_down_peak_gb``: compensating one down_proj: the fp64 eigh of the full Gram (G,
+      eigenvectors, one work copy), Gxx / the tempered slice in fp32, W0, W and R in fp32.
+    """
+    d = _dims(_as_dict(config))
+    h, L, ff = d["hidden"], d["layers"], d["ffn"]
+    d_attn = d["heads"] * d["head_dim"]
+    GiB = 2.0 ** 30
+    gram_entries = d_attn**2 + ff**2
+    parts = _param_breakdown(d)
+    layer_params = (parts["attention"] + parts["mlp"] + parts["norms"]) // L
+    k_ff = kept_count(ff, ratio, "ceil")
+    batch = 8 * seqlen
+    return {
+        "gram_layer_gb": gram_entries * gram_bytes / GiB,
+        "gram_total_gb": L * gram_entries * gram_bytes / GiB,
+        "gram_layer_sym_gb": (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
+        "gram_total_sym_gb": L * (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
+        "calib_peak_gb": (layer_params * 2 + gram_entries * 8 + nsamples * seqlen * h * act_bytes
+                          + batch * (3 * ff + 2 * h) * 4) / GiB,
+        "comp_down_peak_gb": (3 * ff * ff * 8 + 2 * k_ff * k_ff * 4 + 2 * h * ff * 4
+                              + 2 * min(h, k_ff) * k_ff * 4) / GiB,
+        "weights_bf16_gb": count_params(config) * 2 / GiB,
+    }

@@ -134,12 +134,13 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
 
 
 def build_model(model_src: str, dtype: str, device: str | None, keep_path: str | None = None,
-                comp_files: list[str] | None = None):
-    """Load the dense model, then (optionally) prune it by keep.json and install compensated
-    weights from per-block safetensors files. Returns (model, tokenizer)."""
+                comp_files: list[str] | None = None, device_map: str | None = None):
+    """Load the dense model (on ``device``, or spread by ``device_map``), then (optionally) prune
+    it by keep.json and install compensated weights from per-block safetensors files.
+    Returns (model, tokenizer)."""
     from safetensors.torch import load_file
 
-    model, tok = load_model(model_src, dtype=dtype, device=device)
+    model, tok = load_model(model_src, dtype=dtype, device=device, device_map=device_map)
     if keep_path:
         prune_model_(model, json.loads(Path(keep_path).read_text()))
     layers = model.model.layers
@@ -150,20 +151,20 @@ def build_model(model_src: str, dtype: str, device: str | None, keep_path: str |
                 continue
             layer_s, module, _ = key.split(".")
             bias = t.get(f"{layer_s}.{module}.bias")
-            set_output_weights_(layers[int(layer_s[5:])], module,
-                                t[key].to(next(model.parameters()).dtype),
+            set_output_weights_(layers[int(layer_s[5:])], module, t[key],
                                 None if bias is None else bias.to(torch.float32))
     return model, tok
 
 
 def run_ppl(model_src: str, dataset: dict, seqlen: int, max_windows: int | None, batch_size: int,
             dtype: str, device: str | None, out: str, keep_path: str | None = None,
-            comp_files: list[str] | None = None, cell: dict | None = None) -> dict:
+            comp_files: list[str] | None = None, cell: dict | None = None,
+            device_map: str | None = None) -> dict:
     """Perplexity of the (pruned, compensated) model -> ppl.json."""
     from .evaluate.ppl import perplexity
 
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files)
+    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map)
     tokens = D.tokenize_text(tok, D.load_split(dataset, "eval"))
     windows = D.eval_windows(tokens, seqlen, max_windows)
     res = perplexity(model, windows, batch_size=batch_size)
@@ -222,12 +223,12 @@ def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, o
 def run_zeroshot(model_src: str, tasks: list[str], data_dir: str | None, limit: int | None,
                  batch_size: int, max_length: int, dtype: str, device: str | None, out: str,
                  keep_path: str | None = None, comp_files: list[str] | None = None,
-                 cell: dict | None = None) -> dict:
+                 cell: dict | None = None, device_map: str | None = None) -> dict:
     """Zero-shot accuracy (lm-eval) of the in-memory (pruned, compensated) model."""
     from .evaluate.zeroshot import run_zeroshot as zs
 
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files)
+    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map)
     res = zs(model, tok, tasks, data_dir=data_dir, limit=limit, batch_size=batch_size,
              max_length=max_length)
     res.update({"model": str(model_src), "dtype": dtype, "cell": cell or {},

@@ -154,6 +154,24 @@ def _save_fig(fig, out: str | Path) -> None:
     tmp.replace(out)
 
 
+def browsable_report(spec: dict) -> str:
+    """results/README.md: every listed table (its Markdown twin, caption included) and figure
+    (embedded as an image with its caption), with the config that produced them."""
+    lines = ["# Results", "", f"Config: `{spec.get('configfiles', 'config.yaml')}`. "
+             "Each table's caption names its calibration set and evaluation protocol.", ""]
+    for item in spec["items"]:
+        path = Path(item["path"])
+        lines += [f"## {item.get('title', path.stem)}", ""]
+        if path.suffix == ".png":
+            lines += [f"![{item.get('caption', path.stem)}]({path.relative_to('results')})", "",
+                      item.get("caption", ""), ""]
+        else:
+            md = path.with_suffix(".md")
+            lines += [md.read_text().strip() if md.is_file() else f"(missing: {md})", "",
+                      f"CSV: `{path}`", ""]
+    return "\n".join(lines) + "\n"
+
+
 def write_report(kind: str, spec: dict, out: str | Path):
     """Dispatch: table (CSV + .md), appc (CSV + .md), table4 (CSV + .md), geometry-figure and
     lines-figure (PNG)."""
@@ -173,5 +191,9 @@ def write_report(kind: str, spec: dict, out: str | Path):
         return plot_geometry(spec, out)
     if kind == "lines-figure":
         return plot_lines(spec, out)
+    if kind == "readme":
+        text = browsable_report(spec)
+        atomic_write_text(out, text)
+        return text
     raise ValueError(f"unknown report kind {kind!r}; expected table, appc, table4, "
-                     "geometry-figure or lines-figure")
+                     "geometry-figure, lines-figure or readme")

@@ -17,8 +17,13 @@ def ppl_params():
 PPL_SHELL = (
     "OMP_NUM_THREADS={threads} {PY} ppl --model {params.model:q} --dataset {params.dataset:q} --seqlen {params.seqlen} "
     "--max-windows {params.max_windows} --batch-size {params.batch} --dtype {params.dtype} "
-    "--device {params.device} --out {output} {params.extra} > {log} 2>&1"
+    "--device {params.device} --out {output} {params.extra} {params.dmap} > {log} 2>&1"
 )
+
+
+def device_map_arg(wc):
+    dm = model_cfg(wc.model).get("device_map")
+    return f"--device-map {dm}" if dm else ""
 
 
 rule ppl_dense:
@@ -30,6 +35,7 @@ rule ppl_dense:
     params:
         model=lambda wc: model_path(wc.model),
         dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dmap=device_map_arg,
         extra="",
         **ppl_params(),
     log:
@@ -54,6 +60,7 @@ rule ppl_cell:
     params:
         model=lambda wc: model_path(wc.model),
         dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dmap=device_map_arg,
         extra=lambda wc, input: "--keep {} --comp {} --cell {}".format(
             input.keep, " ".join(input.comp),
             shlex_quote(json.dumps(dict(wc.items())))),
@@ -87,7 +94,7 @@ ZS_SHELL = (
     "OMP_NUM_THREADS={threads} {PY} zeroshot --model {params.model:q} --tasks {params.tasks} "
     "{params.data} --limit {params.limit} --batch-size {params.batch} "
     "--max-length {params.max_length} --dtype {params.dtype} --device {params.device} "
-    "--out {output} {params.extra} > {log} 2>&1"
+    "--out {output} {params.extra} {params.dmap} > {log} 2>&1"
 )
 
 
@@ -100,6 +107,7 @@ rule zeroshot_dense:
     params:
         model=lambda wc: model_path(wc.model),
         dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dmap=device_map_arg,
         extra="",
         **zeroshot_params(),
     log:
@@ -124,6 +132,7 @@ rule zeroshot_cell:
     params:
         model=lambda wc: model_path(wc.model),
         dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dmap=device_map_arg,
         extra=lambda wc, input: "--keep {} --comp {} --cell {}".format(
             input.keep, " ".join(input.comp), shlex_quote(json.dumps(dict(wc.items())))),
         **zeroshot_params(),

@@ -64,3 +64,32 @@ rule table:
         **rule_resources("report"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+
+
+REPORT_ITEMS = [
+    ("results/table1.csv", "Table 1: perplexity at the table1 ratios"),
+    ("results/table2.csv", "Table 2: zero-shot mean accuracy (7 tasks)"),
+    ("results/table3.csv", "Table 3: ablation ladder (perplexity)"),
+    ("results/table4.csv", "Table 4: deployment cost"),
+    ("results/appC.csv", "App. C: geometry summary"),
+    ("results/figures/appC_angles.png", "App. C: principal angles per layer"),
+]
+
+
+rule report_readme:
+    input:
+        [p for p, _ in REPORT_ITEMS],
+    output:
+        "results/README.md",
+    params:
+        spec=lambda wc: json.dumps({
+            "configfiles": " + ".join(str(f) for f in workflow.configfiles) or "config.yaml",
+            "items": [{"path": p, "title": t,
+                       "caption": appc_caption() if p.endswith(".png") else ""}
+                      for p, t in REPORT_ITEMS]}),
+    log:
+        "results/logs/report/readme.log",
+    resources:
+        **rule_resources("report"),
+    shell:
+        "{PY} report --kind readme --spec {params.spec:q} --out {output} > {log} 2>&1"
