@@ -24,6 +24,17 @@ def _opt_int(s: str):
     return None if s in ("", "none", "None", "null", "0") else int(s)
 
 
+def _cell_args(s: argparse.ArgumentParser) -> None:
+    """Arguments of the evaluation stages: which model cell to assemble, where, and the output."""
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--keep", default=None, help="keep.json of a pruned cell (none: dense)")
+    s.add_argument("--comp", nargs="*", default=[], help="compensation block files")
+    s.add_argument("--cell", type=_json, default={}, help="cell labels recorded in the output")
+    s.add_argument("--device-map", default=None, help="e.g. auto: spread a 70B+ model over GPUs")
+    s.add_argument("--out", required=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coec", description=__doc__)
     sub = p.add_subparsers(dest="stage", required=True)
@@ -73,13 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seqlen", type=int, required=True)
     s.add_argument("--max-windows", type=_opt_int, default=None)
     s.add_argument("--batch-size", type=int, default=4)
-    s.add_argument("--dtype", default="float32")
-    s.add_argument("--device", default="auto")
-    s.add_argument("--keep", default=None)
-    s.add_argument("--comp", nargs="*", default=[])
-    s.add_argument("--cell", type=_json, default={})
-    s.add_argument("--device-map", default=None, help="e.g. auto: spread a 70B+ model over GPUs")
-    s.add_argument("--out", required=True)
+    _cell_args(s)
 
     s = sub.add_parser("zeroshot", help="lm-eval zero-shot accuracy of a model cell")
     s.add_argument("--model", required=True)
@@ -88,13 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=_opt_int, default=None)
     s.add_argument("--batch-size", type=int, default=8)
     s.add_argument("--max-length", type=int, default=2048)
-    s.add_argument("--dtype", default="float32")
-    s.add_argument("--device", default="auto")
-    s.add_argument("--keep", default=None)
-    s.add_argument("--comp", nargs="*", default=[])
-    s.add_argument("--cell", type=_json, default={})
-    s.add_argument("--device-map", default=None, help="e.g. auto: spread a 70B+ model over GPUs")
-    s.add_argument("--out", required=True)
+    _cell_args(s)
 
     s = sub.add_parser("prepare-zeroshot", help="extract the offline zero-shot task data")
     s.add_argument("--out", required=True)

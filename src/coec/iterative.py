@@ -46,7 +46,7 @@ from .calibrate import (GramAccumulator, NonFiniteActivations, _layer_call, embe
                         gram_tensors, layer_masks, load_layer_stats, run_layerwise)
 from .compensate.baselines import bias as flap_bias
 from .models import (AttnGeometry, attention_geometry, check_family, decoder_layers, torch_dtype)
-from .prune import prune_layer_, rewrite_config_, set_output_weights_
+from .prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
 from .select import ROUNDINGS, check_ratio, column_scores, group_scores, n_keep, o_proj_columns, top_k_sorted
 
 log = logging.getLogger(__name__)
@@ -554,25 +554,10 @@ def write_result(model, state: PruneState, out_dir: str | Path, keep_meta: dict,
 
 
 def apply_keep_(model, keep: dict, tensors: dict | None = None) -> None:
-    """Prune a dense model by keep.json and install the block file's weights/biases, like
-    ``pipeline.build_model`` but also for per-layer widths that differ (AL-AM: then the config
-    is left alone; evaluation in memory works)."""
-    geom = attention_geometry(model.config)
-    layers = decoder_layers(model)
-    if len(keep["layers"]) != len(layers):
-        raise ValueError(f"keep set has {len(keep['layers'])} layers, model has {len(layers)}")
-    for layer, k in zip(layers, keep["layers"]):
-        prune_layer_(layer, geom, k["kv_groups"], k["channels"])
-    dtype = next(model.parameters()).dtype
-    for key, w in (tensors or {}).items():
-        if key.endswith(".weight"):
-            layer_s, module, _ = key.split(".")
-            b = tensors.get(f"{layer_s}.{module}.bias")
-            set_output_weights_(layers[int(layer_s[5:])], module, w.to(dtype),
-                                None if b is None else b.to(torch.float32))
-    widths = {(len(k["kv_groups"]), len(k["channels"])) for k in keep["layers"]}
-    if len(widths) == 1:
-        rewrite_config_(model)
+    """Prune a dense model by keep.json and install a block file's weights/biases (per-layer
+    widths may differ, as with AL-AM: then the config is left alone)."""
+    prune_model_(model, keep)
+    install_weights_(model, tensors or {})
 
 
 def load_state(model, init_dir: str | Path) -> PruneState:

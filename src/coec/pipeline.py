@@ -16,7 +16,7 @@ import torch
 from . import data as D
 from .calibrate import calibrate_to_dir, load_layer_stats
 from .models import attention_geometry, layer_tensor_names, load_model, model_config_dict, read_tensors, resolve_device, resolve_model_dir, torch_dtype
-from .prune import prune_model_, set_output_weights_
+from .prune import install_weights_, prune_model_
 from .select import kv_rows, o_proj_columns, select_layer
 
 log = logging.getLogger(__name__)
@@ -138,21 +138,10 @@ def build_model(model_src: str, dtype: str, device: str | None, keep_path: str |
     """Load the dense model (on ``device``, or spread by ``device_map``), then (optionally) prune
     it by keep.json and install compensated weights from per-block safetensors files.
     Returns (model, tokenizer)."""
-    from safetensors.torch import load_file
-
     model, tok = load_model(model_src, dtype=dtype, device=device, device_map=device_map)
     if keep_path:
         prune_model_(model, json.loads(Path(keep_path).read_text()))
-    layers = model.model.layers
-    for path in comp_files or []:
-        t = load_file(path)
-        for key in t:
-            if not key.endswith(".weight"):
-                continue
-            layer_s, module, _ = key.split(".")
-            bias = t.get(f"{layer_s}.{module}.bias")
-            set_output_weights_(layers[int(layer_s[5:])], module, t[key],
-                                None if bias is None else bias.to(torch.float32))
+    install_weights_(model, load_comp_tensors(comp_files))
     return model, tok
 
 

@@ -76,8 +76,20 @@ def set_output_weights_(layer: nn.Module, module: str, weight: torch.Tensor,
     setattr(parent, module, new)
 
 
+def install_weights_(model, tensors: dict[str, torch.Tensor]) -> None:
+    """Install ``layer{i}.{o_proj|down_proj}.weight|bias`` tensors (a compensation block file)
+    on a pruned model; dtypes and devices follow the model's modules."""
+    layers = decoder_layers(model)
+    for key, weight in tensors.items():
+        if key.endswith(".weight"):
+            layer_s, module, _ = key.split(".")
+            set_output_weights_(layers[int(layer_s.removeprefix("layer"))], module, weight,
+                                tensors.get(f"{layer_s}.{module}.bias"))
+
+
 def prune_model_(model, keep: dict) -> None:
-    """Prune every layer of ``model`` by a keep.json dict and rewrite its config."""
+    """Prune every layer of ``model`` by a keep.json dict and rewrite its config (left alone
+    when per-layer widths differ, e.g. FLAP's adaptive structure)."""
     check_family(model.config)
     geom = attention_geometry(model.config)
     layers = decoder_layers(model)
