@@ -298,26 +298,26 @@ rule iterative_ppl:
 
 
 # ----------------------------------------------------------------------------- table
-def it_table_spec():
+def it_table_spec(filename="ppl.json", metric="ppl"):
     """Rows (ratio x method) of table_iterative: workflow cells (selection + compensation on the
     table's calibration) and iterative cells (variant on a calibration or mix)."""
     t = IT["table"]
     models = t["models"]
     rows = [{"labels": {"ratio": 0.0, "method": "dense"},
-             "cells": {m: f"results/{m}/dense/ppl.json" for m in models}}]
+             "cells": {m: f"results/{m}/dense/{filename}" for m in models}}]
     for r in t["ratios"]:
         for row in t["rows"]:
             calib = row.get("calibration", t["calibration"])
             if "variant" in row:
-                cells = {m: f"{it_cell_dir(m, calib, row['variant'], r)}/ppl.json" for m in models}
+                cells = {m: f"{it_cell_dir(m, calib, row['variant'], r)}/{filename}" for m in models}
             else:
-                cells = {m: f"{cell_dir(m, calib, row['selection'], r, row['compensation'])}/ppl.json"
+                cells = {m: f"{cell_dir(m, calib, row['selection'], r, row['compensation'])}/{filename}"
                          for m in models}
             rows.append({"labels": {"ratio": float(r), "method": row["label"]}, "cells": cells})
     mixes = {n: IT_MIXES[n] for n in sorted({row.get("calibration") for row in t["rows"]} & set(IT_MIXES))}
-    return {"metric": "ppl", "digits": 2, "models": models, "label_columns": ["ratio", "method"],
-            "rows": rows,
-            "caption": f"table_iterative: ppl | calibration {t['calibration']} | mixes "
+    return {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
+            "label_columns": ["ratio", "method"], "rows": rows,
+            "caption": f"table_iterative: {metric} | calibration {t['calibration']} | mixes "
                        f"{json.dumps(mixes, sort_keys=True)} | variants "
                        f"{json.dumps(IT_VARIANTS, sort_keys=True)} | evaluation "
                        f"{json.dumps(config['evaluation'], sort_keys=True)}"}
@@ -335,6 +335,51 @@ rule table_iterative:
         "results/logs/report/table_iterative.log",
     benchmark:
         "results/benchmarks/report/table_iterative.tsv"
+    resources:
+        **rule_resources("report"),
+    shell:
+        "{PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+
+
+rule iterative_zeroshot:
+    input:
+        model=model_input,
+        data=ZS_INPUT,
+        keep="results/{model}/{calib}/iterative/{variant}-{ratio}/keep.json",
+        comp=lambda wc: f"{it_cell_dir(wc.model, wc.calib, wc.variant, wc.ratio)}/{it_block_name(wc.model)}",
+    output:
+        "results/{model}/{calib}/iterative/{variant}-{ratio}/zeroshot.json",
+    wildcard_constraints:
+        variant=it_alternatives(IT_VARIANTS),
+    params:
+        model=lambda wc: model_path(wc.model),
+        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dmap=device_map_arg,
+        extra=lambda wc, input: "--keep {} --comp {} --cell {}".format(
+            input.keep, input.comp, shlex_quote(json.dumps(dict(wc.items())))),
+        **zeroshot_params(),
+    log:
+        "results/logs/zeroshot/{model}/{calib}/iterative/{variant}-{ratio}.log",
+    benchmark:
+        "results/benchmarks/zeroshot/{model}/{calib}/iterative/{variant}-{ratio}.tsv"
+    threads: THREADS
+    resources:
+        **rule_resources("zeroshot"),
+    shell:
+        ZS_SHELL
+
+
+rule table_iterative_zeroshot:
+    input:
+        lambda wc: sorted({p for row in it_table_spec("zeroshot.json", "mean7")["rows"]
+                           for p in row["cells"].values()}),
+    output:
+        csv="results/table_iterative_zeroshot.csv",
+        md="results/table_iterative_zeroshot.md",
+    params:
+        spec=lambda wc: json.dumps(it_table_spec("zeroshot.json", "mean7")),
+    log:
+        "results/logs/report/table_iterative_zeroshot.log",
     resources:
         **rule_resources("report"),
     shell:
