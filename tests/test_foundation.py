@@ -254,3 +254,16 @@ def test_unsaveable_head_count_is_a_clear_error(tmp_path):
     prune_model_(model, {"layers": [{"kv_groups": [0, 1, 2], "channels": list(range(48))}] * 2})
     with pytest.raises(ModelError, match="cannot be saved"):
         prepare_for_save_(model)
+
+
+def test_hub_dataset_path_with_local_files(tmp_path):
+    """The `hub` source goes through datasets.load_dataset (WikiText-2 on a cluster); here the
+    `text` builder reads local files, so the same code path runs offline."""
+    from coec.data import load_split
+
+    (tmp_path / "train.txt").write_text("alpha beta\ngamma\n")
+    (tmp_path / "test.txt").write_text("delta\nepsilon\n")
+    spec = {"source": "hub", "path": "text", "calib_split": "train", "eval_split": "test",
+            "data_files": {"train": str(tmp_path / "train.txt"), "test": str(tmp_path / "test.txt")}}
+    assert load_split(spec, "calib") == "alpha beta\n\ngamma"
+    assert load_split(spec, "eval") == "delta\n\nepsilon"

@@ -40,8 +40,8 @@ def job_counts(output: str) -> dict[str, int]:
 
 
 def test_paper_grid_dry_run(tmp_path):
-    res = snakemake(tmp_path, "-n", "results/table1.csv", "--configfile",
-                    str(REPO / "workflow/configs/paper.yaml"))
+    res = snakemake(tmp_path, "-n", "results/table1.csv", "results/appA_ppl.csv",
+                    "--configfile", str(REPO / "workflow/configs/paper.yaml"))
     counts = job_counts(res.stdout)
     # 6 models x (1 dense + 3 selections x 3 ratios x 2 compensations) evaluations
     assert counts["calibrate"] == 6
@@ -123,3 +123,14 @@ def test_changing_ppl_seqlen_replans_only_evaluation(trimmed_run):
     counts = job_counts(res.stdout)
     assert set(counts) == {"ppl_dense", "ppl_cell", "table", "total"}
     assert counts["ppl_cell"] == 4 and counts["ppl_dense"] == 1
+
+
+def test_changing_a_coec_option_replans_only_coec_cells(trimmed_run):
+    work, cfg, _ = trimmed_run
+    comps = dict(cfg["compensations"])
+    comps["coec"] = dict(comps["coec"], max_rounds=2)
+    changed = work / "coec_changed.yaml"
+    changed.write_text(yaml.safe_dump(dict(cfg, compensations=comps)))
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
+    counts = job_counts(res.stdout)
+    assert counts == {"compensate": 2, "ppl_cell": 1, "table": 1, "total": 4}  # 2 layer jobs

@@ -151,7 +151,8 @@ def load_split(spec: dict, split: str) -> str:
     if kind == "hub":
         from datasets import load_dataset
 
-        ds = load_dataset(spec["path"], spec.get("name"), split=spec[f"{split}_split"])
+        kwargs = {"data_files": spec["data_files"]} if spec.get("data_files") else {}
+        ds = load_dataset(spec["path"], spec.get("name"), split=spec[f"{split}_split"], **kwargs)
         return "\n\n".join(ds[spec.get("text_field", "text")])
     raise ValueError(f"unknown dataset source {kind!r}; expected embedded, files or hub")
 
