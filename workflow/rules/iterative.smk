@@ -380,6 +380,8 @@ rule table_iterative_zeroshot:
         spec=lambda wc: json.dumps(it_table_spec("zeroshot.json", "mean7")),
     log:
         "results/logs/report/table_iterative_zeroshot.log",
+    benchmark:
+        "results/benchmarks/report/table_iterative_zeroshot.tsv"
     resources:
         **rule_resources("report"),
     shell:

@@ -89,6 +89,8 @@ rule report_readme:
                       for p, t in REPORT_ITEMS]}),
     log:
         "results/logs/report/readme.log",
+    benchmark:
+        "results/benchmarks/report/readme.tsv"
     resources:
         **rule_resources("report"),
     shell:
