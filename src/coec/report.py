@@ -110,9 +110,7 @@ def plot_geometry(spec: dict, out: str | Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("mean principal angle (degrees)")
     axes[0].legend()
-    fig.suptitle(spec.get("caption", "App. C: read-frame rotation by pruning and compensation"),
-                 fontsize=9)
-    fig.tight_layout()
+    _caption(fig, spec.get("caption", "App. C: read-frame rotation by pruning and compensation"))
     _save_fig(fig, out)
 
 
@@ -141,9 +139,17 @@ def plot_lines(spec: dict, out: str | Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(spec.get("ylabel", ""))
     axes[0][0].legend()
-    fig.suptitle(spec.get("caption", ""), fontsize=9)
-    fig.tight_layout()
+    _caption(fig, spec.get("caption", ""))
     _save_fig(fig, out)
+
+
+def _caption(fig, text: str, width: int = 150) -> None:
+    """The caption as a wrapped title, with room kept for it above the panels."""
+    import textwrap
+
+    lines = textwrap.wrap(text, width) or [""]
+    fig.suptitle("\n".join(lines), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.035 * len(lines)))
 
 
 def _save_fig(fig, out: str | Path) -> None:
