@@ -24,11 +24,13 @@ def window_nll(model, windows: torch.Tensor, batch_size: int = 4, device=None,
     starts = range(0, windows.shape[0], batch_size)
     for s in tqdm(starts, desc="perplexity", unit="batch", disable=not progress):
         ids = windows[s:s + batch_size].to(device)
-        logits = model(input_ids=ids).logits[:, :-1]
+        logits = model(input_ids=ids).logits  # (b, T, V); position t predicts token t + 1
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                              ids[:, 1:].reshape(-1), reduction="sum")
+        labels = torch.roll(ids, -1, dims=1)
+        labels[:, -1] = -100  # the last position predicts nothing: no sliced copy of the logits
+        nll = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
+                              reduction="sum", ignore_index=-100)
         if not torch.isfinite(nll):
             raise FloatingPointError(f"non-finite NLL in perplexity batch starting at window {s}")
         total += float(nll.double())
