@@ -57,6 +57,15 @@ def make_model_dir(path: Path, family: str, dtype=torch.float32, seed: int = 0, 
     return path
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests on one torch thread (small matrices; stable timings)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny_dir(request, tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp(request.param), request.param)

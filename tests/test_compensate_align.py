@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_compensate_problems import make_oproj, make_problem  # noqa: E402
+from test_compensate_problems import make_oproj, make_problem
 
-from coec.compensate import compensate  # noqa: E402
-from coec.compensate.linalg import normalize_gram, polar, svd  # noqa: E402
-from coec.compensate.stiefel import ProfiledObjective, alignment_setup, alignment_value  # noqa: E402
+from coec.compensate import compensate
+from coec.compensate.linalg import normalize_gram, polar, svd
+from coec.compensate.stiefel import ProfiledObjective, alignment_setup, alignment_value
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _fd(f, X, D, eps=1e-6):

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_compensate_problems import make_problem  # noqa: E402
+from test_compensate_problems import make_problem
 
-from coec.compensate import METHODS, Compensation, compensate  # noqa: E402
+from coec.compensate import METHODS, Compensation, compensate
 
 
 @pytest.fixture(scope="module")

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_compensate_problems import make_problem  # noqa: E402
+from test_compensate_problems import make_problem
 
-from coec.compensate.linalg import (  # noqa: E402
+from coec.compensate.linalg import (
     normalize_gram,
     ns_inv_sqrt,
     ns_inverse,
@@ -22,7 +19,7 @@ from coec.compensate.linalg import (  # noqa: E402
     relerr,
     temper_gram,
 )
-from coec.compensate.stiefel import retract_cayley, retract_polar, riemannian_grad  # noqa: E402
+from coec.compensate.stiefel import retract_cayley, retract_polar, riemannian_grad
 
 F64 = torch.float64
 

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_compensate_problems import make_oproj, make_problem  # noqa: E402
+from test_compensate_problems import make_oproj, make_problem
 
-from coec.compensate import METHODS, compensate  # noqa: E402
-from coec.compensate.baselines import rcpu  # noqa: E402
-from coec.compensate.linalg import normalize_gram, relerr, svd  # noqa: E402
-from coec.compensate.stiefel import solve_full, solve_reduced  # noqa: E402
+from coec.compensate import METHODS, compensate
+from coec.compensate.baselines import rcpu
+from coec.compensate.linalg import normalize_gram, relerr, svd
+from coec.compensate.stiefel import solve_full, solve_reduced
 
 F64 = {"compute_dtype": "float64"}
 

@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_compensate_problems import make_problem  # noqa: E402
+from test_compensate_problems import make_problem
 
-from coec.compensate import METHODS, compensate  # noqa: E402
-from coec.compensate import linalg  # noqa: E402
+from coec.compensate import METHODS, compensate
+from coec.compensate import linalg
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _finite(out):

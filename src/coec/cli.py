@@ -125,17 +125,22 @@ def main(argv: list[str] | None = None) -> int:
 
         return iterative_main(argv[1:])
     args = build_parser().parse_args(argv)
+    return run_guarded(args.stage, lambda: _dispatch(args))
+
+
+def run_guarded(stage: str, fn) -> int:
+    """Run one stage with logging; a bad input ends it with one error line and exit code 2."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     log = logging.getLogger("coec")
     t0 = time.time()
     try:
-        _dispatch(args)
+        fn()
     except (ValueError, FileNotFoundError, KeyError, FloatingPointError) as exc:
-        log.error("%s failed: %s", args.stage, exc)
-        print(f"coec {args.stage}: error: {exc}", file=sys.stderr)
+        log.error("%s failed: %s", stage, exc)
+        print(f"coec {stage}: error: {exc}", file=sys.stderr)
         return 2
-    log.info("%s done in %.1fs", args.stage, time.time() - t0)
+    log.info("%s done in %.1fs", stage, time.time() - t0)
     return 0
 
 

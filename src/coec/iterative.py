@@ -849,36 +849,32 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     a = p.parse_args(argv)
     _check_run_args(a, p)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    t0 = time.time()
-    try:
-        if a.cmd == "run":
-            run_cli_prune(a)
-        elif a.cmd == "grams":
-            run_cli_grams(a)
-        elif a.cmd == "mix":
-            mix_gram_dirs(a.grams, a.alphas, a.out, a.variance_mix, a.gram_dtype)
-        elif a.cmd == "collect":
-            if a.steps:
-                collect_cell(a.steps, a.variant, a.keep_out, a.info_out)
-            if a.block:
-                copy_block(a.block, a.first, a.last, a.block_out)
-        elif a.cmd == "prepare-domain":
-            from .domains import build_domain
+    from .cli import run_guarded
 
-            build_domain(a.spec, a.out, a.datasets)
-        elif a.cmd == "ppl":
-            from .models import resolve_device
+    return run_guarded(f"iterative {a.cmd}", lambda: _dispatch(a))
 
-            a.device = str(resolve_device(a.device))
-            run_cli_ppl(a)
-    except (ValueError, FileNotFoundError, KeyError, FloatingPointError) as exc:
-        log.error("iterative %s failed: %s", a.cmd, exc)
-        print(f"coec iterative {a.cmd}: error: {exc}", file=sys.stderr)
-        return 2
-    log.info("iterative %s done in %.1fs", a.cmd, time.time() - t0)
-    return 0
+
+def _dispatch(a) -> None:
+    if a.cmd == "run":
+        run_cli_prune(a)
+    elif a.cmd == "grams":
+        run_cli_grams(a)
+    elif a.cmd == "mix":
+        mix_gram_dirs(a.grams, a.alphas, a.out, a.variance_mix, a.gram_dtype)
+    elif a.cmd == "collect":
+        if a.steps:
+            collect_cell(a.steps, a.variant, a.keep_out, a.info_out)
+        if a.block:
+            copy_block(a.block, a.first, a.last, a.block_out)
+    elif a.cmd == "prepare-domain":
+        from .domains import build_domain
+
+        build_domain(a.spec, a.out, a.datasets)
+    elif a.cmd == "ppl":
+        from .models import resolve_device
+
+        a.device = str(resolve_device(a.device))
+        run_cli_ppl(a)
 
 
 if __name__ == "__main__":
