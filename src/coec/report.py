@@ -36,7 +36,8 @@ def build_table(spec: dict) -> pd.DataFrame:
     """One row per spec row: its label columns, then the metric per model column."""
     records = []
     for row in spec["rows"]:
-        rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else v for k, v in row["labels"].items()}
+        rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}"
+               for k, v in row["labels"].items()}
         for model in spec["models"]:
             path = row["cells"].get(model)
             rec[model] = metric_value(path, spec["metric"]) if path else math.nan

@@ -83,7 +83,8 @@ rule report_readme:
         "results/README.md",
     params:
         spec=lambda wc: json.dumps({
-            "configfiles": " + ".join(str(f) for f in workflow.configfiles) or "config.yaml",
+            "configfiles": " + ".join(os.path.relpath(f, workflow.basedir)
+                                      for f in workflow.configfiles) or "config.yaml",
             "items": [{"path": p, "title": t,
                        "caption": appc_caption() if p.endswith(".png") else ""}
                       for p, t in REPORT_ITEMS]}),
