@@ -15,7 +15,8 @@ import torch
 
 from . import data as D
 from .calibrate import calibrate_to_dir, load_layer_stats
-from .models import attention_geometry, layer_tensor_names, load_model, model_config_dict, read_tensors, resolve_device, resolve_model_dir, torch_dtype
+from .models import (attention_geometry, layer_tensor_names, load_model, read_tensors,
+                     resolve_device, resolve_model_dir)
 from .prune import install_weights_, prune_model_
 from .select import kv_rows, o_proj_columns, select_layer
 
@@ -258,14 +259,6 @@ def prepare_model(spec: dict, name: str, out_dir: str) -> str:
                                       dtype=spec.get("store_dtype", "float32")))
 
 
-def model_summary(model_src: str) -> dict:
-    """Architecture numbers of a model folder (for checks and reports)."""
-    cfg = model_config_dict(resolve_model_dir(model_src))
-    return {k: cfg.get(k) for k in ("model_type", "num_hidden_layers", "hidden_size",
-                                    "num_attention_heads", "num_key_value_heads", "head_dim",
-                                    "intermediate_size")}
-
-
 __all__ = ["run_calibrate", "run_select", "run_compensate", "run_ppl", "run_zeroshot",
            "run_export", "build_model", "prepare_model", "prepare_zeroshot",
-           "expanded_value_proj", "module_options", "torch_dtype"]
+           "expanded_value_proj", "module_options"]
