@@ -73,7 +73,9 @@ def trimmed_run(tmp_path_factory):
     (work / "calib.txt").write_text(CORPUS)
     (work / "eval.txt").write_text(CORPUS[1000:4000])
     cfg = {
-        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32"}},
+        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32",
+                            "resources": {"compensate": {"gpu": 1, "mem_mb": 3000, "runtime": 7},
+                                          "calibrate": {"gpu": 1, "mem_mb": 5000}}}},
         "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
                                "eval": str(work / "eval.txt")}},
         "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
@@ -91,8 +93,48 @@ def trimmed_run(tmp_path_factory):
     }
     cfg_path = work / "trim.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    snakemake(work, "--cores", "2", "results/table1.csv", "--configfile", str(cfg_path))
+    # the local profile runs the same DAG (one job per (cell, layer)) the SLURM profile submits
+    snakemake(work, "results/table1.csv", "--workflow-profile", str(REPO / "workflow/profiles/default"),
+              "--cores", "2", "--configfile", str(cfg_path))
     return work, cfg, cfg_path
+
+
+def planned_jobs(output: str) -> list[tuple[str, str, dict]]:
+    """(rule, wildcards, resources) of every job a dry run printed."""
+    jobs = []
+    for block in output.split("\nrule ")[1:]:
+        name = block.split(":", 1)[0].strip()
+        wc = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+        res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
+        jobs.append((name, wc.group(1) if wc else "", resources))
+    return jobs
+
+
+def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path):
+    """The SLURM profile (executor plugin) plans, job for job, the DAG the local profile ran,
+    with the per-model GPU resources of the config on every job."""
+    work, _, cfg_path = trimmed_run
+    plans = {}
+    for profile in ("default", "slurm"):
+        res = snakemake(tmp_path / profile, "-n", "results/table1.csv", "--workflow-profile",
+                        str(REPO / "workflow/profiles" / profile), "--configfile", str(cfg_path))
+        plans[profile] = res.stdout
+    local = sorted((r, w) for r, w, _ in planned_jobs(plans["default"]))
+    slurm_jobs = planned_jobs(plans["slurm"])
+    assert sorted((r, w) for r, w, _ in slurm_jobs) == local
+    comp = [(w, res) for r, w, res in slurm_jobs if r == "compensate"]
+    assert len(comp) == 3 * 2  # COEC, bias and RCPU cells x two layers, one job each
+    for _, res in comp:
+        assert (res["gpu"], res["mem_mb"], res["runtime"]) == ("1", "3000", "7")
+    calib = [res for r, _, res in slurm_jobs if r == "calibrate"]
+    assert calib and all((c["gpu"], c["mem_mb"]) == ("1", "5000") for c in calib)
+    # every planned job is one the local run produced
+    for rule, wc, _ in planned_jobs(plans["default"]):
+        if rule == "compensate":
+            w = dict(kv.split("=", 1) for kv in wc.split(", "))
+            assert (work / f"results/{w['model']}/{w['calib']}/{w['select']}-{w['ratio']}/"
+                    f"{w['comp']}/block{w['first']}-{w['last']}.safetensors").is_file()
 
 
 def test_trimmed_run_table1(trimmed_run):
@@ -134,3 +176,36 @@ def test_changing_a_coec_option_replans_only_coec_cells(trimmed_run):
     res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
     counts = job_counts(res.stdout)
     assert counts == {"compensate": 2, "ppl_cell": 1, "table": 1, "total": 4}  # 2 layer jobs
+
+
+def test_calibration_size_figures_share_the_base_cells(tmp_path):
+    """Fig. 2 and the iterative calibration-size figure resize the base calibration to each N;
+    at N = the base size they reuse the table cells instead of recalibrating."""
+    res = snakemake(tmp_path, "-n", "results/table1.csv",
+                    "results/figures/fig2_calibration_size.png",
+                    "results/figures/iterative_calibration_size.png")
+    counts = job_counts(res.stdout)
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    base = cfg["calibration"][cfg["fig2"]["calibration"]]["nsamples"]
+    sizes = set(cfg["fig2"]["nsamples"]) | set(cfg["iterative"]["calibration_size"]["nsamples"])
+    assert base in sizes
+    assert counts["calibrate"] == len(sizes)  # the base set once, never as "-n<base>"
+    assert f"-n{base}" not in res.stdout
+    for n in sizes - {base}:
+        assert f"calib=enwiki-32x512-n{n}" in res.stdout
+        assert f"calib=mix3-32x512-n{n}" in res.stdout
+    f2 = cfg["fig2"]
+    fig2_cells = len(f2["nsamples"]) * len(f2["ratios"]) * len(f2["compensations"])
+    shared_fig2 = sum(1 for row in cfg["table1"]["rows"] if row["selection"] == f2["selection"]
+                      and row["compensation"] in f2["compensations"]) * len(
+        set(f2["ratios"]) & set(cfg["table1"]["ratios"]))
+    it = cfg["iterative"]["calibration_size"]
+    flap_rows = [r for r in it["rows"] if "selection" in r]
+    it_cells = len(flap_rows) * len(it["nsamples"]) * len(it["ratios"])
+    shared_it = sum(1 for r in flap_rows for t in cfg["table1"]["rows"]
+                    if (t["selection"], t["compensation"]) == (r["selection"], r["compensation"])) \
+        * len(set(it["ratios"]) & set(cfg["table1"]["ratios"]))
+    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) + fig2_cells - shared_fig2 \
+        + it_cells - shared_it
+    variant_rows = [r for r in it["rows"] if "variant" in r]
+    assert counts["iterative_ppl"] == len(variant_rows) * len(it["nsamples"]) * len(it["ratios"])

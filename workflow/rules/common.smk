@@ -7,12 +7,22 @@ from coec.config import validate_config
 
 validate_config(config, os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"))
 
-# Fig. 2 calibration sets: the base set with nsamples replaced, named <base>-n<N>
+
+def sized_calibration(base, n):
+    """Name of calibration set `base` with nsamples = n: `base` itself when n is its own size
+    (its Grams, selections and cells are shared with the tables), else `<base>-n<N>`, added to
+    config["calibration"] on first use."""
+    if int(n) == int(config["calibration"][base]["nsamples"]):
+        return base
+    name = f"{base}-n{n}"
+    config["calibration"].setdefault(name, dict(config["calibration"][base], nsamples=int(n)))
+    return name
+
+
+# Fig. 2 calibration sets: the base set with nsamples replaced
 if "fig2" in config:
-    _base = config["fig2"]["calibration"]
     for _n in config["fig2"]["nsamples"]:
-        config["calibration"].setdefault(f"{_base}-n{_n}",
-                                         dict(config["calibration"][_base], nsamples=_n))
+        sized_calibration(config["fig2"]["calibration"], _n)
 
 # torch threads per job (OMP_NUM_THREADS); jobs run in parallel when cores allow
 THREADS = config.get("compute", {}).get("threads", 2)

@@ -88,7 +88,7 @@ def fig2_spec():
     panels = {}
     for r in f["ratios"]:
         panels[f"{round(float(r) * 100)} % column sparsity"] = {
-            comp: [[n, f"{cell_dir(f['model'], f['calibration'] + '-n' + str(n), f['selection'], r, comp)}/ppl.json"]
+            comp: [[n, f"{cell_dir(f['model'], sized_calibration(f['calibration'], n), f['selection'], r, comp)}/ppl.json"]
                    for n in f["nsamples"]]
             for comp in f["compensations"]}
     seqlen = config["calibration"][f["calibration"]]["seqlen"]

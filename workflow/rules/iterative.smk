@@ -42,6 +42,31 @@ def it_check_config():
                              f"{dom.get('dataset')!r}")
 
 
+def it_sized(calib, n):
+    """Name of calibration or mix `calib` resized to n sequences (itself when n is its size)."""
+    if calib not in IT_MIXES:
+        return sized_calibration(calib, n)
+    if int(n) == int(IT_MIXES[calib]["nsamples"]):
+        return calib
+    name = f"{calib}-n{n}"
+    IT_MIXES.setdefault(name, dict(IT_MIXES[calib], nsamples=int(n)))
+    return name
+
+
+def it_size_base():
+    f = IT["calibration_size"]
+    return f.get("calibration", IT.get("table", {}).get("calibration"))
+
+
+# calibration-size figure: its resized calibrations and mixes exist before the rules are defined
+if "calibration_size" in IT:
+    if it_size_base() is None:
+        raise ValueError("config: iterative.calibration_size needs a calibration "
+                         "(or iterative.table.calibration)")
+    for _row in IT["calibration_size"]["rows"]:
+        for _n in IT["calibration_size"]["nsamples"]:
+            it_sized(_row.get("calibration", it_size_base()), _n)
+
 it_check_config()
 
 
@@ -298,6 +323,14 @@ rule iterative_ppl:
 
 
 # ----------------------------------------------------------------------------- table
+def it_row_file(model, calib, row, ratio, filename):
+    """A table/figure row's result file: an iterative cell (variant) or a workflow cell
+    (selection + compensation) on calibration `calib`."""
+    if "variant" in row:
+        return f"{it_cell_dir(model, calib, row['variant'], ratio)}/{filename}"
+    return f"{cell_dir(model, calib, row['selection'], ratio, row['compensation'])}/{filename}"
+
+
 def it_table_spec(filename="ppl.json", metric="ppl"):
     """Rows (ratio x method) of table_iterative: workflow cells (selection + compensation on the
     table's calibration) and iterative cells (variant on a calibration or mix)."""
@@ -308,11 +341,7 @@ def it_table_spec(filename="ppl.json", metric="ppl"):
     for r in t["ratios"]:
         for row in t["rows"]:
             calib = row.get("calibration", t["calibration"])
-            if "variant" in row:
-                cells = {m: f"{it_cell_dir(m, calib, row['variant'], r)}/{filename}" for m in models}
-            else:
-                cells = {m: f"{cell_dir(m, calib, row['selection'], r, row['compensation'])}/{filename}"
-                         for m in models}
+            cells = {m: it_row_file(m, calib, row, r, filename) for m in models}
             rows.append({"labels": {"ratio": float(r), "method": row["label"]}, "cells": cells})
     mixes = {n: IT_MIXES[n] for n in sorted({row.get("calibration") for row in t["rows"]} & set(IT_MIXES))}
     return {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
@@ -386,3 +415,44 @@ rule table_iterative_zeroshot:
         **rule_resources("report"),
     shell:
         "{PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+
+
+# ----------------------------------------------------------------------------- figure
+def it_size_spec():
+    """Seed Fig. 2: perplexity against calibration size N, one panel per ratio, one line per
+    row; every row's calibration (or mix) is resized to N and everything downstream recomputed."""
+    f = IT["calibration_size"]
+    base = it_size_base()
+    panels = {}
+    for r in f["ratios"]:
+        panels[f"{round(float(r) * 100)} % width pruned"] = {
+            row["label"]: [[n, it_row_file(f["model"], it_sized(row.get("calibration", base), n),
+                                           row, r, "ppl.json")] for n in f["nsamples"]]
+            for row in f["rows"]}
+    calibs = sorted({row.get("calibration", base) for row in f["rows"]})
+    seqlen = it_calib_cfg(base)["seqlen"]
+    return {"panels": panels, "metric": "ppl", "logx": True,
+            "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
+            "caption": f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
+                       f"resized to N, selection recomputed at each N; variants "
+                       f"{json.dumps(IT_VARIANTS, sort_keys=True)}; eval "
+                       f"{config['evaluation']['ppl_dataset']} seqlen "
+                       f"{config['evaluation']['ppl_seqlen']}"}
+
+
+rule iterative_calibration_size:
+    input:
+        lambda wc: sorted({p for s in it_size_spec()["panels"].values() for pts in s.values()
+                           for _, p in pts}),
+    output:
+        "results/figures/iterative_calibration_size.png",
+    params:
+        spec=lambda wc: json.dumps(it_size_spec()),
+    log:
+        "results/logs/report/iterative_calibration_size.log",
+    benchmark:
+        "results/benchmarks/report/iterative_calibration_size.tsv"
+    resources:
+        **rule_resources("report"),
+    shell:
+        "{PY} report --kind lines-figure --spec {params.spec:q} --out {output} > {log} 2>&1"

@@ -66,28 +66,46 @@ rule table:
         "OMP_NUM_THREADS={threads} {PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
 
 
-REPORT_ITEMS = [
-    ("results/table1.csv", "Table 1: perplexity at the table1 ratios"),
-    ("results/table2.csv", "Table 2: zero-shot mean accuracy (7 tasks)"),
-    ("results/table3.csv", "Table 3: ablation ladder (perplexity)"),
-    ("results/table4.csv", "Table 4: deployment cost"),
-    ("results/appC.csv", "App. C: geometry summary"),
-    ("results/figures/appC_angles.png", "App. C: principal angles per layer"),
-]
+def report_items():
+    """[(path, title, caption)] of every table and figure the config defines, in paper order;
+    tables carry their caption in their .md twin, figures get it here."""
+    items = [("results/table1.csv", "Table 1: perplexity at the table1 ratios", ""),
+             ("results/table2.csv", "Table 2: zero-shot mean accuracy (7 tasks)", "")]
+    if "table3" in config:
+        items.append(("results/table3.csv", "Table 3: ablation ladder (perplexity)", ""))
+    if "table4" in config:
+        items.append(("results/table4.csv", "Table 4: deployment cost", ""))
+    if "fig2" in config:
+        items.append(("results/figures/fig2_calibration_size.png",
+                      "Fig. 2: perplexity against calibration size", fig2_spec()["caption"]))
+    for name, t in (config.get("extra_tables") or {}).items():
+        items.append((f"results/{name}.csv", f"{name}: {t.get('metric', 'ppl')} at ratios "
+                      f"{', '.join(fmt_ratio(r) for r in t['ratios'])}", ""))
+    if "appC" in config:
+        items += [("results/appC.csv", "App. C: geometry summary", ""),
+                  ("results/figures/appC_angles.png", "App. C: principal angles per layer",
+                   appc_caption())]
+    if "table" in IT:
+        items += [("results/table_iterative.csv", "Iterative multi-domain FLAP: perplexity", ""),
+                  ("results/table_iterative_zeroshot.csv",
+                   "Iterative multi-domain FLAP: zero-shot mean accuracy (7 tasks)", "")]
+    if "calibration_size" in IT:
+        items.append(("results/figures/iterative_calibration_size.png",
+                      "Iterative multi-domain FLAP: perplexity against calibration size",
+                      it_size_spec()["caption"]))
+    return items
 
 
 rule report_readme:
     input:
-        [p for p, _ in REPORT_ITEMS],
+        lambda wc: [p for p, _, _ in report_items()],
     output:
         "results/README.md",
     params:
         spec=lambda wc: json.dumps({
             "configfiles": " + ".join(os.path.relpath(f, workflow.basedir)
                                       for f in workflow.configfiles) or "config.yaml",
-            "items": [{"path": p, "title": t,
-                       "caption": appc_caption() if p.endswith(".png") else ""}
-                      for p, t in REPORT_ITEMS]}),
+            "items": [{"path": p, "title": t, "caption": c} for p, t, c in report_items()]}),
     log:
         "results/logs/report/readme.log",
     benchmark:
