@@ -11,6 +11,7 @@ ceil(0.7 d_ff) channels.
     python benchmarks/bench_compensate.py                       # embedded shapes, all methods
     python benchmarks/bench_compensate.py --shapes 8b --methods rcpu,coec --max-rounds 2
     python benchmarks/bench_compensate.py --device cuda --shapes all --json out.json
+    python benchmarks/bench_compensate.py --widths 256,512,768,1024,1536 --max-rounds 5
 
 Besides the measured table it prints a projection for every shape (also the ones not run): the
 per-round matmul FLOP model divided by the matmul rate measured on the device, plus the
@@ -48,6 +49,25 @@ SHAPES = {
     ],
 }
 DEFAULT_TOKENS = {"embedded": 16384, "8b": 4096, "70b": 4096}
+
+
+def width_shapes(w: int, ratio: float = 0.3):
+    """A Llama-like layer of width w (head_dim 64, one query head per KV group, d_ff = 3.5 w
+    rounded to 64) at `ratio`: o_proj keeps round((1 - ratio) n_kv) groups, down_proj
+    ceil((1 - ratio) d_ff) channels -- the family of the width-scaling slope."""
+    heads = max(2, w // 64)
+    d_ff = 64 * round(3.5 * w / 64)
+    kg = max(1, round((1 - ratio) * heads))
+    return [(f"w{w}.o_proj", "o_proj", w, heads * 64, kg * 64, (heads, heads, 64, w)),
+            (f"w{w}.down_proj", "down_proj", w, d_ff, math.ceil((1 - ratio) * d_ff), None)]
+
+
+def loglog_slope(xs, ys) -> float:
+    """Least-squares slope of log y against log x."""
+    lx = torch.tensor(xs, dtype=torch.float64).log()
+    ly = torch.tensor(ys, dtype=torch.float64).log()
+    lx = lx - lx.mean()
+    return float((lx * (ly - ly.mean())).sum() / (lx * lx).sum())
 
 
 def synth_problem(module, d_out, d_in, k, extra, n_tokens, seed, device, dtype=torch.float32, n_test=0):
@@ -165,10 +185,34 @@ def factor_times(device, n0=None):
     return out, n0
 
 
+def print_width_scaling(rows, widths, methods):
+    """Seconds per module against width, and the log-log slope per (module, method)."""
+    print("\nWidth scaling (seconds; slope = d log t / d log width, least squares):")
+    print("| module | method | " + " | ".join(f"w={w}" for w in widths) + " | slope |")
+    print("|---|---|" + "---:|" * (len(widths) + 1))
+    for module in [m for m in ("o_proj", "down_proj") if any(r["shape"].endswith(m) for r in rows)]:
+        for method in methods:
+            if method == "none":
+                continue
+            t = [next(r["seconds"] for r in rows if r["shape"] == f"w{w}.{module}"
+                      and r["method"] == method) for w in widths]
+            print(f"| {module} | {method} | " + " | ".join(f"{x:.3f}" for x in t)
+                  + f" | {loglog_slope(widths, t):.2f} |")
+            if method == "coec":
+                pr = [next(r["per_round_s"] for r in rows if r["shape"] == f"w{w}.{module}"
+                           and r["method"] == method) for w in widths]
+                print(f"| {module} | coec s/round | " + " | ".join(f"{x:.4f}" for x in pr)
+                      + f" | {loglog_slope(widths, pr):.2f} |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="embedded", choices=["embedded", "8b", "70b", "all"])
+    ap.add_argument("--widths", default=None,
+                    help="comma list of model widths (e.g. 256,512,1024,2048): time a Llama-like "
+                         "layer family instead of --shapes and fit the log-log slope per method")
     ap.add_argument("--methods", default="none,bias,lstsq,rcpu,coec")
+    ap.add_argument("--modules", default="o_proj,down_proj", help="comma list: o_proj,down_proj")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tokens", type=int, default=None, help="calibration tokens (default per shape set)")
     ap.add_argument("--max-rounds", type=int, default=None, help="override coec max_rounds")
@@ -186,14 +230,27 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     sets = ["embedded", "8b", "70b"] if a.shapes == "all" else [a.shapes]
+    widths = [int(w) for w in a.widths.split(",")] if a.widths else []
+    if widths:
+        sets = [f"w{w}" for w in widths]
+        for w in widths:
+            SHAPES[f"w{w}"] = width_shapes(w)
+            DEFAULT_TOKENS[f"w{w}"] = 4096
     methods = [m for m in a.methods.split(",") if m]
     cdt = a.compute_dtype  # None: the library default (float32 for coec)
     rate = matmul_rate(device, getattr(torch, cdt or "float32"))
     print(f"device={device} compute_dtype={cdt or 'default'} threads={torch.get_num_threads()} "
           f"matmul={rate / 1e9:.1f} GFLOP/s ({cdt or 'float32'})")
     rows = []
+    if widths:  # untimed warm-up of every method (first-call costs would bend the small widths)
+        _, module, d_out, d_in, k, extra = width_shapes(128)[0]
+        W0, G, mean, keep, vp, _ = synth_problem(module, d_out, d_in, k, extra, 1024, a.seed, device)
+        for method in methods:
+            compensate(W0, G, mean, keep, method, **({"max_rounds": 1} if method == "coec" else {}))
     for sset in sets:
         for name, module, d_out, d_in, k, extra in SHAPES[sset]:
+            if module not in a.modules.split(","):
+                continue
             n_tok = a.tokens or DEFAULT_TOKENS[sset]
             t = time.perf_counter()
             W0, G, mean, keep, vp, test = synth_problem(module, d_out, d_in, k, extra, n_tok, a.seed, device,
@@ -254,6 +311,14 @@ def main(argv=None):
         ho = "" if r["heldout"] is None else f"{r['heldout']:.5f}"
         print(f"| {r['shape']} | {r['method']} | {r['seconds']:.3f} | {r['relerr_before']:.5f} | "
               f"{r['relerr_after']:.5f} | {ho} | {r['rounds']} | {r['inner_steps']} | {'' if pr is None else f'{pr:.3f}'} |")
+
+    if widths:
+        print_width_scaling(rows, widths, methods)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"device": str(device), "rate_flops": rate, "rows": rows}, fh, indent=1,
+                          default=str)
+        return 0
 
     measured = {r["shape"]: r for r in rows if r["method"] == "coec"}
     ft, n0 = factor_times(device)

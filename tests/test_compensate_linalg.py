@@ -76,6 +76,11 @@ def test_retractions_stay_on_the_manifold_and_follow_the_gradient():
     Rc = retract_cayley(Rs, A, 0.7)
     assert torch.allclose(Rc @ Rc.mT, _eye(6), atol=1e-12)
     assert torch.allclose((retract_cayley(Rs, A, t) - Rs) / t, -A @ Rs, atol=1e-5)
+    # the LU-solve inverse gives the same retraction as Newton-Schulz, and rejects unknown names
+    for step in (0.05, 0.7, 3.0):
+        assert torch.allclose(retract_cayley(Rs, A, step, "solve"), retract_cayley(Rs, A, step), atol=1e-12)
+    with pytest.raises(ValueError, match="cayley inverse"):
+        retract_cayley(Rs, A, 0.1, "qr")
 
 
 def test_tempering_and_normalisation():

@@ -105,6 +105,20 @@ def test_coec_beats_rcpu_and_is_monotone(p, right):
     json.dumps(info)
 
 
+@pytest.mark.parametrize("right", ["stiefel", "full"])
+def test_cayley_inverse_by_solve_matches_newton_schulz(right):
+    """d_out >= k: every right step is a Cayley retraction; its inverse by LU solve or by
+    Newton-Schulz gives the same compensation (float64, to round-off)."""
+    W0, G, mean, keep, _ = make_problem(24, 40, 20, 300, seed=1)
+    a = compensate(W0, G, mean, keep, "coec", right=right, max_rounds=6, **F64)
+    b = compensate(W0, G, mean, keep, "coec", right=right, max_rounds=6, cayley_inverse="solve", **F64)
+    assert a.info["inner_steps"] == b.info["inner_steps"] > 0
+    assert torch.allclose(a.weight, b.weight, atol=1e-9)
+    assert b.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=1e-9)
+    with pytest.raises(ValueError, match="cayley_inverse"):
+        compensate(W0, G, mean, keep, "coec", cayley_inverse="inverse")
+
+
 def test_coec_default_options_run_and_history_monotone():
     W0, G, mean, keep, _ = make_problem(20, 48, 30, 300, seed=5)
     out = compensate(W0, G, mean, keep, "coec")

@@ -55,6 +55,9 @@ left_polar         "auto"         polar factor of the left rotation: "svd" (pape
                                   "eigh" (float64 eigh of A^T A + one Newton–Schulz step, SVD
                                   fallback when ill-conditioned; 10x faster on GPU at 4096) |
                                   "auto" = eigh on CUDA, svd on CPU
+cayley_inverse     "newton_schulz" inverse inside the Cayley retraction (square right solves,
+                                  o_proj): "newton_schulz" (App. B) | "solve" (one LU solve,
+                                  same retraction to round-off, fewer FLOPs)
 =================  =============  ==========================================================
 
 Readings of the paper (details in coec.py / stiefel.py / gcv.py): the right rotation acts on the
@@ -188,6 +191,7 @@ def _validate_coec(o: dict, k: int, d_out: int):
         _fail(f"option psd_clip must be a bool, got {o['psd_clip']!r}")
     _dtype_opt("temper_dtype", o["temper_dtype"], allow_none=False)
     _choice("left_polar", o["left_polar"], ("auto", "svd", "eigh"))
+    _choice("cayley_inverse", o["cayley_inverse"], ("newton_schulz", "solve"))
     g = o["gcv_grid"]
     if not (isinstance(g, (tuple, list)) and len(g) == 3):
         _fail(f"option gcv_grid must be (lo, hi, n), got {g!r}")

@@ -61,6 +61,7 @@ COEC_DEFAULTS: dict = {
     "psd_clip": True,
     "temper_dtype": "float64",
     "left_polar": "auto",
+    "cayley_inverse": "newton_schulz",
 }
 
 
@@ -257,7 +258,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
             res = solver(
                 st.U, st.S, st.Vt, Gxx, Gyx, c, lam_max, eta=o["eta"], eta_scale=o["eta_scale"],
                 delta=o["delta"], max_steps=int(o["max_inner_steps"]), max_backtracks=int(o["max_backtracks"]),
-                align=al_obj, align_lambda=lam_a, RG0=st.RG,
+                align=al_obj, align_lambda=lam_a, RG0=st.RG, cayley_inverse=o["cayley_inverse"],
             )
             steps_per_round.append(res.steps)
             for key in ("backtracks", "capped", "trials", "orth_cleanups"):
