@@ -41,7 +41,7 @@ def test_lines_figure_and_readme(tmp_path, monkeypatch):
            "coec": [[8, _cell(tmp_path / "c8.json", ppl=20.0)], [16, _cell(tmp_path / "c16.json", ppl=18.0)]]}
     png = tmp_path / "results/figures/f.png"
     write_report("lines-figure", {"panels": {"30 %": pts}, "xlabel": "N", "ylabel": "ppl",
-                                  "logx": True}, png)
+                                  "logx": True, "logy": True}, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     monkeypatch.chdir(tmp_path)
     write_report("table", {"metric": "ppl", "models": ["m"], "label_columns": ["x"],

@@ -191,9 +191,12 @@ def test_calibration_size_figures_share_the_base_cells(tmp_path):
     assert base in sizes
     assert counts["calibrate"] == len(sizes)  # the base set once, never as "-n<base>"
     assert f"-n{base}" not in res.stdout
+    mixes = {r["calibration"] for r in cfg["iterative"]["calibration_size"]["rows"]
+             if r.get("calibration") in cfg["iterative"]["mixes"]}
     for n in sizes - {base}:
         assert f"calib=enwiki-32x512-n{n}" in res.stdout
-        assert f"calib=mix3-32x512-n{n}" in res.stdout
+        for mix in mixes:
+            assert f"calib={mix}-n{n}" in res.stdout
     f2 = cfg["fig2"]
     fig2_cells = len(f2["nsamples"]) * len(f2["ratios"]) * len(f2["compensations"])
     shared_fig2 = sum(1 for row in cfg["table1"]["rows"] if row["selection"] == f2["selection"]

@@ -118,8 +118,9 @@ def plot_geometry(spec: dict, out: str | Path) -> None:
 def plot_lines(spec: dict, out: str | Path) -> None:
     """A metric against an x value, one line per series, one panel per group (Fig. 2 style).
 
-    spec: {"xlabel", "ylabel", "caption", "logx", "panels": {title: {series: [[x, path], ...]}},
-    "metric"}."""
+    spec: {"xlabel", "ylabel", "caption", "logx", "logy", "panels": {title: {series: [[x, path],
+    ...]}}, "metric"}. logy: log-scaled y (perplexities of pruned-only and compensated cells differ
+    by an order of magnitude)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,7 +138,9 @@ def plot_lines(spec: dict, out: str | Path) -> None:
         if spec.get("logx"):
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
-        ax.grid(alpha=0.3)
+        if spec.get("logy"):
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel(spec.get("ylabel", ""))
     axes[0][0].legend()
     _caption(fig, spec.get("caption", ""))

@@ -92,7 +92,7 @@ def fig2_spec():
                    for n in f["nsamples"]]
             for comp in f["compensations"]}
     seqlen = config["calibration"][f["calibration"]]["seqlen"]
-    return {"panels": panels, "metric": "ppl", "logx": True,
+    return {"panels": panels, "metric": "ppl", "logx": True, "logy": True,
             "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
             "caption": f"Fig. 2: perplexity vs calibration size, {f['model']}, {f['selection']} "
                        f"selection recomputed at each N; eval {config['evaluation']['ppl_dataset']} "

@@ -431,7 +431,7 @@ def it_size_spec():
             for row in f["rows"]}
     calibs = sorted({row.get("calibration", base) for row in f["rows"]})
     seqlen = it_calib_cfg(base)["seqlen"]
-    return {"panels": panels, "metric": "ppl", "logx": True,
+    return {"panels": panels, "metric": "ppl", "logx": True, "logy": True,
             "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
             "caption": f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
                        f"resized to N, selection recomputed at each N; variants "
