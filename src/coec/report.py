@@ -132,7 +132,7 @@ def plot_lines(spec: dict, out: str | Path) -> None:
         for name, points in series.items():
             xs = [x for x, _ in points]
             ys = [metric_value(p, spec.get("metric", "ppl")) for _, p in points]
-            ax.plot(xs, ys, "o-", label=DISPLAY.get(name, name))
+            ax.plot(xs, ys, "o-", label="prune-only" if name == "none" else DISPLAY.get(name, name))
         ax.set_title(title)
         ax.set_xlabel(spec.get("xlabel", ""))
         if spec.get("logx"):
