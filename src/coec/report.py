@@ -129,17 +129,24 @@ def plot_lines(spec: dict, out: str | Path) -> None:
     panels = spec["panels"]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels.items()):
+        all_y = []
         for name, points in series.items():
             xs = [x for x, _ in points]
             ys = [metric_value(p, spec.get("metric", "ppl")) for _, p in points]
+            all_y += ys
             ax.plot(xs, ys, "o-", label="prune-only" if name == "none" else DISPLAY.get(name, name))
         ax.set_title(title)
         ax.set_xlabel(spec.get("xlabel", ""))
         if spec.get("logx"):
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
-        if spec.get("logy"):
+        if spec.get("logy") and max(all_y) > 3 * min(all_y):  # narrow panels stay linear
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel(spec.get("ylabel", ""))
     axes[0][0].legend()
