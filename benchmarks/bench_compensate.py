@@ -205,6 +205,31 @@ def print_width_scaling(rows, widths, methods):
                       + f" | {loglog_slope(widths, pr):.2f} |")
 
 
+def print_projection(rows, device, rate):
+    """Projected COEC seconds for every preset shape (also the ones not run): the per-round
+    matmul FLOP model at the measured matmul rate plus factorisations scaled by n^3."""
+    measured = {r["shape"]: r for r in rows if r["method"] == "coec"}
+    ft, n0 = factor_times(device)
+    print(f"\nProjection: matmul FLOPs at {rate / 1e9:.1f} GFLOP/s plus factorisations scaled by n^3 from "
+          f"n={n0} (polar {ft['polar']:.3f}s, eigh64 {ft['eigh64']:.3f}s, svd {ft['svd']:.3f}s); "
+          "steps/round from the run where measured, else 1.5:")
+    print("| shape | GFLOP/round | proj. setup s | proj. s/round | proj. 50 rounds s | measured setup s | measured s/round |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for sset in ["embedded", "8b", "70b"]:
+        for name, module, d_out, d_in, k, extra in SHAPES[sset]:
+            m = measured.get(name)
+            spr = m["steps_per_round"] if m and m.get("steps_per_round") else 1.5
+            f = round_flops(d_out, d_in, k, spr)
+            r = min(d_out, k)
+            pr = f["per_round"] / rate + ft["polar"] * (r / n0) ** 3
+            su = f["setup"] / rate + ft["eigh64"] * (d_in / n0) ** 3 + ft["svd"] * (d_out * k * r / n0**3)
+            if module == "o_proj":
+                su += ft["svd"] * (d_out * d_in * min(d_out, d_in) + k * d_out * min(k, d_out)) / n0**3
+            meas = "" if not m or m.get("per_round_s") is None else f"{m['per_round_s']:.3f}"
+            msu = "" if not m or m.get("setup_s") is None else f"{m['setup_s']:.2f}"
+            print(f"| {name} | {f['per_round'] / 1e9:.1f} | {su:.2f} | {pr:.3f} | {su + 50 * pr:.1f} | {msu} | {meas} |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="embedded", choices=["embedded", "8b", "70b", "all"])
@@ -314,32 +339,8 @@ def main(argv=None):
 
     if widths:
         print_width_scaling(rows, widths, methods)
-        if a.json:
-            with open(a.json, "w") as fh:
-                json.dump({"device": str(device), "rate_flops": rate, "rows": rows}, fh, indent=1,
-                          default=str)
-        return 0
-
-    measured = {r["shape"]: r for r in rows if r["method"] == "coec"}
-    ft, n0 = factor_times(device)
-    print(f"\nProjection: matmul FLOPs at {rate / 1e9:.1f} GFLOP/s plus factorisations scaled by n^3 from "
-          f"n={n0} (polar {ft['polar']:.3f}s, eigh64 {ft['eigh64']:.3f}s, svd {ft['svd']:.3f}s); "
-          "steps/round from the run where measured, else 1.5:")
-    print("| shape | GFLOP/round | proj. setup s | proj. s/round | proj. 50 rounds s | measured setup s | measured s/round |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for sset in ["embedded", "8b", "70b"]:
-        for name, module, d_out, d_in, k, extra in SHAPES[sset]:
-            m = measured.get(name)
-            spr = m["steps_per_round"] if m and m.get("steps_per_round") else 1.5
-            f = round_flops(d_out, d_in, k, spr)
-            r = min(d_out, k)
-            pr = f["per_round"] / rate + ft["polar"] * (r / n0) ** 3
-            su = f["setup"] / rate + ft["eigh64"] * (d_in / n0) ** 3 + ft["svd"] * (d_out * k * r / n0**3)
-            if module == "o_proj":
-                su += ft["svd"] * (d_out * d_in * min(d_out, d_in) + k * d_out * min(k, d_out)) / n0**3
-            meas = "" if not m or m.get("per_round_s") is None else f"{m['per_round_s']:.3f}"
-            msu = "" if not m or m.get("setup_s") is None else f"{m['setup_s']:.2f}"
-            print(f"| {name} | {f['per_round'] / 1e9:.1f} | {su:.2f} | {pr:.3f} | {su + 50 * pr:.1f} | {msu} | {meas} |")
+    else:
+        print_projection(rows, device, rate)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"device": str(device), "rate_flops": rate, "rows": rows}, fh, indent=1, default=str)

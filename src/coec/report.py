@@ -20,6 +20,7 @@ from .data import atomic_write_text
 
 DISPLAY = {"wanda_sp": "Wanda-sp", "flap": "FLAP", "rcpu": "RCPU", "dense": "dense",
            "none": "–", "bias": "bias", "coec": "COEC", "lstsq": "lstsq"}
+FIGURE_DISPLAY = dict(DISPLAY, none="prune-only")  # a legend needs a word, not a dash
 
 
 def metric_value(path: str | Path, metric: str) -> float:
@@ -134,7 +135,7 @@ def plot_lines(spec: dict, out: str | Path) -> None:
             xs = [x for x, _ in points]
             ys = [metric_value(p, spec.get("metric", "ppl")) for _, p in points]
             all_y += ys
-            ax.plot(xs, ys, "o-", label="prune-only" if name == "none" else DISPLAY.get(name, name))
+            ax.plot(xs, ys, "o-", label=FIGURE_DISPLAY.get(name, name))
         ax.set_title(title)
         ax.set_xlabel(spec.get("xlabel", ""))
         if spec.get("logx"):

@@ -8,15 +8,28 @@ from coec.config import validate_config
 validate_config(config, os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"))
 
 
-def sized_calibration(base, n):
-    """Name of calibration set `base` with nsamples = n: `base` itself when n is its own size
-    (its Grams, selections and cells are shared with the tables), else `<base>-n<N>`, added to
-    config["calibration"] on first use."""
-    if int(n) == int(config["calibration"][base]["nsamples"]):
+def sized_calibration(base, n, registry=None):
+    """Name of calibration set `base` of `registry` (default config["calibration"]) with
+    nsamples = n: `base` itself when n is its own size (its Grams, selections and cells are
+    shared with the tables), else `<base>-n<N>`, added to the registry on first use."""
+    registry = config["calibration"] if registry is None else registry
+    if int(n) == int(registry[base]["nsamples"]):
         return base
     name = f"{base}-n{n}"
-    config["calibration"].setdefault(name, dict(config["calibration"][base], nsamples=int(n)))
+    registry.setdefault(name, dict(registry[base], nsamples=int(n)))
     return name
+
+
+def size_figure_spec(panels, seqlen, caption):
+    """The lines-figure spec of a perplexity-against-calibration-size figure."""
+    return {"panels": panels, "metric": "ppl", "logx": True, "logy": True,
+            "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
+            "caption": caption}
+
+
+def figure_inputs(spec):
+    """Every result file a lines-figure spec reads."""
+    return sorted({p for s in spec["panels"].values() for pts in s.values() for _, p in pts})
 
 
 # Fig. 2 calibration sets: the base set with nsamples replaced

@@ -91,17 +91,16 @@ def fig2_spec():
             comp: [[n, f"{cell_dir(f['model'], sized_calibration(f['calibration'], n), f['selection'], r, comp)}/ppl.json"]
                    for n in f["nsamples"]]
             for comp in f["compensations"]}
-    seqlen = config["calibration"][f["calibration"]]["seqlen"]
-    return {"panels": panels, "metric": "ppl", "logx": True, "logy": True,
-            "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
-            "caption": f"Fig. 2: perplexity vs calibration size, {f['model']}, {f['selection']} "
-                       f"selection recomputed at each N; eval {config['evaluation']['ppl_dataset']} "
-                       f"seqlen {config['evaluation']['ppl_seqlen']}"}
+    return size_figure_spec(
+        panels, config["calibration"][f["calibration"]]["seqlen"],
+        f"Fig. 2: perplexity vs calibration size, {f['model']}, {f['selection']} "
+        f"selection recomputed at each N; eval {config['evaluation']['ppl_dataset']} "
+        f"seqlen {config['evaluation']['ppl_seqlen']}")
 
 
 rule fig2:
     input:
-        lambda wc: sorted({p for s in fig2_spec()["panels"].values() for pts in s.values() for _, p in pts}),
+        lambda wc: figure_inputs(fig2_spec()),
     output:
         "results/figures/fig2_calibration_size.png",
     params:

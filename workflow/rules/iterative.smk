@@ -44,13 +44,7 @@ def it_check_config():
 
 def it_sized(calib, n):
     """Name of calibration or mix `calib` resized to n sequences (itself when n is its size)."""
-    if calib not in IT_MIXES:
-        return sized_calibration(calib, n)
-    if int(n) == int(IT_MIXES[calib]["nsamples"]):
-        return calib
-    name = f"{calib}-n{n}"
-    IT_MIXES.setdefault(name, dict(IT_MIXES[calib], nsamples=int(n)))
-    return name
+    return sized_calibration(calib, n, IT_MIXES if calib in IT_MIXES else None)
 
 
 def it_size_base():
@@ -430,20 +424,17 @@ def it_size_spec():
                                            row, r, "ppl.json")] for n in f["nsamples"]]
             for row in f["rows"]}
     calibs = sorted({row.get("calibration", base) for row in f["rows"]})
-    seqlen = it_calib_cfg(base)["seqlen"]
-    return {"panels": panels, "metric": "ppl", "logx": True, "logy": True,
-            "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
-            "caption": f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
-                       f"resized to N, selection recomputed at each N; variants "
-                       f"{json.dumps(IT_VARIANTS, sort_keys=True)}; eval "
-                       f"{config['evaluation']['ppl_dataset']} seqlen "
-                       f"{config['evaluation']['ppl_seqlen']}"}
+    return size_figure_spec(
+        panels, it_calib_cfg(base)["seqlen"],
+        f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
+        f"resized to N, selection recomputed at each N; variants "
+        f"{json.dumps(IT_VARIANTS, sort_keys=True)}; eval "
+        f"{config['evaluation']['ppl_dataset']} seqlen {config['evaluation']['ppl_seqlen']}")
 
 
 rule iterative_calibration_size:
     input:
-        lambda wc: sorted({p for s in it_size_spec()["panels"].values() for pts in s.values()
-                           for _, p in pts}),
+        lambda wc: figure_inputs(it_size_spec()),
     output:
         "results/figures/iterative_calibration_size.png",
     params:
