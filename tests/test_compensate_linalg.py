@@ -8,6 +8,7 @@ import torch
 
 from test_compensate_problems import make_problem
 
+from coec.compensate import linalg
 from coec.compensate.linalg import (
     normalize_gram,
     ns_inv_sqrt,
@@ -117,6 +118,33 @@ def test_polar_eigh_matches_svd_polar_and_falls_back():
     assert torch.allclose(polar_eigh(A.float()), polar(A).float(), atol=1e-5)
     D = A.clone()
     D[:, 3] = 0.0  # rank-deficient: eigh path refuses, the SVD polar is used
-    P = polar_eigh(D)
+    rec = []
+    P = polar_eigh(D, rec)
+    assert rec == ["polar_eigh->svd"]
     assert torch.allclose(P.mT @ P, _eye(8), atol=1e-12)
     assert torch.allclose(P, polar(D), atol=1e-12)
+
+
+@pytest.mark.parametrize("log_cond", [3.0, 6.0, 7.0])
+def test_polar_eigh_keeps_the_eigh_path_on_ill_conditioned_left_rotations(log_cond, monkeypatch):
+    """Left-rotation matrices of pruned layers reach cond ~1e6 (A^T A ~1e12): the eigh path must
+    still be taken (no SVD fallback) and maximise <P, A> as the SVD polar does, to ~1e-10."""
+    g = torch.Generator().manual_seed(5)
+    m, n = 96, 64
+    U = torch.linalg.qr(torch.randn(m, n, generator=g, dtype=F64))[0]
+    V = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=F64))[0]
+    s = torch.logspace(0, -log_cond, n, dtype=F64)
+    A = (U * s) @ V.mT
+
+    def no_svd(*a, **k):
+        raise AssertionError("fell back to the SVD polar")
+
+    monkeypatch.setattr(linalg, "polar", no_svd)
+    for dt, tol in ((F64, 1e-10), (torch.float32, 1e-5)):
+        rec = []
+        P = polar_eigh(A.to(dt), rec)
+        assert rec == []
+        P = P.to(F64)
+        assert float((P.mT @ P - _eye(n)).abs().max()) < tol
+        best = float(s.sum())  # max <Z, A> over orthonormal Z = nuclear norm
+        assert (best - float((P * A).sum())) / best < (1e-10 if dt == F64 else 1e-6)

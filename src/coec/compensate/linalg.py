@@ -75,31 +75,41 @@ def polar(A: torch.Tensor, record: list | None = None) -> torch.Tensor:
     return U @ Vh
 
 
-def polar_eigh(A: torch.Tensor, record: list | None = None, max_cond: float = 1e6) -> torch.Tensor:
+def polar_eigh(A: torch.Tensor, record: list | None = None, floor: float = 16.0, max_refine: int = 3) -> torch.Tensor:
     """Polar factor of a tall A (m, n), m >= n, as ``A (A^T A)^{-1/2}`` via a float64 eigh of the
-    (n, n) Gram, refined by one Newton–Schulz step ``P <- P (3I - P^T P) / 2``.
+    (n, n) Gram, refined by Newton–Schulz steps ``P <- P (3I - P^T P) / 2`` until orthonormal to
+    1e-12 (at most ``max_refine`` steps; the refinement only fixes orthonormality, the objective
+    ``<P, A>`` is already within ~1e-11 of the SVD polar's).
 
-    About 10x faster than an SVD on a GPU at n = 4096 (measured on an H200: 0.11 s against 1.1 s)
-    and equal to the SVD polar to ~1e-9 there. The Gram squares the condition number, so when
-    ``cond(A) > max_cond`` (or A is rank-deficient, where the polar factor is not unique) or the
-    refined factor is not orthonormal to ~1e-5 (float32) / 1e-10 (float64), this falls back to
-    ``polar`` (SVD chain). Returns (m, n) in A's dtype.
+    About 10x faster than an SVD on a GPU at n = 4096 (measured on an H200: 0.11 s against 1.1 s).
+    The Gram squares the condition number: the eigh path is taken while every eigenvalue of
+    ``A^T A`` is resolved, ``lambda_min > floor * eps64 * lambda_max`` (cond(A) up to ~2e7, which
+    pruned-weight left rotations reach: ~1e6 on Llama-like synthetic layers), and the result is
+    orthonormal to 1e-10 (float64) / 1e-5 (float32). Otherwise (numerically rank-deficient A, where
+    the polar factor is not unique) it falls back to ``polar`` (SVD chain) and appends
+    ``"polar_eigh->svd"`` to ``record``. Returns (m, n) in A's dtype.
     """
     if A.shape[0] < A.shape[1]:
         return polar(A, record)
     A64 = A.to(torch.float64)
     w, V = torch.linalg.eigh(A64.mT @ A64)
     wmax = float(w.max()) if w.numel() else 0.0
-    if not (wmax > 0 and math.isfinite(wmax)) or float(w.min()) <= wmax / max_cond**2:
-        return polar(A, record)
-    P = A64 @ ((V * w.rsqrt()) @ V.mT)
-    P = P @ (1.5 * torch.eye(P.shape[1], dtype=P.dtype, device=P.device) - 0.5 * (P.mT @ P))
-    P = P.to(A.dtype)
-    tol = 1e-10 if A.dtype == torch.float64 else 1e-5
-    err = float((P.mT @ P - torch.eye(P.shape[1], dtype=P.dtype, device=P.device)).abs().max())
-    if not math.isfinite(err) or err > tol:
-        return polar(A, record)
-    return P
+    eps = torch.finfo(torch.float64).eps
+    if wmax > 0 and math.isfinite(wmax) and float(w.min()) > floor * eps * wmax:
+        P = A64 @ ((V * w.rsqrt()) @ V.mT)
+        eye = torch.eye(P.shape[1], dtype=P.dtype, device=P.device)
+        for step in range(max_refine + 1):
+            PtP = P.mT @ P
+            err = float((PtP - eye).abs().max())
+            if not math.isfinite(err) or err < 1e-12 or step == max_refine:
+                break
+            P = P @ (1.5 * eye - 0.5 * PtP)
+        tol = 1e-10 if A.dtype == torch.float64 else 1e-5
+        if math.isfinite(err) and err < tol:
+            return P.to(A.dtype)
+    if record is not None:
+        record.append("polar_eigh->svd")
+    return polar(A, record)
 
 
 def ns_inverse(
