@@ -23,6 +23,7 @@ are what to plan with.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -32,6 +33,7 @@ import torch
 
 from coec.compensate import compensate
 from coec.compensate.linalg import relerr_with_bias
+from coec.profiling import span_totals
 
 # name: (module, d_out, d_in, k, extra)   extra: for o_proj (n_heads, n_kv, head_dim, d_model)
 SHAPES = {
@@ -185,6 +187,32 @@ def factor_times(device, n0=None):
     return out, n0
 
 
+@contextlib.contextmanager
+def block_profiler(device, enabled: bool):
+    """``torch.profiler.profile`` (CPU, plus CUDA on a GPU) when enabled, else a no-op yielding None."""
+    if not enabled:
+        yield None
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        yield prof
+
+
+def print_breakdown(name, rows, total_s, info):
+    """Seconds per named COEC block (inclusive; nested names are part of their parent)."""
+    n_rounds = max(len(info.get("seconds_per_round") or []), 1)
+    print(f"  breakdown of {name} coec ({total_s:.2f} s under the profiler, {n_rounds} rounds; "
+          "host wall time per block, device kernel time where CUDA):")
+    print("  | block | calls | s | per round s | % of call | device s |")
+    print("  |---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        per = "" if r["name"].startswith("coec.setup") else f"{r['cpu_s'] / n_rounds:.4f}"
+        print(f"  | {r['name']} | {r['calls']} | {r['cpu_s']:.3f} | {per} | {100 * r['cpu_s'] / total_s:.1f} | "
+              f"{r['device_s']:.3f} |")
+
+
 def print_width_scaling(rows, widths, methods):
     """Seconds per module against width, and the log-log slope per (module, method)."""
     print("\nWidth scaling (seconds; slope = d log t / d log width, least squares):")
@@ -249,6 +277,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--test-tokens", type=int, default=8192, help="held-out tokens (0: skip)")
     ap.add_argument("--coec-opts", default="", help='extra coec options as JSON, e.g. \'{"eta": 2}\'')
+    ap.add_argument("--breakdown", action="store_true",
+                    help="run COEC under torch.profiler and print seconds per named block (coec.profiling)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.threads:
@@ -297,8 +327,9 @@ def main(argv=None):
                         opts.update(json.loads(a.coec_opts))
                 _sync(device)
                 t = time.perf_counter()
-                out = compensate(W0, G, mean, keep, method, **opts)
-                _sync(device)
+                with block_profiler(device, a.breakdown and method == "coec") as prof:
+                    out = compensate(W0, G, mean, keep, method, **opts)
+                    _sync(device)
                 sec = time.perf_counter() - t
                 i = out.info
                 row = {
@@ -314,14 +345,21 @@ def main(argv=None):
                         per_round_s=(sum(pr) / len(pr)) if pr else None,
                         steps_per_round=(i["inner_steps"] / len(pr)) if pr else None,
                         stop=i.get("stop_reason"), gcv_ends=i.get("gcv_at_grid_end"),
+                        fallbacks=list(i.get("svd_fallbacks") or []),
                         align=(i.get("align_before"), i.get("align_after")),
                     )
+                if prof is not None:
+                    row["breakdown"] = span_totals(prof)
+                    print_breakdown(name, row["breakdown"], sec, i)
                 rows.append(row)
                 extra_txt = ""
                 if method == "coec":
                     extra_txt = (f" setup={row['setup_s']:.2f}s per_round={row['per_round_s'] or 0:.3f}s"
                                  f" steps/round={row['steps_per_round'] or 0:.1f} stop={row['stop']}"
                                  f" gcv_ends={row['gcv_ends']}")
+                    fb = i.get("svd_fallbacks") or []
+                    if fb:
+                        extra_txt += " fallbacks=" + ",".join(f"{n}x{fb.count(n)}" for n in sorted(set(fb)))
                     if row["align"][0] is not None:
                         extra_txt += f" align {row['align'][0]:.3g}->{row['align'][1]:.3g}"
                 ho = "" if row["heldout"] is None else f" heldout={row['heldout']:.5f}"

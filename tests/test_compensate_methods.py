@@ -232,3 +232,37 @@ def test_left_polar_eigh_matches_svd():
     b = compensate(W0, G, mean, keep, "coec", left_polar="eigh", max_rounds=10, **F64)
     assert b.info["left_polar_used"] == "eigh"
     assert b.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["bias", "lstsq", "rcpu", "coec"])
+def test_cuda_matches_cpu(method):
+    """The device path (eigh left polar, CUDA kernels) reaches the CPU float64 error to 1e-4."""
+    W0, G, mean, keep, _ = make_problem(64, 96, 60, 800, seed=7)
+    opts = {"max_rounds": 10} if method == "coec" else {}
+    cpu = compensate(W0, G, mean, keep, method, **F64, **opts)
+    gpu = compensate(W0, G, mean, keep, method, device="cuda", **opts)
+    assert gpu.info["relerr_after"] == pytest.approx(cpu.info["relerr_after"], rel=1e-4, abs=1e-7)
+
+
+def test_profiler_blocks_cover_a_coec_call():
+    """coec.profiling: each block of a round is a named range (one right solve per round, the left
+    rotation once in setup and once per round); nested ranges fit inside their parent."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from coec.profiling import span_totals
+
+    W0, G, mean, keep, _ = make_problem(24, 40, 20, 300, seed=2)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = compensate(W0, G, mean, keep, "coec", max_rounds=3, tol=0.0, **F64)
+    rows = {r["name"]: r for r in span_totals(prof)}
+    rounds = out.info["rounds"]
+    assert rounds == 3
+    assert {"coec.setup.temper", "coec.setup.svd", "coec.frames", "coec.rescale", "coec.right.evaluate",
+            "coec.right.direction", "coec.right.retract", "coec.right.step_size"} <= set(rows)
+    assert rows["coec.right"]["calls"] == rounds
+    assert rows["coec.left"]["calls"] == rounds + 1
+    assert rows["coec.right.retract"]["calls"] == out.info["right"]["trials"]
+    parts = sum(rows[n]["cpu_s"] for n in ("coec.right.direction", "coec.right.retract", "coec.right.step_size"))
+    assert parts <= rows["coec.right"]["cpu_s"]
+    assert sum(r["cpu_s"] for n, r in rows.items() if n.count(".") == 1) <= out.info["seconds"]

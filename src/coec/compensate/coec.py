@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..profiling import span, traced
 from . import gcv as _gcv
 from .linalg import normalize_gram, polar, polar_eigh, power_max_eig, relerr, svd, temper_gram
 from .stiefel import Alignment, alignment_setup, alignment_value, solve_full, solve_reduced
@@ -84,6 +85,7 @@ class _State:
         return (self.U * self.GyxV).sum(0)
 
 
+@traced("coec.frames")
 def _frames(U, S, Vt, Gxx, Gyx, RG=None) -> _State:
     RG = Vt @ Gxx if RG is None else RG
     return _State(U=U, S=S, Vt=Vt, GyxV=Gyx @ Vt.mT, RG=RG, e=(Vt * RG).sum(1))
@@ -117,6 +119,7 @@ class _Run:
         self.left_rejects = 0
 
 
+@traced("coec.rescale")
 def _rescale(st: _State, o: dict, run: _Run, objective) -> _State:
     """Alg. 1 "GCV-rescale" of the current factors.
 
@@ -149,6 +152,7 @@ def _rescale(st: _State, o: dict, run: _Run, objective) -> _State:
     return st
 
 
+@traced("coec.left")
 def _left(st: _State, run: _Run, method: str = "svd") -> _State:
     """Left rotation (Sec. 4.1): ``Q_l U = polar(Gyx Vt^T diag(S))``."""
     A = st.GyxV * st.S
@@ -191,7 +195,8 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     # Line 1: temper the FULL (normalised) Gram, then slice. The slices are formed in the temper
     # dtype (float64 by default), which also serves the reported errors; the loop runs in cdt.
     G0 = normalize_gram(gram.to(dev, tdt))
-    Gt, tinfo = temper_gram(G0, float(o["alpha"]), clip=bool(o["psd_clip"]))
+    with span("coec.setup.temper"):
+        Gt, tinfo = temper_gram(G0, float(o["alpha"]), clip=bool(o["psd_clip"]))
     W0t = W0.to(dev, tdt)
     WG = W0t @ G0
     Gxx0, Gyx0, c0 = G0[keep][:, keep], WG[:, keep], float((WG * W0t).sum())  # untempered metric
@@ -218,7 +223,8 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     al = None
     if lam_a > 0 or o["value_proj"] is not None:
         vp = o["value_proj"].to(dev, cdt) if o["value_proj"] is not None else None
-        al = alignment_setup(W0c, keep, vp, int(o["anchor_rank"]), o["align"], run.svd_fallbacks)
+        with span("coec.setup.align"):
+            al = alignment_setup(W0c, keep, vp, int(o["anchor_rank"]), o["align"], run.svd_fallbacks)
     al_obj = al if lam_a > 0 else None
 
     if c <= 0 or not math.isfinite(c):  # no output energy in this metric: nothing to fit
@@ -228,7 +234,8 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
         return WK.clone(), info
 
     # Line 2: W^ = W_K as factors.
-    U, S, Vt = svd(WK, run.svd_fallbacks)
+    with span("coec.setup.svd"):
+        U, S, Vt = svd(WK, run.svd_fallbacks)
     st = _frames(U, S, Vt, Gxx, Gyx)
     if al is not None:
         info["align_before"] = _align(st, al)
@@ -255,11 +262,12 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
         prev = st
         # Lines 6-7: right rotation (scale recomputed inside), W^ <- s W^ Q_r, rescale.
         if solver is not None:
-            res = solver(
-                st.U, st.S, st.Vt, Gxx, Gyx, c, lam_max, eta=o["eta"], eta_scale=o["eta_scale"],
-                delta=o["delta"], max_steps=int(o["max_inner_steps"]), max_backtracks=int(o["max_backtracks"]),
-                align=al_obj, align_lambda=lam_a, RG0=st.RG, cayley_inverse=o["cayley_inverse"],
-            )
+            with span("coec.right"):
+                res = solver(
+                    st.U, st.S, st.Vt, Gxx, Gyx, c, lam_max, eta=o["eta"], eta_scale=o["eta_scale"],
+                    delta=o["delta"], max_steps=int(o["max_inner_steps"]), max_backtracks=int(o["max_backtracks"]),
+                    align=al_obj, align_lambda=lam_a, RG0=st.RG, cayley_inverse=o["cayley_inverse"],
+                )
             steps_per_round.append(res.steps)
             for key in ("backtracks", "capped", "trials", "orth_cleanups"):
                 right_stats[key] += getattr(res, key)

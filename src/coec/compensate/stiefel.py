@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..profiling import span, traced
 from .linalg import ns_inverse, ns_polar, polar, svd
 
 __all__ = [
@@ -143,6 +144,7 @@ def riemannian_grad(R: torch.Tensor, Xi: torch.Tensor) -> torch.Tensor:
     return Xi - 0.5 * (B + B.mT) @ R
 
 
+@traced("coec.right.retract")
 def retract_polar(R: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     """Newton–Schulz polar retraction ``polar(R - D)`` for R (r, k), r <= k, D tangent (App. B).
 
@@ -155,6 +157,7 @@ def retract_polar(R: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     return ns_polar(X, scale=1.0 if bound < 2.5 else bound)[0]
 
 
+@traced("coec.right.retract")
 def retract_cayley(R: torch.Tensor, A: torch.Tensor, t: float, inverse: str = "newton_schulz") -> torch.Tensor:
     """Cayley retraction ``(I + t/2 A)^{-1} (I - t/2 A) R`` for skew A (n, n) (Wen & Yin 2012).
 
@@ -172,7 +175,8 @@ def retract_cayley(R: torch.Tensor, A: torch.Tensor, t: float, inverse: str = "n
         return torch.linalg.solve(M, rhs)
     if inverse != "newton_schulz":
         raise ValueError(f"cayley inverse must be 'newton_schulz' or 'solve', got {inverse!r}")
-    Minv, _ = ns_inverse(M, M.mT / (1.0 + h * h * float((A * A).sum())))
+    with span("coec.right.retract.ns_inverse"):
+        Minv, _ = ns_inverse(M, M.mT / (1.0 + h * h * float((A * A).sum())))
     return Minv @ rhs
 
 
@@ -195,6 +199,7 @@ class ProfiledObjective:
         self.align = align if (align is not None and align_lambda > 0) else None
         self.lam = float(align_lambda)
 
+    @traced("coec.right.evaluate")
     def evaluate(self, R: torch.Tensor, RG: torch.Tensor | None = None) -> dict:
         RG = R @ self.Gxx if RG is None else RG
         q = float((self.S2 * RG * R).sum())
@@ -241,6 +246,7 @@ class RightResult:
     history: list = field(default_factory=list)
 
 
+@traced("coec.right.step_size")
 def _step_base(obj, ev: dict, g: torch.Tensor, L0: float, eta_scale: str) -> float:
     """Step unit multiplied by eta (module docstring). g: the search direction (Euclidean, r x k)."""
     s2 = ev["s"] ** 2 if ev["s"] != 0 else 1.0
@@ -279,8 +285,9 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
     eta_cur = float(eta)
     stop = "max_steps"
     for _ in range(max_steps):
-        Xi = obj.grad(R, ev)
-        dirn = retract_step(x, R, Xi)  # closure with the search direction for this point
+        with span("coec.right.direction"):
+            Xi = obj.grad(R, ev)
+            dirn = retract_step(x, R, Xi)  # closure with the search direction for this point
         gnorm = dirn["norm"]
         if not math.isfinite(gnorm):
             stop = "nonfinite_grad"
