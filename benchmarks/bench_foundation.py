@@ -4,7 +4,9 @@
         [--nseq 16 --seqlen 512 --batch 4 --dtype float32 --device cpu]
 
 Prints:
-- calibration time / (plain forward over the same tokens + the Gram matmuls alone)  (goal <= 1.25)
+- calibration time / (plain forward over the same tokens + the Gram matmuls alone)
+- calibration time / its FLOP bound: the decoder's forward FLOPs plus the Gram FLOPs, all at the
+  GEMM rate measured in the model dtype on this device in the same run           (goal <= 1.25)
 - perplexity time / plain forward (logits only) over the same windows                (goal <= 1.1)
 """
 
@@ -15,7 +17,7 @@ import time
 
 import torch
 
-from coec.calibrate import run_layerwise
+from coec.calibrate import gram_product, run_layerwise
 from coec.evaluate.ppl import perplexity
 from coec.models import load_model, resolve_device
 
@@ -27,6 +29,38 @@ def timed(fn, repeat=1):
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def calibration_flops(cfg, seqlen: int) -> tuple[float, float]:
+    """(forward, Gram) FLOPs per token per decoder layer.
+
+    Forward: 2 x the q/k/v/o/gate/up/down weights, plus causal attention (QK^T and AV over
+    (seqlen + 1) / 2 keys on average). Gram: ``2 d^2`` for each of the o_proj (d = heads x head_dim)
+    and down_proj (d = intermediate) inputs, as a dense GEMM computes it.
+    """
+    d, ff = cfg.hidden_size, cfg.intermediate_size
+    h, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or d // h
+    linear = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * ff
+    attn = 2 * 2 * h * hd * (seqlen + 1) / 2
+    return 2 * linear + attn, 2 * (h * hd) ** 2 + 2 * ff**2
+
+
+def gemm_rate(m: int, k: int, n: int, dtype, device, sync) -> float:
+    """FLOP/s of an (m, k) x (k, n) GEMM in ``dtype`` on ``device`` (best of a few)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    a @ b
+    sync()
+    reps = 3 if device.type == "cpu" else 20
+    best = float("inf")
+    for _ in range(2):
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        sync()
+        best = min(best, (time.perf_counter() - t) / reps)
+    return 2.0 * m * k * n / best
 
 
 def random_model(arch: str, layers: int | None, dtype: str, device):
@@ -91,8 +125,7 @@ def main():
     def grams_alone():
         for _ in range(cfg.num_hidden_layers * (a.nseq // a.batch)):
             for x in (xa, xm):
-                w = x.float()
-                (w.T @ w).double()
+                gram_product(x).double()  # as calibration does it
         sync()
 
     def calib():
@@ -110,12 +143,21 @@ def main():
     t_log = timed(plain_logits, a.repeat)
     t_ppl = timed(ppl, a.repeat)
     tokens = a.nseq * a.seqlen
+    f_fwd, f_gram = calibration_flops(cfg, a.seqlen)
+    flops = tokens * cfg.num_hidden_layers * (f_fwd + f_gram)
+    rate = gemm_rate(n_tok, cfg.hidden_size, cfg.intermediate_size, model.dtype, dev, sync)
+    bound = flops / rate
     print(f"model {a.model} dtype {a.dtype} device {dev} tokens {tokens} "
           f"({a.nseq}x{a.seqlen}, batch {a.batch}), threads {torch.get_num_threads()}")
     print(f"plain decoder forward     {t_fwd:8.2f} s  ({tokens / t_fwd:,.0f} tok/s)")
     print(f"Gram matmuls alone        {t_gram:8.2f} s")
     print(f"calibration (layer-wise)  {t_cal:8.2f} s  ({tokens / t_cal:,.0f} tok/s)  "
-          f"ratio {t_cal / (t_fwd + t_gram):.3f} (goal <= 1.25)")
+          f"ratio {t_cal / (t_fwd + t_gram):.3f} to forward + Grams")
+    print(f"FLOP bound                {bound:8.2f} s  ({flops / 1e12:.2f} TFLOP: forward {f_fwd / (f_fwd + f_gram):.0%}, "
+          f"Grams {f_gram / (f_fwd + f_gram):.0%}; {a.dtype} GEMM {rate / 1e12:.2f} TFLOP/s)  "
+          f"calibration ratio {t_cal / bound:.3f} (goal <= 1.25); plain forward alone "
+          f"{t_fwd * (f_fwd + f_gram) / (f_fwd * bound):.2f}x its own bound, Grams alone "
+          f"{t_gram * (f_fwd + f_gram) / (f_gram * bound):.2f}x theirs")
     print(f"plain forward + logits    {t_log:8.2f} s")
     print(f"perplexity                {t_ppl:8.2f} s  ratio {t_ppl / t_log:.3f} (goal <= 1.1)")
 

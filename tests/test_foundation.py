@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from coec.calibrate import NonFiniteActivations, run_layerwise
+from coec.calibrate import GramAccumulator, NonFiniteActivations, gram_product, run_layerwise
 from coec.data import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity
 from coec.models import AttnGeometry, ModelError, attention_geometry, check_family, load_model
@@ -49,6 +49,35 @@ def test_grams_equal_explicit_inputs(tmp_path, family):
         assert acc.count == X.shape[0]
         assert (acc.gram - G).norm() / G.norm() < 1e-10
         assert torch.allclose(acc.sum, X.sum(0), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gram_product_accumulates_in_float32(dtype):
+    """16-bit batches: products exact, float32 accumulation -> equal to the float64 Gram of the
+    same (16-bit) numbers to float32 round-off, never rounded to 16 bits."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(512, 48, generator=g) * torch.logspace(0, 1.5, 48)).to(dtype)
+    ref = x.double().mT @ x.double()
+    got = gram_product(x)
+    assert got.dtype == torch.float32
+    assert float((got.double() - ref).norm() / ref.norm()) < 1e-6
+    acc = GramAccumulator(48, torch.device("cpu"))
+    acc.update(x[:300])
+    acc.update(x[300:])
+    assert float((acc.gram - ref).norm() / ref.norm()) < 1e-6
+    assert torch.allclose(acc.sum, x.double().sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_gram_product_cuda_kernel_signature():
+    """The 16-bit CUDA path calls ``torch.mm(..., out_dtype=float32)``; its schema is checked on
+    meta tensors here (no GPU needed), and against the upcast GEMM on a GPU when there is one."""
+    x = torch.empty(64, 16, dtype=torch.bfloat16, device="meta")
+    out = torch.mm(x.mT, x, out_dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.shape == (16, 16)
+    if torch.cuda.is_available():
+        xc = torch.randn(4096, 256, device="cuda").to(torch.bfloat16)
+        ref = xc.float().mT @ xc.float()
+        assert float((gram_product(xc) - ref).norm() / ref.norm()) < 1e-5
 
 
 def test_nan_activations_raise(llama_dir):

@@ -4,8 +4,9 @@ For every decoder layer and for the inputs of ``o_proj`` and ``down_proj`` it ac
 
     G = Σ_t x_t x_tᵀ  (d_in × d_in),   sum = Σ_t x_t  (d_in),   n = number of tokens,
 
-without ever holding all tokens: each batch's Gram is formed in the compute dtype (float32 for
-16/32-bit models) and added to a float64 total. Layers are processed one at a time with the
+without ever holding all tokens: each batch's Gram is formed with float32 accumulation (float64
+for float64 models; one 16-bit GEMM with a float32 output for 16-bit models on CUDA) and added to
+a float64 total. Layers are processed one at a time with the
 hidden states of all calibration sequences cached between layers, so only one layer (and one
 layer's Grams) is on the device at once.
 """
@@ -31,6 +32,21 @@ class NonFiniteActivations(FloatingPointError):
     """NaN or Inf in the calibration activations of a named layer/module."""
 
 
+def gram_product(x: torch.Tensor) -> torch.Tensor:
+    """``x^T x`` of a batch x (t, d): (d, d) float32 (float64 for float64 x).
+
+    16-bit activations on CUDA use one 16-bit tensor-core GEMM with a float32 output
+    (``torch.mm(..., out_dtype=torch.float32)``): products of 16-bit numbers are exact in float32
+    and the accumulation is float32, so it equals the float32-upcast GEMM up to summation order,
+    at the 16-bit GEMM rate and without a float32 copy of the batch. Elsewhere (CPU, which has no
+    such kernel, or 32/64-bit activations) the batch is upcast and multiplied.
+    """
+    if x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda":
+        return torch.mm(x.mT, x, out_dtype=torch.float32)
+    work = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    return work.mT @ work
+
+
 class GramAccumulator:
     """Running Σ x xᵀ, Σ x and token count for one module input (hook target)."""
 
@@ -42,9 +58,8 @@ class GramAccumulator:
     def update(self, x: torch.Tensor) -> None:
         """Add a batch of inputs ``x`` (..., d) to the statistics."""
         x = x.reshape(-1, x.shape[-1])
-        work = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
-        self.gram += (work.T @ work).to(self.gram.dtype)
-        self.sum += work.sum(0).to(self.sum.dtype)
+        self.gram += gram_product(x).to(self.gram.dtype)
+        self.sum += x.sum(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32).to(self.sum.dtype)
         self.count += x.shape[0]
 
 
