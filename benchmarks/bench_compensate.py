@@ -205,11 +205,11 @@ def print_breakdown(name, rows, total_s, info):
     n_rounds = max(len(info.get("seconds_per_round") or []), 1)
     print(f"  breakdown of {name} coec ({total_s:.2f} s under the profiler, {n_rounds} rounds; "
           "host wall time per block, device kernel time where CUDA):")
-    print("  | block | calls | s | per round s | % of call | device s |")
+    print("  | block | calls | s | s per call | % of call | device s |")
     print("  |---|---:|---:|---:|---:|---:|")
     for r in rows:
-        per = "" if r["name"].startswith("coec.setup") else f"{r['cpu_s'] / n_rounds:.4f}"
-        print(f"  | {r['name']} | {r['calls']} | {r['cpu_s']:.3f} | {per} | {100 * r['cpu_s'] / total_s:.1f} | "
+        per = r["cpu_s"] / max(r["calls"], 1)
+        print(f"  | {r['name']} | {r['calls']} | {r['cpu_s']:.3f} | {per:.4f} | {100 * r['cpu_s'] / total_s:.1f} | "
               f"{r['device_s']:.3f} |")
 
 

@@ -52,9 +52,10 @@ psd_clip           True           clip negative eigenvalues of G before the powe
                                   alpha = 1; otherwise the objective can be unbounded below)
 temper_dtype       "float64"      dtype of the eigh of the full Gram (and of the reported errors)
 left_polar         "auto"         polar factor of the left rotation: "svd" (paper's U V^T) |
-                                  "eigh" (float64 eigh of A^T A + one Newton–Schulz step, SVD
-                                  fallback when ill-conditioned; 10x faster on GPU at 4096) |
-                                  "auto" = eigh on CUDA, svd on CPU
+                                  "eigh" (float64 eigh of A^T A, Newton–Schulz-refined until
+                                  orthonormal; SVD fallback, recorded in svd_fallbacks, when
+                                  the spectrum is unresolved, cond(A) > ~2e7; 10x faster on GPU
+                                  at 4096) | "auto" = eigh on CUDA, svd on CPU
 cayley_inverse     "newton_schulz" inverse inside the Cayley retraction (square right solves,
                                   o_proj): "newton_schulz" (App. B) | "solve" (one LU solve,
                                   same retraction to round-off, fewer FLOPs)
