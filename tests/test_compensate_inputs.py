@@ -96,6 +96,7 @@ def test_bad_shapes_and_values(prob):
         ("coec", {"compute_dtype": "float16"}, "compute_dtype"),
         ("coec", {"temper_dtype": "bfloat16"}, "temper_dtype"),
         ("coec", {"left_polar": "qr"}, "left_polar"),
+        ("coec", {"setup_svd": "qr"}, "setup_svd"),
         ("lstsq", {"ridge": -1.0}, "ridge"),
         ("none", {"n_tokens": 0}, "n_tokens"),
     ],

@@ -18,7 +18,9 @@ from coec.compensate.linalg import (
     polar_eigh,
     power_max_eig,
     relerr,
+    svd_eigh,
     temper_gram,
+    top_singular_vectors,
 )
 from coec.compensate.stiefel import retract_cayley, retract_polar, riemannian_grad
 
@@ -148,3 +150,54 @@ def test_polar_eigh_keeps_the_eigh_path_on_ill_conditioned_left_rotations(log_co
         assert float((P.mT @ P - _eye(n)).abs().max()) < tol
         best = float(s.sum())  # max <Z, A> over orthonormal Z = nuclear norm
         assert (best - float((P * A).sum())) / best < (1e-10 if dt == F64 else 1e-6)
+
+
+@pytest.mark.parametrize("shape", [(96, 64), (64, 96)])
+@pytest.mark.parametrize("log_cond", [2.0, 6.0])
+def test_svd_eigh_is_a_thin_svd(shape, log_cond, monkeypatch):
+    """The GPU setup factorisation: orthonormal factors that reproduce A, S descending and equal to
+    the singular values, without touching the SVD chain; a rank-deficient A falls back (recorded)."""
+    g = torch.Generator().manual_seed(6)
+    m, n = shape
+    p = min(m, n)
+    U0 = torch.linalg.qr(torch.randn(m, p, generator=g, dtype=F64))[0]
+    V0 = torch.linalg.qr(torch.randn(n, p, generator=g, dtype=F64))[0]
+    s = torch.logspace(0, -log_cond, p, dtype=F64)
+    A = (U0 * s) @ V0.mT
+    real_svd = linalg.svd
+
+    def no_svd(*a, **k):
+        raise AssertionError("fell back to the SVD")
+
+    monkeypatch.setattr(linalg, "svd", no_svd)
+    for dt, tol in ((F64, 1e-10), (torch.float32, 1e-5)):
+        U, S, Vh = svd_eigh(A.to(dt))
+        U, S, Vh = U.double(), S.double(), Vh.double()
+        assert U.shape == (m, p) and S.shape == (p,) and Vh.shape == (p, n)
+        assert float((U.mT @ U - _eye(p)).abs().max()) < tol
+        assert float((Vh @ Vh.mT - _eye(p)).abs().max()) < tol
+        assert bool((S[1:] <= S[:-1]).all())
+        assert float(((U * S) @ Vh - A).norm() / A.norm()) < tol
+        assert float((S - s).abs().max()) < (1e-8 if dt == F64 else 1e-5)
+    monkeypatch.setattr(linalg, "svd", real_svd)
+    D = A.clone()
+    D[:, 0] = 0.0
+    D[0, :] = 0.0
+    rec = []
+    U, S, Vh = svd_eigh(D, rec)
+    assert rec == ["svd_eigh->svd"]
+    assert float(((U * S) @ Vh - D).norm()) < 1e-10
+
+
+def test_top_singular_vectors_eigh_spans_the_svd_subspace():
+    g = torch.Generator().manual_seed(8)
+    A = torch.randn(40, 30, generator=g, dtype=F64) * torch.logspace(0, -2, 30, dtype=F64)
+    U, _, Vh = torch.linalg.svd(A, full_matrices=False)
+    for side, ref in (("left", U[:, :5]), ("right", Vh[:5].mT)):
+        E = top_singular_vectors(A, 5, side, "eigh")
+        assert torch.allclose(E.mT @ E, _eye(5), atol=1e-12)
+        assert torch.allclose(E @ E.mT, ref @ ref.mT, atol=1e-10)  # same subspace (projectors)
+        S = top_singular_vectors(A, 5, side, "svd")
+        assert torch.allclose(S @ S.mT, ref @ ref.mT, atol=1e-12)
+    with pytest.raises(ValueError, match="side"):
+        top_singular_vectors(A, 5, "both")

@@ -231,6 +231,10 @@ def test_left_polar_eigh_matches_svd():
     a = compensate(W0, G, mean, keep, "coec", left_polar="svd", max_rounds=10, **F64)
     b = compensate(W0, G, mean, keep, "coec", left_polar="eigh", max_rounds=10, **F64)
     assert b.info["left_polar_used"] == "eigh"
+    c = compensate(W0, G, mean, keep, "coec", left_polar="eigh", setup_svd="eigh", max_rounds=10, **F64)
+    assert c.info["setup_svd_used"] == "eigh" and a.info["setup_svd_used"] == "svd"  # auto on CPU
+    assert c.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=1e-6)
+    assert c.info["svd_fallbacks"] == []
     assert b.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=1e-6)
 
 
@@ -266,3 +270,16 @@ def test_profiler_blocks_cover_a_coec_call():
     parts = sum(rows[n]["cpu_s"] for n in ("coec.right.direction", "coec.right.retract", "coec.right.step_size"))
     assert parts <= rows["coec.right"]["cpu_s"]
     assert sum(r["cpu_s"] for n, r in rows.items() if n.count(".") == 1) <= out.info["seconds"]
+
+
+@pytest.mark.parametrize("align", ["projector", "angle"])
+def test_setup_svd_eigh_gives_the_same_alignment_and_result(align):
+    """The GPU setup path (eigh frames) on an o_proj with the alignment penalty: same penalty at
+    the pruned point (it depends only on the top-r_p subspaces) and the same final objective."""
+    W0, G, mean, keep, vp = make_oproj()
+    kw = dict(align_lambda=50.0, value_proj=vp, anchor_rank=4, max_rounds=8, align=align, **F64)
+    a = compensate(W0, G, mean, keep, "coec", setup_svd="svd", **kw)
+    b = compensate(W0, G, mean, keep, "coec", setup_svd="eigh", **kw)
+    assert b.info["setup_svd_used"] == "eigh"
+    assert b.info["align_before"] == pytest.approx(a.info["align_before"], rel=1e-8, abs=1e-14)
+    assert b.info["objective_history"][-1] == pytest.approx(a.info["objective_history"][-1], rel=1e-6)

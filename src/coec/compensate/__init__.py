@@ -56,6 +56,10 @@ left_polar         "auto"         polar factor of the left rotation: "svd" (pape
                                   orthonormal; SVD fallback, recorded in svd_fallbacks, when
                                   the spectrum is unresolved, cond(A) > ~2e7; 10x faster on GPU
                                   at 4096) | "auto" = eigh on CUDA, svd on CPU
+setup_svd          "auto"         the one-off factorisations: thin SVD of W_K and the anchor's
+                                  and U_v's top-r_p frames: "svd" | "eigh" (float64 eigh of
+                                  the smaller Gram, refined; SVD fallback as left_polar) |
+                                  "auto" = eigh on CUDA, svd on CPU
 cayley_inverse     "newton_schulz" inverse inside the Cayley retraction (square right solves,
                                   o_proj): "newton_schulz" (App. B) | "solve" (one LU solve,
                                   same retraction to round-off, fewer FLOPs)
@@ -192,6 +196,7 @@ def _validate_coec(o: dict, k: int, d_out: int):
         _fail(f"option psd_clip must be a bool, got {o['psd_clip']!r}")
     _dtype_opt("temper_dtype", o["temper_dtype"], allow_none=False)
     _choice("left_polar", o["left_polar"], ("auto", "svd", "eigh"))
+    _choice("setup_svd", o["setup_svd"], ("auto", "svd", "eigh"))
     _choice("cayley_inverse", o["cayley_inverse"], ("newton_schulz", "solve"))
     g = o["gcv_grid"]
     if not (isinstance(g, (tuple, list)) and len(g) == 3):

@@ -35,7 +35,7 @@ import torch
 
 from ..profiling import span, traced
 from . import gcv as _gcv
-from .linalg import normalize_gram, polar, polar_eigh, power_max_eig, relerr, svd, temper_gram
+from .linalg import normalize_gram, polar, polar_eigh, power_max_eig, relerr, svd, svd_eigh, temper_gram
 from .stiefel import Alignment, alignment_setup, alignment_value, solve_full, solve_reduced
 
 __all__ = ["COEC_DEFAULTS", "coec"]
@@ -62,6 +62,7 @@ COEC_DEFAULTS: dict = {
     "psd_clip": True,
     "temper_dtype": "float64",
     "left_polar": "auto",
+    "setup_svd": "auto",
     "cayley_inverse": "newton_schulz",
 }
 
@@ -191,6 +192,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     keep = keep.to(dev)
     lam_a = float(o["align_lambda"])
     left = o["left_polar"] if o["left_polar"] != "auto" else ("eigh" if dev.type == "cuda" else "svd")
+    factor = o["setup_svd"] if o["setup_svd"] != "auto" else ("eigh" if dev.type == "cuda" else "svd")
 
     # Line 1: temper the FULL (normalised) Gram, then slice. The slices are formed in the temper
     # dtype (float64 by default), which also serves the reported errors; the loop runs in cdt.
@@ -214,6 +216,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
         "device": str(dev),
         "options": {k: v for k, v in o.items() if k != "value_proj"},
         "left_polar_used": left,
+        "setup_svd_used": factor,
         "temper_negative_eigs": tinfo["n_negative"],
         "relerr_before": relerr(WK, Gxx0, Gyx0, c0),
         "relerr_tempered_before": relerr(WK, Gxx_t, Gyx_t, c),
@@ -224,7 +227,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     if lam_a > 0 or o["value_proj"] is not None:
         vp = o["value_proj"].to(dev, cdt) if o["value_proj"] is not None else None
         with span("coec.setup.align"):
-            al = alignment_setup(W0c, keep, vp, int(o["anchor_rank"]), o["align"], run.svd_fallbacks)
+            al = alignment_setup(W0c, keep, vp, int(o["anchor_rank"]), o["align"], run.svd_fallbacks, factor)
     al_obj = al if lam_a > 0 else None
 
     if c <= 0 or not math.isfinite(c):  # no output energy in this metric: nothing to fit
@@ -235,7 +238,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
 
     # Line 2: W^ = W_K as factors.
     with span("coec.setup.svd"):
-        U, S, Vt = svd(WK, run.svd_fallbacks)
+        U, S, Vt = (svd_eigh if factor == "eigh" else svd)(WK, run.svd_fallbacks)
     st = _frames(U, S, Vt, Gxx, Gyx)
     if al is not None:
         info["align_before"] = _align(st, al)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..profiling import span, traced
-from .linalg import ns_inverse, ns_polar, polar, svd
+from .linalg import ns_inverse, ns_polar, polar, top_singular_vectors
 
 __all__ = [
     "Alignment",
@@ -84,16 +84,19 @@ def alignment_setup(
     rank: int,
     kind: str = "projector",
     record: list | None = None,
+    factor: str = "svd",
 ) -> Alignment:
     """Build the anchor from the UNPRUNED weight W0 (d_out, d_in) and U_v from value_proj (k, d_model).
 
     anchor = orth(V_full[K, :]) with V_full the top-``rank`` right singular vectors of W0 (Sec. 4.5).
+    ``factor``: how the top singular vectors are found, "svd" or "eigh" (``top_singular_vectors``;
+    both penalties depend only on the two top-``rank`` subspaces).
     """
-    _, _, Vh = svd(W0, record)
-    Va = polar(Vh[:rank].mT[keep], record)  # (k, rp)
+    Vtop = top_singular_vectors(W0, rank, "right", factor, record)
+    Va = polar(Vtop[keep], record)  # (k, rp)
     Uv = C = None
     if value_proj is not None:
-        Uv = svd(value_proj.to(W0.dtype), record)[0][:, :rank]
+        Uv = top_singular_vectors(value_proj.to(W0.dtype), rank, "left", factor, record)
         B = Va.mT @ Uv
         C = B.mT @ B
     if kind == "projector" and Uv is None:
