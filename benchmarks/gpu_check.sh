@@ -5,8 +5,9 @@
 #
 #   OUT=benchmarks/results/gpu bash benchmarks/gpu_check.sh
 #
-# The step time limits add up to 10.5 min (the expected total is about 6), so give a device command 600 s; each step's output
-# is written as it goes, so a step cut short still leaves the earlier files. Writes to $OUT: gpu.txt (device, versions), tests.txt (CUDA-only tests), foundation.txt
+# The step time limits add up to 10.5 min (the expected total is about 6): give the device
+# command 600 s. Each step writes its output as it goes, so a step cut short leaves the earlier
+# files. Writes to $OUT: gpu.txt (device, versions), tests.txt (CUDA-only tests), foundation.txt
 # (calibration against its FLOP bound, perplexity overhead; Llama-3.1-8B shape, 4 layers, bf16),
 # breakdown.txt (seconds per COEC block at 8B shapes, 10 rounds), compensate_8b.{txt,json}
 # (RCPU and COEC per 8B module at the paper's 50 rounds), cayley_solve.txt (o_proj with the LU
