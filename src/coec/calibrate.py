@@ -58,8 +58,8 @@ class GramAccumulator:
     def update(self, x: torch.Tensor) -> None:
         """Add a batch of inputs ``x`` (..., d) to the statistics."""
         x = x.reshape(-1, x.shape[-1])
-        self.gram += gram_product(x).to(self.gram.dtype)
-        self.sum += x.sum(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32).to(self.sum.dtype)
+        self.gram.add_(gram_product(x))  # in place, promoted to the total's dtype
+        self.sum.add_(x.sum(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32))
         self.count += x.shape[0]
 
 
