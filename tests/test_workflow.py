@@ -74,7 +74,8 @@ def trimmed_run(tmp_path_factory):
     (work / "eval.txt").write_text(CORPUS[1000:4000])
     cfg = {
         "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32",
-                            "resources": {"compensate": {"gpu": 1, "mem_mb": 3000, "runtime": 7},
+                            "resources": {"compensate": {"gpu": 1, "mem_mb": 3000, "runtime": 7,
+                                                         "cpus_per_gpu": 3, "slurm_partition": "gpu"},
                                           "calibrate": {"gpu": 1, "mem_mb": 5000}}}},
         "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
                                "eval": str(work / "eval.txt")}},
@@ -127,8 +128,26 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
     assert len(comp) == 3 * 2  # COEC, bias and RCPU cells x two layers, one job each
     for _, res in comp:
         assert (res["gpu"], res["mem_mb"], res["runtime"]) == ("1", "3000", "7")
+        assert (res["cpus_per_gpu"], res["cpus_per_task"], res["slurm_partition"]) == ("3", "0", "gpu")
     calib = [res for r, _, res in slurm_jobs if r == "calibrate"]
     assert calib and all((c["gpu"], c["mem_mb"]) == ("1", "5000") for c in calib)
+    # the executor turns them into --cpus-per-gpu on GPU jobs, --cpus-per-task on CPU jobs
+    from snakemake_executor_plugin_slurm_jobstep import get_cpu_setting
+
+    class Res(dict):
+        __getattr__ = dict.__getitem__
+
+    def sbatch_cpus(res):
+        r = Res({k: int(v) if v.isdigit() else v for k, v in res.items()})
+        return get_cpu_setting(type("Job", (), {"threads": 1, "resources": r})(), r.get("gpu", 0) > 0)
+
+    assert sbatch_cpus(comp[0][1]) == "--cpus-per-gpu=3"
+    select = [res for r, _, res in slurm_jobs if r == "select"]
+    n_task = select[0]["cpus_per_task"]
+    assert select and sbatch_cpus(select[0]) == f"--cpus-per-task={n_task}"
+    assert select[0].get("slurm_partition", "") == ""  # not configured: the profile's default
+    # no cpus_per_gpu configured for calibrate: the GPU job asks for cpus_per_task CPUs per GPU
+    assert sbatch_cpus(calib[0]) == f"--cpus-per-gpu={n_task}"
     # every planned job is one the local run produced
     for rule, wc, _ in planned_jobs(plans["default"]):
         if rule == "compensate":

@@ -129,11 +129,36 @@ def res(rule_name, key, default=None):
     return get
 
 
+SLURM_STRING_RESOURCES = ("slurm_partition", "slurm_account", "gpu_model", "slurm_extra")
+
+
+def _configured(rule_name, key):
+    """Whether config.resources (default or the rule) or any model's resources set ``key``."""
+    levels = [config.get("resources", {}).get("default", {}), config.get("resources", {}).get(rule_name, {})]
+    levels += [(m or {}).get("resources", {}).get(rule_name, {}) for m in config.get("models", {}).values()]
+    return any(key in lvl for lvl in levels)
+
+
 def rule_resources(rule_name):
-    return dict(
-        gpu=res(rule_name, "gpu", 0),
-        mem_mb=res(rule_name, "mem_mb", 8000),
-        runtime=res(rule_name, "runtime", 60),
-        cpus_per_task=res(rule_name, "cpus_per_task", 1),
-        slurm_partition=res(rule_name, "slurm_partition", ""),
-    )
+    """Resources of a rule, per job from the config (``res``): gpu, mem_mb, runtime, and the CPUs
+    as ``cpus_per_gpu`` on GPU jobs (the config's ``cpus_per_gpu``, else its ``cpus_per_task``;
+    so they scale with a model's GPU count) or ``cpus_per_task`` on CPU jobs, the other one 0
+    (the SLURM executor lets a set ``cpus_per_task`` win over ``cpus_per_gpu``). The SLURM string
+    resources (partition, account, gpu_model, slurm_extra) are set only where the config gives them,
+    so the profile's ``default-resources`` apply otherwise."""
+    gpu = res(rule_name, "gpu", 0)
+    per_task = res(rule_name, "cpus_per_task", 1)
+    per_gpu = res(rule_name, "cpus_per_gpu", None)
+
+    def cpus_per_task(wc):
+        return 0 if gpu(wc) > 0 else per_task(wc)
+
+    def cpus_per_gpu(wc):
+        return (per_gpu(wc) or per_task(wc)) if gpu(wc) > 0 else 0
+
+    out = dict(gpu=gpu, mem_mb=res(rule_name, "mem_mb", 8000), runtime=res(rule_name, "runtime", 60),
+               cpus_per_task=cpus_per_task, cpus_per_gpu=cpus_per_gpu)
+    for key in SLURM_STRING_RESOURCES:
+        if _configured(rule_name, key):
+            out[key] = res(rule_name, key, "")
+    return out
