@@ -43,8 +43,13 @@ def gram_product(x: torch.Tensor) -> torch.Tensor:
     """
     if x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda":
         return torch.mm(x.mT, x, out_dtype=torch.float32)
-    work = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    work = x.to(_accumulation_dtype(x))
     return work.mT @ work
+
+
+def _accumulation_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 for float64 activations, float32 otherwise."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 class GramAccumulator:
@@ -59,7 +64,7 @@ class GramAccumulator:
         """Add a batch of inputs ``x`` (..., d) to the statistics."""
         x = x.reshape(-1, x.shape[-1])
         self.gram.add_(gram_product(x))  # in place, promoted to the total's dtype
-        self.sum.add_(x.sum(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32))
+        self.sum.add_(x.sum(0, dtype=_accumulation_dtype(x)))
         self.count += x.shape[0]
 
 

@@ -191,8 +191,9 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     run = _Run()
     keep = keep.to(dev)
     lam_a = float(o["align_lambda"])
-    left = o["left_polar"] if o["left_polar"] != "auto" else ("eigh" if dev.type == "cuda" else "svd")
-    factor = o["setup_svd"] if o["setup_svd"] != "auto" else ("eigh" if dev.type == "cuda" else "svd")
+    auto = "eigh" if dev.type == "cuda" else "svd"  # the "auto" factorisation of this device
+    left = auto if o["left_polar"] == "auto" else o["left_polar"]
+    factor = auto if o["setup_svd"] == "auto" else o["setup_svd"]
 
     # Line 1: temper the FULL (normalised) Gram, then slice. The slices are formed in the temper
     # dtype (float64 by default), which also serves the reported errors; the loop runs in cdt.

@@ -91,19 +91,27 @@ def _ns_orthonormalize(P: torch.Tensor, max_refine: int) -> tuple[torch.Tensor, 
     return P, err
 
 
-def _gram_eigh(A64: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Descending eigenpairs (w (n,), V (n, n)) of ``A^T A`` for A (m, n) float64, or None when
-    the spectrum is not resolved (``w_min <= floor * eps64 * w_max``, or non-finite)."""
+def _svd_by_gram_eigh(A64: torch.Tensor, floor: float, max_refine: int):
+    """Thin SVD factors of a tall float64 A (m, n), m >= n, from an eigh of ``A^T A``: descending
+    ``S``, ``V`` (n, n) from the eigenpairs and ``U = A V / S`` made orthonormal by Newton–Schulz
+    steps. Returns (U, S, V, orthonormality error of U), or None when the spectrum is not resolved
+    (``lambda_min <= floor * eps64 * lambda_max``, or non-finite)."""
     w, V = torch.linalg.eigh(A64.mT @ A64)
     wmax = float(w[-1]) if w.numel() else 0.0
     if not (wmax > 0 and math.isfinite(wmax)) or float(w[0]) <= floor * torch.finfo(torch.float64).eps * wmax:
         return None
-    return w.flip(0), V.flip(1)
+    S, V = w.flip(0).sqrt(), V.flip(1)
+    U, err = _ns_orthonormalize((A64 @ V) / S, max_refine)
+    return U, S, V, err
+
+
+def _orthonormal_enough(err: float, dtype) -> bool:
+    return err < (1e-10 if dtype == torch.float64 else 1e-5)
 
 
 def polar_eigh(A: torch.Tensor, record: list | None = None, floor: float = 16.0, max_refine: int = 3) -> torch.Tensor:
-    """Polar factor of a tall A (m, n), m >= n, as ``A (A^T A)^{-1/2}`` via a float64 eigh of the
-    (n, n) Gram, refined by Newton–Schulz steps ``P <- P (3I - P^T P) / 2`` until orthonormal to
+    """Polar factor of a tall A (m, n), m >= n, as ``U V^T`` from the eigh-based thin SVD of
+    ``svd_eigh`` (``= A (A^T A)^{-1/2}``), whose Newton–Schulz refinement makes it orthonormal to
     1e-12 (at most ``max_refine`` steps; the refinement only fixes orthonormality, the objective
     ``<P, A>`` is already within ~1e-11 of the SVD polar's).
 
@@ -117,13 +125,9 @@ def polar_eigh(A: torch.Tensor, record: list | None = None, floor: float = 16.0,
     """
     if A.shape[0] < A.shape[1]:
         return polar(A, record)
-    A64 = A.to(torch.float64)
-    eig = _gram_eigh(A64, floor)
-    if eig is not None:
-        w, V = eig
-        P, err = _ns_orthonormalize(A64 @ ((V * w.rsqrt()) @ V.mT), max_refine)
-        if err < (1e-10 if A.dtype == torch.float64 else 1e-5):
-            return P.to(A.dtype)
+    f = _svd_by_gram_eigh(A.to(torch.float64), floor, max_refine)
+    if f is not None and _orthonormal_enough(f[3], A.dtype):
+        return (f[0] @ f[2].mT).to(A.dtype)
     if record is not None:
         record.append("polar_eigh->svd")
     return polar(A, record)
@@ -140,16 +144,10 @@ def svd_eigh(A: torch.Tensor, record: list | None = None, floor: float = 16.0,
     dtype as ``svd``; S descending.
     """
     m, n = A.shape
-    At = A.mT if m < n else A  # tall
-    A64 = At.to(torch.float64)
-    eig = _gram_eigh(A64, floor)
-    if eig is not None:
-        w, V = eig
-        S = w.sqrt()
-        U, err = _ns_orthonormalize((A64 @ V) / S, max_refine)
-        if err < (1e-10 if A.dtype == torch.float64 else 1e-5):
-            U, S, V = (t.to(A.dtype) for t in (U, S, V))
-            return (V, S, U.mT) if m < n else (U, S, V.mT)
+    f = _svd_by_gram_eigh((A.mT if m < n else A).to(torch.float64), floor, max_refine)
+    if f is not None and _orthonormal_enough(f[3], A.dtype):
+        U, S, V = (t.to(A.dtype) for t in f[:3])
+        return (V, S, U.mT) if m < n else (U, S, V.mT)
     if record is not None:
         record.append("svd_eigh->svd")
     return svd(A, record)
