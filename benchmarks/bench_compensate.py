@@ -33,7 +33,7 @@ import torch
 
 from coec.compensate import compensate
 from coec.compensate.linalg import relerr_with_bias
-from coec.profiling import span_totals
+from coec.profiling import device_sync, gemm_rate, span_totals
 
 # name: (module, d_out, d_in, k, extra)   extra: for o_proj (n_heads, n_kv, head_dim, d_model)
 SHAPES = {
@@ -132,24 +132,6 @@ def heldout_relerr(out, W0, test, keep, n_test):
                             mean_test.to(torch.float64), keep)
 
 
-def matmul_rate(device, dtype, n=2048):
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    a @ b
-    _sync(device)
-    reps = 3 if device.type == "cpu" else 20
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    _sync(device)
-    return 2 * n**3 * reps / (time.perf_counter() - t)
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_iters=4):
     """Matmul FLOP model of one COEC round (default options) and of the one-off setup.
 
@@ -179,10 +161,10 @@ def factor_times(device, n0=None):
     for name, f in (("polar", lambda: pol(A)), ("eigh64", lambda: torch.linalg.eigh(G)),
                     ("svd", lambda: torch.linalg.svd(A, full_matrices=False))):
         f()
-        _sync(device)
+        device_sync(device)
         t = time.perf_counter()
         f()
-        _sync(device)
+        device_sync(device)
         out[name] = time.perf_counter() - t
     return out, n0
 
@@ -293,7 +275,7 @@ def main(argv=None):
             DEFAULT_TOKENS[f"w{w}"] = 4096
     methods = [m for m in a.methods.split(",") if m]
     cdt = a.compute_dtype  # None: the library default (float32 for coec)
-    rate = matmul_rate(device, getattr(torch, cdt or "float32"))
+    rate = gemm_rate(2048, 2048, 2048, getattr(torch, cdt or "float32"), device)
     print(f"device={device} compute_dtype={cdt or 'default'} threads={torch.get_num_threads()} "
           f"matmul={rate / 1e9:.1f} GFLOP/s ({cdt or 'float32'})")
     rows = []
@@ -310,7 +292,7 @@ def main(argv=None):
             t = time.perf_counter()
             W0, G, mean, keep, vp, test = synth_problem(module, d_out, d_in, k, extra, n_tok, a.seed, device,
                                                         n_test=a.test_tokens)
-            _sync(device)
+            device_sync(device)
             print(f"[{name}] d_out={d_out} d_in={d_in} k={k} tokens={n_tok} (synth {time.perf_counter() - t:.1f}s)", flush=True)
             for method in methods:
                 opts = {"compute_dtype": cdt} if cdt else {}
@@ -325,11 +307,11 @@ def main(argv=None):
                         opts.update(align_lambda=a.align_lambda, value_proj=vp)
                     if a.coec_opts:
                         opts.update(json.loads(a.coec_opts))
-                _sync(device)
+                device_sync(device)
                 t = time.perf_counter()
                 with block_profiler(device, a.breakdown and method == "coec") as prof:
                     out = compensate(W0, G, mean, keep, method, **opts)
-                    _sync(device)
+                    device_sync(device)
                 sec = time.perf_counter() - t
                 i = out.info
                 row = {

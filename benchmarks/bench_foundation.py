@@ -20,6 +20,7 @@ import torch
 from coec.calibrate import gram_product, run_layerwise
 from coec.evaluate.ppl import perplexity
 from coec.models import load_model, resolve_device
+from coec.profiling import device_sync, gemm_rate
 
 
 def timed(fn, repeat=1):
@@ -44,23 +45,6 @@ def calibration_flops(cfg, seqlen: int) -> tuple[float, float]:
     linear = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * ff
     attn = 2 * 2 * h * hd * (seqlen + 1) / 2
     return 2 * linear + attn, 2 * (h * hd) ** 2 + 2 * ff**2
-
-
-def gemm_rate(m: int, k: int, n: int, dtype, device, sync) -> float:
-    """FLOP/s of an (m, k) x (k, n) GEMM in ``dtype`` on ``device`` (best of a few)."""
-    a = torch.randn(m, k, device=device).to(dtype)
-    b = torch.randn(k, n, device=device).to(dtype)
-    a @ b
-    sync()
-    reps = 3 if device.type == "cpu" else 20
-    best = float("inf")
-    for _ in range(2):
-        t = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        sync()
-        best = min(best, (time.perf_counter() - t) / reps)
-    return 2.0 * m * k * n / best
 
 
 def random_model(arch: str, layers: int | None, dtype: str, device):
@@ -104,7 +88,8 @@ def main():
         model, _ = load_model(a.model, dtype=a.dtype, device=dev)
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (a.nseq, a.seqlen), generator=torch.Generator().manual_seed(0))
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    def sync():
+        device_sync(dev)
 
     @torch.no_grad()
     def plain_forward():
@@ -145,7 +130,7 @@ def main():
     tokens = a.nseq * a.seqlen
     f_fwd, f_gram = calibration_flops(cfg, a.seqlen)
     flops = tokens * cfg.num_hidden_layers * (f_fwd + f_gram)
-    rate = gemm_rate(n_tok, cfg.hidden_size, cfg.intermediate_size, model.dtype, dev, sync)
+    rate = gemm_rate(n_tok, cfg.hidden_size, cfg.intermediate_size, model.dtype, dev)
     bound = flops / rate
     print(f"model {a.model} dtype {a.dtype} device {dev} tokens {tokens} "
           f"({a.nseq}x{a.seqlen}, batch {a.batch}), threads {torch.get_num_threads()}")

@@ -1,4 +1,4 @@
-"""Named profiler ranges for the hot blocks, and their per-block totals.
+"""Named profiler ranges for the hot blocks, their per-block totals, and the device's GEMM rate.
 
 The library marks its blocks with ``span("coec.left")`` / ``@traced("coec.rescale")``
 (``torch.profiler.record_function``: near-zero cost when no profiler is running). A benchmark runs
@@ -12,10 +12,12 @@ a call under ``torch.profiler.profile`` and reads the totals with ``span_totals`
 from __future__ import annotations
 
 import functools
+import time
 
+import torch
 from torch.profiler import record_function as span
 
-__all__ = ["span", "traced", "span_totals"]
+__all__ = ["span", "traced", "span_totals", "device_sync", "gemm_rate"]
 
 
 def traced(name: str):
@@ -48,3 +50,27 @@ def span_totals(prof, prefix: str = "coec.") -> list[dict]:
         dev = getattr(ev, "device_time_total", 0.0) or 0.0
         rows.append({"name": ev.key, "calls": int(ev.count), "cpu_s": ev.cpu_time_total / 1e6, "device_s": dev / 1e6})
     return sorted(rows, key=lambda r: r["name"])
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); no-op elsewhere."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gemm_rate(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device) -> float:
+    """FLOP/s of an (m, k) x (k, n) GEMM in ``dtype`` on ``device``: best of two timed batches
+    (3 products on a CPU, 20 on a GPU) after one warm-up product."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    a @ b
+    device_sync(device)
+    reps = 3 if device.type == "cpu" else 20
+    best = float("inf")
+    for _ in range(2):
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        device_sync(device)
+        best = min(best, (time.perf_counter() - t) / reps)
+    return 2.0 * m * k * n / best
