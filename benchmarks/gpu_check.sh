@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# The prepared GPU check: every figure the README's GPU rows need, in one command (about 6 min on
+# The prepared GPU check: every figure the README's GPU rows need, in one command (about 7 min on
 # one H200 when warm). Needs torch (CUDA), transformers, safetensors, tqdm, pytest; runs from the
 # repository root on the source tree (no install).
 #
 #   OUT=benchmarks/results/gpu bash benchmarks/gpu_check.sh
 #
-# The step time limits add up to 10.5 min (the expected total is about 6): give the device
+# The step time limits add up to 13 min (the expected total is about 7): give the device
 # command 600 s. Each step writes its output as it goes, so a step cut short leaves the earlier
 # files. Writes to $OUT: gpu.txt (device, versions), tests.txt (CUDA-only tests), foundation.txt
 # (calibration against its FLOP bound, perplexity overhead; Llama-3.1-8B shape, 4 layers, bf16),
-# breakdown.txt (seconds per COEC block at 8B shapes, 10 rounds), compensate_8b.{txt,json}
-# (RCPU and COEC per 8B module at the paper's 50 rounds), cayley_solve.txt (o_proj with the LU
-# Cayley inverse).
+# breakdown.txt (seconds per COEC block at 8B shapes, 5 rounds), left_polar.txt (SVD / eigh /
+# Newton left polar timed on the 8B left-rotation matrices), compensate_8b.{txt,json} (RCPU and
+# COEC per 8B module at the paper's 50 rounds), newton_8b.txt (COEC with left_polar: newton),
+# cayley_solve.txt (o_proj with the LU Cayley inverse).
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
@@ -33,13 +34,21 @@ step "calibration and perplexity (8B shape, 4 layers, bf16)"
 timeout 150 $py benchmarks/bench_foundation.py --random-arch Llama-3.1-8B --layers 4 --dtype bfloat16 \
     --device cuda --nseq 16 --seqlen 2048 --batch 8 2>&1 | grep -v "it/s" | tee "$OUT/foundation.txt"
 
-step "COEC per-block breakdown (8B shapes, 10 rounds)"
-timeout 150 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --max-rounds 10 \
+step "COEC per-block breakdown (8B shapes, 5 rounds)"
+timeout 120 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --max-rounds 5 \
     --breakdown --test-tokens 0 2>&1 | tee "$OUT/breakdown.txt"
+
+step "left polar methods on the 8B left-rotation matrices"
+timeout 90 $py benchmarks/left_polar.py --device cuda --shapes 8b --max-rounds 1 --polar newton --time 3 \
+    2>&1 | tee "$OUT/left_polar.txt"
 
 step "RCPU and COEC per 8B module (50 rounds)"
 timeout 180 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods rcpu,coec \
     --json "$OUT/compensate_8b.json" 2>&1 | tee "$OUT/compensate_8b.txt"
+
+step "COEC per 8B module with the Newton left polar (50 rounds)"
+timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
+    --coec-opts '{"left_polar": "newton"}' 2>&1 | tee "$OUT/newton_8b.txt"
 
 step "o_proj with the LU Cayley inverse (50 rounds)"
 timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules o_proj --methods coec \

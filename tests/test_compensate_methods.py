@@ -226,6 +226,17 @@ def test_coec_option_variants(rescale, tol_mode):
         assert out.info["gcv_lambdas"] == []
 
 
+@pytest.mark.parametrize("d_out", [24, 12])  # r = d_out: square A; r = k < d_out: tall A
+def test_left_polar_newton_matches_svd(d_out):
+    W0, G, mean, keep, _ = make_problem(d_out, 40, 20 if d_out == 24 else 10, 300, seed=1)
+    a = compensate(W0, G, mean, keep, "coec", left_polar="svd", max_rounds=10, **F64)
+    b = compensate(W0, G, mean, keep, "coec", left_polar="newton", max_rounds=10, **F64)
+    assert b.info["left_polar_used"] == "newton" and b.info["svd_fallbacks"] == []
+    assert b.info["rounds"] == a.info["rounds"]
+    assert b.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=1e-6)
+    assert torch.allclose(b.weight, a.weight, atol=1e-6 * float(a.weight.abs().max()))
+
+
 def test_left_polar_eigh_matches_svd():
     W0, G, mean, keep, _ = make_problem(24, 40, 20, 300, seed=1)
     a = compensate(W0, G, mean, keep, "coec", left_polar="svd", max_rounds=10, **F64)
@@ -239,11 +250,13 @@ def test_left_polar_eigh_matches_svd():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("method", ["bias", "lstsq", "rcpu", "coec"])
+@pytest.mark.parametrize("method", ["bias", "lstsq", "rcpu", "coec", "coec-newton"])
 def test_cuda_matches_cpu(method):
-    """The device path (eigh left polar, CUDA kernels) reaches the CPU float64 error to 1e-4."""
+    """The device path (eigh or Newton left polar, CUDA kernels) reaches the CPU float64 error to 1e-4."""
     W0, G, mean, keep, _ = make_problem(64, 96, 60, 800, seed=7)
-    opts = {"max_rounds": 10} if method == "coec" else {}
+    opts = {"max_rounds": 10} if method.startswith("coec") else {}
+    if method == "coec-newton":
+        method, opts["left_polar"] = "coec", "newton"
     cpu = compensate(W0, G, mean, keep, method, **F64, **opts)
     gpu = compensate(W0, G, mean, keep, method, device="cuda", **opts)
     assert gpu.info["relerr_after"] == pytest.approx(cpu.info["relerr_after"], rel=1e-4, abs=1e-7)

@@ -55,7 +55,10 @@ left_polar         "auto"         polar factor of the left rotation: "svd" (pape
                                   "eigh" (float64 eigh of A^T A, Newton–Schulz-refined until
                                   orthonormal; SVD fallback, recorded in svd_fallbacks, when
                                   the spectrum is unresolved, cond(A) > ~2e7; 10x faster on GPU
-                                  at 4096) | "auto" = eigh on CUDA, svd on CPU
+                                  at 4096) | "newton" (scaled Newton iteration on the QR
+                                  factor, float64 LU inverses, refined; no A^T A, so no
+                                  conditioning limit short of singular A) | "auto" = eigh on
+                                  CUDA, svd on CPU
 setup_svd          "auto"         the one-off factorisations: thin SVD of W_K and the anchor's
                                   and U_v's top-r_p frames: "svd" | "eigh" (float64 eigh of
                                   the smaller Gram, refined; SVD fallback as left_polar) |
@@ -195,7 +198,7 @@ def _validate_coec(o: dict, k: int, d_out: int):
     if not isinstance(o["psd_clip"], bool):
         _fail(f"option psd_clip must be a bool, got {o['psd_clip']!r}")
     _dtype_opt("temper_dtype", o["temper_dtype"], allow_none=False)
-    _choice("left_polar", o["left_polar"], ("auto", "svd", "eigh"))
+    _choice("left_polar", o["left_polar"], ("auto", "svd", "eigh", "newton"))
     _choice("setup_svd", o["setup_svd"], ("auto", "svd", "eigh"))
     _choice("cayley_inverse", o["cayley_inverse"], ("newton_schulz", "solve"))
     g = o["gcv_grid"]

@@ -5,7 +5,7 @@ so that no block of a round needs a fresh SVD of W:
 
 * left rotation (Sec. 4.1): ``Q_l = polar(Gyx W^T)``; only ``Q_l U = polar(Gyx Vt^T S)`` matters
   (any completion of a rank-deficient polar factor acts the same on W), a thin (d_out, r) polar
-  (SVD, or float64 eigh of the r x r Gram on CUDA: option left_polar), and the new factors
+  (SVD; float64 eigh of the r x r Gram on CUDA; or scaled Newton: option left_polar), and the new factors
   are ``(Q_l U, S, Vt)``;
 * right rotation (Sec. 4.2): ``W Q_r = U S R``, new factors ``(U, s S, R)``;
 * rescale (Sec. 4.3): new singular values for fixed frames (re-sorted).
@@ -35,7 +35,7 @@ import torch
 
 from ..profiling import span, traced
 from . import gcv as _gcv
-from .linalg import normalize_gram, polar, polar_eigh, power_max_eig, relerr, svd, svd_eigh, temper_gram
+from .linalg import normalize_gram, polar, polar_eigh, polar_newton, power_max_eig, relerr, svd, svd_eigh, temper_gram
 from .stiefel import Alignment, alignment_setup, alignment_value, solve_full, solve_reduced
 
 __all__ = ["COEC_DEFAULTS", "coec"]
@@ -157,7 +157,7 @@ def _rescale(st: _State, o: dict, run: _Run, objective) -> _State:
 def _left(st: _State, run: _Run, method: str = "svd") -> _State:
     """Left rotation (Sec. 4.1): ``Q_l U = polar(Gyx Vt^T diag(S))``."""
     A = st.GyxV * st.S
-    U = polar_eigh(A, run.svd_fallbacks) if method == "eigh" else polar(A, run.svd_fallbacks)
+    U = {"eigh": polar_eigh, "newton": polar_newton}.get(method, polar)(A, run.svd_fallbacks)
     return _State(U=U, S=st.S, Vt=st.Vt, GyxV=st.GyxV, RG=st.RG, e=st.e)
 
 

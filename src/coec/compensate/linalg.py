@@ -16,6 +16,7 @@ __all__ = [
     "svd",
     "polar",
     "polar_eigh",
+    "polar_newton",
     "svd_eigh",
     "top_singular_vectors",
     "ns_inverse",
@@ -130,6 +131,54 @@ def polar_eigh(A: torch.Tensor, record: list | None = None, floor: float = 16.0,
         return (f[0] @ f[2].mT).to(A.dtype)
     if record is not None:
         record.append("polar_eigh->svd")
+    return polar(A, record)
+
+
+def polar_newton(A: torch.Tensor, record: list | None = None, max_iter: int = 30, tol: float = 1e-7,
+                 max_refine: int = 3) -> torch.Tensor:
+    """Polar factor of A (m, n) by the scaled Newton iteration (Higham 2008, Alg. 8.20), in float64.
+
+    Tall A (m > n) is first reduced by a thin QR, ``A = Q R``, ``polar(A) = Q polar(R)``; a wide A
+    is transposed. On the square factor X_0 = R: ``X_{k+1} = (mu_k X_k + X_k^{-T} / mu_k) / 2`` with
+    the (1, inf)-norm scaling ``mu_k = (||X^-1||_1 ||X^-1||_inf / (||X||_1 ||X||_inf))^{1/4}`` until
+    the relative step ``||X_{k+1} - X_k||_F / ||X_{k+1}||_F`` drops below 1e-2, unscaled after that;
+    stops below ``tol`` (quadratic convergence: the iterate is then ~tol^2 from the polar factor,
+    whose Newton–Schulz refinement, as in ``polar_eigh``, makes it orthonormal to 1e-12). Every
+    iterate has the polar factor of A in exact arithmetic, so nothing is lost by the refinement.
+
+    Each step is one LU inverse of an n x n matrix (a GEMM-rich, GPU-friendly kernel; 6-9 steps
+    for cond(A) up to 1e12). Unlike ``polar_eigh`` it never forms A^T A, so the condition number
+    is not squared: cond(A) far beyond the eigh path's ~2e7 stays on this path. A singular or
+    non-convergent A falls back to ``polar`` (SVD chain), appending ``"polar_newton->svd"`` to
+    ``record``. Returns (m, n) in A's dtype.
+    """
+    m, n = A.shape
+    if m < n:
+        return polar_newton(A.mT, record, max_iter, tol, max_refine).mT
+    A64 = A.to(torch.float64)
+    Q, X = torch.linalg.qr(A64) if m > n else (None, A64)
+    norms = lambda M: float(torch.linalg.matrix_norm(M, 1) * torch.linalg.matrix_norm(M, float("inf")))  # noqa: E731
+    converged, scaled = False, True
+    for _ in range(max_iter):
+        Xi, info = torch.linalg.inv_ex(X)
+        if int(info) != 0 or not _finite(Xi):
+            break
+        mu = (norms(Xi) / norms(X)) ** 0.25 if scaled else 1.0
+        if not (mu > 0 and math.isfinite(mu)):
+            break
+        Xn = 0.5 * (mu * X + Xi.mT / mu)
+        step = float(torch.linalg.matrix_norm(Xn - X) / torch.linalg.matrix_norm(Xn))
+        X = Xn
+        scaled = scaled and step >= 1e-2
+        if step < tol:
+            converged = True
+            break
+    if converged:
+        P, err = _ns_orthonormalize(X if Q is None else Q @ X, max_refine)
+        if _orthonormal_enough(err, A.dtype):
+            return P.to(A.dtype)
+    if record is not None:
+        record.append("polar_newton->svd")
     return polar(A, record)
 
 
