@@ -8,6 +8,7 @@ Prints:
 - calibration time / its FLOP bound: the decoder's forward FLOPs plus the Gram FLOPs, all at the
   GEMM rate measured in the model dtype on this device in the same run           (goal <= 1.25)
 - perplexity time / plain forward (logits only) over the same windows                (goal <= 1.1)
+- on CUDA, the peak device memory of both (what the chunked float32 loss adds to the forward)
 """
 
 from __future__ import annotations
@@ -94,13 +95,13 @@ def main():
     @torch.no_grad()
     def plain_forward():
         for i in range(0, a.nseq, a.batch):
-            model.model(input_ids=ids[i:i + a.batch].to(dev))  # decoder only, no lm_head
+            model.model(input_ids=ids[i:i + a.batch].to(dev), use_cache=False)  # decoder only, no lm_head
         sync()
 
     @torch.no_grad()
     def plain_logits():
         for i in range(0, a.nseq, a.batch):
-            model(input_ids=ids[i:i + a.batch].to(dev)).logits
+            model(input_ids=ids[i:i + a.batch].to(dev), use_cache=False).logits
         sync()
 
     n_tok = a.batch * a.seqlen
@@ -145,6 +146,13 @@ def main():
           f"{t_gram * (f_fwd + f_gram) / (f_gram * bound):.2f}x theirs")
     print(f"plain forward + logits    {t_log:8.2f} s")
     print(f"perplexity                {t_ppl:8.2f} s  ratio {t_ppl / t_log:.3f} (goal <= 1.1)")
+    if dev.type == "cuda":  # what the loss adds on top of the forward (chunked float32 loss)
+        peaks = {}
+        for name, fn in (("plain forward + logits", plain_logits), ("perplexity", ppl)):
+            torch.cuda.reset_peak_memory_stats(dev)
+            fn()
+            peaks[name] = torch.cuda.max_memory_allocated(dev) / 2**30
+        print("peak device memory        " + ", ".join(f"{k} {v:.2f} GiB" for k, v in peaks.items()))
 
 
 if __name__ == "__main__":

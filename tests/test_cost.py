@@ -167,3 +167,15 @@ def test_memory_plan_matches_meta_shapes():
     # a 70B calibration job holds one layer's Grams, never all of them
     assert big["calib_peak_gb"] < big["gram_total_gb"] / 10
     assert 15 < big["comp_down_peak_gb"] < 40
+    # a perplexity batch: bf16 logits of every position + one float32 loss chunk (the default of
+    # evaluate.ppl), by the meta model's vocabulary; a whole-window float32 loss would add 2x more
+    import inspect
+
+    from coec.evaluate.ppl import LOSS_CHUNK_TOKENS
+
+    assert inspect.signature(memory_plan).parameters["loss_chunk"].default == LOSS_CHUNK_TOKENS
+    V, T = m.lm_head.out_features, 4096
+    act = T * (3 * d_ff + 2 * layer.mlp.gate_proj.in_features) * 2
+    assert plan["ppl_batch_gb"] * 2**30 == act + T * V * 2 + 2 * LOSS_CHUNK_TOKENS * V * 4
+    whole = memory_plan(PUBLISHED_ARCHS["Llama-3.1-8B"], loss_chunk=T)
+    assert whole["ppl_batch_gb"] - plan["ppl_batch_gb"] == pytest.approx(2 * (T - LOSS_CHUNK_TOKENS) * V * 4 / 2**30)

@@ -9,7 +9,7 @@ import torch
 
 from coec.calibrate import GramAccumulator, NonFiniteActivations, gram_product, run_layerwise
 from coec.data import eval_windows, sample_windows
-from coec.evaluate.ppl import perplexity
+from coec.evaluate.ppl import perplexity, summed_nll
 from coec.models import AttnGeometry, ModelError, attention_geometry, check_family, load_model
 from coec.prune import prepare_for_save_, prune_model_, set_output_weights_
 from coec.select import (channel_variance, column_scores, group_scores, head_indices, n_keep,
@@ -234,6 +234,37 @@ def test_perplexity_hand_computed(llama_dir):
     assert res["tokens_scored"] == n == 45
     assert math.isclose(res["ppl"], math.exp(nll / n), rel_tol=1e-9)
     assert eval_windows(tokens, 16, 2).shape == (2, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_summed_nll_is_chunked_and_exact(dtype, monkeypatch):
+    """The loss sees at most chunk_tokens positions at a time, in float32, and sums to the
+    whole-block cross-entropy of the same (upcast) logits."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    b, T, V = 3, 11, 37
+    logits = (3 * torch.randn(b, T, V, generator=g, dtype=torch.float64)).to(dtype)
+    ids = torch.randint(0, V, (b, T), generator=g)
+    ref = F.cross_entropy(logits[:, :-1].double().reshape(-1, V), ids[:, 1:].reshape(-1), reduction="sum")
+    seen = []
+    ce = F.cross_entropy
+
+    def spy(x, y, **kw):
+        seen.append((x.shape[0], x.dtype))
+        return ce(x, y, **kw)
+
+    monkeypatch.setattr(F, "cross_entropy", spy)
+    for chunk in (1, 4, 10, 1024):
+        seen.clear()
+        got = summed_nll(logits, ids, chunk_tokens=chunk)
+        assert got.dtype == torch.float64
+        assert float(got) == pytest.approx(float(ref), rel=1e-6 if dtype == torch.bfloat16 else 1e-12)
+        assert sum(n for n, _ in seen) == b * (T - 1)
+        assert max(n for n, _ in seen) == min(chunk, T - 1)
+        assert {dt for _, dt in seen} == {torch.float32 if dtype == torch.bfloat16 else torch.float64}
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        summed_nll(logits, ids, chunk_tokens=0)
 
 
 def test_sample_windows_deterministic():

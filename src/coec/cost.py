@@ -302,7 +302,8 @@ def cost_table(archs: Mapping[str, Any], ratio: float, group_rounding: str = "ce
 
 
 def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: int = 2048,
-                act_bytes: int = 2, gram_bytes: int = 4) -> dict[str, float]:
+                act_bytes: int = 2, gram_bytes: int = 4, ppl_seqlen: int = 4096, ppl_batch: int = 1,
+                loss_chunk: int = 1024) -> dict[str, float]:
     """Memory of each workflow stage for one model, in GiB (2^30 bytes).
 
     - ``gram_layer_gb`` / ``gram_total_gb``: stored Grams of one layer / all layers (o_proj input
@@ -314,6 +315,13 @@ def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: in
       as the worst case) and one batch's MLP activations; never all layers' Grams.
     - ``comp_down_peak_gb``: compensating one down_proj: the fp64 eigh of the full Gram (G,
       eigenvectors, one work copy), Gxx / the tempered slice in fp32, W0, W and R in fp32.
+    - ``weights_bf16_gb``: the dense model in bf16 (evaluation; spread over the GPUs with
+      ``device_map``).
+    - ``ppl_batch_gb``: what one perplexity batch adds to the weights (on the last GPU under
+      ``device_map``): one decoder layer's activations (as ``peak_memory_gb``; no KV cache, the
+      forward runs with ``use_cache=False``), the bf16 logits of every position
+      (``ppl_batch x ppl_seqlen x vocab``) and the float32 loss chunk (upcast + log-softmax of
+      ``loss_chunk`` positions, ``evaluate.ppl.LOSS_CHUNK_TOKENS``).
     """
     d = _dims(_as_dict(config))
     h, L, ff = d["hidden"], d["layers"], d["ffn"]
@@ -334,4 +342,6 @@ def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: in
         "comp_down_peak_gb": (3 * ff * ff * 8 + 2 * k_ff * k_ff * 4 + 2 * h * ff * 4
                               + 2 * min(h, k_ff) * k_ff * 4) / GiB,
         "weights_bf16_gb": count_params(config) * 2 / GiB,
+        "ppl_batch_gb": (ppl_batch * ppl_seqlen * ((3 * ff + 2 * h) * act_bytes + d["vocab"] * act_bytes)
+                         + 2 * min(loss_chunk, ppl_seqlen) * d["vocab"] * 4) / GiB,
     }

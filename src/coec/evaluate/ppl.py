@@ -14,6 +14,34 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 
+#: Positions per float32 loss chunk: the loss adds ``2 x LOSS_CHUNK_TOKENS x vocab x 4`` bytes to
+#: the forward's peak (1 GiB at a 128k vocabulary), whatever the batch and window length.
+LOSS_CHUNK_TOKENS = 1024
+
+
+def summed_nll(logits: torch.Tensor, ids: torch.Tensor, chunk_tokens: int = LOSS_CHUNK_TOKENS) -> torch.Tensor:
+    """Summed next-token NLL (float64 scalar tensor on the logits' device) of ``ids`` (b, T) under
+    ``logits`` (b, T, V), position t predicting token t + 1 (b (T - 1) predictions).
+
+    Computed in chunks of at most ``chunk_tokens`` positions of one row: a 16-bit model's
+    logits are upcast one chunk at a time (no float32 copy of the whole (b, T, V) block, and the
+    log-softmax inside the loss is chunk-sized too); float32/64 logits are used as they are. Rows
+    of a contiguous block are contiguous, so the chunks are views until the upcast.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    total = torch.zeros((), dtype=torch.float64, device=logits.device)
+    T = ids.shape[1]
+    for i in range(ids.shape[0]):
+        for s in range(0, T - 1, chunk_tokens):
+            e = min(s + chunk_tokens, T - 1)
+            x = logits[i, s:e]
+            x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+            nll = F.cross_entropy(x, ids[i, s + 1:e + 1], reduction="sum")
+            total += nll.double()
+    return total
+
+
 @torch.no_grad()
 def window_nll(model, windows: torch.Tensor, batch_size: int = 4, device=None,
                progress: bool = True) -> tuple[float, int]:
@@ -24,16 +52,12 @@ def window_nll(model, windows: torch.Tensor, batch_size: int = 4, device=None,
     starts = range(0, windows.shape[0], batch_size)
     for s in tqdm(starts, desc="perplexity", unit="batch", disable=not progress):
         ids = windows[s:s + batch_size].to(device)
-        logits = model(input_ids=ids).logits  # (b, T, V); position t predicts token t + 1
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
-        labels = torch.roll(ids, -1, dims=1)
-        labels[:, -1] = -100  # the last position predicts nothing: no sliced copy of the logits
-        nll = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
-                              reduction="sum", ignore_index=-100)
-        if not torch.isfinite(nll):
+        logits = model(input_ids=ids, use_cache=False).logits  # (b, T, V); position t predicts t + 1
+        nll = float(summed_nll(logits, ids.to(logits.device)))
+        del logits
+        if not math.isfinite(nll):
             raise FloatingPointError(f"non-finite NLL in perplexity batch starting at window {s}")
-        total += float(nll.double())
+        total += nll
         count += ids[:, 1:].numel()
     return total, count
 
