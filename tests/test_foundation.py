@@ -236,6 +236,33 @@ def test_perplexity_hand_computed(llama_dir):
     assert eval_windows(tokens, 16, 2).shape == (2, 16)
 
 
+def test_perplexity_runs_without_a_kv_cache(llama_dir):
+    """HF models are scored with use_cache=False; a bare module without a config gets no flag."""
+    from types import SimpleNamespace
+
+    model, _ = load_model(llama_dir, dtype="float64")
+    seen, forward = [], model.forward
+
+    def spy(*a, **kw):
+        seen.append(kw.get("use_cache", "absent"))
+        return forward(*a, **kw)
+
+    model.forward = spy
+    windows = eval_windows(torch.arange(40) % 300, 8, None)
+    ref = perplexity(model, windows, batch_size=2, progress=False)
+    assert seen == [False] * 3
+
+    class Bare(torch.nn.Module):  # logits of the wrapped model, forward(input_ids) only
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids):
+            return SimpleNamespace(logits=forward(input_ids=input_ids).logits)
+
+    assert perplexity(Bare(), windows, batch_size=2, progress=False)["ppl"] == pytest.approx(ref["ppl"], rel=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_summed_nll_is_chunked_and_exact(dtype, monkeypatch):
     """The loss sees at most chunk_tokens positions at a time, in float32, and sums to the

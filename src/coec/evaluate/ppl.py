@@ -48,11 +48,13 @@ def window_nll(model, windows: torch.Tensor, batch_size: int = 4, device=None,
     """Summed next-token NLL (float64) and number of predicted tokens over ``windows``
     (n, seqlen) of token ids."""
     device = device or next(model.parameters()).device
+    # no KV cache for a scoring pass (HF models, whose config knows the flag)
+    no_cache = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
     total, count = 0.0, 0
     starts = range(0, windows.shape[0], batch_size)
     for s in tqdm(starts, desc="perplexity", unit="batch", disable=not progress):
         ids = windows[s:s + batch_size].to(device)
-        logits = model(input_ids=ids, use_cache=False).logits  # (b, T, V); position t predicts t + 1
+        logits = model(input_ids=ids, **no_cache).logits  # (b, T, V); position t predicts t + 1
         nll = float(summed_nll(logits, ids.to(logits.device)))
         del logits
         if not math.isfinite(nll):
