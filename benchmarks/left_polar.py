@@ -12,6 +12,7 @@ polar methods (SVD, eigh, Newton) on the first left-rotation matrix of each synt
     # synthetic 8B-shaped layers (bench_compensate's problems), 1 round each, polar timings
     python benchmarks/left_polar.py --shapes 8b --max-rounds 1 --time 2
     python benchmarks/left_polar.py --shapes 8b --max-rounds 1 --time 3 --device cuda
+    python benchmarks/left_polar.py --shapes 8b --modules o_proj --max-rounds 1 --time 2
     # the embedded model's real layers of one cell: eigh (or newton) against SVD after 5 rounds
     python benchmarks/left_polar.py --cell results/smollm2-135m/enwiki-32x512/rcpu-0.3 \
         --grams results/smollm2-135m/grams/enwiki-32x512 --max-rounds 5 --polar newton
@@ -119,6 +120,8 @@ def synthetic(a):
 
     dev = torch.device(a.device)
     for name, module, d_out, d_in, k, extra in SHAPES[a.shapes]:
+        if a.modules and module not in a.modules.split(","):
+            continue
         W0, G, mean, keep, vp, _ = synth_problem(module, d_out, d_in, k, extra, DEFAULT_TOKENS[a.shapes], 0, dev)
         opts = dict(max_rounds=a.max_rounds, tol=0.0, left_polar=a.polar)
         if module == "o_proj":
@@ -177,6 +180,7 @@ def main(argv=None):
     ap.add_argument("--time", type=int, default=0, metavar="N",
                     help="synthetic: time svd / eigh / newton polars on the first left-rotation matrix, best of N")
     ap.add_argument("--device", default="cpu", help="synthetic problems' device (cpu, cuda)")
+    ap.add_argument("--modules", default=None, help="synthetic: only these modules (o_proj,down_proj)")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args(argv)
     if a.threads:
