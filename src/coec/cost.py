@@ -237,6 +237,13 @@ def kv_cache_bytes(config: Any, shape: Mapping[str, Any] | None = None, *, seq_l
     return 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * seq_len * batch_size * bytes_per_value
 
 
+def _layer_activation_bytes(d: Mapping[str, Any], tokens: int, nbytes: int) -> int:
+    """Transient activations of one decoder layer over ``tokens`` tokens, the MLP being the
+    largest: gate, up and their product (``3 d_ff``) plus the residual stream and its normed copy
+    (``2 hidden``) per token, ``nbytes`` each."""
+    return tokens * (3 * d["ffn"] + 2 * d["hidden"]) * nbytes
+
+
 def peak_memory_gb(
     config: Any,
     shape: Mapping[str, Any] | None = None,
@@ -270,7 +277,7 @@ def peak_memory_gb(
     d = _dims(_as_dict(config), shape)
     weights = count_params(config, shape) * bytes_per_param
     kv = kv_cache_bytes(config, shape, seq_len=seq_len, batch_size=batch_size, bytes_per_value=2)
-    act = batch_size * seq_len * (3 * d["ffn"] + 2 * d["hidden"]) * 2
+    act = _layer_activation_bytes(d, batch_size * seq_len, 2)
     logits = batch_size * d["vocab"] * 4
     return (weights + kv + act + logits) / GIB + overhead_gib
 
@@ -338,10 +345,11 @@ def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: in
         "gram_layer_sym_gb": (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
         "gram_total_sym_gb": L * (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
         "calib_peak_gb": (layer_params * 2 + gram_entries * 8 + nsamples * seqlen * h * act_bytes
-                          + batch * (3 * ff + 2 * h) * 4) / GiB,
+                          + _layer_activation_bytes(d, batch, 4)) / GiB,
         "comp_down_peak_gb": (3 * ff * ff * 8 + 2 * k_ff * k_ff * 4 + 2 * h * ff * 4
                               + 2 * min(h, k_ff) * k_ff * 4) / GiB,
         "weights_bf16_gb": count_params(config) * 2 / GiB,
-        "ppl_batch_gb": (ppl_batch * ppl_seqlen * ((3 * ff + 2 * h) * act_bytes + d["vocab"] * act_bytes)
+        "ppl_batch_gb": (_layer_activation_bytes(d, ppl_batch * ppl_seqlen, act_bytes)
+                         + ppl_batch * ppl_seqlen * d["vocab"] * act_bytes
                          + 2 * min(loss_chunk, ppl_seqlen) * d["vocab"] * 4) / GiB,
     }
