@@ -39,10 +39,36 @@ def job_counts(output: str) -> dict[str, int]:
     return counts
 
 
+def job_threads(output: str) -> list[tuple[str, int, dict]]:
+    """(rule, OMP_NUM_THREADS of its shell command, resources) of every job a dry run with -p printed."""
+    jobs = []
+    for block in output.split("\nrule ")[1:]:
+        omp = re.search(r"OMP_NUM_THREADS=(\d+) ", block)
+        res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if omp and res:
+            jobs.append((block.split(":", 1)[0].strip(), int(omp.group(1)),
+                         dict(kv.split("=", 1) for kv in res.group(1).split(", "))))
+    return jobs
+
+
 def test_paper_grid_dry_run(tmp_path):
-    res = snakemake(tmp_path, "-n", "results/table1.csv", "results/appA_ppl.csv",
+    res = snakemake(tmp_path, "-n", "-p", "--cores", "64", "results/table1.csv", "results/appA_ppl.csv",
                     "--configfile", str(REPO / "workflow/configs/paper.yaml"))
     counts = job_counts(res.stdout)
+    # threads (OMP_NUM_THREADS) = the CPUs each job asks SLURM for: cpus_per_task on CPU jobs,
+    # gpu x cpus_per_gpu on GPU jobs (a 4-GPU 70B evaluation gets 16 threads)
+    jobs = job_threads(res.stdout)
+    assert len(jobs) == counts["total"]
+    for rule, omp, r in jobs:
+        want = int(r["gpu"]) * int(r["cpus_per_gpu"]) if int(r["gpu"]) else int(r["cpus_per_task"])
+        assert omp == want, (rule, omp, r)
+    assert {omp for rule, omp, _ in jobs if rule == "ppl_cell"} == {4, 8, 16}
+    # an explicit compute.threads wins over the resources (calibrate_threads 0: as threads)
+    fixed = tmp_path / "threads.yaml"
+    fixed.write_text("compute: {threads: 3}\n")
+    res = snakemake(tmp_path, "-n", "-p", "--cores", "64", "results/table1.csv", "--configfile",
+                    str(REPO / "workflow/configs/paper.yaml"), str(fixed))
+    assert {omp for _, omp, _ in job_threads(res.stdout)} == {3}
     # 6 models x (1 dense + 3 selections x 3 ratios x 2 compensations) evaluations
     assert counts["calibrate"] == 6
     assert counts["select"] == 6 * 3 * 3
@@ -117,10 +143,13 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
     with the per-model GPU resources of the config on every job."""
     work, _, cfg_path = trimmed_run
     plans = {}
-    for profile in ("default", "slurm"):
-        res = snakemake(tmp_path / profile, "-n", "results/table1.csv", "--workflow-profile",
-                        str(REPO / "workflow/profiles" / profile), "--configfile", str(cfg_path))
-        plans[profile] = res.stdout
+    res = snakemake(tmp_path / "default", "-n", "results/table1.csv", "--workflow-profile",
+                    str(REPO / "workflow/profiles/default"), "--configfile", str(cfg_path))
+    plans["default"] = res.stdout
+    # the SLURM command in the README's second form: `--` ends --configfile's list of files
+    res = snakemake(tmp_path / "slurm", "-n", "--workflow-profile", str(REPO / "workflow/profiles/slurm"),
+                    "--configfile", str(cfg_path), "--", "results/table1.csv")
+    plans["slurm"] = res.stdout
     local = sorted((r, w) for r, w, _ in planned_jobs(plans["default"]))
     slurm_jobs = planned_jobs(plans["slurm"])
     assert sorted((r, w) for r, w, _ in slurm_jobs) == local

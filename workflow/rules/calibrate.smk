@@ -26,7 +26,7 @@ rule calibrate:
         "results/logs/calibrate/{model}/{calib}.log",
     benchmark:
         "results/benchmarks/calibrate/{model}/{calib}.tsv"
-    threads: config.get("compute", {}).get("calibrate_threads", THREADS)
+    threads: job_threads("calibrate", ("calibrate_threads", "threads"))
     resources:
         **rule_resources("calibrate"),
     shell:

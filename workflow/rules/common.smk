@@ -37,8 +37,6 @@ if "fig2" in config:
     for _n in config["fig2"]["nsamples"]:
         sized_calibration(config["fig2"]["calibration"], _n)
 
-# torch threads per job (OMP_NUM_THREADS); jobs run in parallel when cores allow
-THREADS = config.get("compute", {}).get("threads", 2)
 
 # the interpreter running Snakemake (so rules work without an activated venv)
 PY = f"{sys.executable} -m coec"
@@ -162,3 +160,27 @@ def rule_resources(rule_name):
         if _configured(rule_name, key):
             out[key] = res(rule_name, key, "")
     return out
+
+
+def job_threads(rule_name, keys=("threads",)):
+    """Torch threads of a rule's jobs (``threads:``, passed on as OMP_NUM_THREADS), per job.
+
+    The first of ``config.compute.<keys>`` that is set and not 0 (a laptop config fixes them);
+    else the CPUs the job's resources request when the config sets any for the rule:
+    ``cpus_per_task`` on a CPU job, ``gpu x cpus_per_gpu`` on a GPU job (the SLURM executor's
+    convention: threads = the CPUs the job is given); else 2. 0 exists because a config given by
+    ``--configfile`` is merged over config.yaml and cannot unset its keys. Snakemake caps the
+    value at ``--cores``."""
+    compute = config.get("compute", {})
+    for key in keys:
+        if compute.get(key):
+            return compute[key]
+    if not (_configured(rule_name, "cpus_per_task") or _configured(rule_name, "cpus_per_gpu")):
+        return 2
+    cpus = rule_resources(rule_name)
+
+    def threads(wildcards):
+        gpu = cpus["gpu"](wildcards)
+        return max(1, gpu * cpus["cpus_per_gpu"](wildcards) if gpu > 0 else cpus["cpus_per_task"](wildcards))
+
+    return threads

@@ -19,7 +19,7 @@ rule compensate:
         "results/logs/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.log",
     benchmark:
         "results/benchmarks/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.tsv"
-    threads: THREADS
+    threads: job_threads("compensate")
     resources:
         **rule_resources("compensate"),
     shell:

@@ -42,7 +42,7 @@ rule ppl_dense:
         "results/logs/ppl/{model}/dense.log",
     benchmark:
         "results/benchmarks/ppl/{model}/dense.tsv"
-    threads: THREADS
+    threads: job_threads("ppl")
     resources:
         **rule_resources("ppl"),
     shell:
@@ -69,7 +69,7 @@ rule ppl_cell:
         "results/logs/ppl/{model}/{calib}/{select}-{ratio}/{comp}.log",
     benchmark:
         "results/benchmarks/ppl/{model}/{calib}/{select}-{ratio}/{comp}.tsv"
-    threads: THREADS
+    threads: job_threads("ppl")
     resources:
         **rule_resources("ppl"),
     shell:
@@ -114,7 +114,7 @@ rule zeroshot_dense:
         "results/logs/zeroshot/{model}/dense.log",
     benchmark:
         "results/benchmarks/zeroshot/{model}/dense.tsv"
-    threads: THREADS
+    threads: job_threads("zeroshot")
     resources:
         **rule_resources("zeroshot"),
     shell:
@@ -140,7 +140,7 @@ rule zeroshot_cell:
         "results/logs/zeroshot/{model}/{calib}/{select}-{ratio}/{comp}.log",
     benchmark:
         "results/benchmarks/zeroshot/{model}/{calib}/{select}-{ratio}/{comp}.tsv"
-    threads: THREADS
+    threads: job_threads("zeroshot")
     resources:
         **rule_resources("zeroshot"),
     shell:

@@ -15,7 +15,7 @@ rule geometry:
         "results/logs/geometry/{model}/{calib}/{select}-{ratio}/{comp}.log",
     benchmark:
         "results/benchmarks/geometry/{model}/{calib}/{select}-{ratio}/{comp}.tsv"
-    threads: THREADS
+    threads: job_threads("report")
     resources:
         **rule_resources("report"),
     shell:

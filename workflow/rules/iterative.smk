@@ -201,10 +201,11 @@ rule iterative_grams:
         "results/logs/iterative/grams/{model}/{calib}.log",
     benchmark:
         "results/benchmarks/iterative/grams/{model}/{calib}.tsv"
+    threads: job_threads("calibrate", ("calibrate_threads", "threads"))
     resources:
         **rule_resources("calibrate"),
     shell:
-        "{PY} iterative grams " + IT_CALIB_ARGS + " --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} iterative grams " + IT_CALIB_ARGS + " --out {output} > {log} 2>&1"
 
 
 ruleorder: iterative_grams > calibrate
@@ -236,10 +237,11 @@ rule iterative_step:
         "results/logs/iterative/{model}/{calib}/{method}/steps/{chain}.log",
     benchmark:
         "results/benchmarks/iterative/{model}/{calib}/{method}/steps/{chain}.tsv"
+    threads: job_threads("calibrate", ("calibrate_threads", "threads"))
     resources:
         **rule_resources("calibrate"),
     shell:
-        "{PY} iterative run " + IT_CALIB_ARGS + " --schedule {params.ratio} {params.init} "
+        "OMP_NUM_THREADS={threads} {PY} iterative run " + IT_CALIB_ARGS + " --schedule {params.ratio} {params.init} "
         "--mode {params.mode} --structure {params.structure} "
         "--group-rounding {params.group_rounding} --block-name bias.safetensors "
         "--out {params.outdir} > {log} 2>&1"
@@ -308,10 +310,11 @@ rule iterative_ppl:
         "results/logs/ppl/{model}/{calib}/iterative/{variant}-{ratio}.log",
     benchmark:
         "results/benchmarks/ppl/{model}/{calib}/iterative/{variant}-{ratio}.tsv"
+    threads: job_threads("ppl")
     resources:
         **rule_resources("ppl"),
     shell:
-        "{PY} {params.cmd} --model {params.model:q} --dataset {params.dataset:q} "
+        "OMP_NUM_THREADS={threads} {PY} {params.cmd} --model {params.model:q} --dataset {params.dataset:q} "
         "--seqlen {params.seqlen} --max-windows {params.max_windows} --batch-size {params.batch} "
         "--dtype {params.dtype} --device {params.device} --out {output} {params.extra} > {log} 2>&1"
 
@@ -385,7 +388,7 @@ rule iterative_zeroshot:
         "results/logs/zeroshot/{model}/{calib}/iterative/{variant}-{ratio}.log",
     benchmark:
         "results/benchmarks/zeroshot/{model}/{calib}/iterative/{variant}-{ratio}.tsv"
-    threads: THREADS
+    threads: job_threads("zeroshot")
     resources:
         **rule_resources("zeroshot"),
     shell:

@@ -59,7 +59,7 @@ rule table:
         "results/logs/report/{table}.log",
     benchmark:
         "results/benchmarks/report/{table}.tsv"
-    threads: THREADS
+    threads: job_threads("report")
     resources:
         **rule_resources("report"),
     shell:

@@ -11,7 +11,7 @@ rule prepare_model:
         "results/logs/prepare_model/{model}.log",
     benchmark:
         "results/benchmarks/prepare_model/{model}.tsv"
-    threads: THREADS
+    threads: job_threads("prepare")
     resources:
         **rule_resources("prepare"),
     shell:
@@ -29,7 +29,7 @@ rule prepare_text:
         "results/logs/prepare_text/{dataset}.log",
     benchmark:
         "results/benchmarks/prepare_text/{dataset}.tsv"
-    threads: THREADS
+    threads: job_threads("prepare")
     resources:
         **rule_resources("prepare"),
     shell:
@@ -44,7 +44,7 @@ rule prepare_zeroshot:
         "results/logs/prepare_zeroshot.log",
     benchmark:
         "results/benchmarks/prepare_zeroshot.tsv"
-    threads: THREADS
+    threads: job_threads("prepare")
     resources:
         **rule_resources("prepare"),
     shell:

@@ -14,7 +14,7 @@ rule select:
         "results/logs/select/{model}/{calib}/{select}-{ratio}.log",
     benchmark:
         "results/benchmarks/select/{model}/{calib}/{select}-{ratio}.tsv"
-    threads: THREADS
+    threads: job_threads("select")
     resources:
         **rule_resources("select"),
     shell:
