@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random Llama / Qwen2 / Qwen3 models with a tiny offline tokenizer,
+"""Shared fixtures: tiny random Llama / Qwen2 / Qwen3 / Mistral models with a tiny offline tokenizer,
 saved to temp folders exactly as a hub checkpoint would be."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2"])
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3", "mistral"])
 def tiny_dir(request, tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp(request.param), request.param)
 
