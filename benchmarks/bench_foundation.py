@@ -4,9 +4,13 @@
         [--nseq 16 --seqlen 512 --batch 4 --dtype float32 --device cpu]
 
 Prints:
-- calibration time / (plain forward over the same tokens + the Gram matmuls alone)
+- calibration time / (plain forward over the same tokens + the Gram accumulation alone)
+- the Gram accumulation (upper block triangle per batch, mirrored per layer) against the full
+  x^T x GEMM it replaces, same batches, same run
 - calibration time / its FLOP bound: the decoder's forward FLOPs plus the Gram FLOPs, all at the
-  GEMM rate measured in the model dtype on this device in the same run           (goal <= 1.25)
+  GEMM rate measured in the model dtype on this device in the same run           (goal <= 1.25);
+  the Gram FLOPs counted as a dense GEMM forms them (2 d^2 per token) and as the symmetric
+  product needs them (d (d + 1))
 - perplexity time / plain forward (logits only) over the same windows                (goal <= 1.1)
 - on CUDA, the peak device memory of both (what the chunked float32 loss adds to the forward)
 """
@@ -18,7 +22,7 @@ import time
 
 import torch
 
-from coec.calibrate import gram_product, run_layerwise
+from coec.calibrate import GramAccumulator, run_layerwise
 from coec.evaluate.ppl import perplexity
 from coec.models import load_model, resolve_device
 from coec.profiling import device_sync, gemm_rate
@@ -33,19 +37,21 @@ def timed(fn, repeat=1):
     return best
 
 
-def calibration_flops(cfg, seqlen: int) -> tuple[float, float]:
+def calibration_flops(cfg, seqlen: int, symmetric: bool = False) -> tuple[float, float]:
     """(forward, Gram) FLOPs per token per decoder layer.
 
     Forward: 2 x the q/k/v/o/gate/up/down weights, plus causal attention (QK^T and AV over
-    (seqlen + 1) / 2 keys on average). Gram: ``2 d^2`` for each of the o_proj (d = heads x head_dim)
-    and down_proj (d = intermediate) inputs, as a dense GEMM computes it.
+    (seqlen + 1) / 2 keys on average). Gram: for each of the o_proj (d = heads x head_dim) and
+    down_proj (d = intermediate) inputs, ``2 d^2`` as a dense GEMM computes it, or ``d (d + 1)``
+    (one triangle) when ``symmetric``.
     """
     d, ff = cfg.hidden_size, cfg.intermediate_size
     h, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or d // h
     linear = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * ff
     attn = 2 * 2 * h * hd * (seqlen + 1) / 2
-    return 2 * linear + attn, 2 * (h * hd) ** 2 + 2 * ff**2
+    dims = (h * hd, ff)
+    return 2 * linear + attn, sum(n * (n + 1) if symmetric else 2 * n * n for n in dims)
 
 
 def random_model(arch: str, layers: int | None, dtype: str, device):
@@ -108,10 +114,26 @@ def main():
     xa = torch.randn(n_tok, cfg.num_attention_heads * cfg.head_dim, device=dev, dtype=model.dtype)
     xm = torch.randn(n_tok, cfg.intermediate_size, device=dev, dtype=model.dtype)
 
-    def grams_alone():
-        for _ in range(cfg.num_hidden_layers * (a.nseq // a.batch)):
-            for x in (xa, xm):
-                gram_product(x).double()  # as calibration does it
+    def grams_alone():  # as calibration does it: upper block triangle per batch, mirrored per layer
+        for _ in range(cfg.num_hidden_layers):
+            accs = [GramAccumulator(x.shape[1], dev) for x in (xa, xm)]
+            for _ in range(a.nseq // a.batch):
+                for acc, x in zip(accs, (xa, xm)):
+                    acc.update(x)
+            for acc in accs:
+                acc.gram
+        sync()
+
+    def grams_full_gemm():  # the dense x^T x per batch it replaces, added to a float64 total
+        for _ in range(cfg.num_hidden_layers):
+            totals = [torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=dev) for x in (xa, xm)]
+            for _ in range(a.nseq // a.batch):
+                for tot, x in zip(totals, (xa, xm)):
+                    if x.dtype in (torch.bfloat16, torch.float16) and dev.type == "cuda":
+                        tot.add_(torch.mm(x.mT, x, out_dtype=torch.float32))
+                    else:
+                        w = x if x.dtype == torch.float64 else x.float()
+                        tot.add_(w.mT @ w)
         sync()
 
     def calib():
@@ -125,6 +147,7 @@ def main():
     calib()  # warm-up
     t_fwd = timed(plain_forward, a.repeat)
     t_gram = timed(grams_alone, a.repeat)
+    t_full = timed(grams_full_gemm, a.repeat)
     t_cal = timed(calib, a.repeat)
     t_log = timed(plain_logits, a.repeat)
     t_ppl = timed(ppl, a.repeat)
@@ -133,10 +156,13 @@ def main():
     flops = tokens * cfg.num_hidden_layers * (f_fwd + f_gram)
     rate = gemm_rate(n_tok, cfg.hidden_size, cfg.intermediate_size, model.dtype, dev)
     bound = flops / rate
+    f_sym = calibration_flops(cfg, a.seqlen, symmetric=True)[1]
+    bound_sym = tokens * cfg.num_hidden_layers * (f_fwd + f_sym) / rate
     print(f"model {a.model} dtype {a.dtype} device {dev} tokens {tokens} "
           f"({a.nseq}x{a.seqlen}, batch {a.batch}), threads {torch.get_num_threads()}")
     print(f"plain decoder forward     {t_fwd:8.2f} s  ({tokens / t_fwd:,.0f} tok/s)")
-    print(f"Gram matmuls alone        {t_gram:8.2f} s")
+    print(f"Gram accumulation alone   {t_gram:8.2f} s  ({t_gram / t_full:.2f}x the dense x^T x GEMMs it "
+          f"replaces: {t_full:.2f} s)")
     print(f"calibration (layer-wise)  {t_cal:8.2f} s  ({tokens / t_cal:,.0f} tok/s)  "
           f"ratio {t_cal / (t_fwd + t_gram):.3f} to forward + Grams")
     print(f"FLOP bound                {bound:8.2f} s  ({flops / 1e12:.2f} TFLOP: forward {f_fwd / (f_fwd + f_gram):.0%}, "
@@ -144,6 +170,9 @@ def main():
           f"calibration ratio {t_cal / bound:.3f} (goal <= 1.25); plain forward alone "
           f"{t_fwd * (f_fwd + f_gram) / (f_fwd * bound):.2f}x its own bound, Grams alone "
           f"{t_gram * (f_fwd + f_gram) / (f_gram * bound):.2f}x theirs")
+    print(f"FLOP bound, symmetric     {bound_sym:8.2f} s  (Grams counted as one triangle, d(d+1) per token)  "
+          f"calibration ratio {t_cal / bound_sym:.3f}; Grams alone "
+          f"{t_gram / (bound_sym - tokens * cfg.num_hidden_layers * f_fwd / rate):.2f}x theirs")
     print(f"plain forward + logits    {t_log:8.2f} s")
     print(f"perplexity                {t_ppl:8.2f} s  ratio {t_ppl / t_log:.3f} (goal <= 1.1)")
     if dev.type == "cuda":  # what the loss adds on top of the forward (chunked float32 loss)

@@ -5,10 +5,11 @@
 #
 #   OUT=benchmarks/results/gpu bash benchmarks/gpu_check.sh
 #
-# The step time limits add up to 13 min (the expected total is about 7): give the device
+# The step time limits add up to 14 min (the expected total is about 7): give the device
 # command 600 s. Each step writes its output as it goes, so a step cut short leaves the earlier
 # files. Writes to $OUT: gpu.txt (device, versions), tests.txt (CUDA-only tests), foundation.txt
 # (calibration against its FLOP bound, perplexity overhead; Llama-3.1-8B shape, 4 layers, bf16),
+# gram_blocks.txt (the calibration Gram by block rows against one dense GEMM, per block size),
 # breakdown.txt (seconds per COEC block at 8B shapes, 5 rounds), left_polar.txt (SVD / eigh /
 # Newton left polar timed on the 8B left-rotation matrices), compensate_8b.{txt,json} (RCPU and
 # COEC per 8B module at the paper's 50 rounds), newton_8b.txt (COEC with left_polar: newton),
@@ -33,6 +34,10 @@ timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_foundation.py tests/t
 step "calibration and perplexity (8B shape, 4 layers, bf16)"
 timeout 150 $py benchmarks/bench_foundation.py --random-arch Llama-3.1-8B --layers 4 --dtype bfloat16 \
     --device cuda --nseq 16 --seqlen 2048 --batch 8 2>&1 | grep -v "it/s" | tee "$OUT/foundation.txt"
+
+step "calibration Gram by block rows against the dense GEMM (bf16, 8B and 70B widths)"
+timeout 60 $py benchmarks/gram_blocks.py --device cuda --dtype bfloat16 --dims 4096,14336,28672 \
+    --tokens 16384 --blocks 512,1024,2048,4096 2>&1 | tee "$OUT/gram_blocks.txt"
 
 step "COEC per-block breakdown (8B shapes, 5 rounds)"
 timeout 120 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --max-rounds 5 \

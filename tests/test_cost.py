@@ -174,6 +174,12 @@ def test_memory_plan_matches_meta_shapes():
     from coec.evaluate.ppl import LOSS_CHUNK_TOKENS
 
     assert inspect.signature(memory_plan).parameters["loss_chunk"].default == LOSS_CHUNK_TOKENS
+    # the calibration peak counts one block row of the Gram product, as calibrate forms it on CUDA
+    from coec.calibrate import GRAM_BLOCK
+
+    assert inspect.signature(memory_plan).parameters["gram_block"].default == GRAM_BLOCK["cuda"]
+    dense_product = memory_plan(PUBLISHED_ARCHS["Llama-3.1-8B"], gram_block=d_ff)
+    assert (dense_product["calib_peak_gb"] - plan["calib_peak_gb"]) * 2**30 == (d_ff - GRAM_BLOCK["cuda"]) * d_ff * 4
     V, T = m.lm_head.out_features, 4096
     act = T * (3 * d_ff + 2 * layer.mlp.gate_proj.in_features) * 2
     assert plan["ppl_batch_gb"] * 2**30 == act + T * V * 2 + 2 * LOSS_CHUNK_TOKENS * V * 4

@@ -69,15 +69,61 @@ def test_gram_product_accumulates_in_float32(dtype):
 
 
 def test_gram_product_cuda_kernel_signature():
-    """The 16-bit CUDA path calls ``torch.mm(..., out_dtype=float32)``; its schema is checked on
-    meta tensors here (no GPU needed), and against the upcast GEMM on a GPU when there is one."""
+    """The 16-bit CUDA path calls ``torch.mm(..., out_dtype=float32)`` on column slices of the
+    batch; its schema is checked on meta tensors here (no GPU needed), and against the upcast
+    GEMM on a GPU when there is one (three block rows of 1024 columns)."""
     x = torch.empty(64, 16, dtype=torch.bfloat16, device="meta")
-    out = torch.mm(x.mT, x, out_dtype=torch.float32)
-    assert out.dtype == torch.float32 and out.shape == (16, 16)
+    out = torch.mm(x[:, 4:8].mT, x[:, 4:], out_dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.shape == (4, 12)
     if torch.cuda.is_available():
-        xc = torch.randn(4096, 256, device="cuda").to(torch.bfloat16)
+        xc = torch.randn(4096, 2304, device="cuda").to(torch.bfloat16)
         ref = xc.float().mT @ xc.float()
-        assert float((gram_product(xc) - ref).norm() / ref.norm()) < 1e-5
+        got = gram_product(xc)
+        assert float((got - ref).norm() / ref.norm()) < 1e-5 and torch.equal(got, got.mT)
+
+
+@pytest.mark.parametrize("d,block", [(7, 1), (48, 5), (48, 16), (48, 48), (48, 100), (300, 64)])
+def test_blocked_gram_is_the_full_symmetric_gram(d, block):
+    """Block rows of ``block`` columns: the Gram equals x^T x (float64 reference), is exactly
+    symmetric, forms only the upper block triangle (strictly lower blocks never written), and
+    costs about (B + 1) / 2B of the full GEMM's FLOPs; the accumulator's total is right however
+    its reads and updates interleave."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from coec.calibrate import gram_block_edges, gram_upper_add_
+
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(200, d, generator=g, dtype=torch.float64)
+    ref = x.mT @ x
+    edges = gram_block_edges(d, block)
+    n = len(edges) - 1
+    assert edges[0] == 0 and edges[-1] == d and n == -(-d // block)
+    assert max(b - a for a, b in zip(edges[:-1], edges[1:])) <= block
+    got = gram_product(x, block)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-10)
+    assert torch.equal(got, got.mT)
+    upper = torch.full((d, d), float("nan"), dtype=torch.float64)
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        upper[lo:hi, lo:] = 0.0
+    with FlopCounterMode(display=False) as fc:
+        gram_upper_add_(upper, x, edges)
+    lower = torch.ones(d, d, dtype=torch.bool)
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        lower[lo:hi, lo:] = False
+    assert torch.isnan(upper[lower]).all()  # strictly lower blocks: not written
+    sizes = [b - a for a, b in zip(edges[:-1], edges[1:])]
+    want = sum(2 * 200 * s * (d - a) for s, a in zip(sizes, edges[:-1]))
+    assert fc.get_total_flops() == want
+    if n >= 4:
+        assert want <= 0.7 * 2 * 200 * d * d
+    acc = GramAccumulator(d, torch.device("cpu"), block=block)
+    acc.update(x[:50])
+    first = acc.gram.clone()
+    acc.update(x[50:120])
+    acc.update(x[120:])
+    torch.testing.assert_close(first, x[:50].mT @ x[:50], rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(acc.gram, ref, rtol=1e-12, atol=1e-10)
+    assert torch.equal(acc.gram, acc.gram.mT)
 
 
 def test_nan_activations_raise(llama_dir):

@@ -310,7 +310,7 @@ def cost_table(archs: Mapping[str, Any], ratio: float, group_rounding: str = "ce
 
 def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: int = 2048,
                 act_bytes: int = 2, gram_bytes: int = 4, ppl_seqlen: int = 4096, ppl_batch: int = 1,
-                loss_chunk: int = 1024) -> dict[str, float]:
+                loss_chunk: int = 1024, gram_block: int = 1024) -> dict[str, float]:
     """Memory of each workflow stage for one model, in GiB (2^30 bytes).
 
     - ``gram_layer_gb`` / ``gram_total_gb``: stored Grams of one layer / all layers (o_proj input
@@ -319,7 +319,9 @@ def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: in
     - ``calib_peak_gb``: the calibration job's device peak: one layer's weights (bf16), the fp64
       Gram accumulators of that layer, the cached hidden states of all sequences
       (nsamples × seqlen × hidden × ``act_bytes``; they live on the offload device, counted here
-      as the worst case) and one batch's MLP activations; never all layers' Grams.
+      as the worst case), one batch's MLP activations and one block row of the batch's Gram
+      product (``gram_block`` × d_ff in fp32, ``calibrate.GRAM_BLOCK["cuda"]``); never all
+      layers' Grams.
     - ``comp_down_peak_gb``: compensating one down_proj: the fp64 eigh of the full Gram (G,
       eigenvectors, one work copy), Gxx / the tempered slice in fp32, W0, W and R in fp32.
     - ``weights_bf16_gb``: the dense model in bf16 (evaluation; spread over the GPUs with
@@ -345,7 +347,7 @@ def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: in
         "gram_layer_sym_gb": (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
         "gram_total_sym_gb": L * (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
         "calib_peak_gb": (layer_params * 2 + gram_entries * 8 + nsamples * seqlen * h * act_bytes
-                          + _layer_activation_bytes(d, batch, 4)) / GiB,
+                          + _layer_activation_bytes(d, batch, 4) + min(gram_block, ff) * ff * 4) / GiB,
         "comp_down_peak_gb": (3 * ff * ff * 8 + 2 * k_ff * k_ff * 4 + 2 * h * ff * 4
                               + 2 * min(h, k_ff) * k_ff * 4) / GiB,
         "weights_bf16_gb": count_params(config) * 2 / GiB,

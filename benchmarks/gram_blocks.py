@@ -1,0 +1,78 @@
+"""The calibration Gram by block rows against the dense x^T x GEMM, per block size, same run.
+
+    python benchmarks/gram_blocks.py [--dims 576,1536,4096,8192] [--tokens 2048]
+        [--blocks 128,256,384,512,768,1024,2048] [--dtype float32] [--device cpu] [--repeat 3]
+
+For every width d it times one batch's Gram formed as ``coec.calibrate.gram_upper_add_`` does
+it (one GEMM per block row, upper block triangle only; plus the in-place mirror a layer's read
+costs, amortised over ``--batches`` batches) and as one dense GEMM, and prints the time ratio
+per block size, the FLOP fraction ``(B + 1) / 2B`` it should approach, and the block size
+``GRAM_BLOCK`` picks on this device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from coec.calibrate import GRAM_BLOCK, gram_block_edges, gram_upper_add_, symmetrize_upper_
+from coec.models import resolve_device, torch_dtype
+from coec.profiling import device_sync
+
+
+def timed(fn, repeat: int, dev) -> float:
+    fn()
+    device_sync(dev)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        device_sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dims", default="576,1536,4096,8192")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--blocks", default="128,256,384,512,768,1024,2048")
+    ap.add_argument("--batches", type=int, default=8, help="batches per mirror (a layer's reads)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    dev = resolve_device(a.device)
+    dt = torch_dtype(a.dtype)
+    blocks = [int(b) for b in a.blocks.split(",")]
+    print(f"device {dev} dtype {a.dtype} tokens per batch {a.tokens} threads {torch.get_num_threads()} "
+          f"(GRAM_BLOCK here: {GRAM_BLOCK.get(dev.type, GRAM_BLOCK['cuda'])})")
+    print("| d | dense GEMM s | " + " | ".join(f"block {b}" for b in blocks) + " |")
+    print("|---:|---:|" + "---:|" * len(blocks))
+    for d in (int(x) for x in a.dims.split(",")):
+        x = torch.randn(a.tokens, d, device=dev).to(dt)
+        G = torch.zeros(d, d, dtype=torch.float64, device=dev)
+
+        def dense():
+            w = x if x.dtype == torch.float64 else x.float()
+            if x.dtype in (torch.bfloat16, torch.float16) and dev.type == "cuda":
+                G.add_(torch.mm(x.mT, x, out_dtype=torch.float32))
+            else:
+                G.add_(w.mT @ w)
+
+        t_dense = timed(dense, a.repeat, dev)
+        cells = []
+        for b in blocks:
+            edges = gram_block_edges(d, b)
+            n = len(edges) - 1
+            t_blk = timed(lambda: gram_upper_add_(G, x, edges), a.repeat, dev)
+            t_sym = timed(lambda: symmetrize_upper_(G, edges), a.repeat, dev)
+            t = t_blk + t_sym / a.batches
+            cells.append(f"{t / t_dense:.2f} (B={n}, FLOPs {(n + 1) / (2 * n):.2f})")
+        print(f"| {d} | {t_dense:.4f} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
