@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from coec.calibrate import GRAM_BLOCK, gram_block_edges, gram_upper_add_, symmetrize_upper_
+from coec.calibrate import gram_block, gram_block_edges, gram_upper_add_, symmetrize_upper_
 from coec.models import resolve_device, torch_dtype
 from coec.profiling import device_sync
 
@@ -48,7 +48,7 @@ def main():
     dt = torch_dtype(a.dtype)
     blocks = [int(b) for b in a.blocks.split(",")]
     print(f"device {dev} dtype {a.dtype} tokens per batch {a.tokens} threads {torch.get_num_threads()} "
-          f"(GRAM_BLOCK here: {GRAM_BLOCK.get(dev.type, GRAM_BLOCK['cuda'])})")
+          f"(GRAM_BLOCK here: {gram_block(dev)})")
     print("| d | dense GEMM s | " + " | ".join(f"block {b}" for b in blocks) + " |")
     print("|---:|---:|" + "---:|" * len(blocks))
     for d in (int(x) for x in a.dims.split(",")):

@@ -7,9 +7,9 @@ For every decoder layer and for the inputs of ``o_proj`` and ``down_proj`` it ac
 without ever holding all tokens: each batch's Gram is formed with float32 accumulation (float64
 for float64 models; 16-bit GEMMs with a float32 output for 16-bit models on CUDA) and added to
 a float64 total. G is symmetric, so only its upper block triangle is formed per batch (one GEMM
-per block row, about half the FLOPs of x^T x) and mirrored once when read. Layers are processed one at a time with the
-hidden states of all calibration sequences cached between layers, so only one layer (and one
-layer's Grams) is on the device at once.
+per block row, about half the FLOPs of x^T x) and mirrored once when read. Layers are processed
+one at a time with the hidden states of all calibration sequences cached between layers, so only
+one layer (and one layer's Grams) is on the device at once.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ class NonFiniteActivations(FloatingPointError):
 GRAM_BLOCK = {"cpu": 256, "cuda": 1024}
 
 
+def gram_block(device: torch.device | str) -> int:
+    """``GRAM_BLOCK`` of a device's type (the CUDA value for other accelerators)."""
+    return GRAM_BLOCK.get(torch.device(device).type, GRAM_BLOCK["cuda"])
+
+
 def gram_block_edges(d: int, block: int) -> list[int]:
     """Edges ``0 = e_0 < ... < e_B = d`` of ``B = ceil(d / block)`` near-equal column blocks."""
     n = max(1, math.ceil(d / max(1, block)))
@@ -64,7 +69,7 @@ def _block_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def gram_upper_add_(G: torch.Tensor, x: torch.Tensor, edges: list[int]) -> torch.Tensor:
     """Add the upper block triangle of ``x^T x`` to G (d, d) in place: for every block row i,
-    ``G[e_i:e_i+1, e_i:] += x[:, e_i:e_i+1]^T x[:, e_i:]`` (one GEMM per block row). x (t, d).
+    ``G[e_i:e_(i+1), e_i:] += x[:, e_i:e_(i+1)]^T x[:, e_i:]`` (one GEMM per block row). x (t, d).
 
     The strictly lower blocks are neither computed nor touched: about (B + 1) / 2B of the full
     GEMM's 2 t d^2 FLOPs; ``symmetrize_upper_`` fills them. Returns G.
@@ -91,7 +96,7 @@ def symmetrize_upper_(G: torch.Tensor, edges: list[int]) -> torch.Tensor:
 def gram_product(x: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """``x^T x`` of a batch x (t, d): (d, d), float32 (float64 for float64 x), exactly symmetric,
     formed by block rows of ``block`` columns (default ``GRAM_BLOCK`` of x's device type)."""
-    edges = gram_block_edges(x.shape[1], block or GRAM_BLOCK.get(x.device.type, GRAM_BLOCK["cuda"]))
+    edges = gram_block_edges(x.shape[1], block or gram_block(x.device))
     G = torch.zeros(x.shape[1], x.shape[1], dtype=_accumulation_dtype(x), device=x.device)
     return symmetrize_upper_(gram_upper_add_(G, x, edges), edges)
 
@@ -110,8 +115,7 @@ class GramAccumulator:
     """
 
     def __init__(self, dim: int, device: torch.device, total_dtype=torch.float64, block: int | None = None):
-        device = torch.device(device)
-        self.edges = gram_block_edges(dim, block or GRAM_BLOCK.get(device.type, GRAM_BLOCK["cuda"]))
+        self.edges = gram_block_edges(dim, block or gram_block(device))
         self._gram = torch.zeros(dim, dim, dtype=total_dtype, device=device)
         self._mirrored = True
         self.sum = torch.zeros(dim, dtype=total_dtype, device=device)
