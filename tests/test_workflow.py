@@ -171,9 +171,21 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
         return get_cpu_setting(type("Job", (), {"threads": 1, "resources": r})(), r.get("gpu", 0) > 0)
 
     assert sbatch_cpus(comp[0][1]) == "--cpus-per-gpu=3"
+    # ... and the gpu resource into --gpus (the executor's own gres helper)
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    def sbatch_gpus(res):
+        r = Res({k: int(v) if v.isdigit() else v for k, v in res.items()})
+        r.setdefault("gres", None)
+        r.setdefault("gpu_model", None)
+        return set_gres_string(type("Job", (), {"resources": r})()).strip()
+
+    assert sbatch_gpus(comp[0][1]) == "--gpus=1"
+    assert sbatch_gpus(dict(comp[0][1], gpu_model="h100")) == "--gpus=h100:1"
     select = [res for r, _, res in slurm_jobs if r == "select"]
     n_task = select[0]["cpus_per_task"]
     assert select and sbatch_cpus(select[0]) == f"--cpus-per-task={n_task}"
+    assert sbatch_gpus(select[0]) == ""
     assert select[0].get("slurm_partition", "") == ""  # not configured: the profile's default
     # no cpus_per_gpu configured for calibrate: the GPU job asks for cpus_per_task CPUs per GPU
     assert sbatch_cpus(calib[0]) == f"--cpus-per-gpu={n_task}"
