@@ -39,7 +39,7 @@ def job_counts(output: str) -> dict[str, int]:
     return counts
 
 
-def job_threads(output: str) -> list[tuple[str, int, dict]]:
+def planned_threads(output: str) -> list[tuple[str, int, dict]]:
     """(rule, OMP_NUM_THREADS of its shell command, resources) of every job a dry run with -p printed."""
     jobs = []
     for block in output.split("\nrule ")[1:]:
@@ -57,7 +57,7 @@ def test_paper_grid_dry_run(tmp_path):
     counts = job_counts(res.stdout)
     # threads (OMP_NUM_THREADS) = the CPUs each job asks SLURM for: cpus_per_task on CPU jobs,
     # gpu x cpus_per_gpu on GPU jobs (a 4-GPU 70B evaluation gets 16 threads)
-    jobs = job_threads(res.stdout)
+    jobs = planned_threads(res.stdout)
     assert len(jobs) == counts["total"]
     for rule, omp, r in jobs:
         want = int(r["gpu"]) * int(r["cpus_per_gpu"]) if int(r["gpu"]) else int(r["cpus_per_task"])
@@ -68,7 +68,7 @@ def test_paper_grid_dry_run(tmp_path):
     fixed.write_text("compute: {threads: 3}\n")
     res = snakemake(tmp_path, "-n", "-p", "--cores", "64", "results/table1.csv", "--configfile",
                     str(REPO / "workflow/configs/paper.yaml"), str(fixed))
-    assert {omp for _, omp, _ in job_threads(res.stdout)} == {3}
+    assert {omp for _, omp, _ in planned_threads(res.stdout)} == {3}
     # 6 models x (1 dense + 3 selections x 3 ratios x 2 compensations) evaluations
     assert counts["calibrate"] == 6
     assert counts["select"] == 6 * 3 * 3
