@@ -436,3 +436,13 @@ def test_trimmed_workflow_iterative_cell(tmp_path):
     # one new last step per iterative chain (c8, mix8) and the one-step multi-domain cell
     assert counts["iterative_step"] == 3
     assert a["ppl"] > 1
+
+
+def test_cli_help_lists_the_iterative_stage(capsys):
+    """`coec --help` names every stage, the iterative method too; `coec iterative -h` is its own."""
+    from coec.cli import main
+
+    for argv, want in ((["--help"], "iterative multi-domain FLAP"), (["iterative", "--help"], "prepare-domain")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0 and want in capsys.readouterr().out

@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--comp", nargs="*", default=[])
     s.add_argument("--dtype", default="float32")
     s.add_argument("--out", required=True)
+
+    # listed for --help; `main` hands `iterative ...` to the method's own parser before parsing
+    sub.add_parser("iterative", help="iterative multi-domain FLAP (run, grams, mix, prepare-domain, "
+                                     "collect, ppl; `coec iterative -h`)")
     return p
 
 
