@@ -3,6 +3,7 @@
     python benchmarks/generalization.py [--model resources/models/smollm2-135m]
         [--text resources/text/enwiki] [--calib 8 --heldout 64 --seqlen 512]
         [--ratio 0.3 --selection rcpu --layers 0,3,...] [--max-rounds 20] [--json out.json]
+        [--methods none,bias,lstsq,rcpu,coec] [--coec-opts '{"delta_norm": "fro"}']
 
 Grams of the calibration windows (from calib.txt) and of disjoint held-out windows (from
 eval.txt) are taken in one layer-wise pass each; keep sets come from the calibration Grams; each
@@ -56,6 +57,8 @@ def main():
     ap.add_argument("--layers", default="0,3,6,9,12,15,18,21,24,27")
     ap.add_argument("--max-rounds", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma list of compensation methods")
+    ap.add_argument("--coec-opts", type=json.loads, default={}, help='extra coec options as JSON, e.g. \'{"delta_norm": "fro"}\'')
     a = ap.parse_args()
     model, tok = load_model(a.model, dtype="float32")
     geom = attention_geometry(model.config)
@@ -67,7 +70,8 @@ def main():
     print(f"statistics: {a.calib} calibration and {a.heldout} held-out sequences x {a.seqlen} "
           f"tokens in {time.time() - t0:.0f}s")
     layers = [int(x) for x in a.layers.split(",")]
-    sums = {(m, mod): {"calib": [], "held": [], "sec": []} for m in METHODS for mod in ("o_proj", "down_proj")}
+    methods = a.methods.split(",")
+    sums = {(m, mod): {"calib": [], "held": [], "sec": []} for m in methods for mod in ("o_proj", "down_proj")}
     lambdas, at_end, reductions = [], [0, 0, 0], []
     for i in layers:
         L = model.model.layers[i]
@@ -79,8 +83,8 @@ def main():
         vp = expanded_value_proj(L.self_attn.v_proj.weight.data, k["kv_groups"], geom)
         for mod in ("o_proj", "down_proj"):
             c, h = cal[i][mod], held[i][mod]
-            for m in METHODS:
-                opts = {"max_rounds": a.max_rounds} if m == "coec" else {}
+            for m in methods:
+                opts = {"max_rounds": a.max_rounds, **a.coec_opts} if m == "coec" else {}
                 if m == "coec" and mod == "o_proj":
                     opts.update(align_lambda=50.0, value_proj=vp)
                 t1 = time.time()

@@ -80,6 +80,7 @@ def test_bad_shapes_and_values(prob):
         ("coec", {"eta_scale": "auto"}, "eta_scale"),
         ("coec", {"eta": 0.0}, "eta"),
         ("coec", {"delta": -1.0}, "delta"),
+        ("coec", {"delta_norm": "max"}, "delta_norm"),
         ("coec", {"kappa": 0.5}, "kappa"),
         ("coec", {"max_rounds": 2.5}, "max_rounds"),
         ("coec", {"max_rounds": -1}, "max_rounds"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 
 import pytest
@@ -155,6 +157,25 @@ def test_right_solver_orthonormal_and_reduced_equals_full(dims):
     assert all(b <= a for a, b in zip(red.history, red.history[1:]))
     assert red.F_end == pytest.approx(full.F_end, rel=1e-7)
     assert red.F_end < 0.5 * red.F_start
+
+
+@pytest.mark.parametrize("dims", [(8, 40, 24), (12, 16, 12)])  # polar (r < k) and Cayley (r = k)
+def test_delta_norm_measures_the_change_of_R(dims):
+    """``delta_norm``: "rms" stops when ||dR||_F / sqrt(r) < delta, "fro" when ||dR||_F < delta, so
+    "fro" with delta equals "rms" with delta / sqrt(r), step for step."""
+    d_out, d_in, k = dims
+    W0, G, mean, keep, _ = make_problem(d_out, d_in, k, 200, seed=1, outliers=0)
+    Gxx, Gyx, c = _metric(W0, G, keep)
+    U, S, Vt = svd(W0[:, keep])
+    lam = float(torch.linalg.eigvalsh(Gxx).max())
+    r = min(d_out, k)
+    kw = dict(max_steps=5000, track=True)
+    rms = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-2, **kw)
+    fro = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-2, delta_norm="fro", **kw)
+    same = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-2 / math.sqrt(r), **kw)
+    assert rms.stop == fro.stop == "delta"
+    assert fro.steps > rms.steps and fro.F_end <= rms.F_end
+    assert (fro.steps, fro.F_end) == (same.steps, pytest.approx(same.F_end, rel=1e-12))
 
 
 def test_coec_deterministic_bit_for_bit():

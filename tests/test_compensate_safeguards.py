@@ -99,6 +99,67 @@ def test_svd_fallback_on_nonfinite_and_total_failure(monkeypatch):
         linalg.svd(A, [])
 
 
+def test_eigh_failures_fall_back(monkeypatch):
+    """Every eigh path has a fallback (App. B's chain, for the GPU's eigh factorisations): the
+    eigh itself retries in float64 on the CPU; the eigh-based polar / SVD / top vectors and the
+    Newton polar's QR fall back to the SVD chain; each recorded. A COEC call whose float32 eigh
+    fails everywhere (tempering in float32, eigh left polar and setup) still matches its result
+    without failures."""
+    real_eigh, real_qr = torch.linalg.eigh, torch.linalg.qr
+
+    def fails_below_fp64(M, *a, **k):
+        if M.dtype != torch.float64:
+            raise torch.linalg.LinAlgError("simulated cuSOLVER syevd failure")
+        return real_eigh(M, *a, **k)
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 12, generator=g, dtype=torch.float64)
+    G = X.mT @ X
+    monkeypatch.setattr(torch.linalg, "eigh", fails_below_fp64)
+    rec = []
+    w, E = linalg.eigh(G.float(), rec)
+    assert rec == ["eigh->cpu_float64"] and w.dtype == torch.float32
+    torch.testing.assert_close((E * w) @ E.mT, G.float(), rtol=1e-4, atol=1e-3)
+    rec = []
+    Ga, _ = linalg.temper_gram(G.float(), 0.9, record=rec)
+    ref, _ = linalg.temper_gram(G, 0.9)
+    assert rec == ["eigh->cpu_float64"]
+    torch.testing.assert_close(Ga.double(), ref, rtol=1e-5, atol=1e-4)
+
+    def always(*a, **k):
+        raise torch.linalg.LinAlgError("simulated failure")
+
+    A = torch.randn(9, 5, generator=g, dtype=torch.float64)
+    P_ref = linalg.polar(A)
+    monkeypatch.setattr(torch.linalg, "eigh", always)
+    rec = []
+    torch.testing.assert_close(linalg.polar_eigh(A, rec), P_ref)
+    assert rec == ["polar_eigh->svd"]
+    rec = []
+    U, S, Vh = linalg.svd_eigh(A, rec)
+    assert rec == ["svd_eigh->svd"]
+    torch.testing.assert_close((U * S) @ Vh, A)
+    rec = []
+    top = linalg.top_singular_vectors(A, 2, "right", "eigh", rec)
+    assert rec == ["eigh->svd"] and top.shape == (5, 2)
+    with pytest.raises(RuntimeError, match="eigh failed"):
+        linalg.eigh(G, [])
+    monkeypatch.setattr(torch.linalg, "eigh", real_eigh)
+    monkeypatch.setattr(torch.linalg, "qr", always)
+    rec = []
+    torch.testing.assert_close(linalg.polar_newton(A, rec), P_ref)
+    assert rec == ["polar_newton->svd"]
+    monkeypatch.setattr(torch.linalg, "qr", real_qr)
+
+    W0, Gp, mean, keep, _ = make_problem(16, 40, 28, 300)
+    opts = dict(max_rounds=3, compute_dtype="float32", temper_dtype="float32", left_polar="eigh", setup_svd="eigh")
+    ref = compensate(W0, Gp, mean, keep, "coec", **opts)
+    monkeypatch.setattr(torch.linalg, "eigh", fails_below_fp64)
+    out = compensate(W0, Gp, mean, keep, "coec", **opts)
+    assert "eigh->cpu_float64" in out.info["svd_fallbacks"] and _finite(out)
+    assert out.info["relerr_after"] == pytest.approx(ref.info["relerr_after"], rel=1e-3)
+
+
 def test_kappa_band_triggers_in_compensate():
     """Kept weight with tiny tail singular values whose output directions the pruned (but
     correlated) columns write strongly: with lambda forced -> 0 the per-mode optimum of the tail

@@ -53,6 +53,7 @@ COEC_DEFAULTS: dict = {
     "tol": 1e-4,
     "tol_mode": "relative",
     "delta": 7e-4,
+    "delta_norm": "rms",
     "kappa": 10.0,
     "eta": 1.0,
     "eta_scale": "rayleigh",
@@ -199,7 +200,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     # dtype (float64 by default), which also serves the reported errors; the loop runs in cdt.
     G0 = normalize_gram(gram.to(dev, tdt))
     with span("coec.setup.temper"):
-        Gt, tinfo = temper_gram(G0, float(o["alpha"]), clip=bool(o["psd_clip"]))
+        Gt, tinfo = temper_gram(G0, float(o["alpha"]), clip=bool(o["psd_clip"]), record=run.svd_fallbacks)
     W0t = W0.to(dev, tdt)
     WG = W0t @ G0
     Gxx0, Gyx0, c0 = G0[keep][:, keep], WG[:, keep], float((WG * W0t).sum())  # untempered metric
@@ -271,6 +272,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
                     st.U, st.S, st.Vt, Gxx, Gyx, c, lam_max, eta=o["eta"], eta_scale=o["eta_scale"],
                     delta=o["delta"], max_steps=int(o["max_inner_steps"]), max_backtracks=int(o["max_backtracks"]),
                     align=al_obj, align_lambda=lam_a, RG0=st.RG, cayley_inverse=o["cayley_inverse"],
+                    delta_norm=o["delta_norm"],
                 )
             steps_per_round.append(res.steps)
             for key in ("backtracks", "capped", "trials", "orth_cleanups"):

@@ -14,6 +14,7 @@ import torch
 __all__ = [
     "SVD_CHAIN",
     "svd",
+    "eigh",
     "polar",
     "polar_eigh",
     "polar_newton",
@@ -68,6 +69,30 @@ def svd(A: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, torc
     raise RuntimeError(f"SVD failed on every driver of the fallback chain {SVD_CHAIN}: {last}")
 
 
+def eigh(M: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric eigendecomposition ``M = E diag(w) E^T`` (w ascending) with a fallback.
+
+    The solver on M's device and dtype first; an exception (e.g. a cuSOLVER convergence failure)
+    or a non-finite result moves to float64 on the CPU, recorded as ``"eigh->cpu_float64"``;
+    the factors return in M's dtype and device. Raises if both fail.
+    """
+    try:
+        w, E = torch.linalg.eigh(M)
+        if _finite(w, E):
+            return w, E
+        last: Exception = FloatingPointError("non-finite eigh factors")
+    except Exception as exc:  # noqa: BLE001 - any solver failure moves to the CPU
+        last = exc
+    if M.device.type == "cpu" and M.dtype == torch.float64:
+        raise RuntimeError(f"eigh failed in float64 on the CPU: {last}")
+    if record is not None:
+        record.append("eigh->cpu_float64")
+    w, E = torch.linalg.eigh(M.detach().to("cpu", torch.float64))
+    if not _finite(w, E):
+        raise RuntimeError(f"eigh failed on {M.device} ({last}) and in float64 on the CPU")
+    return w.to(M.device, M.dtype), E.to(M.device, M.dtype)
+
+
 def polar(A: torch.Tensor, record: list | None = None) -> torch.Tensor:
     """Orthogonal polar factor ``U_A Vh_A`` of ``A`` (m, n) from its thin SVD (paper Sec. 4.1).
 
@@ -96,8 +121,12 @@ def _svd_by_gram_eigh(A64: torch.Tensor, floor: float, max_refine: int):
     """Thin SVD factors of a tall float64 A (m, n), m >= n, from an eigh of ``A^T A``: descending
     ``S``, ``V`` (n, n) from the eigenpairs and ``U = A V / S`` made orthonormal by Newton–Schulz
     steps. Returns (U, S, V, orthonormality error of U), or None when the spectrum is not resolved
-    (``lambda_min <= floor * eps64 * lambda_max``, or non-finite)."""
-    w, V = torch.linalg.eigh(A64.mT @ A64)
+    (``lambda_min <= floor * eps64 * lambda_max``, or non-finite) or the eigh raised (the caller
+    then takes the SVD chain)."""
+    try:
+        w, V = torch.linalg.eigh(A64.mT @ A64)
+    except Exception:  # noqa: BLE001 - a solver failure: the caller falls back to the SVD chain
+        return None
     wmax = float(w[-1]) if w.numel() else 0.0
     if not (wmax > 0 and math.isfinite(wmax)) or float(w[0]) <= floor * torch.finfo(torch.float64).eps * wmax:
         return None
@@ -156,10 +185,13 @@ def polar_newton(A: torch.Tensor, record: list | None = None, max_iter: int = 30
     if m < n:
         return polar_newton(A.mT, record, max_iter, tol, max_refine).mT
     A64 = A.to(torch.float64)
-    Q, X = torch.linalg.qr(A64) if m > n else (None, A64)
+    try:
+        Q, X = torch.linalg.qr(A64) if m > n else (None, A64)
+    except Exception:  # noqa: BLE001 - a solver failure: the SVD chain below
+        Q, X = None, None
     norms = lambda M: float(torch.linalg.matrix_norm(M, 1) * torch.linalg.matrix_norm(M, float("inf")))  # noqa: E731
     converged, scaled = False, True
-    for _ in range(max_iter):
+    for _ in range(max_iter if X is not None else 0):
         Xi, info = torch.linalg.inv_ex(X)
         if int(info) != 0 or not _finite(Xi):
             break
@@ -213,11 +245,12 @@ def top_singular_vectors(A: torch.Tensor, rank: int, side: str, method: str = "s
     if method == "eigh":
         A64 = A.to(torch.float64)
         G = A64 @ A64.mT if side == "left" else A64.mT @ A64
-        _, E = torch.linalg.eigh(G)
-        if bool(torch.isfinite(E).all()):
+        try:
+            _, E = eigh(G, record)
             return E.flip(1)[:, :rank].to(A.dtype)
-        if record is not None:
-            record.append("eigh->svd")
+        except RuntimeError:  # eigh failed on the device and on the CPU: the SVD chain
+            if record is not None:
+                record.append("eigh->svd")
     U, _, Vh = svd(A, record)
     return U[:, :rank] if side == "left" else Vh[:rank].mT
 
@@ -305,19 +338,21 @@ def normalize_gram(G: torch.Tensor) -> torch.Tensor:
     return G / t if t > 0 and math.isfinite(t) else G
 
 
-def temper_gram(G: torch.Tensor, alpha: float, clip: bool = True) -> tuple[torch.Tensor, dict]:
+def temper_gram(G: torch.Tensor, alpha: float, clip: bool = True,
+                record: list | None = None) -> tuple[torch.Tensor, dict]:
     """Spectral tempering ``G^alpha = E diag(mu^alpha) E^T`` of the FULL Gram (paper Sec. 4.4, eq. G^alpha).
 
     G (d, d) symmetric. Negative eigenvalues (round-off, or an indefinite estimate) are clipped to
     0 before the power when ``clip`` (always for alpha < 1: mu^alpha is undefined for mu < 0).
     Clipping matters even at alpha = 1: an indefinite metric makes the two-sided objective
-    unbounded below (DESIGN.md). Returns (G_alpha, info) with info: ``lambda_max`` (of G_alpha),
-    ``n_negative`` (eigenvalues clipped), ``min_eig`` (before clipping).
+    unbounded below (DESIGN.md). The eigh falls back to float64 on the CPU (``eigh``, recorded in
+    ``record``). Returns (G_alpha, info) with info: ``lambda_max`` (of G_alpha), ``n_negative``
+    (eigenvalues clipped), ``min_eig`` (before clipping).
     """
     if alpha == 1.0 and not clip:
         lam = power_max_eig(G)
         return G, {"lambda_max": lam, "n_negative": 0, "min_eig": float("nan")}
-    mu, E = torch.linalg.eigh(G)
+    mu, E = eigh(G, record)
     n_neg = int((mu < 0).sum())
     min_eig = float(mu.min())
     mu = mu.clamp_min(0.0)

@@ -28,8 +28,9 @@ App. B step cap: ``t <= 1 / ||grad||_F`` so that ``||t grad|| <= 1``. Backtracki
 raises F is rejected and eta halved (for the rest of this solve), so F is monotone.
 Retraction: Newton–Schulz polar when r < k, Cayley (inverse by Newton–Schulz, App. B, or by an LU
 solve: ``cayley_inverse``) when r = k.
-Stop: ``||R_new - R||_F / sqrt(r) < delta`` (RMS change of a frame row), no descent possible, or
-``max_steps`` accepted steps.
+Stop: ``||R_new - R||_F / sqrt(r) < delta`` (``delta_norm="rms"``, the RMS change of a frame row,
+so one delta serves every width) or ``||R_new - R||_F < delta`` (``"fro"``, the unscaled
+reading), no descent possible, or ``max_steps`` accepted steps.
 """
 
 from __future__ import annotations
@@ -274,7 +275,8 @@ def _orth_tol(dtype) -> float:
     return 1e-10 if dtype == torch.float64 else 1e-5
 
 
-def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_steps, max_backtracks, track, RG0=None):
+def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_steps, max_backtracks, track, RG0=None,
+             delta_norm="rms"):
     """Shared backtracking descent loop. ``retract_step(x, R, Xi)`` -> dict with the direction's
     norm, its R-velocity ``vel`` and ``go(t)`` -> new variable; x is the solver's variable (R, or Q
     for the full solver); ``measure(x)`` -> R. ``RG0`` optionally caches ``R0 Gxx``."""
@@ -285,6 +287,7 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
     res["skipped"] += 0 if ev["ok"] else 1
     hist = [ev["F"]] if track else []
     r = R.shape[0]
+    unit = math.sqrt(r) if delta_norm == "rms" else 1.0  # the change of R is measured in these units
     eta_cur = float(eta)
     stop = "max_steps"
     for _ in range(max_steps):
@@ -315,12 +318,12 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
             t *= 0.5
             eta_cur = min(eta_cur, t / base)  # halve eta for the rest of this solve
             res["backtracks"] += 1
-            if t * gnorm / math.sqrt(r) < 1e-3 * delta:  # steps this small cannot pass delta anyway
+            if t * gnorm / unit < 1e-3 * delta:  # steps this small cannot pass delta anyway
                 break
         if not accepted:
             stop = "no_descent"
             break
-        dR = float(torch.linalg.matrix_norm(R_new - R)) / math.sqrt(r)
+        dR = float(torch.linalg.matrix_norm(R_new - R)) / unit
         x, R, ev = x_new, R_new, ev_new
         res["steps"] += 1
         res["skipped"] += 0 if ev["ok"] else 1
@@ -373,6 +376,7 @@ def solve_reduced(
     track: bool = False,
     RG0: torch.Tensor | None = None,
     cayley_inverse: str = "newton_schulz",
+    delta_norm: str = "rms",
 ) -> RightResult:
     """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
 
@@ -396,6 +400,7 @@ def solve_reduced(
     out = _descend(
         obj, Vt, _lipschitz(S, lam_max, c), retract_step, lambda x: x, eta=eta, eta_scale=eta_scale,
         delta=delta, max_steps=max_steps, max_backtracks=max_backtracks, track=track, RG0=RG0,
+        delta_norm=delta_norm,
     )
     return _finish(obj, *out, drifts=square)
 
@@ -419,6 +424,7 @@ def solve_full(
     track: bool = False,
     RG0: torch.Tensor | None = None,
     cayley_inverse: str = "newton_schulz",
+    delta_norm: str = "rms",
 ) -> RightResult:
     """Full right solve over ``Q_r in O(k)`` from ``Q = I`` with Cayley steps (ablation "converged
     two-sided rotation"; Sec. 4.1). Same objective as ``solve_reduced`` through ``R = Vt Q``; the
@@ -439,6 +445,6 @@ def solve_full(
     Q, R, ev, res, stop, eta_cur, hist = _descend(
         obj, Q0, _lipschitz(S, lam_max, c), retract_step, lambda Q: Vt @ Q, eta=eta,
         eta_scale=eta_scale, delta=delta, max_steps=max_steps, max_backtracks=max_backtracks,
-        track=track, RG0=RG0,
+        track=track, RG0=RG0, delta_norm=delta_norm,
     )
     return _finish(obj, Q, R, ev, res, stop, eta_cur, hist, Q=Q)
