@@ -26,6 +26,7 @@ from coec.calibrate import GramAccumulator, run_layerwise
 from coec.evaluate.ppl import perplexity
 from coec.models import load_model, resolve_device
 from coec.profiling import device_sync, gemm_rate
+from gram_blocks import dense_gram_add_  # a sibling script: benchmarks/ is the script's folder
 
 
 def timed(fn, repeat=1):
@@ -129,11 +130,7 @@ def main():
             totals = [torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=dev) for x in (xa, xm)]
             for _ in range(a.nseq // a.batch):
                 for tot, x in zip(totals, (xa, xm)):
-                    if x.dtype in (torch.bfloat16, torch.float16) and dev.type == "cuda":
-                        tot.add_(torch.mm(x.mT, x, out_dtype=torch.float32))
-                    else:
-                        w = x if x.dtype == torch.float64 else x.float()
-                        tot.add_(w.mT @ w)
+                    dense_gram_add_(tot, x)
         sync()
 
     def calib():

@@ -52,32 +52,24 @@ def gram_block_edges(d: int, block: int) -> list[int]:
     return [round(i * d / n) for i in range(n + 1)]
 
 
-def _block_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a^T b`` for column slices a (t, m), b (t, n) of one batch: float32 (float64 for float64).
-
-    16-bit activations on CUDA use one 16-bit tensor-core GEMM with a float32 output
-    (``torch.mm(..., out_dtype=torch.float32)``): products of 16-bit numbers are exact in float32
-    and the accumulation is float32, so it equals the float32-upcast GEMM up to summation order,
-    at the 16-bit GEMM rate and without a float32 copy of the batch. Elsewhere (CPU, which has no
-    such kernel, or 32/64-bit activations) the slices are upcast and multiplied.
-    """
-    if a.dtype in (torch.bfloat16, torch.float16) and a.device.type == "cuda":
-        return torch.mm(a.mT, b, out_dtype=torch.float32)
-    dt = _accumulation_dtype(a)
-    return a.to(dt).mT @ b.to(dt)
-
-
 def gram_upper_add_(G: torch.Tensor, x: torch.Tensor, edges: list[int]) -> torch.Tensor:
     """Add the upper block triangle of ``x^T x`` to G (d, d) in place: for every block row i,
     ``G[e_i:e_(i+1), e_i:] += x[:, e_i:e_(i+1)]^T x[:, e_i:]`` (one GEMM per block row). x (t, d).
 
-    The strictly lower blocks are neither computed nor touched: about (B + 1) / 2B of the full
-    GEMM's 2 t d^2 FLOPs; ``symmetrize_upper_`` fills them. Returns G.
+    Each block product is float32 (float64 for float64 x). 16-bit activations on CUDA use a 16-bit
+    tensor-core GEMM with a float32 output (``torch.mm(..., out_dtype=torch.float32)``): products
+    of 16-bit numbers are exact in float32 and the accumulation is float32, so it equals the
+    float32-upcast GEMM up to summation order, at the 16-bit GEMM rate and without a float32 copy
+    of the batch. Elsewhere (CPU, which has no such kernel, or 32/64-bit activations) the batch is
+    upcast once and multiplied. The strictly lower blocks are neither computed nor touched: about
+    (B + 1) / 2B of the full GEMM's 2 t d^2 FLOPs; ``symmetrize_upper_`` fills them. Returns G.
     """
-    if x.dtype not in (torch.bfloat16, torch.float16) or x.device.type != "cuda":
-        x = x.to(_accumulation_dtype(x))  # upcast once, not per block
+    tensor_core = x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda"
+    if not tensor_core:
+        x = x.to(_accumulation_dtype(x))
     for lo, hi in zip(edges[:-1], edges[1:]):
-        G[lo:hi, lo:].add_(_block_product(x[:, lo:hi], x[:, lo:]))
+        a, b = x[:, lo:hi], x[:, lo:]
+        G[lo:hi, lo:].add_(torch.mm(a.mT, b, out_dtype=torch.float32) if tensor_core else a.mT @ b)
     return G
 
 

