@@ -5,11 +5,11 @@
 #
 #   OUT=benchmarks/results/gpu bash benchmarks/gpu_check.sh
 #
-# The step time limits add up to 14 min (the expected total is about 7): give the device
+# The step time limits add up to 15 min (the expected total is about 7): give the device
 # command 600 s. Each step writes its output as it goes, so a step cut short leaves the earlier
 # files. Writes to $OUT: gpu.txt (device, versions), tests.txt (CUDA-only tests), foundation.txt
 # (calibration against its FLOP bound, perplexity overhead; Llama-3.1-8B shape, 4 layers, bf16),
-# gram_blocks.txt (the calibration Gram by block rows against one dense GEMM, per block size),
+# watchdog.txt (SVD / eigh with the solver watchdog on and off), gram_blocks.txt (the calibration Gram by block rows against one dense GEMM, per block size),
 # breakdown.txt (seconds per COEC block at 8B shapes, 5 rounds), left_polar.txt (SVD / eigh /
 # Newton left polar timed on the 8B left-rotation matrices), compensate_8b.{txt,json} (RCPU and
 # COEC per 8B module at the paper's 50 rounds), newton_8b.txt (COEC with left_polar: newton),
@@ -29,7 +29,11 @@ step "device"
 
 step "CUDA-only tests"
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_foundation.py tests/test_compensate_methods.py \
-    -k "gram_product or cuda" 2>&1 | tail -5 | tee "$OUT/tests.txt"
+    tests/test_compensate_safeguards.py -k "gram_product or cuda" 2>&1 | tail -5 | tee "$OUT/tests.txt"
+
+step "solver watchdog overhead (CUDA default: on)"
+timeout 60 $py benchmarks/watchdog_overhead.py --device cuda --sizes 1024,4096 --repeat 3 \
+    2>&1 | tee "$OUT/watchdog.txt"
 
 step "calibration and perplexity (8B shape, 4 layers, bf16)"
 timeout 150 $py benchmarks/bench_foundation.py --random-arch Llama-3.1-8B --layers 4 --dtype bfloat16 \

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch
 from test_compensate_problems import make_problem
 
 from coec.compensate import METHODS, compensate
-from coec.compensate import linalg
+from coec.compensate import linalg, watchdog
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -220,3 +222,138 @@ def test_zero_gram_is_finite():
     for method in METHODS:
         out = compensate(W0, G, mean, keep, method)
         assert _finite(out), method
+
+
+@pytest.fixture
+def hang_first():
+    """Make the first call of a torch.linalg solver hang (until the test ends), like a cuSOLVER
+    call that never returns; later calls are real. Yields install(name) -> call counter."""
+    release = threading.Event()
+    patched = []
+
+    def install(name):
+        real = getattr(torch.linalg, name)
+        calls = {"n": 0}
+
+        def hangs_once(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                release.wait(60)
+                raise RuntimeError("released after the test")
+            return real(*a, **k)
+
+        patched.append((name, real))
+        setattr(torch.linalg, name, hangs_once)
+        return calls
+
+    yield install
+    for name, real in patched:
+        setattr(torch.linalg, name, real)
+    release.set()
+
+
+def test_watchdog_limit_sources(monkeypatch):
+    monkeypatch.delenv(watchdog.ENV_VAR, raising=False)
+    assert watchdog.timeout_seconds("cpu") is None and watchdog.timeout_seconds("cuda") == 600.0
+    monkeypatch.setenv(watchdog.ENV_VAR, "2.5")
+    assert watchdog.timeout_seconds("cpu") == 2.5
+    with watchdog.solver_timeout(0):
+        assert watchdog.timeout_seconds("cuda") is None
+        with watchdog.solver_timeout(1):
+            assert watchdog.timeout_seconds("cpu") == 1.0
+        assert watchdog.timeout_seconds("cpu") is None
+    assert watchdog.timeout_seconds("cpu") == 2.5
+    monkeypatch.setenv(watchdog.ENV_VAR, "0")
+    assert watchdog.timeout_seconds("cuda") is None
+    monkeypatch.setenv(watchdog.ENV_VAR, "soon")
+    with pytest.raises(ValueError, match=watchdog.ENV_VAR):
+        watchdog.timeout_seconds("cpu")
+    with pytest.raises(ValueError, match="solver_timeout"):
+        with watchdog.solver_timeout(-1):
+            pass
+
+
+def test_watched_call_returns_raises_and_keeps_thread_settings():
+    A = torch.randn(7, 5, dtype=torch.float64)
+    with watchdog.solver_timeout(30):
+        U, S, Vh = watchdog.watched(lambda: torch.linalg.svd(A, full_matrices=False), A.device, "svd")
+        assert torch.allclose((U * S) @ Vh, A, atol=1e-12)
+        seen = watchdog.watched(lambda: (torch.get_num_threads(), torch.is_grad_enabled()), "cpu", "probe")
+        assert seen == (torch.get_num_threads(), torch.is_grad_enabled())
+        with torch.no_grad():
+            assert watchdog.watched(torch.is_grad_enabled, "cpu", "probe") is False
+        with pytest.raises(torch.linalg.LinAlgError):
+            watchdog.watched(lambda: torch.linalg.cholesky(-torch.eye(3)), "cpu", "cholesky")
+
+
+def test_watchdog_turns_a_hanging_svd_into_the_next_entry(hang_first):
+    """App. B: a solver that never returns becomes a recoverable failure; the chain goes on."""
+    A = torch.randn(30, 12, dtype=torch.float32)
+    ref = torch.linalg.svdvals(A.double())
+    hang_first("svd")
+    rec = []
+    t0 = time.perf_counter()
+    with watchdog.solver_timeout(0.3):
+        U, S, Vh = linalg.svd(A, rec)
+    assert time.perf_counter() - t0 < 10.0
+    assert rec == ["default:timeout", "cpu_float64"] and S.dtype == torch.float32
+    torch.testing.assert_close(S.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close((U * S) @ Vh, A, rtol=1e-4, atol=1e-4)
+
+
+def test_watchdog_on_eigh_paths(hang_first):
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(40, 9, generator=g, dtype=torch.float64)
+    G = X.mT @ X
+    calls = hang_first("eigh")
+    rec = []
+    with watchdog.solver_timeout(0.3):
+        w, E = linalg.eigh(G.float(), rec)
+    assert rec == ["eigh:timeout", "eigh->cpu_float64"] and calls["n"] == 2
+    torch.testing.assert_close((E * w) @ E.mT, G.float(), rtol=1e-4, atol=1e-3)
+    calls["n"] = 0  # the eigh-based polar: the timed-out eigh sends it down the SVD chain
+    rec = []
+    with watchdog.solver_timeout(0.3):
+        P = linalg.polar_eigh(X, rec)
+    assert rec == ["eigh:timeout", "polar_eigh->svd"]
+    torch.testing.assert_close(P, linalg.polar(X))
+
+
+def test_coec_with_a_hanging_first_svd_matches_the_reference(hang_first):
+    W0, G, mean, keep, _ = make_problem(16, 40, 28, 300)
+    ref = compensate(W0, G, mean, keep, "coec", max_rounds=4, compute_dtype="float64")
+    hang_first("svd")
+    with watchdog.solver_timeout(0.3):
+        out = compensate(W0, G, mean, keep, "coec", max_rounds=4, compute_dtype="float64")
+    assert out.info["svd_fallbacks"] == ["default:timeout", "cpu_float64"]
+    torch.testing.assert_close(out.weight, ref.weight, rtol=0, atol=1e-10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+def test_watched_cuda_call_on_a_side_stream_matches_the_plain_call():
+    A = torch.randn(512, 384, device="cuda")
+    ref = torch.linalg.svdvals(A)
+    with watchdog.solver_timeout(120):
+        for _ in range(3):  # results are synchronised and usable on the caller's stream
+            U, S, Vh = linalg.svd(A * 1.0)
+            torch.testing.assert_close(S, ref)
+            torch.testing.assert_close((U * S) @ Vh, A, rtol=1e-3, atol=1e-3)
+        w, E = linalg.eigh(A.mT @ A)
+        torch.testing.assert_close(w.flip(0).sqrt(), ref, rtol=1e-3, atol=1e-2)
+
+
+def test_hung_side_streams_are_skipped(monkeypatch):
+    """torch's stream pool hands streams out round-robin: one left with a hung call is skipped."""
+    handles = iter([7, 7, 8])
+
+    class FakeStream:
+        def __init__(self, device):
+            self.cuda_stream = next(handles)
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(watchdog, "_hung_streams", {7})
+    assert watchdog._side_stream(torch.device("cuda")).cuda_stream == 8
+    monkeypatch.setattr(watchdog, "_hung_streams", {9})
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: type("S", (), {"cuda_stream": 9})())
+    with pytest.raises(watchdog.SolverTimeout, match="every side stream"):
+        watchdog._side_stream(torch.device("cuda"))

@@ -2,7 +2,8 @@
 
 Conventions: ``G`` is a calibration Gram ``sum_t x_t x_t^T`` (or its mean), ``Gxx = G[K, K]``,
 ``Gyx = W0 G[:, K]`` and ``c = ||Y||^2 = tr(W0 G W0^T)`` (paper Sec. 3.1). Every routine is
-device-agnostic; the SVD has an explicit fallback chain (paper App. B, "SVD watchdog").
+device-agnostic; the SVD and the eigh have explicit fallback chains whose device entries run under
+the solver watchdog (paper App. B, "SVD watchdog"; ``watchdog.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .watchdog import SolverTimeout, watched
 
 __all__ = [
     "SVD_CHAIN",
@@ -38,11 +41,13 @@ def _finite(*ts: torch.Tensor) -> bool:
 
 
 def svd(A: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Thin SVD ``A = U diag(S) Vh`` with a fallback chain.
+    """Thin SVD ``A = U diag(S) Vh`` with a timed fallback chain (App. B).
 
     Chain: the default driver on ``A``'s device/dtype -> ``gesvd`` (CUDA only) -> float64 on CPU.
-    Any exception or a non-finite factor moves to the next entry. When an entry other than the
-    first is used, its name is appended to ``record`` (so ``record`` lists fallbacks only).
+    Any exception, a non-finite factor or (for every entry but the last) a watchdog timeout moves
+    to the next entry. When an entry other than the first is used, its name is appended to
+    ``record`` (so ``record`` lists fallbacks only), preceded by ``"<entry>:timeout"`` for each
+    entry the watchdog gave up on.
     Shapes: A (m, n) -> U (m, p), S (p,), Vh (p, n), p = min(m, n); returned on A's device/dtype.
     """
     last: Exception | None = None
@@ -51,12 +56,18 @@ def svd(A: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, torc
             continue
         try:
             if name == "default":
-                U, S, Vh = torch.linalg.svd(A, full_matrices=False)
+                U, S, Vh = watched(lambda: torch.linalg.svd(A, full_matrices=False), A.device, "svd")
             elif name == "gesvd":
-                U, S, Vh = torch.linalg.svd(A, full_matrices=False, driver="gesvd")
+                U, S, Vh = watched(lambda: torch.linalg.svd(A, full_matrices=False, driver="gesvd"),
+                                   A.device, "svd(gesvd)")
             else:
                 U, S, Vh = torch.linalg.svd(A.detach().to("cpu", torch.float64), full_matrices=False)
                 U, S, Vh = (t.to(A.device, A.dtype) for t in (U, S, Vh))
+        except SolverTimeout as exc:
+            last = exc
+            if record is not None:
+                record.append(f"{name}:timeout")
+            continue
         except Exception as exc:  # noqa: BLE001 - any solver failure moves down the chain
             last = exc
             continue
@@ -72,18 +83,28 @@ def svd(A: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, torc
 def eigh(M: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric eigendecomposition ``M = E diag(w) E^T`` (w ascending) with a fallback.
 
-    The solver on M's device and dtype first; an exception (e.g. a cuSOLVER convergence failure)
-    or a non-finite result moves to float64 on the CPU, recorded as ``"eigh->cpu_float64"``;
-    the factors return in M's dtype and device. Raises if both fail.
+    The solver on M's device and dtype first, under the watchdog; an exception (e.g. a cuSOLVER
+    convergence failure), a non-finite result or a timeout (recorded as ``"eigh:timeout"``) moves
+    to float64 on the CPU, recorded as ``"eigh->cpu_float64"``; the factors return in M's dtype
+    and device. Raises if both fail (float64 on the CPU is the last entry: a float64 CPU input
+    has no fallback and no time limit).
     """
+    last_entry = M.device.type == "cpu" and M.dtype == torch.float64
     try:
-        w, E = torch.linalg.eigh(M)
+        if last_entry:
+            w, E = torch.linalg.eigh(M)
+        else:
+            w, E = watched(lambda: torch.linalg.eigh(M), M.device, "eigh")
         if _finite(w, E):
             return w, E
         last: Exception = FloatingPointError("non-finite eigh factors")
+    except SolverTimeout as exc:
+        last = exc
+        if record is not None:
+            record.append("eigh:timeout")
     except Exception as exc:  # noqa: BLE001 - any solver failure moves to the CPU
         last = exc
-    if M.device.type == "cpu" and M.dtype == torch.float64:
+    if last_entry:
         raise RuntimeError(f"eigh failed in float64 on the CPU: {last}")
     if record is not None:
         record.append("eigh->cpu_float64")
@@ -117,14 +138,19 @@ def _ns_orthonormalize(P: torch.Tensor, max_refine: int) -> tuple[torch.Tensor, 
     return P, err
 
 
-def _svd_by_gram_eigh(A64: torch.Tensor, floor: float, max_refine: int):
+def _svd_by_gram_eigh(A64: torch.Tensor, floor: float, max_refine: int, record: list | None = None):
     """Thin SVD factors of a tall float64 A (m, n), m >= n, from an eigh of ``A^T A``: descending
     ``S``, ``V`` (n, n) from the eigenpairs and ``U = A V / S`` made orthonormal by Newton–Schulz
     steps. Returns (U, S, V, orthonormality error of U), or None when the spectrum is not resolved
-    (``lambda_min <= floor * eps64 * lambda_max``, or non-finite) or the eigh raised (the caller
-    then takes the SVD chain)."""
+    (``lambda_min <= floor * eps64 * lambda_max``, or non-finite) or the eigh raised or timed out
+    (recorded as ``"eigh:timeout"``; the caller then takes the SVD chain)."""
+    AtA = A64.mT @ A64
     try:
-        w, V = torch.linalg.eigh(A64.mT @ A64)
+        w, V = watched(lambda: torch.linalg.eigh(AtA), A64.device, "eigh")
+    except SolverTimeout:
+        if record is not None:
+            record.append("eigh:timeout")
+        return None
     except Exception:  # noqa: BLE001 - a solver failure: the caller falls back to the SVD chain
         return None
     wmax = float(w[-1]) if w.numel() else 0.0
@@ -155,7 +181,7 @@ def polar_eigh(A: torch.Tensor, record: list | None = None, floor: float = 16.0,
     """
     if A.shape[0] < A.shape[1]:
         return polar(A, record)
-    f = _svd_by_gram_eigh(A.to(torch.float64), floor, max_refine)
+    f = _svd_by_gram_eigh(A.to(torch.float64), floor, max_refine, record)
     if f is not None and _orthonormal_enough(f[3], A.dtype):
         return (f[0] @ f[2].mT).to(A.dtype)
     if record is not None:
@@ -225,7 +251,7 @@ def svd_eigh(A: torch.Tensor, record: list | None = None, floor: float = 16.0,
     dtype as ``svd``; S descending.
     """
     m, n = A.shape
-    f = _svd_by_gram_eigh((A.mT if m < n else A).to(torch.float64), floor, max_refine)
+    f = _svd_by_gram_eigh((A.mT if m < n else A).to(torch.float64), floor, max_refine, record)
     if f is not None and _orthonormal_enough(f[3], A.dtype):
         U, S, V = (t.to(A.dtype) for t in f[:3])
         return (V, S, U.mT) if m < n else (U, S, V.mT)

@@ -1,0 +1,135 @@
+"""Solver watchdog (paper App. B): a factorisation that does not return in time is a failure.
+
+App. B: "An SVD watchdog converts cuSOLVER hangs on degenerate slices into recoverable failures
+through a timed fallback chain from gesdd to gesvd to CPU double precision." ``watched(fn,
+device, name)`` runs one entry of such a chain with a wall-clock limit: the call runs in a daemon
+thread (torch releases the GIL inside its kernels) and, on CUDA, on a side stream of its own, so
+that a kernel that never finishes blocks neither the caller nor the caller's stream; the caller
+then takes the next entry (``linalg.svd``, ``linalg.eigh``). The abandoned call is left running
+(CUDA kernels cannot be cancelled); its thread and its stream are never used again (torch hands
+out pooled streams round-robin, so a hung one is skipped when it comes back).
+
+The limit, in seconds:
+- ``with solver_timeout(s):`` (``None`` or ``0`` turns the watchdog off inside the block);
+- else the environment variable ``COEC_SOLVER_TIMEOUT`` (``0`` = off), e.g. exported before a
+  SLURM submission;
+- else ``DEFAULT_TIMEOUT[device type]``: 600 s on CUDA (far above any single factorisation of
+  the paper's shapes), off on the CPU (LAPACK does not hang on degenerate input, and a timed-out
+  CPU call would keep its cores while the fallback runs).
+The last entry of a chain (float64 on the CPU) always runs without a limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+
+import torch
+
+__all__ = ["DEFAULT_TIMEOUT", "ENV_VAR", "SolverTimeout", "solver_timeout", "timeout_seconds", "watched"]
+
+ENV_VAR = "COEC_SOLVER_TIMEOUT"
+DEFAULT_TIMEOUT: dict[str, float | None] = {"cuda": 600.0, "cpu": None}
+_UNSET = object()
+_override = threading.local()
+_hung_streams: set[int] = set()  # CUDA side streams left with a call that never returned
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """A side stream from torch's pool that holds no abandoned call (the pool hands its streams
+    out round-robin, so a hung one would come back and block every later call queued on it)."""
+    for _ in range(256):
+        stream = torch.cuda.Stream(device)
+        if stream.cuda_stream not in _hung_streams:
+            return stream
+    raise SolverTimeout(f"every side stream of {device} holds a call that never returned")
+
+
+class SolverTimeout(RuntimeError):
+    """A watched solver call did not return within its limit."""
+
+
+def _seconds(value, source: str) -> float | None:
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} must be a number of seconds (0 = off), got {value!r}") from None
+    if math.isnan(s) or s < 0:
+        raise ValueError(f"{source} must be >= 0 seconds (0 = off), got {value!r}")
+    return s if s > 0 and math.isfinite(s) else None
+
+
+@contextlib.contextmanager
+def solver_timeout(seconds: float | None):
+    """Set the watchdog limit (seconds; None or 0: off) for the calls made by this thread inside
+    the block, whatever the device, overriding the environment and the defaults."""
+    value = None if seconds is None else _seconds(seconds, "solver_timeout")
+    prev = getattr(_override, "value", _UNSET)
+    _override.value = value
+    try:
+        yield
+    finally:
+        _override.value = prev
+
+
+def timeout_seconds(device: torch.device | str) -> float | None:
+    """The limit for a solver call on ``device``: the ``solver_timeout`` block, else the
+    environment variable, else ``DEFAULT_TIMEOUT``. None = no watchdog."""
+    value = getattr(_override, "value", _UNSET)
+    if value is not _UNSET:
+        return value
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return _seconds(env, ENV_VAR)
+    return DEFAULT_TIMEOUT.get(torch.device(device).type)
+
+
+def watched(fn, device: torch.device | str, name: str):
+    """``fn()`` (a solver call on ``device`` returning a tensor or a tuple of tensors) with the
+    watchdog's limit; without a limit it is a plain call. Raises ``SolverTimeout`` when the limit
+    passes, and re-raises what ``fn`` raised. On CUDA the call runs on a fresh side stream that
+    first waits for the caller's stream; its results are synchronised and marked as used by the
+    caller's stream before they are returned. Grad mode and the torch thread count follow the
+    caller."""
+    device = torch.device(device)
+    limit = timeout_seconds(device)
+    if limit is None:
+        return fn()
+    cuda = device.type == "cuda"
+    main = torch.cuda.current_stream(device) if cuda else None
+    side = _side_stream(device) if cuda else None
+    grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
+    box: dict = {}
+
+    def run():
+        try:
+            torch.set_num_threads(threads)
+            with torch.set_grad_enabled(grad):
+                if side is None:
+                    box["out"] = fn()
+                else:
+                    with torch.cuda.device(device), torch.cuda.stream(side):
+                        side.wait_stream(main)
+                        box["out"] = fn()
+                    side.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["exc"] = exc
+
+    worker = threading.Thread(target=run, name=f"coec-watchdog-{name}", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        if cuda:
+            _hung_streams.add(side.cuda_stream)
+        raise SolverTimeout(f"{name} on {device} did not return within {limit:g} s (watchdog, App. B)")
+    if "exc" in box:
+        raise box["exc"]
+    out = box["out"]
+    if cuda:
+        main.wait_stream(side)
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                t.record_stream(main)
+    return out
