@@ -186,7 +186,8 @@ def print_breakdown(name, rows, total_s, info):
     """Seconds per named COEC block (inclusive; nested names are part of their parent)."""
     n_rounds = max(len(info.get("seconds_per_round") or []), 1)
     print(f"  breakdown of {name} coec ({total_s:.2f} s under the profiler, {n_rounds} rounds; "
-          "host wall time per block, device kernel time where CUDA):")
+          "host wall time per block, device kernel time where CUDA,\n"
+          "  which misses the solver calls that the watchdog runs in its own thread):")
     print("  | block | calls | s | s per call | % of call | device s |")
     print("  |---|---:|---:|---:|---:|---:|")
     for r in rows:
