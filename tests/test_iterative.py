@@ -45,6 +45,7 @@ def _assert_stats_equal(a: dict, b: dict) -> None:
         assert a[m]["count"] == b[m]["count"]
         assert torch.equal(a[m]["gram"], b[m]["gram"]), m
         assert torch.equal(a[m]["sum"], b[m]["sum"]), m
+        assert torch.equal(a[m]["sumsq"], b[m]["sumsq"]), m
 
 
 @pytest.fixture()

@@ -43,7 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .calibrate import (GramAccumulator, NonFiniteActivations, _layer_call, embed_batches,
-                        gram_tensors, layer_masks, load_layer_stats, run_layerwise)
+                        channel_sumsq, gram_tensors, layer_masks, load_layer_stats, run_layerwise)
 from .compensate.baselines import bias as flap_bias
 from .models import (AttnGeometry, attention_geometry, check_family, decoder_layers, torch_dtype)
 from .prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
@@ -94,18 +94,21 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
             raise ValueError(f"a domain with weight > 0 has {int(s['count'])} tokens")
     if len(used) == 1:
         s = used[0][1]
-        return {"gram": s["gram"], "sum": s["sum"], "count": int(s["count"])}
+        return {"gram": s["gram"], "sum": s["sum"], "sumsq": channel_sumsq(s), "count": int(s["count"])}
     n = sum(int(s["count"]) for _, s in used)
     means = [s["sum"].double() / int(s["count"]) for _, s in used]
     m = sum(a * mk for (a, _), mk in zip(used, means))
-    outer = torch.outer if used[0][1]["gram"].dim() == 2 else torch.mul
-    if variance_mix == "pooled":
-        gram = n * sum(a * s["gram"].double() / int(s["count"]) for a, s in used)
-    else:
-        cov = sum(a * (s["gram"].double() - int(s["count"]) * outer(mk, mk))
+
+    def mix(key, outer):  # the Gram (outer = torch.outer) or its diagonal Σx² (torch.mul)
+        if variance_mix == "pooled":
+            return n * sum(a * s[key].double() / int(s["count"]) for a, s in used)
+        cov = sum(a * (s[key].double() - int(s["count"]) * outer(mk, mk))
                   / (int(s["count"]) - 1) for (a, s), mk in zip(used, means))
-        gram = (n - 1) * cov + n * outer(m, m)
-    return {"gram": gram, "sum": n * m, "count": n}
+        return (n - 1) * cov + n * outer(m, m)
+
+    used = [(a, {**s, "sumsq": channel_sumsq(s)}) for a, s in used]
+    gram = mix("gram", torch.outer if used[0][1]["gram"].dim() == 2 else torch.mul)
+    return {"gram": gram, "sum": n * m, "sumsq": mix("sumsq", torch.mul), "count": n}
 
 
 def finalize_stats(per_domain: list[dict], alphas, variance_mix: str, gram_dtype: str) -> dict:
@@ -116,7 +119,7 @@ def finalize_stats(per_domain: list[dict], alphas, variance_mix: str, gram_dtype
     gram, total, count = t["m.gram"], t["m.sum"], int(t["m.count"][0])
     if not (torch.isfinite(gram).all() and torch.isfinite(total).all()):
         raise NonFiniteActivations("NaN/Inf in mixed calibration statistics")
-    return {"gram": gram, "sum": total, "count": count, "mean": total / max(count, 1)}
+    return {"gram": gram, "sum": total, "sumsq": t["m.sumsq"], "count": count, "mean": total / max(count, 1)}
 
 
 class DomainAccumulator:
@@ -139,7 +142,7 @@ class DomainAccumulator:
 
     def stats(self, diag: bool = False) -> list[dict]:
         """Per-domain {gram, sum, count}; ``diag``: only the Gram's diagonal (d,)."""
-        return [{"gram": a.gram.diagonal() if diag else a.gram, "sum": a.sum, "count": a.count}
+        return [{"gram": a.sumsq if diag else a.gram, "sum": a.sum, "sumsq": a.sumsq, "count": a.count}
                 for a in self.accs]
 
 
@@ -269,8 +272,7 @@ def layer_scores(layer, stats: dict) -> tuple[torch.Tensor, torch.Tensor]:
     out = []
     for m in MODULES:
         st, w = stats[m], _module(layer, m).weight.detach()
-        diag = st["gram"] if st["gram"].dim() == 1 else st["gram"].diagonal()
-        out.append(column_scores("flap", w, diag.to(w.device), st["sum"].to(w.device),
+        out.append(column_scores("flap", w, channel_sumsq(st).to(w.device), st["sum"].to(w.device),
                                  st["count"]).cpu())
     return out[0], out[1]
 
@@ -645,11 +647,12 @@ def run_cli_grams(a) -> dict:
 
 
 def _stats_tensors(stats: dict) -> dict[str, torch.Tensor]:
-    """Finalised module statistics -> ``<module>.gram|sum|count`` file entries."""
+    """Finalised module statistics -> ``<module>.gram|sum|sumsq|count`` file entries."""
     out = {}
     for m, st in stats.items():
         out[f"{m}.gram"] = st["gram"].contiguous()
         out[f"{m}.sum"] = st["sum"].to(torch.float64).contiguous()
+        out[f"{m}.sumsq"] = channel_sumsq(st).to(torch.float64).contiguous()
         out[f"{m}.count"] = torch.tensor([st["count"]], dtype=torch.int64)
     return out
 

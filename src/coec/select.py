@@ -7,8 +7,8 @@ X_j the calibration activations of channel j:
     flap       Var(X_j) · ||W[:, j]||²                  (FLAP's WIFV)
     rcpu       ||W[:, j]|| · ||X_j|| · Var(X_j)
 
-||X_j|| = sqrt(G_jj); Var is the unbiased token variance from the Gram diagonal, channel sum
-and token count. Attention prunes whole KV groups with their query heads (a group's score is the
+||X_j|| = sqrt(G_jj); Var is the unbiased token variance from Σx² (the Gram's diagonal, stored in
+float64 beside the Gram: ``sumsq``), the channel sum and the token count. Attention prunes whole KV groups with their query heads (a group's score is the
 sum of its o_proj columns' scores); the MLP prunes single channels.
 """
 
@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from .calibrate import channel_sumsq
 from .models import AttnGeometry
 
 SELECTIONS = ("wanda_sp", "flap", "rcpu")
@@ -82,10 +83,9 @@ def select_layer(method: str, o_weight: torch.Tensor, o_stats: dict, down_weight
                  down_stats: dict, geom: AttnGeometry, ratio: float,
                  group_rounding: str = "ceil", channel_rounding: str = "ceil") -> dict:
     """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists)."""
-    o_scores = column_scores(method, o_weight, o_stats["gram"].diagonal(), o_stats["sum"],
-                             o_stats["count"])
-    d_scores = column_scores(method, down_weight, down_stats["gram"].diagonal(),
-                             down_stats["sum"], down_stats["count"])
+    o_scores = column_scores(method, o_weight, channel_sumsq(o_stats), o_stats["sum"], o_stats["count"])
+    d_scores = column_scores(method, down_weight, channel_sumsq(down_stats), down_stats["sum"],
+                             down_stats["count"])
     g_scores = group_scores(o_scores, geom)
     return {
         "kv_groups": top_k_sorted(g_scores, n_keep(geom.n_kv, ratio, group_rounding)),
