@@ -16,6 +16,11 @@ scalars, the ridge solve and every reported error run in float64 regardless),
 ``n_tokens`` (None; if given, gram is a sum over that many tokens, and ``info`` also reports the
 bias-aware error ``relerr_after_with_bias``).
 
+Solver watchdog (App. B; not an option, since it does not change results): the device entries of
+the SVD and eigh fallback chains run with a wall-clock limit, 600 s on CUDA and none on the CPU
+by default; ``COEC_SOLVER_TIMEOUT`` (seconds, 0 = off) or ``watchdog.solver_timeout(s)`` set it,
+and a timeout appears in ``info["svd_fallbacks"]`` as ``"<entry>:timeout"``.
+
 lstsq: ``ridge=1e-2`` (lambda = ridge * mean(diag(Gxx)), Sec. 3.2).
 
 coec (Algorithm 1; defaults = paper's App. B where it gives one):
