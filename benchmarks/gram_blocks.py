@@ -43,16 +43,21 @@ def timed(fn, repeat: int, dev) -> float:
     return best
 
 
+def device_args(ap: argparse.ArgumentParser, repeat: int):
+    """The options every micro-benchmark here shares: --dtype, --device, --repeat."""
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeat", type=int, default=repeat)
+    return ap
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dims", default="576,1536,4096,8192")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--blocks", default="128,256,384,512,768,1024,2048")
     ap.add_argument("--batches", type=int, default=8, help="batches per mirror (a layer's reads)")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--repeat", type=int, default=3)
-    a = ap.parse_args()
+    a = device_args(ap, repeat=3).parse_args()
     dev = resolve_device(a.device)
     dt = torch_dtype(a.dtype)
     blocks = [int(b) for b in a.blocks.split(",")]

@@ -19,16 +19,13 @@ from coec.compensate import linalg
 from coec.compensate.watchdog import solver_timeout
 from coec.models import resolve_device, torch_dtype
 
-from gram_blocks import timed
+from gram_blocks import device_args, timed
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--sizes", default="64,256,1024")
-    ap.add_argument("--repeat", type=int, default=20)
-    a = ap.parse_args()
+    a = device_args(ap, repeat=20).parse_args()
     dev = resolve_device(a.device)
     dt = torch_dtype(a.dtype)
     print(f"device {dev} dtype {a.dtype} threads {torch.get_num_threads()} (best of {a.repeat})")
