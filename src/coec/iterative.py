@@ -80,7 +80,9 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
     Both store sum = N m and count = N, so ``select.column_scores`` and the bias (mean = m) work
     unchanged. One domain (or one with alpha > 0) is returned as is (bit-for-bit plain FLAP).
     A 1-D ``gram`` is taken as the Gram's diagonal (d,) and mixed elementwise (same bits as the
-    diagonal of the full mixture).
+    diagonal of the full mixture). ``sumsq`` (float64 Σx², the Gram's diagonal, from which the
+    selection's variance comes) is mixed the same way, from each domain's ``sumsq`` or, if it
+    has none, its Gram's diagonal.
     """
     if variance_mix not in VARIANCE_MIXES:
         raise ValueError(f"unknown variance_mix {variance_mix!r}; expected {VARIANCE_MIXES}")
@@ -92,9 +94,10 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
     for _, s in used:
         if int(s["count"]) < (2 if variance_mix == "eq8" else 1):
             raise ValueError(f"a domain with weight > 0 has {int(s['count'])} tokens")
+    used = [(a, {**s, "sumsq": channel_sumsq(s)}) for a, s in used]
     if len(used) == 1:
         s = used[0][1]
-        return {"gram": s["gram"], "sum": s["sum"], "sumsq": channel_sumsq(s), "count": int(s["count"])}
+        return {"gram": s["gram"], "sum": s["sum"], "sumsq": s["sumsq"], "count": int(s["count"])}
     n = sum(int(s["count"]) for _, s in used)
     means = [s["sum"].double() / int(s["count"]) for _, s in used]
     m = sum(a * mk for (a, _), mk in zip(used, means))
@@ -106,7 +109,6 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
                   / (int(s["count"]) - 1) for (a, s), mk in zip(used, means))
         return (n - 1) * cov + n * outer(m, m)
 
-    used = [(a, {**s, "sumsq": channel_sumsq(s)}) for a, s in used]
     gram = mix("gram", torch.outer if used[0][1]["gram"].dim() == 2 else torch.mul)
     return {"gram": gram, "sum": n * m, "sumsq": mix("sumsq", torch.mul), "count": n}
 
