@@ -343,17 +343,24 @@ def test_watched_cuda_call_on_a_side_stream_matches_the_plain_call():
 
 
 def test_hung_side_streams_are_skipped(monkeypatch):
-    """torch's stream pool hands streams out round-robin: one left with a hung call is skipped."""
+    """Watched calls share one side stream per device; after a hang it is replaced, and torch's
+    stream pool (round-robin) handing the hung one back is skipped."""
     handles = iter([7, 7, 8])
 
     class FakeStream:
         def __init__(self, device):
             self.cuda_stream = next(handles)
 
+    dev = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
-    monkeypatch.setattr(watchdog, "_hung_streams", {7})
-    assert watchdog._side_stream(torch.device("cuda")).cuda_stream == 8
+    monkeypatch.setattr(watchdog, "_hung_streams", set())
+    monkeypatch.setattr(watchdog, "_side_streams", {})
+    first = watchdog._side_stream(dev)
+    assert first.cuda_stream == 7 and watchdog._side_stream(dev) is first  # shared
+    watchdog._abandon(dev, first)
+    assert watchdog._side_stream(dev).cuda_stream == 8  # 7 came back from the pool: skipped
     monkeypatch.setattr(watchdog, "_hung_streams", {9})
+    monkeypatch.setattr(watchdog, "_side_streams", {})
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: type("S", (), {"cuda_stream": 9})())
     with pytest.raises(watchdog.SolverTimeout, match="every side stream"):
-        watchdog._side_stream(torch.device("cuda"))
+        watchdog._side_stream(dev)

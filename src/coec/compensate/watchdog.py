@@ -6,8 +6,9 @@ device, name)`` runs one entry of such a chain with a wall-clock limit: the call
 thread (torch releases the GIL inside its kernels) and, on CUDA, on a side stream of its own, so
 that a kernel that never finishes blocks neither the caller nor the caller's stream; the caller
 then takes the next entry (``linalg.svd``, ``linalg.eigh``). The abandoned call is left running
-(CUDA kernels cannot be cancelled); its thread and its stream are never used again (torch hands
-out pooled streams round-robin, so a hung one is skipped when it comes back).
+(CUDA kernels cannot be cancelled); its thread and its stream are never used again (the calls
+share one side stream per device, replaced after a hang by one from torch's pool; the pool hands
+streams out round-robin, so a hung one is skipped when it comes back).
 
 The limit, in seconds:
 - ``with solver_timeout(s):`` (``None`` or ``0`` turns the watchdog off inside the block);
@@ -35,16 +36,28 @@ DEFAULT_TIMEOUT: dict[str, float | None] = {"cuda": 600.0, "cpu": None}
 _UNSET = object()
 _override = threading.local()
 _hung_streams: set[int] = set()  # CUDA side streams left with a call that never returned
+_side_streams: dict = {}  # device -> the side stream the watched calls share
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """A side stream from torch's pool that holds no abandoned call (the pool hands its streams
-    out round-robin, so a hung one would come back and block every later call queued on it)."""
+    """The side stream of ``device`` that watched calls share (one, so the caching allocator
+    keeps one extra pool rather than one per stream of torch's pool). After a hang it is
+    replaced by a stream from torch's pool that holds no abandoned call (the pool hands its
+    streams out round-robin, so a hung one would come back and block every later call)."""
+    stream = _side_streams.get(device)
+    if stream is not None:
+        return stream
     for _ in range(256):
         stream = torch.cuda.Stream(device)
         if stream.cuda_stream not in _hung_streams:
+            _side_streams[device] = stream
             return stream
     raise SolverTimeout(f"every side stream of {device} holds a call that never returned")
+
+
+def _abandon(device: torch.device, stream: torch.cuda.Stream) -> None:
+    _hung_streams.add(stream.cuda_stream)
+    _side_streams.pop(device, None)
 
 
 class SolverTimeout(RuntimeError):
@@ -89,8 +102,8 @@ def timeout_seconds(device: torch.device | str) -> float | None:
 def watched(fn, device: torch.device | str, name: str):
     """``fn()`` (a solver call on ``device`` returning a tensor or a tuple of tensors) with the
     watchdog's limit; without a limit it is a plain call. Raises ``SolverTimeout`` when the limit
-    passes, and re-raises what ``fn`` raised. On CUDA the call runs on a fresh side stream that
-    first waits for the caller's stream; its results are synchronised and marked as used by the
+    passes, and re-raises what ``fn`` raised. On CUDA the call runs on a side stream (one per
+    device, replaced after a hang) that first waits for the caller's stream; its results are synchronised and marked as used by the
     caller's stream before they are returned. Grad mode and the torch thread count follow the
     caller. A profiler sees the call as host wall time of the caller's range: its ops run in a
     thread the profiler does not follow, so their device kernels are not attributed to the range
@@ -124,7 +137,7 @@ def watched(fn, device: torch.device | str, name: str):
     worker.join(limit)
     if worker.is_alive():
         if cuda:
-            _hung_streams.add(side.cuda_stream)
+            _abandon(device, side)
         raise SolverTimeout(f"{name} on {device} did not return within {limit:g} s (watchdog, App. B)")
     if "exc" in box:
         raise box["exc"]
