@@ -364,3 +364,37 @@ def test_hung_side_streams_are_skipped(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: type("S", (), {"cuda_stream": 9})())
     with pytest.raises(watchdog.SolverTimeout, match="every side stream"):
         watchdog._side_stream(dev)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+def test_watchdog_on_a_cuda_kernel_that_does_not_return_in_time(monkeypatch):
+    """A real busy kernel (``torch.cuda._sleep``, ~4 s) ahead of the SVD on its stream stands in
+    for a hung cuSOLVER call: the chain moves on to gesvd within the limit, and the caller's
+    stream stays usable while the abandoned stream is still busy."""
+    A = torch.randn(256, 128, device="cuda")
+    real = torch.linalg.svd
+    calls = {"n": 0}
+    # cycles for ~4 s at the GPU's clock (clock_rate in kHz where torch exposes it)
+    khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 2_000_000) or 2_000_000
+    cycles = int(4.0 * khz * 1e3)
+
+    def stalls_once(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            torch.cuda._sleep(cycles)  # queued on the watched call's side stream
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.linalg, "svd", stalls_once)
+    rec = []
+    t0 = time.perf_counter()
+    with watchdog.solver_timeout(0.5):
+        U, S, Vh = linalg.svd(A, rec)
+    t_svd = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    B = (A @ A.mT).sum()
+    torch.cuda.current_stream().synchronize()
+    t_main = time.perf_counter() - t1
+    torch.cuda.synchronize()  # let the stalled stream finish before the next test
+    assert rec == ["default:timeout", "gesvd"]
+    assert t_svd < 3.0 and t_main < 1.0 and bool(torch.isfinite(B))
+    torch.testing.assert_close((U * S) @ Vh, A, rtol=1e-3, atol=1e-3)
