@@ -306,6 +306,6 @@ def load_layer_stats(gram_dir: str | Path, layer: int, module: str) -> dict[str,
         count = int(f.get_tensor(f"{module}.count")[0])
         sumsq = (f.get_tensor(f"{module}.sumsq") if f"{module}.sumsq" in f.keys()
                  else gram.diagonal()).to(torch.float64)
-    if not (torch.isfinite(gram).all() and torch.isfinite(total).all()):
+    if not (torch.isfinite(gram).all() and torch.isfinite(total).all() and torch.isfinite(sumsq).all()):
         raise NonFiniteActivations(f"NaN/Inf in the Gram of {module} in {path}")
     return {"gram": gram, "sum": total, "sumsq": sumsq, "count": count, "mean": total / max(count, 1)}

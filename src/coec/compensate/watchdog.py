@@ -3,7 +3,7 @@
 App. B: "An SVD watchdog converts cuSOLVER hangs on degenerate slices into recoverable failures
 through a timed fallback chain from gesdd to gesvd to CPU double precision." ``watched(fn,
 device, name)`` runs one entry of such a chain with a wall-clock limit: the call runs in a daemon
-thread (torch releases the GIL inside its kernels) and, on CUDA, on a side stream of its own, so
+thread (torch releases the GIL inside its kernels) and, on CUDA, on a side stream, not the caller's, so
 that a kernel that never finishes blocks neither the caller nor the caller's stream; the caller
 then takes the next entry (``linalg.svd``, ``linalg.eigh``). The abandoned call is left running
 (CUDA kernels cannot be cancelled); its thread and its stream are never used again (the calls
@@ -103,8 +103,8 @@ def watched(fn, device: torch.device | str, name: str):
     """``fn()`` (a solver call on ``device`` returning a tensor or a tuple of tensors) with the
     watchdog's limit; without a limit it is a plain call. Raises ``SolverTimeout`` when the limit
     passes, and re-raises what ``fn`` raised. On CUDA the call runs on a side stream (one per
-    device, replaced after a hang) that first waits for the caller's stream; its results are synchronised and marked as used by the
-    caller's stream before they are returned. Grad mode and the torch thread count follow the
+    device, replaced after a hang) that first waits for the caller's stream; its results are
+    synchronised and marked as used by the caller's stream before they are returned. Grad mode and the torch thread count follow the
     caller. A profiler sees the call as host wall time of the caller's range: its ops run in a
     thread the profiler does not follow, so their device kernels are not attributed to the range
     (``COEC_SOLVER_TIMEOUT=0`` for a breakdown that attributes them)."""
