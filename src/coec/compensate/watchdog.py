@@ -104,9 +104,10 @@ def watched(fn, device: torch.device | str, name: str):
     watchdog's limit; without a limit it is a plain call. Raises ``SolverTimeout`` when the limit
     passes, and re-raises what ``fn`` raised. On CUDA the call runs on a side stream (one per
     device, replaced after a hang) that first waits for the caller's stream; its results are
-    synchronised and marked as used by the caller's stream before they are returned. Grad mode and the torch thread count follow the
-    caller. A profiler sees the call as host wall time of the caller's range: its ops run in a
-    thread the profiler does not follow, so their device kernels are not attributed to the range
+    synchronised and marked as used by the caller's stream before they are returned. Grad mode
+    and the torch thread count follow the caller. A profiler sees the call as host wall time of
+    the caller's range: its ops run in a thread the profiler does not follow, so their device
+    kernels are not attributed to the range
     (``COEC_SOLVER_TIMEOUT=0`` for a breakdown that attributes them)."""
     device = torch.device(device)
     limit = timeout_seconds(device)
