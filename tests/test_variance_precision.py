@@ -84,3 +84,14 @@ def test_gram_file_round_trip_keys(tmp_path):
     keys = set(load_file(str(tmp_path / "layer0.safetensors")))
     assert keys == {"o_proj.gram", "o_proj.sum", "o_proj.sumsq", "o_proj.count"}
     torch.testing.assert_close(st["sumsq"], (x**2).sum(0), rtol=1e-14, atol=0)
+
+
+def test_sumsq_is_read_without_mirroring_and_equals_the_gram_diagonal():
+    x = _offset_channels(700, 600, seed=3)  # several block rows at the CPU block of 256
+    acc = GramAccumulator(600, torch.device("cpu"))
+    for chunk in x.split(300):
+        acc.update(chunk)
+        sq = acc.sumsq.clone()
+        assert not acc._mirrored  # read straight from the upper-triangle accumulation
+        assert torch.equal(sq, acc.gram.diagonal())
+    torch.testing.assert_close(acc.sumsq, (x**2).sum(0), rtol=1e-14, atol=0)

@@ -123,8 +123,9 @@ class GramAccumulator:
 
     @property
     def sumsq(self) -> torch.Tensor:
-        """Σ x² per channel (d,): the Gram's diagonal, in the total's dtype (float64)."""
-        return self.gram.diagonal()
+        """Σ x² per channel (d,): the Gram's diagonal, in the total's dtype (float64). The
+        diagonal blocks are formed whole by every update, so no mirroring is needed to read it."""
+        return self._gram.diagonal()
 
     def update(self, x: torch.Tensor) -> None:
         """Add a batch of inputs ``x`` (..., d) to the statistics."""

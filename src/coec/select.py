@@ -8,8 +8,9 @@ X_j the calibration activations of channel j:
     rcpu       ||W[:, j]|| · ||X_j|| · Var(X_j)
 
 ||X_j|| = sqrt(G_jj); Var is the unbiased token variance from Σx² (the Gram's diagonal, stored in
-float64 beside the Gram: ``sumsq``), the channel sum and the token count. Attention prunes whole KV groups with their query heads (a group's score is the
-sum of its o_proj columns' scores); the MLP prunes single channels.
+float64 beside the Gram: ``sumsq``), the channel sum and the token count. Attention prunes whole
+KV groups with their query heads (a group's score is the sum of its o_proj columns' scores); the
+MLP prunes single channels.
 """
 
 from __future__ import annotations

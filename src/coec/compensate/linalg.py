@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .watchdog import SolverTimeout, watched
+from .watchdog import watched
 
 __all__ = [
     "SVD_CHAIN",
@@ -56,19 +56,14 @@ def svd(A: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, torc
             continue
         try:
             if name == "default":
-                U, S, Vh = watched(lambda: torch.linalg.svd(A, full_matrices=False), A.device, "svd")
+                U, S, Vh = watched(lambda: torch.linalg.svd(A, full_matrices=False), A.device, name, record)
             elif name == "gesvd":
                 U, S, Vh = watched(lambda: torch.linalg.svd(A, full_matrices=False, driver="gesvd"),
-                                   A.device, "svd(gesvd)")
+                                   A.device, name, record)
             else:
                 U, S, Vh = torch.linalg.svd(A.detach().to("cpu", torch.float64), full_matrices=False)
                 U, S, Vh = (t.to(A.device, A.dtype) for t in (U, S, Vh))
-        except SolverTimeout as exc:
-            last = exc
-            if record is not None:
-                record.append(f"{name}:timeout")
-            continue
-        except Exception as exc:  # noqa: BLE001 - any solver failure moves down the chain
+        except Exception as exc:  # noqa: BLE001 - any solver failure or timeout moves down the chain
             last = exc
             continue
         if not _finite(U, S, Vh):
@@ -94,15 +89,11 @@ def eigh(M: torch.Tensor, record: list | None = None) -> tuple[torch.Tensor, tor
         if last_entry:
             w, E = torch.linalg.eigh(M)
         else:
-            w, E = watched(lambda: torch.linalg.eigh(M), M.device, "eigh")
+            w, E = watched(lambda: torch.linalg.eigh(M), M.device, "eigh", record)
         if _finite(w, E):
             return w, E
         last: Exception = FloatingPointError("non-finite eigh factors")
-    except SolverTimeout as exc:
-        last = exc
-        if record is not None:
-            record.append("eigh:timeout")
-    except Exception as exc:  # noqa: BLE001 - any solver failure moves to the CPU
+    except Exception as exc:  # noqa: BLE001 - any solver failure or timeout moves to the CPU
         last = exc
     if last_entry:
         raise RuntimeError(f"eigh failed in float64 on the CPU: {last}")
@@ -146,12 +137,8 @@ def _svd_by_gram_eigh(A64: torch.Tensor, floor: float, max_refine: int, record: 
     (recorded as ``"eigh:timeout"``; the caller then takes the SVD chain)."""
     AtA = A64.mT @ A64
     try:
-        w, V = watched(lambda: torch.linalg.eigh(AtA), A64.device, "eigh")
-    except SolverTimeout:
-        if record is not None:
-            record.append("eigh:timeout")
-        return None
-    except Exception:  # noqa: BLE001 - a solver failure: the caller falls back to the SVD chain
+        w, V = watched(lambda: torch.linalg.eigh(AtA), A64.device, "eigh", record)
+    except Exception:  # noqa: BLE001 - a solver failure or timeout: the caller takes the SVD chain
         return None
     wmax = float(w[-1]) if w.numel() else 0.0
     if not (wmax > 0 and math.isfinite(wmax)) or float(w[0]) <= floor * torch.finfo(torch.float64).eps * wmax:

@@ -99,10 +99,11 @@ def timeout_seconds(device: torch.device | str) -> float | None:
     return DEFAULT_TIMEOUT.get(torch.device(device).type)
 
 
-def watched(fn, device: torch.device | str, name: str):
+def watched(fn, device: torch.device | str, name: str, record: list | None = None):
     """``fn()`` (a solver call on ``device`` returning a tensor or a tuple of tensors) with the
-    watchdog's limit; without a limit it is a plain call. Raises ``SolverTimeout`` when the limit
-    passes, and re-raises what ``fn`` raised. On CUDA the call runs on a side stream (one per
+    watchdog's limit; without a limit it is a plain call. When the limit passes it appends
+    ``"<name>:timeout"`` to ``record`` and raises ``SolverTimeout``; it re-raises what ``fn``
+    raised. On CUDA the call runs on a side stream (one per
     device, replaced after a hang) that first waits for the caller's stream; its results are
     synchronised and marked as used by the caller's stream before they are returned. Grad mode
     and the torch thread count follow the caller. A profiler sees the call as host wall time of
@@ -139,7 +140,10 @@ def watched(fn, device: torch.device | str, name: str):
     if worker.is_alive():
         if cuda:
             _abandon(device, side)
-        raise SolverTimeout(f"{name} on {device} did not return within {limit:g} s (watchdog, App. B)")
+        if record is not None:
+            record.append(f"{name}:timeout")
+        raise SolverTimeout(f"solver call {name!r} on {device} did not return within {limit:g} s "
+                            "(watchdog, App. B)")
     if "exc" in box:
         raise box["exc"]
     out = box["out"]
