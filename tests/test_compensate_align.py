@@ -35,6 +35,19 @@ def test_alignment_gradient_matches_finite_differences(kind):
         assert float((grad * D).sum()) == pytest.approx(fd, rel=1e-6, abs=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["projector", "angle"])
+def test_alignment_value_without_gradient_is_the_same_value(kind):
+    """The objective's evaluations skip the gradient (grad=False); the value must not change."""
+    W0, G, mean, keep, vp = make_oproj()
+    al = alignment_setup(W0, keep, vp, 4, kind)
+    Rp = polar(torch.randn(keep.numel(), keep.numel(), generator=torch.Generator().manual_seed(1),
+                           dtype=torch.float64))[:4]
+    val, grad = alignment_value(Rp, al)
+    val_only, none = alignment_value(Rp, al, grad=False)
+    assert none is None and grad.shape == Rp.shape
+    assert val_only == val
+
+
 def test_alignment_penalty_definition():
     """A(R) = ||Uv^T (Rp^T Rp - Va Va^T) Uv||_F^2 / rp^2 with Va = orth(V_full[K, :rp])."""
     W0, G, mean, keep, vp = make_oproj()

@@ -170,7 +170,7 @@ def _error(st: _State, c: float) -> float:
 def _align(st: _State, al: Alignment | None, kind: str | None = None) -> float:
     if al is None:
         return 0.0
-    return alignment_value(st.Vt[: al.rank], al, kind)[0]
+    return alignment_value(st.Vt[: al.rank], al, kind, grad=False)[0]
 
 
 def _resolve_dtype(name, device: torch.device) -> torch.dtype:

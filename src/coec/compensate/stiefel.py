@@ -105,7 +105,10 @@ def alignment_setup(
     return Alignment(kind=kind, rank=rank, Va=Va, Uv=Uv, C=C)
 
 
-def alignment_value(Rp: torch.Tensor, al: Alignment, kind: str | None = None) -> tuple[float, torch.Tensor]:
+@traced("coec.align.value")
+def alignment_value(
+    Rp: torch.Tensor, al: Alignment, kind: str | None = None, grad: bool = True
+) -> tuple[float, torch.Tensor | None]:
     """Alignment penalty and its Euclidean gradient w.r.t. the top-rp rows ``Rp`` (rp, k) of R.
 
     projector (paper Sec. 4.5): ``A = ||Uv^T (Rp^T Rp - Va Va^T) Uv||_F^2 / rp^2``. With
@@ -120,7 +123,8 @@ def alignment_value(Rp: torch.Tensor, al: Alignment, kind: str | None = None) ->
     everything outside span(Uv), because the Uv^T (.) Uv sandwich keeps only an rp x rp block. This
     variant drops the sandwich, so it targets exactly the angles App. C measures; it needs no Uv.
     It depends only on the top-rp subspace, not on the order of the rows inside it.
-    Returns (value, gradient (rp, k)).
+    Returns (value, gradient (rp, k), or None when ``grad`` is False: the objective's evaluations
+    need only the value).
     """
     kind = kind or al.kind
     rp = al.rank
@@ -129,13 +133,11 @@ def alignment_value(Rp: torch.Tensor, al: Alignment, kind: str | None = None) ->
         M = Rp.to(f64) @ al.Uv.to(f64)
         E = M.mT @ M - al.C.to(f64)
         val = float((E * E).sum()) / rp**2
-        grad = ((4.0 / rp**2) * (M @ E)).to(Rp.dtype) @ al.Uv.mT
-        return val, grad
+        return val, (((4.0 / rp**2) * (M @ E)).to(Rp.dtype) @ al.Uv.mT if grad else None)
     if kind == "angle":
         B = Rp.to(f64) @ al.Va.to(f64)  # (rp, rp): singular values are cos(theta_i)
         val = 1.0 - float((B * B).sum()) / rp
-        grad = ((-2.0 / rp) * B).to(Rp.dtype) @ al.Va.mT
-        return val, grad
+        return val, (((-2.0 / rp) * B).to(Rp.dtype) @ al.Va.mT if grad else None)
     raise ValueError(f"unknown align kind {kind!r}; expected 'projector' or 'angle'")
 
 
@@ -213,7 +215,7 @@ class ProfiledObjective:
         err = (s * s * q - 2.0 * s * p + self.c) / self.c
         A = 0.0
         if self.align is not None:
-            A = alignment_value(R[: self.align.rank], self.align)[0]
+            A = alignment_value(R[: self.align.rank], self.align, grad=False)[0]
         return {"F": err + self.lam * A, "err": err, "A": A, "s": s, "ok": ok, "RG": RG}
 
     def grad(self, R: torch.Tensor, ev: dict) -> torch.Tensor:
