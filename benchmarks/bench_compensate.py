@@ -262,16 +262,8 @@ def main(argv=None):
     ap.add_argument("--coec-opts", default="", help='extra coec options as JSON, e.g. \'{"eta": 2}\'')
     ap.add_argument("--breakdown", action="store_true",
                     help="run COEC under torch.profiler and print seconds per named block (coec.profiling)")
-    ap.add_argument("--tf32", action="store_true",
-                    help="CUDA only: let every float32 matmul use TF32 tensor cores "
-                         "(torch.set_float32_matmul_precision('high')), to measure what that would "
-                         "buy and cost; the library never sets it")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    if a.tf32:
-        if torch.device(a.device).type != "cuda":
-            ap.error("--tf32 needs --device cuda (TF32 is a CUDA tensor-core format)")
-        torch.set_float32_matmul_precision("high")
     if a.threads:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
@@ -286,8 +278,7 @@ def main(argv=None):
     cdt = a.compute_dtype  # None: the library default (float32 for coec)
     rate = gemm_rate(2048, 2048, 2048, getattr(torch, cdt or "float32"), device)
     print(f"device={device} compute_dtype={cdt or 'default'} threads={torch.get_num_threads()} "
-          f"matmul={rate / 1e9:.1f} GFLOP/s ({cdt or 'float32'}) "
-          f"float32_matmul_precision={torch.get_float32_matmul_precision()}")
+          f"matmul={rate / 1e9:.1f} GFLOP/s ({cdt or 'float32'})")
     rows = []
     if widths:  # untimed warm-up of every method (first-call costs would bend the small widths)
         _, module, d_out, d_in, k, extra = width_shapes(128)[0]
@@ -338,6 +329,7 @@ def main(argv=None):
                         steps_per_round=(i["inner_steps"] / len(pr)) if pr else None,
                         stop=i.get("stop_reason"), gcv_ends=i.get("gcv_at_grid_end"),
                         fallbacks=list(i.get("svd_fallbacks") or []),
+                        direction_matmul=i.get("direction_matmul_used"),
                         align=(i.get("align_before"), i.get("align_after")),
                     )
                 if prof is not None:
@@ -348,6 +340,7 @@ def main(argv=None):
                 if method == "coec":
                     extra_txt = (f" setup={row['setup_s']:.2f}s per_round={row['per_round_s'] or 0:.3f}s"
                                  f" steps/round={row['steps_per_round'] or 0:.1f} stop={row['stop']}"
+                                 f" direction_matmul={row['direction_matmul']}"
                                  f" gcv_ends={row['gcv_ends']}")
                     fb = i.get("svd_fallbacks") or []
                     if fb:
@@ -373,9 +366,7 @@ def main(argv=None):
         print_projection(rows, device, rate)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"device": str(device), "rate_flops": rate,
-                       "float32_matmul_precision": torch.get_float32_matmul_precision(), "rows": rows},
-                      fh, indent=1, default=str)
+            json.dump({"device": str(device), "rate_flops": rate, "rows": rows}, fh, indent=1, default=str)
     return 0
 
 

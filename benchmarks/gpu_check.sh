@@ -13,7 +13,7 @@
 # breakdown.txt (seconds per COEC block at 8B shapes, 5 rounds), left_polar.txt (SVD / eigh /
 # Newton left polar timed on the 8B left-rotation matrices), compensate_8b.{txt,json} (RCPU and
 # COEC per 8B module at the paper's 50 rounds), newton_8b.txt (COEC with left_polar: newton),
-# tf32_8b.txt (COEC with TF32 float32 matmuls, a measurement only: the library never sets it),
+# tf32_8b.txt (COEC with direction_matmul: tf32, the right solve's search direction on TF32),
 # cayley_solve.txt (o_proj with the LU Cayley inverse).
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
@@ -60,9 +60,9 @@ step "COEC per 8B module with the Newton left polar (50 rounds)"
 timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
     --coec-opts '{"left_polar": "newton"}' 2>&1 | tee "$OUT/newton_8b.txt"
 
-step "COEC per 8B module with TF32 float32 matmuls (50 rounds): the speed it buys, its effect on the errors"
-timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 --tf32 \
-    2>&1 | tee "$OUT/tf32_8b.txt"
+step "COEC per 8B module with TF32 search directions (50 rounds): the speed it buys, its effect on the errors"
+timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
+    --coec-opts '{"direction_matmul": "tf32"}' 2>&1 | tee "$OUT/tf32_8b.txt"
 
 step "o_proj with the LU Cayley inverse (50 rounds)"
 timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules o_proj --methods coec \

@@ -98,6 +98,7 @@ def test_bad_shapes_and_values(prob):
         ("coec", {"temper_dtype": "bfloat16"}, "temper_dtype"),
         ("coec", {"left_polar": "qr"}, "left_polar"),
         ("coec", {"setup_svd": "qr"}, "setup_svd"),
+        ("coec", {"direction_matmul": "bfloat16"}, "direction_matmul"),
         ("lstsq", {"ridge": -1.0}, "ridge"),
         ("none", {"n_tokens": 0}, "n_tokens"),
     ],

@@ -283,6 +283,92 @@ def test_cuda_matches_cpu(method):
     assert gpu.info["relerr_after"] == pytest.approx(cpu.info["relerr_after"], rel=1e-4, abs=1e-7)
 
 
+def test_direction_matmul_tf32_is_float32_off_cuda():
+    """TF32 is a CUDA format: on the CPU ``direction_matmul: tf32`` changes nothing, bit for bit,
+    and says so in ``info``."""
+    W0, G, mean, keep, _ = make_problem(20, 48, 30, 300, seed=5)
+    a = compensate(W0, G, mean, keep, "coec", max_rounds=4)
+    b = compensate(W0, G, mean, keep, "coec", max_rounds=4, direction_matmul="tf32")
+    assert a.info["direction_matmul_used"] == b.info["direction_matmul_used"] == "float32"
+    assert torch.equal(a.weight, b.weight)
+
+
+def test_matmul_precision_sets_and_restores_the_float32_precision():
+    from coec.compensate.stiefel import matmul_precision
+
+    before = torch.get_float32_matmul_precision()
+    with matmul_precision("tf32"):
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == before
+    with matmul_precision("float32"):
+        assert torch.get_float32_matmul_precision() == before
+    with pytest.raises(ValueError, match="tf32"):
+        with matmul_precision("bf16"):
+            pass
+
+
+@pytest.mark.parametrize("dims", [(8, 40, 24), (12, 16, 12)])  # polar (r < k) and Cayley (r = k)
+def test_direction_matmul_scope_is_the_direction_and_step_size(monkeypatch, dims):
+    """``direction_matmul="tf32"`` covers exactly the search direction's and the step size's
+    products (the Riemannian gradient's two, the Rayleigh step's g Gxx; for Cayley the skew
+    part's B = Xi R^T and the velocity A R), never an evaluation R Gxx or a retraction."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from coec.compensate import stiefel
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+                a, b = args[-2:]
+                self.shapes.append((tuple(a.shape), tuple(b.shape)))
+            return func(*args, **(kwargs or {}))
+
+    seen = {"entries": 0, "modes": []}
+
+    def recording(kind="float32"):
+        assert kind == "tf32"
+        seen["entries"] += 1
+        mode = Products()
+        seen["modes"].append(mode)
+        return mode
+
+    d_out, d_in, k = dims
+    W0, G, mean, keep, _ = make_problem(d_out, d_in, k, 200, seed=0)
+    Gxx, Gyx, c = _metric(W0, G, keep)
+    U, S, Vt = svd(W0[:, keep])
+    lam = float(torch.linalg.eigvalsh(Gxx).max())
+    ref = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5)
+    monkeypatch.setattr(stiefel, "matmul_precision", recording)
+    res = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5, direction_matmul="tf32")
+    assert res.steps == ref.steps > 0 and torch.equal(res.R, ref.R)  # the recorder does not round
+    iterations = seen["entries"] // 2
+    assert seen["entries"] == 2 * iterations >= 2 * res.steps  # one direction and one step size each
+    r = min(d_out, k)
+    if r < k:
+        expected = {((r, k), (k, r)), ((r, r), (r, k)), ((r, k), (k, k))}
+    else:
+        expected = {((k, k), (k, k))}
+    shapes = [s for m in seen["modes"] for s in m.shapes]
+    assert set(shapes) == expected and len(shapes) == 3 * iterations
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_direction_matmul_tf32_keeps_the_error():
+    """On CUDA ``direction_matmul: tf32`` runs and stays within 3 % of the float32 loop's error,
+    with a non-increasing objective."""
+    W0, G, mean, keep, _ = make_problem(256, 512, 360, 4000, seed=7)
+    a = compensate(W0, G, mean, keep, "coec", device="cuda", max_rounds=20)
+    b = compensate(W0, G, mean, keep, "coec", device="cuda", max_rounds=20, direction_matmul="tf32")
+    assert b.info["direction_matmul_used"] == "tf32" and a.info["direction_matmul_used"] == "float32"
+    h = b.info["objective_history"]
+    assert all(y <= x for x, y in zip(h, h[1:]))
+    assert b.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=3e-2)
+
+
 def test_profiler_blocks_cover_a_coec_call():
     """coec.profiling: each block of a round is a named range (one right solve per round, the left
     rotation once in setup and once per round); nested ranges fit inside their parent."""

@@ -74,6 +74,13 @@ setup_svd          "auto"         the one-off factorisations: thin SVD of W_K an
 cayley_inverse     "newton_schulz" inverse inside the Cayley retraction (square right solves,
                                   o_proj): "newton_schulz" (App. B) | "solve" (one LU solve,
                                   same retraction to round-off, fewer FLOPs)
+direction_matmul   "float32"      the right solve's search direction and step size (not its
+                                  evaluations or retraction): "tf32" runs their float32
+                                  products on TF32 tensor cores, CUDA only (elsewhere, and
+                                  with a float64 loop, they stay float32:
+                                  info["direction_matmul_used"]). TF32 everywhere stops COEC
+                                  early; in these blocks only, the final error stays within
+                                  ~1 % (emulated: benchmarks/tf32_precision.py)
 =================  =============  ==========================================================
 
 Readings of the paper (details in coec.py / stiefel.py / gcv.py): the right rotation acts on the
@@ -209,6 +216,7 @@ def _validate_coec(o: dict, k: int, d_out: int):
     _choice("left_polar", o["left_polar"], ("auto", "svd", "eigh", "newton"))
     _choice("setup_svd", o["setup_svd"], ("auto", "svd", "eigh"))
     _choice("cayley_inverse", o["cayley_inverse"], ("newton_schulz", "solve"))
+    _choice("direction_matmul", o["direction_matmul"], ("float32", "tf32"))
     _choice("delta_norm", o["delta_norm"], ("rms", "fro"))
     g = o["gcv_grid"]
     if not (isinstance(g, (tuple, list)) and len(g) == 3):

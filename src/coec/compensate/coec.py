@@ -65,7 +65,14 @@ COEC_DEFAULTS: dict = {
     "left_polar": "auto",
     "setup_svd": "auto",
     "cayley_inverse": "newton_schulz",
+    "direction_matmul": "float32",
 }
+
+
+def direction_matmul_used(option: str, device: torch.device, dtype: torch.dtype) -> str:
+    """What option ``direction_matmul`` does here: "tf32" only on CUDA with a float32 loop
+    (TF32 is a CUDA tensor-core format); "float32" products everywhere else."""
+    return "tf32" if option == "tf32" and device.type == "cuda" and dtype == torch.float32 else "float32"
 
 
 @dataclass
@@ -219,6 +226,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
         "options": {k: v for k, v in o.items() if k != "value_proj"},
         "left_polar_used": left,
         "setup_svd_used": factor,
+        "direction_matmul_used": direction_matmul_used(o["direction_matmul"], dev, cdt),
         "temper_negative_eigs": tinfo["n_negative"],
         "relerr_before": relerr(WK, Gxx0, Gyx0, c0),
         "relerr_tempered_before": relerr(WK, Gxx_t, Gyx_t, c),
@@ -272,7 +280,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
                     st.U, st.S, st.Vt, Gxx, Gyx, c, lam_max, eta=o["eta"], eta_scale=o["eta_scale"],
                     delta=o["delta"], max_steps=int(o["max_inner_steps"]), max_backtracks=int(o["max_backtracks"]),
                     align=al_obj, align_lambda=lam_a, RG0=st.RG, cayley_inverse=o["cayley_inverse"],
-                    delta_norm=o["delta_norm"],
+                    delta_norm=o["delta_norm"], direction_matmul=info["direction_matmul_used"],
                 )
             steps_per_round.append(res.steps)
             for key in ("backtracks", "capped", "trials", "orth_cleanups"):

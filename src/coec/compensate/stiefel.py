@@ -31,10 +31,17 @@ solve: ``cayley_inverse``) when r = k.
 Stop: ``||R_new - R||_F / sqrt(r) < delta`` (``delta_norm="rms"``, the RMS change of a frame row,
 so one delta serves every width) or ``||R_new - R||_F < delta`` (``"fro"``, the unscaled
 reading), no descent possible, or ``max_steps`` accepted steps.
+
+Precision of the search direction (``direction_matmul``): "tf32" runs the float32 products of the
+direction and of its step size (the named blocks ``coec.right.direction`` and
+``coec.right.step_size``) at ``torch.set_float32_matmul_precision("high")``, TF32 tensor cores on
+CUDA; the objective's evaluations and the retraction stay float32, so backtracking and the stop
+still see float32 values. A direction a few 1e-4 off is still a descent direction.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -54,6 +61,7 @@ __all__ = [
     "ProfiledObjective",
     "solve_reduced",
     "solve_full",
+    "matmul_precision",
 ]
 
 
@@ -142,6 +150,24 @@ def alignment_value(
 
 
 # --------------------------------------------------------------------------- manifold primitives
+
+
+@contextlib.contextmanager
+def matmul_precision(kind: str = "float32"):
+    """Precision of the float32 matrix products inside the block: "float32" (IEEE, unchanged) or
+    "tf32" (``torch.set_float32_matmul_precision("high")``: TF32 tensor cores on CUDA), restored
+    on exit. The caller decides where TF32 applies (``coec`` resolves it to CUDA only)."""
+    if kind == "float32":
+        yield
+        return
+    if kind != "tf32":
+        raise ValueError(f"matmul precision must be 'float32' or 'tf32', got {kind!r}")
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
 
 
 def riemannian_grad(R: torch.Tensor, Xi: torch.Tensor) -> torch.Tensor:
@@ -278,10 +304,11 @@ def _orth_tol(dtype) -> float:
 
 
 def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_steps, max_backtracks, track, RG0=None,
-             delta_norm="rms"):
+             delta_norm="rms", direction_matmul="float32"):
     """Shared backtracking descent loop. ``retract_step(x, R, Xi)`` -> dict with the direction's
     norm, its R-velocity ``vel`` and ``go(t)`` -> new variable; x is the solver's variable (R, or Q
-    for the full solver); ``measure(x)`` -> R. ``RG0`` optionally caches ``R0 Gxx``."""
+    for the full solver); ``measure(x)`` -> R. ``RG0`` optionally caches ``R0 Gxx``.
+    ``direction_matmul``: precision of the direction's and step size's products (module docstring)."""
     x = R0
     R = measure(x)
     ev = obj.evaluate(R, RG0)
@@ -293,7 +320,7 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
     eta_cur = float(eta)
     stop = "max_steps"
     for _ in range(max_steps):
-        with span("coec.right.direction"):
+        with span("coec.right.direction"), matmul_precision(direction_matmul):
             Xi = obj.grad(R, ev)
             dirn = retract_step(x, R, Xi)  # closure with the search direction for this point
         gnorm = dirn["norm"]
@@ -303,7 +330,8 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
         if gnorm == 0.0:
             stop = "stationary"
             break
-        base = _step_base(obj, ev, dirn["vel"], L0, eta_scale)
+        with matmul_precision(direction_matmul):
+            base = _step_base(obj, ev, dirn["vel"], L0, eta_scale)
         t = eta_cur * base
         if t * gnorm > 1.0:  # App. B step cap: ||t * grad|| <= 1
             t = 1.0 / gnorm
@@ -379,6 +407,7 @@ def solve_reduced(
     RG0: torch.Tensor | None = None,
     cayley_inverse: str = "newton_schulz",
     delta_norm: str = "rms",
+    direction_matmul: str = "float32",
 ) -> RightResult:
     """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
 
@@ -402,7 +431,7 @@ def solve_reduced(
     out = _descend(
         obj, Vt, _lipschitz(S, lam_max, c), retract_step, lambda x: x, eta=eta, eta_scale=eta_scale,
         delta=delta, max_steps=max_steps, max_backtracks=max_backtracks, track=track, RG0=RG0,
-        delta_norm=delta_norm,
+        delta_norm=delta_norm, direction_matmul=direction_matmul,
     )
     return _finish(obj, *out, drifts=square)
 
@@ -427,6 +456,7 @@ def solve_full(
     RG0: torch.Tensor | None = None,
     cayley_inverse: str = "newton_schulz",
     delta_norm: str = "rms",
+    direction_matmul: str = "float32",
 ) -> RightResult:
     """Full right solve over ``Q_r in O(k)`` from ``Q = I`` with Cayley steps (ablation "converged
     two-sided rotation"; Sec. 4.1). Same objective as ``solve_reduced`` through ``R = Vt Q``; the
@@ -447,6 +477,6 @@ def solve_full(
     Q, R, ev, res, stop, eta_cur, hist = _descend(
         obj, Q0, _lipschitz(S, lam_max, c), retract_step, lambda Q: Vt @ Q, eta=eta,
         eta_scale=eta_scale, delta=delta, max_steps=max_steps, max_backtracks=max_backtracks,
-        track=track, RG0=RG0, delta_norm=delta_norm,
+        track=track, RG0=RG0, delta_norm=delta_norm, direction_matmul=direction_matmul,
     )
     return _finish(obj, Q, R, ev, res, stop, eta_cur, hist, Q=Q)
