@@ -132,15 +132,21 @@ def heldout_relerr(out, W0, test, keep, n_test):
                             mean_test.to(torch.float64), keep)
 
 
-def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_iters=4):
+def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_updates=0.1):
     """Matmul FLOP model of one COEC round (default options) and of the one-off setup.
 
-    Factorisations are not in it: the left polar (one per round, r x r) and the tempering eigh
-    plus the initial SVD (setup) are timed separately (``factor_times``) and scaled by n^3.
+    Reduced Stiefel step (r < k): the direction (``Xi R^T`` and ``sym(.) R``, 4 r^2 k) and its
+    Rayleigh step (``g Gxx``, 2 r k^2), the retraction's ``X X^T`` (2 r^2 k), the evaluation
+    ``R Gxx`` (2 r k^2); each Newton–Schulz update of the retraction adds 6 r^3 and the product
+    ``Z X`` (2 r^2 k). ``ns_updates``: mean updates per retraction; most steps are small enough
+    to need none (then ``ns_polar`` skips ``Z X``): 2 of 21 retractions needed one in 20 rounds
+    of the embedded and the width-1024 down_proj. Factorisations are not in it: the left polar
+    (one per round, r x r) and the tempering eigh plus the initial SVD (setup) are timed
+    separately (``factor_times``) and scaled by n^3.
     """
     r = min(d_out, k)
     if r < k:  # reduced Stiefel: gradient, projection, Rayleigh step, NS polar retraction, eval
-        per_step = 2 * (2 * r * k * k + 4 * r * r * k) + ns_iters * 6 * r**3
+        per_step = 2 * (2 * r * k * k + 3 * r * r * k) + ns_updates * (6 * r**3 + 2 * r * r * k)
     else:  # Cayley (square): gradient, skew part, Rayleigh, NS inverse (~5 it.), products, eval
         per_step = 2 * 20 * k**3
     fixed = 2 * (2 * r * d_out * k + 2 * d_out * k * r + d_out * r * r)  # P, Gyx V^T, A^T A

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+import math
+
 import pytest
 import torch
 
@@ -59,6 +61,27 @@ def test_newton_schulz_kernels():
     assert torch.allclose(Minv @ (_eye(8) + 0.3 * (A - A.mT)), _eye(8), atol=1e-12)
     B = torch.randn(5, 5, generator=g, dtype=F64) + 5 * _eye(5)  # default start also converges
     assert torch.allclose(ns_inverse(B)[0] @ B, _eye(5), atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [1.0, 1.37])
+def test_ns_polar_skips_the_identity_product_exactly(dtype, scale):
+    """When X X^T already passes the check (a tiny step), ``ns_polar`` scales X instead of
+    multiplying it by I / sqrt(scale): the same numbers and layout as the product it replaces."""
+    g = torch.Generator().manual_seed(3)
+    Rt = torch.cat([polar(torch.randn(28, 12, generator=g, dtype=F64)), torch.zeros(12, 12, dtype=F64)])
+    R = Rt.mT.to(dtype)  # (12, 40) row-orthonormal, its last 12 columns zero
+    X = R * math.sqrt(scale)  # X X^T = scale I to round-off
+    X[:3, 30:] = -0.0  # negative zeros come out of the product as +0
+    P, it = ns_polar(X, scale=scale)
+    assert it == 1  # converged at the first check: no update
+    reference = (torch.eye(12, dtype=dtype) / math.sqrt(scale)) @ X
+    assert not X.is_contiguous()  # a transposed layout, as a frame from an SVD has
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    assert torch.equal(P.view(bits), reference.view(bits))  # the same bits (signed zeros too)
+    assert P.stride() == reference.stride()  # and the product's row-major layout: later GEMMs round alike
+    P2, it2 = ns_polar(X + 0.3 * torch.randn(12, 40, generator=g, dtype=F64).to(dtype), scale=3.0)
+    assert it2 > 1 and torch.allclose(P2 @ P2.mT, torch.eye(12, dtype=dtype), atol=1e-5)  # the iterating path
 
 
 def test_retractions_stay_on_the_manifold_and_follow_the_gradient():

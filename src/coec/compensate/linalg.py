@@ -306,6 +306,14 @@ def ns_inv_sqrt(
     ``Z -> A^{-1/2}``. Stops when ``||T - I||_F < tol`` (default 10 eps sqrt(n)) or at the
     round-off floor. Returns (M^{-1/2}, iterations).
     """
+    Z, scale, it = _ns_inv_sqrt(M, scale, tol, max_iter)
+    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
+    return (eye if Z is None else Z) / math.sqrt(scale), it
+
+
+def _ns_inv_sqrt(M: torch.Tensor, scale: float | None, tol: float | None, max_iter: int):
+    """``ns_inv_sqrt``'s iteration: (Z, scale, iterations) with ``M^{-1/2} = Z / sqrt(scale)``
+    and Z None when the first check already passed (Z = I: no update was needed)."""
     n = M.shape[-1]
     eye = torch.eye(n, dtype=M.dtype, device=M.device)
     if scale is None:
@@ -324,8 +332,7 @@ def ns_inv_sqrt(
         Y = Y @ T
         Z = T if Z is None else T @ Z
         prev = err
-    Z = eye if Z is None else Z
-    return Z / math.sqrt(scale), it
+    return Z, scale, it
 
 
 def ns_polar(X: torch.Tensor, scale: float | None = None, tol: float | None = None) -> tuple[torch.Tensor, int]:
@@ -334,10 +341,19 @@ def ns_polar(X: torch.Tensor, scale: float | None = None, tol: float | None = No
     X (r, k), r <= k, full row rank. The inverse square root of the small (r, r) Gram is computed
     by the coupled Newton–Schulz iteration, so the cost is two (r, r, k) products plus O(r^3)
     per iteration instead of O(r^2 k) per iteration. ``scale`` is an upper bound on
-    ``lambda_max(X X^T)`` (default ``||X X^T||_F``). Returns (row-orthonormal frame, iterations).
+    ``lambda_max(X X^T)`` (default ``||X X^T||_F``). When X X^T is already within the
+    tolerance of ``scale I`` (most right-solve steps: ``||t g||^2`` below ~1e-4), the factor is
+    ``I / sqrt(scale)`` and the (r, r, k) product with it is replaced by a scaling of X into a
+    row-major result, as the product's: the same numbers, bit for bit (every other term of that
+    product is an exact zero), in the same layout (a later product's rounding depends on it).
+    Returns (row-orthonormal frame, iterations).
     """
-    Z, it = ns_inv_sqrt(X @ X.mT, scale=scale, tol=tol)
-    return Z @ X, it
+    Z, s, it = _ns_inv_sqrt(X @ X.mT, scale, tol, 60)
+    if Z is None:
+        c = torch.ones((), dtype=X.dtype, device=X.device) / math.sqrt(s)  # the diagonal of I / sqrt(s)
+        # 0 + c x, row-major: c x rounded once and -0 -> +0, as the product's sums give
+        return torch.zeros(X.shape, dtype=X.dtype, device=X.device).addcmul_(X, c), it
+    return (Z / math.sqrt(s)) @ X, it
 
 
 def normalize_gram(G: torch.Tensor) -> torch.Tensor:
