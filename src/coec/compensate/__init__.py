@@ -80,7 +80,7 @@ direction_matmul   "float32"      the right solve's search direction and step si
                                   with a float64 loop, they stay float32:
                                   info["direction_matmul_used"]). TF32 everywhere stops COEC
                                   early; in these blocks only, the final error stays within
-                                  ~1 % (emulated: benchmarks/tf32_precision.py)
+                                  ~2 %, trajectory noise (emulated: benchmarks/tf32_precision.py)
 =================  =============  ==========================================================
 
 Readings of the paper (details in coec.py / stiefel.py / gcv.py): the right rotation acts on the
