@@ -3,8 +3,8 @@
 
 TF32 (CUDA tensor cores, ``torch.set_float32_matmul_precision("high")``) multiplies float32
 operands rounded to 10 explicit mantissa bits and accumulates in float32. It is the one large
-speed lever left for the right solve on a GPU (its products run at the float32 CUDA-core rate),
-and the objective it would touch is a difference of large numbers. This script runs the same
+speed lever left for the right solve on a GPU (whose float32 products otherwise run on the
+CUDA cores), and the objective it would touch is a difference of large numbers. This script runs the same
 COEC call three times on bench_compensate's synthetic problems: plain float32; with every float32
 ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` seeing operands rounded to TF32 (round to nearest even,
 through a ``TorchDispatchMode``; float64 products and the factorisations are untouched, as on
@@ -15,8 +15,9 @@ retraction staying float32. For that run the option's CUDA-only switch
 (``stiefel.matmul_precision``) is replaced by the emulation and its CUDA check
 (``coec.direction_matmul_used``) is told yes, so the library's own scoping is what is measured.
 It prints the final calibration and held-out errors, the rounds, the stop reason and how far the
-objective history strays. Speed is not emulated: the GPU check measures both on CUDA
-(``bench_compensate.py --tf32`` and ``--coec-opts '{"direction_matmul": "tf32"}'``).
+objective history strays. Speed is not emulated: the GPU check times the option on CUDA
+(``bench_compensate.py --coec-opts '{"direction_matmul": "tf32"}'``); the global switch is not
+timed, since it stops COEC early.
 
     python benchmarks/tf32_precision.py                    # embedded shapes, 50 rounds
     python benchmarks/tf32_precision.py --widths 1024 --max-rounds 20
