@@ -132,7 +132,7 @@ def heldout_relerr(out, W0, test, keep, n_test):
                             mean_test.to(torch.float64), keep)
 
 
-def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_updates=0.1):
+def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_updates=0.1, carry=False, rg_refresh=4):
     """Matmul FLOP model of one COEC round (default options) and of the one-off setup.
 
     Reduced Stiefel step (r < k): the direction (``Xi R^T`` and ``sym(.) R``, 4 r^2 k) and its
@@ -140,12 +140,18 @@ def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_updates=0.1):
     ``R Gxx`` (2 r k^2); each Newton–Schulz update of the retraction adds 6 r^3 and the product
     ``Z X`` (2 r^2 k). ``ns_updates``: mean updates per retraction; most steps are small enough
     to need none (then ``ns_polar`` skips ``Z X``): 2 of 21 retractions needed one in 20 rounds
-    of the embedded and the width-1024 down_proj. Factorisations are not in it: the left polar
+    of the embedded and the width-1024 down_proj. ``carry`` (``rg_update: carry``, the CUDA
+    default): the evaluation's ``R Gxx`` comes through the retraction instead (``Z (X Gxx)``,
+    2 r^2 k, with an update; nothing without), plus one ``R Gxx`` per ``rg_refresh`` steps.
+    Factorisations are not in it: the left polar
     (one per round, r x r) and the tempering eigh plus the initial SVD (setup) are timed
     separately (``factor_times``) and scaled by n^3.
     """
     r = min(d_out, k)
-    if r < k:  # reduced Stiefel: gradient, projection, Rayleigh step, NS polar retraction, eval
+    if r < k and carry:  # the evaluation's R Gxx carried through the retraction
+        per_step = (2 * (r * k * k + 3 * r * r * k) + ns_updates * (6 * r**3 + 4 * r * r * k)
+                    + (2 * r * k * k / rg_refresh if rg_refresh else 0))
+    elif r < k:  # reduced Stiefel: gradient, projection, Rayleigh step, NS polar retraction, eval
         per_step = 2 * (2 * r * k * k + 3 * r * r * k) + ns_updates * (6 * r**3 + 2 * r * r * k)
     else:  # Cayley (square): gradient, skew part, Rayleigh, NS inverse (~5 it.), products, eval
         per_step = 2 * 20 * k**3
@@ -236,7 +242,7 @@ def print_projection(rows, device, rate):
         for name, module, d_out, d_in, k, extra in SHAPES[sset]:
             m = measured.get(name)
             spr = m["steps_per_round"] if m and m.get("steps_per_round") else 1.5
-            f = round_flops(d_out, d_in, k, spr)
+            f = round_flops(d_out, d_in, k, spr, carry=device.type == "cuda")  # rg_update auto
             r = min(d_out, k)
             pr = f["per_round"] / rate + ft["polar"] * (r / n0) ** 3
             su = f["setup"] / rate + ft["eigh64"] * (d_in / n0) ** 3 + ft["svd"] * (d_out * k * r / n0**3)
@@ -336,6 +342,7 @@ def main(argv=None):
                         stop=i.get("stop_reason"), gcv_ends=i.get("gcv_at_grid_end"),
                         fallbacks=list(i.get("svd_fallbacks") or []),
                         direction_matmul=i.get("direction_matmul_used"),
+                        rg_update=i.get("rg_update_used"), rg_refreshes=(i.get("right") or {}).get("rg_refreshes"),
                         align=(i.get("align_before"), i.get("align_after")),
                     )
                 if prof is not None:
@@ -346,7 +353,7 @@ def main(argv=None):
                 if method == "coec":
                     extra_txt = (f" setup={row['setup_s']:.2f}s per_round={row['per_round_s'] or 0:.3f}s"
                                  f" steps/round={row['steps_per_round'] or 0:.1f} stop={row['stop']}"
-                                 f" direction_matmul={row['direction_matmul']}"
+                                 f" direction_matmul={row['direction_matmul']} rg_update={row['rg_update']}"
                                  f" gcv_ends={row['gcv_ends']}")
                     fb = i.get("svd_fallbacks") or []
                     if fb:

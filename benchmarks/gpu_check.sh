@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The prepared GPU check: every figure the README's GPU rows need, in one command (about 7 min on
+# The prepared GPU check: every figure the README's GPU rows need, in one command (about 8.5 min on
 # one H200 when warm). Needs torch (CUDA), transformers, safetensors, tqdm, pytest; runs from the
 # repository root on the source tree (no install).
 #
 #   OUT=benchmarks/results/gpu bash benchmarks/gpu_check.sh
 #
-# The step time limits add up to 16.5 min (the expected total is about 8): give the device
+# The step time limits add up to 17.5 min (the expected total is about 8.5): give the device
 # command 600 s. Each step writes its output as it goes, so a step cut short leaves the earlier
 # files. Writes to $OUT: gpu.txt (device, versions), tests.txt (CUDA-only tests), foundation.txt
 # (calibration against its FLOP bound, perplexity overhead; Llama-3.1-8B shape, 4 layers, bf16),
@@ -14,6 +14,7 @@
 # Newton left polar timed on the 8B left-rotation matrices), compensate_8b.{txt,json} (RCPU and
 # COEC per 8B module at the paper's 50 rounds), newton_8b.txt (COEC with left_polar: newton),
 # tf32_8b.txt (COEC with direction_matmul: tf32, the right solve's search direction on TF32),
+# rg_product_8b.txt (down_proj with rg_update: product, against the CUDA default carry),
 # cayley_solve.txt (o_proj with the LU Cayley inverse).
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
@@ -63,6 +64,10 @@ timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --method
 step "COEC per 8B module with TF32 search directions (50 rounds): the speed it buys, its effect on the errors"
 timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
     --coec-opts '{"direction_matmul": "tf32"}' 2>&1 | tee "$OUT/tf32_8b.txt"
+
+step "down_proj with R Gxx by a product per trial (rg_update: product, 50 rounds): what the carried product saves"
+timeout 60 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules down_proj --methods coec \
+    --test-tokens 0 --coec-opts '{"rg_update": "product"}' 2>&1 | tee "$OUT/rg_product_8b.txt"
 
 step "o_proj with the LU Cayley inverse (50 rounds)"
 timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules o_proj --methods coec \

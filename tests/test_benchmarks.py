@@ -114,6 +114,17 @@ def test_tf32_precision_script(tmp_path):
     assert "tf32 direction: final error" in text
 
 
+def test_rg_update_script():
+    """The carried R Gxx benchmark: the product, the product at a second thread count, carry with no
+    refresh and with each refresh; only the refreshing run refreshes, every q error is float32-sized."""
+    text = run_script(["benchmarks/rg_update.py", "--widths", "64", "--no-embedded", "--max-rounds", "3",
+                       "--tokens", "1000", "--test-tokens", "256", "--refresh", "2"])
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in text.splitlines() if ln.startswith("| w64")]
+    assert [r[1] for r in rows] == ["product", "product, 1 thread(s)", "carry, no refresh", "carry, refresh 2"]
+    assert [int(r[9]) for r in rows][:3] == [0, 0, 0] and int(rows[3][9]) == int(rows[3][7]) // 2 > 0
+    assert all(float(r[11]) < 1e-5 and float(r[3]) > 0 for r in rows)
+
+
 def test_left_polar_script():
     text = run_script(["benchmarks/left_polar.py", "--shapes", "embedded", "--max-rounds", "1",
                        "--polar", "newton", "--time", "1"])

@@ -16,6 +16,7 @@ from coec.compensate.linalg import (
     ns_inv_sqrt,
     ns_inverse,
     ns_polar,
+    ns_polar_with,
     polar,
     polar_eigh,
     polar_newton,
@@ -25,7 +26,7 @@ from coec.compensate.linalg import (
     temper_gram,
     top_singular_vectors,
 )
-from coec.compensate.stiefel import retract_cayley, retract_polar, riemannian_grad
+from coec.compensate.stiefel import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
 
 F64 = torch.float64
 
@@ -82,6 +83,28 @@ def test_ns_polar_skips_the_identity_product_exactly(dtype, scale):
     assert P.stride() == reference.stride()  # and the product's row-major layout: later GEMMs round alike
     P2, it2 = ns_polar(X + 0.3 * torch.randn(12, 40, generator=g, dtype=F64).to(dtype), scale=3.0)
     assert it2 > 1 and torch.allclose(P2 @ P2.mT, torch.eye(12, dtype=dtype), atol=1e-5)  # the iterating path
+
+
+@pytest.mark.parametrize("step", [1e-8, 0.3])  # no Newton-Schulz update / updates
+def test_polar_retraction_carries_the_metric_product(step):
+    """``retract_polar_with`` returns ``retract_polar``'s frame bit for bit, and with it
+    ``R_new Gxx`` formed from ``R Gxx`` and ``D Gxx`` alone, equal to the direct product."""
+    g = torch.Generator().manual_seed(4)
+    R = polar(torch.randn(30, 8, generator=g, dtype=F64)).mT  # (8, 30) row-orthonormal
+    A = torch.randn(30, 30, generator=g, dtype=F64)
+    Gxx = A @ A.mT / 30
+    rg = riemannian_grad(R, torch.randn(8, 30, generator=g, dtype=F64))
+    D = step * rg / float(rg.norm())
+    P, PG = retract_polar_with(R, D, R @ Gxx, D @ Gxx)
+    _, _, its = ns_polar_with(R - D, None, scale=1.0)
+    assert (its == 1) == (step < 1e-3)  # both branches of the factor are exercised
+    assert torch.equal(P, retract_polar(R, D))
+    assert torch.allclose(PG, P @ Gxx, rtol=0, atol=1e-12 * float(Gxx.abs().max()))
+    assert retract_polar_with(R, D)[1] is None
+    X32, Y32 = (R - D).float(), ((R - D) @ Gxx).float()
+    P32, PG32, _ = ns_polar_with(X32, Y32, scale=1.0)
+    assert torch.equal(P32, ns_polar(X32, scale=1.0)[0])
+    assert torch.allclose(PG32.double(), P32.double() @ Gxx, atol=1e-5 * float(Gxx.abs().max()))
 
 
 def test_retractions_stay_on_the_manifold_and_follow_the_gradient():

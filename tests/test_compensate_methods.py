@@ -159,6 +159,84 @@ def test_right_solver_orthonormal_and_reduced_equals_full(dims):
     assert red.F_end < 0.5 * red.F_start
 
 
+class _GramProducts:
+    """Counts the (r, k, k) products with Gxx (what ``rg_update: carry`` saves) under a dispatch mode."""
+
+    def __init__(self, r, k):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+                    a, b = args[-2:]
+                    if tuple(a.shape) == (r, k) and tuple(b.shape) == (k, k):
+                        counter.n += 1
+                return func(*args, **(kwargs or {}))
+
+        self.n = 0
+        self.mode = Mode()
+
+
+@pytest.mark.parametrize("refresh", [0, 3])
+def test_right_solve_carries_R_Gxx_through_the_polar_retraction(refresh):
+    """``rg_update="carry"`` (r < k): the same steps and frame as forming ``R Gxx`` by a product
+    (float64, to round-off), with one (r, k, k) product per step (its step size's g Gxx) plus one
+    per refresh, against one per step and one per trial; the returned RG is R Gxx."""
+    d_out, d_in, k = 8, 40, 24
+    W0, G, mean, keep, _ = make_problem(d_out, d_in, k, 200, seed=1, outliers=0)
+    Gxx, Gyx, c = _metric(W0, G, keep)
+    U, S, Vt = svd(W0[:, keep])
+    lam = float(torch.linalg.eigvalsh(Gxx).max())
+    kw = dict(delta=1e-6, max_steps=40, track=True, RG0=Vt @ Gxx)
+    counts = {}
+    for mode in ("product", "carry"):
+        n = _GramProducts(d_out, k)
+        with n.mode:
+            counts[mode] = (solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, rg_update=mode, rg_refresh=refresh, **kw), n.n)
+    (prod, n_prod), (carry, n_carry) = counts["product"], counts["carry"]
+    assert carry.steps == prod.steps >= 10 and carry.trials == prod.trials
+    assert torch.allclose(carry.R, prod.R, atol=1e-10)
+    assert carry.history == pytest.approx(prod.history, rel=1e-10)
+    assert torch.allclose(carry.RG, carry.R @ Gxx, atol=1e-12)
+    assert (carry.carried, prod.carried) == (carry.steps, 0)
+    assert carry.rg_refreshes == (carry.steps // refresh if refresh else 0)
+    assert carry.rg_age == (carry.steps % refresh if refresh else carry.steps)
+    assert n_prod == prod.steps + prod.trials
+    assert n_carry == carry.steps + carry.rg_refreshes
+    # Cayley (r = k): nothing to carry, the option changes nothing
+    W0, G, mean, keep, _ = make_problem(12, 16, 12, 200, seed=1, outliers=0)
+    Gxx, Gyx, c = _metric(W0, G, keep)
+    U, S, Vt = svd(W0[:, keep])
+    a = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5)
+    b = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5, rg_update="carry", rg_refresh=refresh)
+    assert torch.equal(a.R, b.R) and b.carried == 0
+
+
+def test_coec_rg_update_auto_is_product_on_cpu_and_carry_keeps_the_error():
+    """``rg_update``: "auto" is "product" on the CPU (bit for bit); "carry" lands within
+    trajectory noise of it in float32, with a non-increasing objective; its refresh count runs
+    across rounds (the carried age survives the left rotation and rescales)."""
+    W0, G, mean, keep, _ = make_problem(24, 96, 64, 800, seed=3)
+    a = compensate(W0, G, mean, keep, "coec", max_rounds=12)
+    b = compensate(W0, G, mean, keep, "coec", max_rounds=12, rg_update="product")
+    assert a.info["rg_update_used"] == b.info["rg_update_used"] == "product"
+    assert torch.equal(a.weight, b.weight) and a.info["right"]["carried"] == 0
+    c = compensate(W0, G, mean, keep, "coec", max_rounds=12, rg_update="carry", rg_refresh=5)
+    assert c.info["rg_update_used"] == "carry"
+    right = c.info["right"]
+    steps = c.info["inner_steps_per_round"]
+    assert right["carried"] == sum(steps) and max(steps[1:]) < 5  # later rounds: fewer steps than 5
+    assert right["rg_refreshes"] == right["carried"] // 5 > sum(n // 5 for n in steps)
+    h = c.info["objective_history"]
+    assert all(y <= x for x, y in zip(h, h[1:]))
+    assert c.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=5e-2)
+    d = compensate(W0, G, mean, keep, "coec", max_rounds=12, rg_update="carry", **F64)
+    e = compensate(W0, G, mean, keep, "coec", max_rounds=12, **F64)
+    assert d.info["relerr_after"] == pytest.approx(e.info["relerr_after"], rel=1e-8)
+
+
 @pytest.mark.parametrize("dims", [(8, 40, 24), (12, 16, 12)])  # polar (r < k) and Cayley (r = k)
 def test_delta_norm_measures_the_change_of_R(dims):
     """``delta_norm``: "rms" stops when ||dR||_F / sqrt(r) < delta, "fro" when ||dR||_F < delta, so
@@ -307,11 +385,13 @@ def test_matmul_precision_sets_and_restores_the_float32_precision():
             pass
 
 
+@pytest.mark.parametrize("rg_update", ["product", "carry"])
 @pytest.mark.parametrize("dims", [(8, 40, 24), (12, 16, 12)])  # polar (r < k) and Cayley (r = k)
-def test_direction_matmul_scope_is_the_direction_and_step_size(monkeypatch, dims):
+def test_direction_matmul_scope_is_the_direction_and_step_size(monkeypatch, dims, rg_update):
     """``direction_matmul="tf32"`` covers exactly the search direction's and the step size's
     products (the Riemannian gradient's two, the Rayleigh step's g Gxx; for Cayley the skew
-    part's B = Xi R^T and the velocity A R), never an evaluation R Gxx or a retraction."""
+    part's B = Xi R^T and the velocity A R), never an evaluation R Gxx or a retraction. With
+    ``rg_update="carry"`` (polar) g Gxx feeds the carried evaluations, so it stays float32."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from coec.compensate import stiefel
@@ -341,19 +421,19 @@ def test_direction_matmul_scope_is_the_direction_and_step_size(monkeypatch, dims
     Gxx, Gyx, c = _metric(W0, G, keep)
     U, S, Vt = svd(W0[:, keep])
     lam = float(torch.linalg.eigvalsh(Gxx).max())
-    ref = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5)
+    ref = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5, rg_update=rg_update)
     monkeypatch.setattr(stiefel, "matmul_precision", recording)
-    res = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5, direction_matmul="tf32")
+    res = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5, direction_matmul="tf32", rg_update=rg_update)
     assert res.steps == ref.steps > 0 and torch.equal(res.R, ref.R)  # the recorder does not round
     iterations = seen["entries"] // 2
     assert seen["entries"] == 2 * iterations >= 2 * res.steps  # one direction and one step size each
     r = min(d_out, k)
     if r < k:
-        expected = {((r, k), (k, r)), ((r, r), (r, k)), ((r, k), (k, k))}
+        expected = {((r, k), (k, r)), ((r, r), (r, k))} | ({((r, k), (k, k))} if rg_update == "product" else set())
     else:
         expected = {((k, k), (k, k))}
     shapes = [s for m in seen["modes"] for s in m.shapes]
-    assert set(shapes) == expected and len(shapes) == 3 * iterations
+    assert set(shapes) == expected and len(shapes) == (2 if r < k and rg_update == "carry" else 3) * iterations
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -367,6 +447,20 @@ def test_cuda_direction_matmul_tf32_keeps_the_error():
     h = b.info["objective_history"]
     assert all(y <= x for x, y in zip(h, h[1:]))
     assert b.info["relerr_after"] == pytest.approx(a.info["relerr_after"], rel=3e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_rg_update_auto_carries_and_keeps_the_error():
+    """On CUDA ``rg_update: auto`` carries R Gxx through the polar retraction (r < k) and lands
+    within 5 % of the product per trial, with a non-increasing objective."""
+    W0, G, mean, keep, _ = make_problem(256, 1024, 720, 4000, seed=7)
+    a = compensate(W0, G, mean, keep, "coec", device="cuda", max_rounds=20)
+    b = compensate(W0, G, mean, keep, "coec", device="cuda", max_rounds=20, rg_update="product")
+    assert a.info["rg_update_used"] == "carry" and a.info["right"]["carried"] == a.info["inner_steps"] > 0
+    assert b.info["rg_update_used"] == "product"
+    h = a.info["objective_history"]
+    assert all(y <= x for x, y in zip(h, h[1:]))
+    assert a.info["relerr_after"] == pytest.approx(b.info["relerr_after"], rel=5e-2)
 
 
 def test_profiler_blocks_cover_a_coec_call():

@@ -80,7 +80,17 @@ direction_matmul   "float32"      the right solve's search direction and step si
                                   with a float64 loop, they stay float32:
                                   info["direction_matmul_used"]). TF32 everywhere stops COEC
                                   early; in these blocks only, the final error stays within
-                                  ~2 %, trajectory noise (emulated: benchmarks/tf32_precision.py)
+                                  ~2 %, trajectory noise (emulated: benchmarks/tf32_precision.py);
+                                  with rg_update carry the step size's g Gxx stays float32
+rg_update          "auto"         how each right-solve trial's R Gxx (its evaluation) is formed:
+                                  "product" (one (r, k, k) product per trial) | "carry"
+                                  (polar retraction, r < k: carried through the step as
+                                  F (R Gxx - t g Gxx) from the step size's g Gxx, which is then
+                                  float32; no (r, k, k) product; equal in exact arithmetic) |
+                                  "auto" = carry on CUDA, product on CPU (CPU results unchanged;
+                                  info["rg_update_used"])
+rg_refresh         4              with carry: form R Gxx by a product after this many carried
+                                  updates (bounds the carried round-off; 0 = never)
 =================  =============  ==========================================================
 
 Readings of the paper (details in coec.py / stiefel.py / gcv.py): the right rotation acts on the
@@ -217,6 +227,8 @@ def _validate_coec(o: dict, k: int, d_out: int):
     _choice("setup_svd", o["setup_svd"], ("auto", "svd", "eigh"))
     _choice("cayley_inverse", o["cayley_inverse"], ("newton_schulz", "solve"))
     _choice("direction_matmul", o["direction_matmul"], ("float32", "tf32"))
+    _choice("rg_update", o["rg_update"], ("auto", "product", "carry"))
+    _num("rg_refresh", o["rg_refresh"], 0, integer=True)
     _choice("delta_norm", o["delta_norm"], ("rms", "fro"))
     g = o["gcv_grid"]
     if not (isinstance(g, (tuple, list)) and len(g) == 3):

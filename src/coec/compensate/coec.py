@@ -66,6 +66,8 @@ COEC_DEFAULTS: dict = {
     "setup_svd": "auto",
     "cayley_inverse": "newton_schulz",
     "direction_matmul": "float32",
+    "rg_update": "auto",
+    "rg_refresh": 4,
 }
 
 
@@ -227,6 +229,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
         "left_polar_used": left,
         "setup_svd_used": factor,
         "direction_matmul_used": direction_matmul_used(o["direction_matmul"], dev, cdt),
+        "rg_update_used": ("carry" if dev.type == "cuda" else "product") if o["rg_update"] == "auto" else o["rg_update"],
         "temper_negative_eigs": tinfo["n_negative"],
         "relerr_before": relerr(WK, Gxx0, Gyx0, c0),
         "relerr_tempered_before": relerr(WK, Gxx_t, Gyx_t, c),
@@ -266,7 +269,9 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     info["seconds_setup"] = time.perf_counter() - t0
     round_seconds: list = []
     steps_per_round: list = []
-    right_stats = {"backtracks": 0, "capped": 0, "trials": 0, "orth_cleanups": 0, "stops": {}}
+    right_stats = {"backtracks": 0, "capped": 0, "trials": 0, "orth_cleanups": 0, "carried": 0, "rg_refreshes": 0,
+                   "stops": {}}
+    rg_age = 0  # carried updates that st.RG has been through since it was last formed by a product
     solver = {"stiefel": solve_reduced, "full": solve_full}.get(o["right"])
     stop = "max_rounds"
     L_prev = history[0]
@@ -281,9 +286,11 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
                     delta=o["delta"], max_steps=int(o["max_inner_steps"]), max_backtracks=int(o["max_backtracks"]),
                     align=al_obj, align_lambda=lam_a, RG0=st.RG, cayley_inverse=o["cayley_inverse"],
                     delta_norm=o["delta_norm"], direction_matmul=info["direction_matmul_used"],
+                    rg_update=info["rg_update_used"], rg_refresh=int(o["rg_refresh"]), rg_age=rg_age,
                 )
+            rg_age = res.rg_age
             steps_per_round.append(res.steps)
-            for key in ("backtracks", "capped", "trials", "orth_cleanups"):
+            for key in ("backtracks", "capped", "trials", "orth_cleanups", "carried", "rg_refreshes"):
                 right_stats[key] += getattr(res, key)
             right_stats["stops"][res.stop] = right_stats["stops"].get(res.stop, 0) + 1
             run.scale_skipped += res.scale_skipped

@@ -26,6 +26,7 @@ __all__ = [
     "ns_inverse",
     "ns_inv_sqrt",
     "ns_polar",
+    "ns_polar_with",
     "normalize_gram",
     "temper_gram",
     "power_max_eig",
@@ -348,12 +349,32 @@ def ns_polar(X: torch.Tensor, scale: float | None = None, tol: float | None = No
     product is an exact zero), in the same layout (a later product's rounding depends on it).
     Returns (row-orthonormal frame, iterations).
     """
+    P, _, it = ns_polar_with(X, None, scale, tol)
+    return P, it
+
+
+def ns_polar_with(X: torch.Tensor, Y: torch.Tensor | None, scale: float | None = None,
+                  tol: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """``ns_polar`` that also applies its left factor to a companion Y (r, m):
+    returns ``(F X, F Y, iterations)`` with ``F = (X X^T)^{-1/2}`` (Y None: ``F Y`` is None).
+
+    With ``Y = X Gxx`` this carries a frame's product with a metric through the retraction:
+    ``polar(X) Gxx = F (X Gxx)``, one (r, r, m) product when F needs an update and a scaling
+    when it does not, instead of the (r, k, m) product with Gxx. ``F X`` is ``ns_polar``'s
+    result bit for bit.
+    """
     Z, s, it = _ns_inv_sqrt(X @ X.mT, scale, tol, 60)
     if Z is None:
         c = torch.ones((), dtype=X.dtype, device=X.device) / math.sqrt(s)  # the diagonal of I / sqrt(s)
-        # 0 + c x, row-major: c x rounded once and -0 -> +0, as the product's sums give
-        return torch.zeros(X.shape, dtype=X.dtype, device=X.device).addcmul_(X, c), it
-    return (Z / math.sqrt(s)) @ X, it
+
+        def apply(T):  # 0 + c T, row-major: c T rounded once and -0 -> +0, as the product's sums give
+            return torch.zeros(T.shape, dtype=T.dtype, device=T.device).addcmul_(T, c)
+    else:
+        F = Z / math.sqrt(s)
+
+        def apply(T):
+            return F @ T
+    return apply(X), (None if Y is None else apply(Y)), it
 
 
 def normalize_gram(G: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,11 @@ direction and of its step size (the named blocks ``coec.right.direction`` and
 ``coec.right.step_size``) at ``torch.set_float32_matmul_precision("high")``, TF32 tensor cores on
 CUDA; the objective's evaluations and the retraction stay float32, so backtracking and the stop
 still see float32 values. A direction a few 1e-4 off is still a descent direction.
+
+Evaluations (``rg_update``): each trial's ``R_new Gxx`` by an (r, k, k) product ("product"), or,
+for the polar retraction, carried through it from the step size's ``g Gxx`` ("carry",
+``retract_polar_with``; that ``g Gxx`` then stays float32), formed afresh every ``rg_refresh``
+carried updates.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..profiling import span, traced
-from .linalg import ns_inverse, ns_polar, polar, top_singular_vectors
+from .linalg import ns_inverse, ns_polar, ns_polar_with, polar, top_singular_vectors
 
 __all__ = [
     "Alignment",
@@ -56,6 +61,7 @@ __all__ = [
     "alignment_value",
     "riemannian_grad",
     "retract_polar",
+    "retract_polar_with",
     "retract_cayley",
     "RightResult",
     "ProfiledObjective",
@@ -184,9 +190,22 @@ def retract_polar(R: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     inside the Newton–Schulz convergence region (0, 3) without rescaling when ``||D||_F <= 1``
     (the step cap); larger D is rescaled.
     """
+    return retract_polar_with(R, D)[0]
+
+
+@traced("coec.right.retract")
+def retract_polar_with(R: torch.Tensor, D: torch.Tensor, RG: torch.Tensor | None = None,
+                       DG: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``retract_polar`` that also carries ``R Gxx`` through the step: given ``RG = R Gxx`` and
+    ``DG = D Gxx`` (r, k), returns ``(R_new, R_new Gxx)`` with ``R_new Gxx = F (RG - DG)``, F the
+    retraction's left factor (``linalg.ns_polar_with``): no (r, k, k) product. R_new is
+    ``retract_polar``'s, bit for bit. Without RG the second value is None.
+    """
     X = R - D
     bound = 1.0 + float((D * D).sum())
-    return ns_polar(X, scale=1.0 if bound < 2.5 else bound)[0]
+    Y = None if RG is None else RG - DG
+    P, PG, _ = ns_polar_with(X, Y, scale=1.0 if bound < 2.5 else bound)
+    return P, PG
 
 
 @traced("coec.right.retract")
@@ -276,18 +295,23 @@ class RightResult:
     orth_cleanups: int = 0
     Q: torch.Tensor | None = None
     history: list = field(default_factory=list)
+    carried: int = 0
+    rg_refreshes: int = 0
+    rg_age: int = 0
 
 
 @traced("coec.right.step_size")
-def _step_base(obj, ev: dict, g: torch.Tensor, L0: float, eta_scale: str) -> float:
-    """Step unit multiplied by eta (module docstring). g: the search direction (Euclidean, r x k)."""
+def _step_base(obj, ev: dict, g: torch.Tensor, L0: float, eta_scale: str, gG: torch.Tensor | None = None) -> float:
+    """Step unit multiplied by eta (module docstring). g: the search direction (Euclidean, r x k);
+    gG: ``g Gxx`` when the caller already has it."""
     s2 = ev["s"] ** 2 if ev["s"] != 0 else 1.0
     if eta_scale == "raw":
         return 1.0 / s2
     if eta_scale == "rayleigh":
         # exact line search of the quadratic model at fixed s: ||g||^2 / <g, H g>,
         # H[g] = (2 s^2 / c) S^2 g Gxx (Euclidean Hessian of the error in R at fixed scale)
-        curv = (2.0 * s2 / obj.c) * float((obj.S2 * (g @ obj.Gxx) * g).sum())
+        gG = g @ obj.Gxx if gG is None else gG
+        curv = (2.0 * s2 / obj.c) * float((obj.S2 * gG * g).sum())
         gg = float((g * g).sum())
         if curv > 0 and math.isfinite(curv):
             return gg / curv
@@ -304,15 +328,20 @@ def _orth_tol(dtype) -> float:
 
 
 def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_steps, max_backtracks, track, RG0=None,
-             delta_norm="rms", direction_matmul="float32"):
+             delta_norm="rms", direction_matmul="float32", rg_update="product", rg_refresh=0, rg_age=0):
     """Shared backtracking descent loop. ``retract_step(x, R, Xi)`` -> dict with the direction's
-    norm, its R-velocity ``vel`` and ``go(t)`` -> new variable; x is the solver's variable (R, or Q
-    for the full solver); ``measure(x)`` -> R. ``RG0`` optionally caches ``R0 Gxx``.
-    ``direction_matmul``: precision of the direction's and step size's products (module docstring)."""
+    norm, its R-velocity ``vel`` and ``go(t)`` -> new variable, and optionally
+    ``go_with(t, RG, gG)`` -> (new R, its R Gxx) carried through the step (polar retraction);
+    x is the solver's variable (R, or Q for the full solver); ``measure(x)`` -> R. ``RG0``
+    optionally caches ``R0 Gxx``, ``rg_age`` the carried updates it has been through.
+    ``direction_matmul``: precision of the direction's and step size's products (module docstring).
+    ``rg_update``/``rg_refresh``: how each trial's ``R Gxx`` is formed (``solve_reduced``)."""
     x = R0
     R = measure(x)
     ev = obj.evaluate(R, RG0)
-    res = dict(F_start=ev["F"], A_start=ev["A"], steps=0, trials=0, backtracks=0, capped=0, skipped=0)
+    age = int(rg_age) if RG0 is not None else 0
+    res = dict(F_start=ev["F"], A_start=ev["A"], steps=0, trials=0, backtracks=0, capped=0, skipped=0,
+               carried=0, refreshes=0)
     res["skipped"] += 0 if ev["ok"] else 1
     hist = [ev["F"]] if track else []
     r = R.shape[0]
@@ -330,8 +359,13 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
         if gnorm == 0.0:
             stop = "stationary"
             break
+        carry = rg_update == "carry" and "go_with" in dirn
+        gG = None
+        if carry:  # g Gxx feeds the carried R Gxx, so it stays float32 (the step size reuses it)
+            with span("coec.right.step_size"):
+                gG = dirn["vel"] @ obj.Gxx
         with matmul_precision(direction_matmul):
-            base = _step_base(obj, ev, dirn["vel"], L0, eta_scale)
+            base = _step_base(obj, ev, dirn["vel"], L0, eta_scale, gG)
         t = eta_cur * base
         if t * gnorm > 1.0:  # App. B step cap: ||t * grad|| <= 1
             t = 1.0 / gnorm
@@ -339,9 +373,12 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
         accepted = False
         for _bt in range(max_backtracks + 1):
             res["trials"] += 1
-            x_new = dirn["go"](t)
+            if carry:
+                x_new, RG_new = dirn["go_with"](t, ev["RG"], gG)
+            else:
+                x_new, RG_new = dirn["go"](t), None
             R_new = measure(x_new)
-            ev_new = obj.evaluate(R_new)
+            ev_new = obj.evaluate(R_new, RG_new)
             if math.isfinite(ev_new["F"]) and ev_new["F"] <= ev["F"]:
                 accepted = True
                 break
@@ -355,6 +392,15 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
             break
         dR = float(torch.linalg.matrix_norm(R_new - R)) / unit
         x, R, ev = x_new, R_new, ev_new
+        if carry:
+            age += 1
+            res["carried"] += 1
+            if rg_refresh and age >= rg_refresh:  # bound the carried round-off: one fresh product
+                ev = obj.evaluate(R)
+                age = 0
+                res["refreshes"] += 1
+        else:
+            age = 0
         res["steps"] += 1
         res["skipped"] += 0 if ev["ok"] else 1
         if track:
@@ -362,6 +408,7 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
         if dR < delta:
             stop = "delta"
             break
+    res["rg_age"] = age
     return x, R, ev, res, stop, eta_cur, hist
 
 
@@ -378,7 +425,8 @@ def _finish(obj, x, R, ev, res, stop, eta_cur, hist, Q=None, drifts=True) -> Rig
         err_end=ev["err"], A_start=res["A_start"], A_end=ev["A"], steps=res["steps"],
         trials=res["trials"], backtracks=res["backtracks"], capped=res["capped"],
         scale_skipped=res["skipped"], stop=stop, eta_end=eta_cur, orth_cleanups=cleanups, Q=Q,
-        history=hist,
+        history=hist, carried=res["carried"], rg_refreshes=res["refreshes"],
+        rg_age=0 if cleanups else res["rg_age"],
     )
 
 
@@ -408,12 +456,24 @@ def solve_reduced(
     cayley_inverse: str = "newton_schulz",
     delta_norm: str = "rms",
     direction_matmul: str = "float32",
+    rg_update: str = "product",
+    rg_refresh: int = 0,
+    rg_age: int = 0,
 ) -> RightResult:
     """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
 
     U (d_out, r), S (r,), Vt (r, k) the thin SVD of the current weight (S descending);
     Gxx (k, k), Gyx (d_out, k), c = ||Y||^2 in the same metric; ``lam_max`` >= lambda_max(Gxx)
     (sets the step unit). Polar retraction when r < k, Cayley when r = k.
+
+    ``rg_update``: how a trial's ``R_new Gxx`` is formed for its evaluation. "product": one
+    (r, k, k) product per trial. "carry" (polar retraction only): ``R_new Gxx = F (R Gxx - t g Gxx)``
+    through the retraction's left factor F (``retract_polar_with``), from the ``g Gxx`` of the
+    step size (then formed in float32 whatever ``direction_matmul`` says): a scaling, or an
+    (r, r, k) product when F needs a Newton–Schulz update. Equal in exact arithmetic; in floating
+    point the carried product drifts from a fresh one by round-off, so after ``rg_refresh``
+    carried updates (0: never) it is formed afresh. ``rg_age``: carried updates ``RG0`` has
+    been through (the solver returns its own in ``RightResult.rg_age``).
     """
     obj = ProfiledObjective(U, S, Gxx, Gyx, c, align, align_lambda)
     r, k = Vt.shape
@@ -426,12 +486,14 @@ def solve_reduced(
             return {"norm": float(torch.linalg.matrix_norm(A)), "go": lambda t: retract_cayley(R, A, t, cayley_inverse),
                     "vel": A @ R}
         g = riemannian_grad(R, Xi)
-        return {"norm": float(torch.linalg.matrix_norm(g)), "go": lambda t: retract_polar(R, t * g), "vel": g}
+        return {"norm": float(torch.linalg.matrix_norm(g)), "go": lambda t: retract_polar(R, t * g), "vel": g,
+                "go_with": lambda t, RG, gG: retract_polar_with(R, t * g, RG, t * gG)}
 
     out = _descend(
         obj, Vt, _lipschitz(S, lam_max, c), retract_step, lambda x: x, eta=eta, eta_scale=eta_scale,
         delta=delta, max_steps=max_steps, max_backtracks=max_backtracks, track=track, RG0=RG0,
-        delta_norm=delta_norm, direction_matmul=direction_matmul,
+        delta_norm=delta_norm, direction_matmul=direction_matmul, rg_update=rg_update, rg_refresh=rg_refresh,
+        rg_age=rg_age,
     )
     return _finish(obj, *out, drifts=square)
 
@@ -457,11 +519,15 @@ def solve_full(
     cayley_inverse: str = "newton_schulz",
     delta_norm: str = "rms",
     direction_matmul: str = "float32",
+    rg_update: str = "product",
+    rg_refresh: int = 0,
+    rg_age: int = 0,
 ) -> RightResult:
     """Full right solve over ``Q_r in O(k)`` from ``Q = I`` with Cayley steps (ablation "converged
     two-sided rotation"; Sec. 4.1). Same objective as ``solve_reduced`` through ``R = Vt Q``; the
     Euclidean gradient is ``Vt^T Xi_R`` and the canonical direction ``skew(Xi_Q Q^T) Q``. Costs
-    O(k^3) per step. Returns R = Vt Q and Q.
+    O(k^3) per step (``rg_update`` does not apply: every trial forms ``R Gxx``). Returns R = Vt Q
+    and Q.
     """
     obj = ProfiledObjective(U, S, Gxx, Gyx, c, align, align_lambda)
     k = Vt.shape[1]
@@ -477,6 +543,6 @@ def solve_full(
     Q, R, ev, res, stop, eta_cur, hist = _descend(
         obj, Q0, _lipschitz(S, lam_max, c), retract_step, lambda Q: Vt @ Q, eta=eta,
         eta_scale=eta_scale, delta=delta, max_steps=max_steps, max_backtracks=max_backtracks,
-        track=track, RG0=RG0, delta_norm=delta_norm, direction_matmul=direction_matmul,
+        track=track, RG0=RG0, delta_norm=delta_norm, direction_matmul=direction_matmul, rg_age=rg_age,
     )
     return _finish(obj, Q, R, ev, res, stop, eta_cur, hist, Q=Q)
