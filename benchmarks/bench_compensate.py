@@ -228,6 +228,24 @@ def print_width_scaling(rows, widths, methods):
                       + f" | {loglog_slope(widths, pr):.2f} |")
 
 
+def layer_totals(rows) -> list[dict]:
+    """Seconds per layer (o_proj + down_proj of one shape set) for every method that ran both:
+    the wall time of the two ``compensate`` calls and, for COEC, its setup plus rounds alone
+    (without the reported float64 errors)."""
+    out = []
+    sets = dict.fromkeys(r["shape"].split(".")[0] for r in rows)
+    for sset in sets:
+        for method in dict.fromkeys(r["method"] for r in rows):
+            mods = [r for r in rows if r["method"] == method and r["shape"].split(".")[0] == sset]
+            if {r["shape"].split(".")[1] for r in mods} != {"o_proj", "down_proj"}:
+                continue
+            row = {"set": sset, "method": method, "seconds": sum(r["seconds"] for r in mods)}
+            if method == "coec" and all(r.get("setup_s") is not None for r in mods):
+                row["coec_s"] = sum(r["setup_s"] + (r["per_round_s"] or 0.0) * r["rounds"] for r in mods)
+            out.append(row)
+    return out
+
+
 def print_projection(rows, device, rate):
     """Projected COEC seconds for every preset shape (also the ones not run): the per-round
     matmul FLOP model at the measured matmul rate plus factorisations scaled by n^3."""
@@ -373,13 +391,21 @@ def main(argv=None):
         print(f"| {r['shape']} | {r['method']} | {r['seconds']:.3f} | {r['relerr_before']:.5f} | "
               f"{r['relerr_after']:.5f} | {ho} | {r['rounds']} | {r['inner_steps']} | {'' if pr is None else f'{pr:.3f}'} |")
 
+    totals = layer_totals(rows)
+    if totals:
+        print("\n| layer (o_proj + down_proj) | method | seconds | COEC setup + rounds s |")
+        print("|---|---|---:|---:|")
+        for t in totals:
+            print(f"| {t['set']} | {t['method']} | {t['seconds']:.2f} | "
+                  f"{'' if t.get('coec_s') is None else format(t['coec_s'], '.2f')} |")
     if widths:
         print_width_scaling(rows, widths, methods)
     else:
         print_projection(rows, device, rate)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"device": str(device), "rate_flops": rate, "rows": rows}, fh, indent=1, default=str)
+            json.dump({"device": str(device), "rate_flops": rate, "rows": rows, "layers": totals}, fh, indent=1,
+                      default=str)
     return 0
 
 

@@ -12,7 +12,7 @@
 # watchdog.txt (SVD / eigh with the solver watchdog on and off), gram_blocks.txt (the calibration Gram by block rows against one dense GEMM, per block size),
 # breakdown.txt (seconds per COEC block at 8B shapes, 5 rounds), left_polar.txt (SVD / eigh /
 # Newton left polar timed on the 8B left-rotation matrices), compensate_8b.{txt,json} (RCPU and
-# COEC per 8B module at the paper's 50 rounds), newton_8b.txt (COEC with left_polar: newton),
+# COEC per 8B module at the paper's 50 rounds, and per layer: o_proj + down_proj), newton_8b.txt (COEC with left_polar: newton),
 # tf32_8b.txt (COEC with direction_matmul: tf32, the right solve's search direction on TF32),
 # rg_product_8b.txt (down_proj with rg_update: product, against the CUDA default carry),
 # cayley_solve.txt (o_proj with the LU Cayley inverse).

@@ -87,6 +87,16 @@ def test_bench_compensate_every_method_width_scaling_and_json(tmp_path):
     for r in rows:
         assert r["relerr_after"] <= r["relerr_before"] + 1e-9 or r["method"] == "none"
         assert r["heldout"] is not None
+    layers = json.loads(out.read_text())["layers"]  # per layer: o_proj + down_proj of one width
+    assert {(t["set"], t["method"]) for t in layers} == {(w, m) for w in ("w64", "w96") for m in
+                                                         ("none", "bias", "lstsq", "rcpu", "coec")}
+    for t in layers:
+        mods = [r for r in rows if r["shape"].startswith(t["set"] + ".") and r["method"] == t["method"]]
+        assert t["seconds"] == pytest.approx(sum(r["seconds"] for r in mods))
+        assert (t.get("coec_s") is not None) == (t["method"] == "coec")
+        if t["method"] == "coec":
+            assert 0 < t["coec_s"] <= t["seconds"]
+    assert "| layer (o_proj + down_proj) |" in text
 
 
 def test_bench_compensate_breakdown_projection_and_options(tmp_path):
