@@ -7,15 +7,22 @@
 #
 # The step time limits add up to 17.5 min (the expected total is about 8.5): give the device
 # command 600 s. Each step writes its output as it goes, so a step cut short leaves the earlier
-# files. Writes to $OUT: gpu.txt (device, versions), tests.txt (CUDA-only tests), foundation.txt
-# (calibration against its FLOP bound, perplexity overhead; Llama-3.1-8B shape, 4 layers, bf16),
-# watchdog.txt (SVD / eigh with the solver watchdog on and off), gram_blocks.txt (the calibration Gram by block rows against one dense GEMM, per block size),
-# breakdown.txt (seconds per COEC block at 8B shapes, 5 rounds), left_polar.txt (SVD / eigh /
-# Newton left polar timed on the 8B left-rotation matrices), compensate_8b.{txt,json} (RCPU and
-# COEC per 8B module at the paper's 50 rounds, and per layer: o_proj + down_proj), newton_8b.txt (COEC with left_polar: newton),
-# tf32_8b.txt (COEC with direction_matmul: tf32, the right solve's search direction on TF32),
-# rg_product_8b.txt (down_proj with rg_update: product, against the CUDA default carry),
-# cayley_solve.txt (o_proj with the LU Cayley inverse).
+# files. The steps run in the order the goals need them (the tests, calibration against its FLOP
+# bound, seconds per 8B layer first), so a slow run loses only the optional ones. Writes to $OUT:
+#   gpu.txt            device, versions
+#   tests.txt          the CUDA-only tests
+#   foundation.txt     calibration against its FLOP bound, perplexity overhead (Llama-3.1-8B
+#                      shape, 4 layers, bf16)
+#   compensate_8b.{txt,json}  RCPU and COEC per 8B module at the paper's 50 rounds, and per
+#                      layer (o_proj + down_proj)
+#   breakdown.txt      seconds per COEC block at 8B shapes, 5 rounds
+#   left_polar.txt     SVD / eigh / Newton left polar timed on the 8B left-rotation matrices
+#   tf32_8b.txt        COEC with direction_matmul: tf32 (the search direction on TF32)
+#   newton_8b.txt      COEC with left_polar: newton
+#   rg_product_8b.txt  down_proj with rg_update: product, against the CUDA default carry
+#   gram_blocks.txt    the calibration Gram by block rows against one dense GEMM, per block size
+#   watchdog.txt       SVD / eigh with the solver watchdog on and off
+#   cayley_solve.txt   o_proj with the LU Cayley inverse
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
@@ -33,17 +40,13 @@ step "CUDA-only tests"
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_foundation.py tests/test_compensate_methods.py \
     tests/test_compensate_safeguards.py -k "gram_product or cuda" 2>&1 | tail -5 | tee "$OUT/tests.txt"
 
-step "solver watchdog overhead (CUDA default: on)"
-timeout 60 $py benchmarks/watchdog_overhead.py --device cuda --sizes 1024,4096 --repeat 3 \
-    2>&1 | tee "$OUT/watchdog.txt"
-
 step "calibration and perplexity (8B shape, 4 layers, bf16)"
 timeout 150 $py benchmarks/bench_foundation.py --random-arch Llama-3.1-8B --layers 4 --dtype bfloat16 \
     --device cuda --nseq 16 --seqlen 2048 --batch 8 2>&1 | grep -v "it/s" | tee "$OUT/foundation.txt"
 
-step "calibration Gram by block rows against the dense GEMM (bf16, 8B and 70B widths)"
-timeout 60 $py benchmarks/gram_blocks.py --device cuda --dtype bfloat16 --dims 4096,14336,28672 \
-    --tokens 16384 --blocks 512,1024,2048,4096 2>&1 | tee "$OUT/gram_blocks.txt"
+step "RCPU and COEC per 8B module (50 rounds)"
+timeout 180 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods rcpu,coec \
+    --json "$OUT/compensate_8b.json" 2>&1 | tee "$OUT/compensate_8b.txt"
 
 step "COEC per-block breakdown (8B shapes, 5 rounds; watchdog off, so the solver kernels are attributed)"
 COEC_SOLVER_TIMEOUT=0 timeout 120 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --max-rounds 5 \
@@ -53,23 +56,28 @@ step "left polar methods on the 8B left-rotation matrices"
 timeout 90 $py benchmarks/left_polar.py --device cuda --shapes 8b --max-rounds 1 --polar newton --time 3 \
     2>&1 | tee "$OUT/left_polar.txt"
 
-step "RCPU and COEC per 8B module (50 rounds)"
-timeout 180 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods rcpu,coec \
-    --json "$OUT/compensate_8b.json" 2>&1 | tee "$OUT/compensate_8b.txt"
+step "COEC per 8B module with TF32 search directions (50 rounds): the speed it buys, its effect on the errors"
+timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
+    --coec-opts '{"direction_matmul": "tf32"}' 2>&1 | tee "$OUT/tf32_8b.txt"
 
 step "COEC per 8B module with the Newton left polar (50 rounds)"
 timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
     --coec-opts '{"left_polar": "newton"}' 2>&1 | tee "$OUT/newton_8b.txt"
 
-step "COEC per 8B module with TF32 search directions (50 rounds): the speed it buys, its effect on the errors"
-timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
-    --coec-opts '{"direction_matmul": "tf32"}' 2>&1 | tee "$OUT/tf32_8b.txt"
-
 step "down_proj with R Gxx by a product per trial (rg_update: product, 50 rounds): what the carried product saves"
 timeout 60 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules down_proj --methods coec \
     --test-tokens 0 --coec-opts '{"rg_update": "product"}' 2>&1 | tee "$OUT/rg_product_8b.txt"
 
+step "calibration Gram by block rows against the dense GEMM (bf16, 8B and 70B widths)"
+timeout 60 $py benchmarks/gram_blocks.py --device cuda --dtype bfloat16 --dims 4096,14336,28672 \
+    --tokens 16384 --blocks 512,1024,2048,4096 2>&1 | tee "$OUT/gram_blocks.txt"
+
+step "solver watchdog overhead (CUDA default: on)"
+timeout 60 $py benchmarks/watchdog_overhead.py --device cuda --sizes 1024,4096 --repeat 3 \
+    2>&1 | tee "$OUT/watchdog.txt"
+
 step "o_proj with the LU Cayley inverse (50 rounds)"
 timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules o_proj --methods coec \
     --test-tokens 0 --coec-opts '{"cayley_inverse": "solve"}' 2>&1 | tee "$OUT/cayley_solve.txt"
+
 step "done"

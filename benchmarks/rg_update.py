@@ -19,13 +19,23 @@ summation order alone: the noise floor to read the carried runs' errors against.
 
     python benchmarks/rg_update.py                         # embedded down_proj and width 512, 50 rounds
     python benchmarks/rg_update.py --widths 1024 --no-embedded --max-rounds 20
+    python benchmarks/rg_update.py --cell results/smollm2-135m/enwiki-32x512/wanda_sp-0.3 \
+        --grams results/smollm2-135m/grams/enwiki-32x512 --max-rounds 20   # the real down_proj layers
+
+With ``--cell`` (a results cell with keep.json) and ``--grams`` (its calibration's Gram folder) it
+runs every real down_proj layer of that cell instead (the config's alpha 0.9, ``--max-rounds``):
+the product at ``--threads`` and at ``--other-threads`` (the noise floor) and carry with the
+first ``--refresh``, and prints how far each lands from the product, per layer and in summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -76,6 +86,52 @@ def run(problem, opts: dict, threads: int, max_rounds: int, n_test: int) -> dict
     }
 
 
+def real_layers(a) -> None:
+    """Every down_proj of a results cell: product (two thread counts) against carry."""
+    from coec.calibrate import load_layer_stats
+    from coec.models import layer_tensor_names, read_tensors, resolve_model_dir
+
+    md = resolve_model_dir(a.model)
+    keep = json.loads((Path(a.cell) / "keep.json").read_text())
+    refresh = int(a.refresh.split(",")[0])
+    variants = (("product", {"rg_update": "product"}, a.threads),
+                ("product-other", {"rg_update": "product"}, a.other_threads),
+                ("carry", {"rg_update": "carry", "rg_refresh": refresh}, a.threads))
+    print(f"{a.cell}: down_proj, COEC alpha 0.9, {a.max_rounds} rounds; product at {a.threads} and "
+          f"{a.other_threads} thread(s), carry (refresh {refresh}) at {a.threads}")
+    print("| layer | product relerr | s | other threads: rel. diff | carry: rel. diff | s | carried | refreshes |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    diffs = {"product-other": [], "carry": []}
+    secs = {"product": 0.0, "carry": 0.0}
+    for i, k in enumerate(keep["layers"]):
+        name = layer_tensor_names(i)["down_proj"]
+        W0 = read_tensors(md, [name])[name]
+        st = load_layer_stats(a.grams, i, "down_proj")
+        cols = torch.tensor(k["channels"])
+        res = {}
+        for label, opts, threads in variants:
+            torch.set_num_threads(threads)
+            t = time.perf_counter()
+            out = compensate(W0, st["gram"], st["mean"], cols, "coec", alpha=0.9, max_rounds=a.max_rounds,
+                             n_tokens=st["count"], **opts)
+            res[label] = (out.info, time.perf_counter() - t)
+        ref = res["product"][0]["relerr_after"]
+        for label in diffs:
+            diffs[label].append((res[label][0]["relerr_after"] - ref) / ref)
+        secs["product"] += res["product"][1]
+        secs["carry"] += res["carry"][1]
+        ci = res["carry"][0]
+        print(f"| {i} | {ref:.6f} | {res['product'][1]:.2f} | {diffs['product-other'][-1]:+.1e} | "
+              f"{diffs['carry'][-1]:+.1e} | {res['carry'][1]:.2f} | {ci['right']['carried']} | "
+              f"{ci['right']['rg_refreshes']} |", flush=True)
+    for label, d in diffs.items():
+        m = [abs(x) for x in d]
+        print(f"{label}: |relerr - relerr(product)| / relerr(product) median {statistics.median(m):.1e}, "
+              f"max {max(m):.1e}; lower in {sum(x < 0 for x in d)} of {len(d)}")
+    print(f"seconds: product {secs['product']:.1f}, carry {secs['carry']:.1f} "
+          f"(ratio {secs['carry'] / secs['product']:.3f})")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--widths", default="512", help="comma-separated widths of the down_proj family ('' for none)")
@@ -86,7 +142,15 @@ def main(argv=None):
     ap.add_argument("--other-threads", type=int, default=1, help="second thread count for the product (0: skip)")
     ap.add_argument("--tokens", type=int, default=DEFAULT_TOKENS["embedded"])
     ap.add_argument("--test-tokens", type=int, default=8192)
+    ap.add_argument("--cell", default=None, help="a results cell folder with keep.json (real down_proj layers)")
+    ap.add_argument("--grams", default=None, help="its calibration's Gram folder")
+    ap.add_argument("--model", default="resources/models/smollm2-135m", help="the cell's model (with --cell)")
     a = ap.parse_args(argv)
+    if a.cell:
+        if not a.grams:
+            ap.error("--cell needs --grams")
+        real_layers(a)
+        return
 
     shapes = [] if a.no_embedded else [SHAPES["embedded"][1]]
     shapes += [width_shapes(int(w))[1] for w in a.widths.split(",") if w]
