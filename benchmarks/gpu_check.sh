@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The prepared GPU check: every figure the README's GPU rows need, in one command (about 8.5 min on
+# The prepared GPU check: every figure the README's GPU rows need, in one command (about 9.5 min on
 # one H200 when warm). Needs torch (CUDA), transformers, safetensors, tqdm, pytest; runs from the
 # repository root on the source tree (no install).
 #
 #   OUT=benchmarks/results/gpu bash benchmarks/gpu_check.sh
 #
-# The step time limits add up to 17.5 min (the expected total is about 8.5): give the device
+# The step time limits add up to 20 min (the expected total is about 9.5): give the device
 # command 600 s. Each step writes its output as it goes, so a step cut short leaves the earlier
 # files. The steps run in the order the goals need them (the tests, calibration against its FLOP
 # bound, seconds per 8B layer first), so a slow run loses only the optional ones. Writes to $OUT:
@@ -15,6 +15,8 @@
 #                      shape, 4 layers, bf16)
 #   compensate_8b.{txt,json}  RCPU and COEC per 8B module at the paper's 50 rounds, and per
 #                      layer (o_proj + down_proj)
+#   real_steps_8b.txt  COEC per 8B module with as many right-solve steps a round as the embedded
+#                      model's real layers take (the synthetic problems take fewer)
 #   breakdown.txt      seconds per COEC block at 8B shapes, 5 rounds
 #   left_polar.txt     SVD / eigh / Newton left polar timed on the 8B left-rotation matrices
 #   tf32_8b.txt        COEC with direction_matmul: tf32 (the search direction on TF32)
@@ -47,6 +49,13 @@ timeout 150 $py benchmarks/bench_foundation.py --random-arch Llama-3.1-8B --laye
 step "RCPU and COEC per 8B module (50 rounds)"
 timeout 180 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods rcpu,coec \
     --json "$OUT/compensate_8b.json" 2>&1 | tee "$OUT/compensate_8b.txt"
+
+step "COEC per 8B module at the embedded model's real step counts (4 right-solve steps a round for down_proj, 6 for o_proj; 50 rounds)"
+{ timeout 75 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules down_proj --methods coec \
+    --test-tokens 0 --coec-opts '{"delta": 1e-12, "max_inner_steps": 4}'
+  timeout 75 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules o_proj --methods coec \
+    --test-tokens 0 --coec-opts '{"delta": 1e-12, "max_inner_steps": 6}'
+} 2>&1 | tee "$OUT/real_steps_8b.txt"
 
 step "COEC per-block breakdown (8B shapes, 5 rounds; watchdog off, so the solver kernels are attributed)"
 COEC_SOLVER_TIMEOUT=0 timeout 120 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --max-rounds 5 \
