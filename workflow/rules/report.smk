@@ -46,10 +46,14 @@ def table_file(name):
 
 
 rule table:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: table_inputs(wc.table, table_file(wc.table)),
     output:
-        csv="results/{table}.csv",
+        csv=report("results/{table}.csv", caption="../report/table.rst", category="Tables",
+                   subcategory=lambda wc: report_table_kind(wc.table),
+                   labels=lambda wc: report_label(f"results/{wc.table}.csv")),
         md="results/{table}.md",
     wildcard_constraints:
         table=r"table[123]|" + "|".join(config.get("extra_tables", {}) or ["table_none"]),
@@ -63,14 +67,15 @@ rule table:
     resources:
         **rule_resources("report"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} report --kind table --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
 
 
 def report_items():
     """[(path, title, caption)] of every table and figure the config defines, in paper order;
     tables carry their caption in their .md twin, figures get it here."""
-    items = [("results/table1.csv", "Table 1: perplexity at the table1 ratios", ""),
-             ("results/table2.csv", "Table 2: zero-shot mean accuracy (7 tasks)", "")]
+    items = [("results/table1.csv", f"Table 1: perplexity at {sparsity_words('table1')}", ""),
+             ("results/table2.csv",
+              f"Table 2: zero-shot mean accuracy (7 tasks) at {sparsity_words('table2')}", "")]
     if "table3" in config:
         items.append(("results/table3.csv", "Table 3: ablation ladder (perplexity)", ""))
     if "table4" in config:
@@ -79,8 +84,9 @@ def report_items():
         items.append(("results/figures/fig2_calibration_size.png",
                       "Fig. 2: perplexity against calibration size", fig2_spec()["caption"]))
     for name, t in (config.get("extra_tables") or {}).items():
-        items.append((f"results/{name}.csv", f"{name}: {t.get('metric', 'ppl')} at ratios "
-                      f"{', '.join(fmt_ratio(r) for r in t['ratios'])}", ""))
+        metric = t.get("metric", "ppl")
+        items.append((f"results/{name}.csv",
+                      f"{name}: {METRIC_WORDS.get(metric, metric)} at {sparsity_words(name)}", ""))
     if "appC" in config:
         items += [("results/appC.csv", "App. C: geometry summary", ""),
                   ("results/figures/appC_angles.png", "App. C: principal angles per layer",
@@ -96,7 +102,32 @@ def report_items():
     return items
 
 
+# ----------------------------------------------------------------------------- Snakemake report
+# `snakemake --report report.html <targets>` (docs/report.md): the report() outputs of the table,
+# figure and geometry rules, with captions in workflow/report/ and these labels and subcategories.
+METRIC_WORDS = {"ppl": "perplexity", "mean7": "zero-shot mean accuracy (7 tasks)"}
+
+
+def sparsity_words(table):
+    """'30 % column sparsity' (or '10 %, 20 % ...') of a table's ratios."""
+    return ", ".join(f"{float(r) * 100:g} %" for r in table_cfg(table)["ratios"]) + " column sparsity"
+
+
+def report_label(path):
+    """The label of a table or figure in the Snakemake report: its title (report_items)."""
+    titles = {p: t for p, t, _ in report_items()}
+    return {"artifact": titles.get(path, os.path.basename(path))}
+
+
+def report_table_kind(name):
+    """The subcategory of a table in the report's Tables category: what its numbers are."""
+    metric = table_cfg(name).get("metric", "ppl")
+    return "Perplexity" if metric == "ppl" else "Zero-shot accuracy"
+
+
 rule report_readme:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: [p for p, _, _ in report_items()],
     output:
@@ -113,4 +144,4 @@ rule report_readme:
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} report --kind readme --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "{PY} report --kind readme --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
