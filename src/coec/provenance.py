@@ -1,0 +1,92 @@
+"""Provenance of the model a result was computed from: its source, the requested and resolved
+revision, and a content hash of its weight files (docs/provenance.md).
+
+``weights_sha256`` is the sha256 of a manifest listing every ``*.safetensors`` file of the
+model folder by name with its own sha256. A file's sha256 is read from the hub cache where the
+file is a hub LFS blob (the blob's name is the sha256 the hub recorded for it), else computed
+once and remembered in a small sidecar cache keyed on the file's path, size and mtime, so
+stages after the first do not reread a 16 GB checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_SNAPSHOT = re.compile(r"[/\\]snapshots[/\\]([0-9a-f]{40})(?:[/\\]|$)")
+
+
+def digest_cache_dir() -> Path:
+    """Where computed file digests are remembered: $COEC_DIGEST_CACHE or ~/.cache/coec/digests."""
+    return Path(os.environ.get("COEC_DIGEST_CACHE", Path.home() / ".cache" / "coec" / "digests"))
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_digest(path: str | Path, cache: str | Path | None = None) -> str:
+    """sha256 of one file: a hub LFS blob's own name, a cached digest whose path, size and
+    mtime still match, or a fresh read (then cached; an unwritable cache is skipped)."""
+    real = Path(os.path.realpath(path))
+    if real.parent.name == "blobs" and _HEX64.fullmatch(real.name):
+        return real.name
+    st = real.stat()
+    key = {"path": str(real), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    cache = Path(cache) if cache is not None else digest_cache_dir()
+    entry = cache / (hashlib.sha256(str(real).encode()).hexdigest()[:32] + ".json")
+    try:
+        saved = json.loads(entry.read_text())
+        if {k: saved.get(k) for k in key} == key and _HEX64.fullmatch(saved.get("sha256", "")):
+            return saved["sha256"]
+    except (OSError, ValueError):
+        pass
+    digest = _sha256_file(real)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**key, "sha256": digest}))
+        os.replace(tmp, entry)
+    except OSError:
+        pass
+    return digest
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    """The ``*.safetensors`` files of a model folder, sorted by name."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights in {model_dir}")
+    return files
+
+
+def weights_digest(model_dir: str | Path, cache: str | Path | None = None) -> str:
+    """sha256 of the manifest ``<name> <sha256>\\n`` over the folder's sorted weight files."""
+    lines = "".join(f"{f.name} {file_digest(f, cache)}\n" for f in weight_files(model_dir))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def resolved_commit(model_dir: str | Path) -> str | None:
+    """The hub commit a snapshot folder holds (``.../snapshots/<commit>``); None for a plain folder."""
+    m = _SNAPSHOT.search(str(Path(model_dir).absolute()) + os.sep)
+    return m.group(1) if m else None
+
+
+def model_provenance(source: str | Path, revision: str | None = None,
+                     trust_remote_code: bool = False, model_dir: str | Path | None = None) -> dict:
+    """``{source, revision, commit, trust_remote_code, weights_sha256}`` of a model source as a
+    stage loads it (``model_dir``: the folder already resolved from it, else resolved here)."""
+    if model_dir is None:
+        from .models import resolve_model_dir
+
+        model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
+    return {"source": str(source), "revision": revision, "commit": resolved_commit(model_dir),
+            "trust_remote_code": bool(trust_remote_code), "weights_sha256": weights_digest(model_dir)}
