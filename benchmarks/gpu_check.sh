@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check: every figure the README's GPU rows need, in one command (about 9.5 min on
+# The prepared GPU check: every figure docs/benchmarks.md's GPU rows need, in one command (about 9.5 min on
 # one H200 when warm). Needs torch (CUDA), transformers, safetensors, tqdm, pytest; runs from the
 # repository root on the source tree (no install).
 #
