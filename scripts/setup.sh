@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
 # Create ./.venv with the pinned dependencies and the coec package (idempotent).
+#   COEC_TORCH_INDEX     index to take the pinned torch from, e.g.
+#                        https://download.pytorch.org/whl/cpu (CPU build, ~200 MB) or
+#                        https://download.pytorch.org/whl/cu128 (CUDA 12.8 build);
+#                        unset: pip's configured index (the CPU wheel on these machines; the
+#                        CUDA build from the public PyPI on Linux). See docs/setup.md.
+#   COEC_SETUP_DRY_RUN=1 print the commands instead of running them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q torch==2.13.0   # CPU build; a bare `torch` would pull CUDA
-.venv/bin/python -m pip install -q -r envs/requirements.txt
-.venv/bin/python -m pip install -q --no-deps -e .
+TORCH=$(grep -E '^torch==' envs/requirements.txt)   # the one torch pin
+run() {
+    if [ -n "${COEC_SETUP_DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
+}
+[ -x .venv/bin/python ] || run "$PY" -m venv .venv
+run .venv/bin/python -m pip install -q --upgrade pip
+if [ -n "${COEC_TORCH_INDEX:-}" ]; then
+    run .venv/bin/python -m pip install -q "$TORCH" --index-url "$COEC_TORCH_INDEX"
+else
+    run .venv/bin/python -m pip install -q "$TORCH"
+fi
+run .venv/bin/python -m pip install -q -r envs/requirements.txt
+run .venv/bin/python -m pip install -q --no-deps -e .

