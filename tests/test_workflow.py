@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import CORPUS, make_model_dir
+from conftest import write_trimmed_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,31 +95,7 @@ def test_bad_config_one_line(tmp_path):
 def trimmed_run(tmp_path_factory):
     """A real run of the whole chain on a tiny Llama and local text, then table1."""
     work = tmp_path_factory.mktemp("wf")
-    model = make_model_dir(work / "tiny-llama", "llama")
-    (work / "calib.txt").write_text(CORPUS)
-    (work / "eval.txt").write_text(CORPUS[1000:4000])
-    cfg = {
-        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32",
-                            "resources": {"compensate": {"gpu": 1, "mem_mb": 3000, "runtime": 7,
-                                                         "cpus_per_gpu": 3, "slurm_partition": "gpu"},
-                                          "calibrate": {"gpu": 1, "mem_mb": 5000}}}},
-        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
-                               "eval": str(work / "eval.txt")}},
-        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
-                               "batch_size": 4}},
-        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 6,
-                       "ppl_batch_size": 2},
-        "compensations": {"coec": {"method": "coec", "alpha": 0.9, "max_rounds": 3,
-                                   "o_proj": {"align_lambda": 50.0, "anchor_rank": 4}}},
-        "compute": {"device": "cpu", "compensate_block": 1},
-        "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
-                   "rows": [{"selection": "wanda_sp", "compensation": "none"},
-                            {"selection": "wanda_sp", "compensation": "coec"},
-                            {"selection": "flap", "compensation": "bias"},
-                            {"selection": "rcpu", "compensation": "rcpu"}]},
-    }
-    cfg_path = work / "trim.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
+    cfg, cfg_path = write_trimmed_workflow(work)
     # the local profile runs the same DAG (one job per (cell, layer)) the SLURM profile submits
     snakemake(work, "results/table1.csv", "--workflow-profile", str(REPO / "workflow/profiles/default"),
               "--cores", "2", "--configfile", str(cfg_path))
@@ -212,6 +188,16 @@ def test_trimmed_run_table1(trimmed_run):
     ppl = yaml.safe_load((work / "results/tiny/c8/wanda_sp-0.5/coec/ppl.json").read_text())
     assert ppl["seqlen"] == 32 and ppl["tokens_scored"] == ppl["windows"] * 31
     assert not list((work / "results").rglob("*.tmp"))
+
+
+def test_trimmed_run_logs_have_no_logging_errors(trimmed_run):
+    """No job of the real run hit a logging error (a message that failed to format)."""
+    work, _, _ = trimmed_run
+    logs = sorted((work / "results/logs").rglob("*.log"))
+    assert len(logs) >= 8
+    bad = [str(p.relative_to(work)) for p in logs if "--- Logging error ---" in p.read_text(errors="replace")]
+    assert not bad, bad
+    assert "relerr" in (work / "results/logs/compensate/tiny/c8/wanda_sp-0.5/coec/block0-0.log").read_text()
 
 
 def test_changing_ppl_seqlen_replans_only_evaluation(trimmed_run):

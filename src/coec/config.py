@@ -1,13 +1,14 @@
-"""Config validation: JSON Schema (workflow/schemas/config.schema.yaml) plus cross-references,
+"""Config validation: JSON Schema (src/coec/schemas/config.schema.yaml, package data) plus cross-references,
 with one error line naming the offending key."""
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
 
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = Path(str(files("coec") / "schemas" / "config.schema.yaml"))  # package data
 
 
 class ConfigError(ValueError):
@@ -49,12 +50,121 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is not None:
         where = _path(error.absolute_path)
+        if "propertyNames" in error.absolute_schema_path:
+            raise ConfigError(f"config: bad name {error.instance!r} under {where}: names become paths and "
+                              f"shell words, so they must match {NAME_PATTERN} (letters, digits, '.', "
+                              f"'_', '-'; starting with a letter or digit)")
         if error.validator == "additionalProperties":
             raise ConfigError(f"config: unknown key under {where}: {error.message}")
         raise ConfigError(f"config: bad value at {where}: {error.message}")
     _fill_defaults(schema, config, schema)
     _check_references(config)
+    _check_selections(config)
+    _check_compensations(config)
+    _check_geometry(config)
     return config
+
+
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+def _selection_refs(obj, where: str = ""):
+    """(where, name) of every ``selection: <name>`` in the config outside ``selections``."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            w = f"{where}.{k}" if where else str(k)
+            if k == "selection" and isinstance(v, str):
+                yield w, v
+            elif k != "selections":
+                yield from _selection_refs(v, w)
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _selection_refs(v, f"{where}[{i}]")
+
+
+def _check_selections(cfg: dict) -> None:
+    """The ``selections`` registry (coec.select.selection_registry) and every name used."""
+    from .select import selection_registry
+
+    try:
+        known = selection_registry(cfg.get("selections"))
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
+    for where, name in _selection_refs(cfg):
+        if name not in known:
+            raise ConfigError(f"config: {where} names unknown selection {name!r} "
+                              f"(known: {', '.join(known)})")
+
+
+def _check_compensations(cfg: dict) -> None:
+    """Every option of every compensation, as each module will see it (coec.compensate.options)."""
+    from .compensate.options import validate_spec
+
+    for name, spec in cfg.get("compensations", {}).items():
+        try:
+            validate_spec(spec, f"compensations.{name}")
+        except ValueError as exc:
+            raise ConfigError(f"config: {exc}") from None
+
+
+def _seqlen_key(cfg: dict, calib: str) -> tuple[str, int] | None:
+    """(config key, length) of a calibration entry or an iterative mix."""
+    if calib in cfg.get("calibration", {}):
+        return f"calibration.{calib}.seqlen", cfg["calibration"][calib]["seqlen"]
+    mixes = cfg.get("iterative", {}).get("mixes", {})
+    if calib in mixes:
+        return f"iterative.mixes.{calib}.seqlen", mixes[calib]["seqlen"]
+    return None
+
+
+def _model_calibrations(cfg: dict) -> dict[str, set]:
+    """{model: calibrations (or mixes) it is run with} over every table and figure of the config."""
+    used: dict[str, set] = {}
+
+    def add(models, calibs):
+        for m in models:
+            used.setdefault(m, set()).update(c for c in calibs if c)
+
+    tables = {k: cfg[k] for k in ("table1", "table2", "table3") if k in cfg}
+    tables.update(cfg.get("extra_tables") or {})
+    for t in tables.values():
+        add(t["models"], [t["calibration"]])
+    for key in ("appC", "fig2"):
+        if key in cfg:
+            add([cfg[key]["model"]], [cfg[key]["calibration"]])
+    it = cfg.get("iterative") or {}
+    if "table" in it:
+        t = it["table"]
+        add(t["models"], [t["calibration"]] + [r.get("calibration") for r in t["rows"]])
+    if "calibration_size" in it:
+        f = it["calibration_size"]
+        base = f.get("calibration", it.get("table", {}).get("calibration"))
+        add([f["model"]], [base] + [r.get("calibration") for r in f["rows"]])
+    return used
+
+
+def _check_geometry(cfg: dict) -> None:
+    """Layer counts and sequence lengths against the model's own config, where it is readable
+    now (local folders, embedded models); hub models are checked when their stage starts."""
+    from .modelcheck import GeometryError, check_expected, config_geometry
+
+    used = _model_calibrations(cfg)
+    for name, model in cfg["models"].items():
+        geom, what = config_geometry(model, name)
+        if geom is None:
+            continue
+        seqlen = {}
+        if name in used:
+            seqlen["evaluation.ppl_seqlen"] = cfg["evaluation"]["ppl_seqlen"]
+            for calib in sorted(used[name]):
+                ks = _seqlen_key(cfg, calib)
+                if ks:
+                    seqlen[ks[0]] = ks[1]
+        try:
+            check_expected(geom, {"model": f"models.{name}", "num_layers": model["num_layers"],
+                                  "seqlen": seqlen}, what)
+        except GeometryError as exc:
+            raise ConfigError(f"config: {exc}") from None
 
 
 def _check_references(cfg: dict) -> None:
@@ -74,6 +184,28 @@ def _check_references(cfg: dict) -> None:
             need("models", m, f"{tname}.models")
         for i, row in enumerate(t["rows"]):
             need("compensations", row["compensation"], f"{tname}.rows[{i}].compensation")
+    if "appC" in cfg:
+        a = cfg["appC"]
+        need("calibration", a["calibration"], "appC.calibration")
+        need("models", a["model"], "appC.model")
+        need("compensations", a["compensation"], "appC.compensation")
+    if "fig2" in cfg:
+        f = cfg["fig2"]
+        need("models", f["model"], "fig2.model")
+        need("calibration", f["calibration"], "fig2.calibration")
+        for i, c in enumerate(f["compensations"]):
+            need("compensations", c, f"fig2.compensations[{i}]")
+    for i, m in enumerate(cfg.get("table4", {}).get("models", [])):
+        need("models", m, f"table4.models[{i}]")
+    it = cfg.get("iterative") or {}
+    for key in ("table", "calibration_size"):
+        for i, row in enumerate(it.get(key, {}).get("rows", [])):
+            if "compensation" in row:
+                need("compensations", row["compensation"], f"iterative.{key}.rows[{i}].compensation")
+    for i, m in enumerate(it.get("table", {}).get("models", [])):
+        need("models", m, f"iterative.table.models[{i}]")
+    if "calibration_size" in it:
+        need("models", it["calibration_size"]["model"], "iterative.calibration_size.model")
     for name, m in cfg["models"].items():
         if m["source"] == "embedded":
             from .resources import EMBEDDED_MODELS

@@ -7,6 +7,8 @@ def calib_cfg(name):
 
 
 rule calibrate:
+    conda:
+        "../../envs/coec.yaml"
     input:
         model=model_input,
         text=lambda wc: dataset_input(calib_cfg(wc.calib)["dataset"]),
@@ -22,6 +24,8 @@ rule calibrate:
         gram_dtype=lambda wc: calib_cfg(wc.calib).get("gram_dtype", "float32"),
         dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
         device=config.get("compute", {}).get("device", "auto"),
+        expect=lambda wc: model_expect(wc.model, f"calibration.{wc.calib}.seqlen"),
+        hub=lambda wc: hub_args(wc.model),
     log:
         "results/logs/calibrate/{model}/{calib}.log",
     benchmark:
@@ -31,6 +35,6 @@ rule calibrate:
         **rule_resources("calibrate"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} calibrate --model {params.model:q} --dataset {params.dataset:q} "
-        "--nsamples {params.nsamples} --seqlen {params.seqlen} --seed {params.seed} "
-        "--batch-size {params.batch} --dtype {params.dtype} --gram-dtype {params.gram_dtype} "
-        "--device {params.device} --out {output} > {log} 2>&1"
+        "--nsamples {params.nsamples:q} --seqlen {params.seqlen:q} --seed {params.seed:q} "
+        "--batch-size {params.batch:q} --dtype {params.dtype:q} --gram-dtype {params.gram_dtype:q} "
+        "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} > {log:q} 2>&1"

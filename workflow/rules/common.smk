@@ -1,11 +1,12 @@
 # Helpers shared by the rules: config validation, path scheme, per-rule resources.
 import json
+import re
 import sys
 from shlex import quote as shlex_quote
 
-from coec.config import validate_config
+from coec.config import SCHEMA, validate_config
 
-validate_config(config, os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"))
+validate_config(config, SCHEMA)  # the schema is package data of coec (src/coec/schemas/)
 
 
 def sized_calibration(base, n, registry=None):
@@ -38,14 +39,40 @@ if "fig2" in config:
         sized_calibration(config["fig2"]["calibration"], _n)
 
 
-# the interpreter running Snakemake (so rules work without an activated venv)
-PY = f"{sys.executable} -m coec"
+def coec_command(deployment_methods, executable=sys.executable):
+    """The command rules run: the `coec` entry point of the environment a job runs in. Under
+    `--sdm conda` that is the rule's conda env (envs/coec.yaml, on PATH once activated); else the
+    one next to the interpreter running Snakemake, by absolute path (so `.venv/bin/snakemake`
+    works without an activated venv), or `<python> -m coec` where no entry point is installed."""
+    if "conda" in {str(getattr(m, "name", m)).lower() for m in deployment_methods}:
+        return "coec"
+    script = os.path.join(os.path.dirname(executable), "coec")
+    if os.access(script, os.X_OK):
+        return shlex_quote(script)
+    return f"{shlex_quote(executable)} -m coec"
+
+
+PY = coec_command(workflow.deployment_settings.deployment_method)
+# envs/coec.post-deploy.sh installs this repository into a fresh --sdm conda environment
+os.environ.update(COEC_SOURCE=workflow.basedir)  # set for the post-deploy script, not read here
+
+
+# selection name -> coec.select.ScoreSpec: the paper's wanda_sp | flap | rcpu plus config `selections`
+from coec.select import selection_registry
+
+SELECTION_SPECS = selection_registry(config.get("selections"))
+
+
+def selection_args(name):
+    """`select`'s --method and --options of a selection name (options {} for the paper's)."""
+    spec = SELECTION_SPECS[name]
+    return f"--method {shlex_quote(spec.score)} --options {shlex_quote(json.dumps(spec.options(), sort_keys=True))}"
 
 
 wildcard_constraints:
     model=r"[^/]+",
     calib=r"[^/]+",
-    select=r"wanda_sp|flap|rcpu",
+    select="|".join(re.escape(n) for n in sorted(SELECTION_SPECS, key=len, reverse=True)),
     ratio=r"0\.[0-9]+",
     comp=r"[^/]+",
     first=r"[0-9]+",
@@ -64,6 +91,23 @@ def model_path(name):
     """What the CLI loads: the converted folder for embedded models, else the hub id / dir."""
     m = model_cfg(name)
     return f"resources/models/{name}" if m["source"] == "embedded" else m["source"]
+
+
+def hub_args(model):
+    """--revision / --trust-remote-code of a model's config (models.<m>.revision,
+    .trust_remote_code), each word shell-quoted; empty when neither is set."""
+    m = model_cfg(model)
+    args = ["--revision", shlex_quote(str(m["revision"]))] if m.get("revision") else []
+    return " ".join(args + (["--trust-remote-code"] if m.get("trust_remote_code") else []))
+
+
+def model_expect(model, seqlen_key=None):
+    """A stage's --expect: what the config says of the model (its num_layers; the config key of
+    the stage's sequence length), checked against the model's config.json before any work."""
+    out = {"model": f"models.{model}", "num_layers": model_cfg(model)["num_layers"]}
+    if seqlen_key:
+        out["seqlen_key"] = seqlen_key
+    return json.dumps(out, sort_keys=True)
 
 
 def model_input(wc):
@@ -142,8 +186,9 @@ def rule_resources(rule_name):
     as ``cpus_per_gpu`` on GPU jobs (the config's ``cpus_per_gpu``, else its ``cpus_per_task``;
     so they scale with a model's GPU count) or ``cpus_per_task`` on CPU jobs, the other one 0
     (the SLURM executor lets a set ``cpus_per_task`` win over ``cpus_per_gpu``). The SLURM string
-    resources (partition, account, gpu_model, slurm_extra) are set only where the config gives them,
-    so the profile's ``default-resources`` apply otherwise."""
+    resources (partition, account, gpu_model, slurm_extra) are set only where the config gives them
+    (profiles/slurm/site.yaml), so the profile's ``default-resources`` apply otherwise; gpu_model
+    only on GPU jobs."""
     gpu = res(rule_name, "gpu", 0)
     per_task = res(rule_name, "cpus_per_task", 1)
     per_gpu = res(rule_name, "cpus_per_gpu", None)
@@ -159,6 +204,9 @@ def rule_resources(rule_name):
     for key in SLURM_STRING_RESOURCES:
         if _configured(rule_name, key):
             out[key] = res(rule_name, key, "")
+    if "gpu_model" in out:  # a site-wide gpu_model (resources.default) must not reach CPU jobs
+        model = out["gpu_model"]
+        out["gpu_model"] = lambda wc: model(wc) if gpu(wc) > 0 else ""
     return out
 
 

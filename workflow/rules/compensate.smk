@@ -4,6 +4,8 @@
 
 
 rule compensate:
+    conda:
+        "../../envs/coec.yaml"
     input:
         model=model_input,
         grams="results/{model}/grams/{calib}",
@@ -15,6 +17,8 @@ rule compensate:
         model=lambda wc: model_path(wc.model),
         spec=lambda wc: json.dumps(comp_spec(wc.comp), sort_keys=True),
         device=config.get("compute", {}).get("device", "auto"),
+        expect=lambda wc: model_expect(wc.model),
+        hub=lambda wc: hub_args(wc.model),
     log:
         "results/logs/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.log",
     benchmark:
@@ -23,6 +27,6 @@ rule compensate:
     resources:
         **rule_resources("compensate"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} compensate --model {params.model:q} --grams {input.grams} --keep {input.keep} "
-        "--spec {params.spec:q} --first {wildcards.first} --last {wildcards.last} "
-        "--device {params.device} --out {output.weights} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} compensate --model {params.model:q} --grams {input.grams:q} "
+        "--keep {input.keep:q} --spec {params.spec:q} --first {wildcards.first:q} --last {wildcards.last:q} "
+        "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output.weights:q} > {log:q} 2>&1"

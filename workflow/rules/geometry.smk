@@ -2,6 +2,8 @@
 
 
 rule geometry:
+    conda:
+        "../../envs/coec.yaml"
     input:
         model=model_input,
         keep="results/{model}/{calib}/{select}-{ratio}/keep.json",
@@ -10,7 +12,8 @@ rule geometry:
         "results/{model}/{calib}/{select}-{ratio}/{comp}/geometry.csv",
     params:
         model=lambda wc: model_path(wc.model),
-        comp=lambda wc, input: " ".join(input.comp),
+        expect=lambda wc: model_expect(wc.model),
+        hub=lambda wc: hub_args(wc.model),
     log:
         "results/logs/geometry/{model}/{calib}/{select}-{ratio}/{comp}.log",
     benchmark:
@@ -19,8 +22,8 @@ rule geometry:
     resources:
         **rule_resources("report"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} geometry --model {params.model:q} --keep {input.keep} "
-        "--comp {params.comp} --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} geometry --model {params.model:q} --keep {input.keep:q} "
+        "--comp {input.comp:q} --expect {params.expect:q} {params.hub} --out {output:q} > {log:q} 2>&1"
 
 
 def appc_geometry():
@@ -37,12 +40,17 @@ def appc_caption():
 
 
 rule appC:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: appc_geometry(),
     output:
-        csv="results/appC.csv",
+        csv=report("results/appC.csv", caption="../report/appc.rst", category="Geometry",
+                   labels=lambda wc: report_label("results/appC.csv")),
         md="results/appC.md",
-        png="results/figures/appC_angles.png",
+        png=report("results/figures/appC_angles.png", caption="../report/appc_angles.rst",
+                   category="Geometry",
+                   labels=lambda wc: report_label("results/figures/appC_angles.png")),
     params:
         spec=lambda wc: json.dumps({"geometry": appc_geometry(), "caption": appc_caption()}),
     log:
@@ -52,16 +60,19 @@ rule appC:
     resources:
         **rule_resources("report"),
     shell:
-        "({PY} report --kind appc --spec {params.spec:q} --out {output.csv} && "
-        "{PY} report --kind geometry-figure --spec {params.spec:q} --out {output.png}) > {log} 2>&1"
+        "({PY} report --kind appc --spec {params.spec:q} --out {output.csv:q} && "
+        "{PY} report --kind geometry-figure --spec {params.spec:q} --out {output.png:q}) > {log:q} 2>&1"
 
 
 rule table4:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: [f"resources/models/{m}" for m in config["table4"].get("models", [])
                     if model_cfg(m)["source"] == "embedded"],
     output:
-        csv="results/table4.csv",
+        csv=report("results/table4.csv", caption="../report/table4.rst", category="Tables",
+                   subcategory="Deployment cost", labels=lambda wc: report_label("results/table4.csv")),
         md="results/table4.md",
     params:
         spec=lambda wc: json.dumps({
@@ -80,7 +91,7 @@ rule table4:
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} report --kind table4 --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+        "{PY} report --kind table4 --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
 
 
 def fig2_spec():
@@ -99,10 +110,14 @@ def fig2_spec():
 
 
 rule fig2:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: figure_inputs(fig2_spec()),
     output:
-        "results/figures/fig2_calibration_size.png",
+        report("results/figures/fig2_calibration_size.png", caption="../report/fig2.rst",
+               category="Figures",
+               labels=lambda wc: report_label("results/figures/fig2_calibration_size.png")),
     params:
         spec=lambda wc: json.dumps(fig2_spec()),
     log:
@@ -112,4 +127,4 @@ rule fig2:
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} report --kind lines-figure --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "{PY} report --kind lines-figure --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"

@@ -1,4 +1,4 @@
-# Iterative multi-domain FLAP (src/coec/iterative.py, seeds/iterative-multidomain-flap.txt).
+# Iterative multi-domain FLAP (src/coec/iterative.py, docs/iterative.md).
 #
 #   resources/domains/{domain}/calib.txt                      domain text (code, math, ...)
 #   results/{model}/grams/{mix}/                              multi-domain Grams (for select/compensate)
@@ -115,14 +115,21 @@ def it_calib_params():
         variance_mix=lambda wc: c(wc).get("variance_mix", "pooled"),
         dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
         device=config.get("compute", {}).get("device", "auto"),
+        expect=lambda wc: model_expect(wc.model, f"{it_calib_key(wc.calib)}.seqlen"),
+        hub=lambda wc: hub_args(wc.model),
     )
 
 
+def it_calib_key(name):
+    """The config key of a calibration entry or an iterative mix."""
+    return f"iterative.mixes.{name}" if name in IT_MIXES else f"calibration.{name}"
+
+
 IT_CALIB_ARGS = (
-    "--model {params.model:q} --domains {params.domains:q} --nsamples {params.nsamples} "
-    "--seqlen {params.seqlen} --seed {params.seed} --batch-size {params.batch} "
-    "--dtype {params.dtype} --gram-dtype {params.gram_dtype} "
-    "--variance-mix {params.variance_mix} --device {params.device}"
+    "--model {params.model:q} --domains {params.domains:q} --nsamples {params.nsamples:q} "
+    "--seqlen {params.seqlen:q} --seed {params.seed:q} --batch-size {params.batch:q} "
+    "--dtype {params.dtype:q} --gram-dtype {params.gram_dtype:q} "
+    "--variance-mix {params.variance_mix:q} --device {params.device:q} --expect {params.expect:q} {params.hub}"
 )
 
 
@@ -169,6 +176,8 @@ def it_cell_dir(model, calib, variant, ratio):
 
 # ----------------------------------------------------------------------------- rules
 rule iterative_domain:
+    conda:
+        "../../envs/coec.yaml"
     output:
         calib="resources/domains/{domain}/calib.txt",
         manifest="resources/domains/{domain}/manifest.json",
@@ -184,10 +193,12 @@ rule iterative_domain:
         **rule_resources("prepare"),
     shell:
         "{PY} iterative prepare-domain --spec {params.spec:q} "
-        "--out resources/domains/{wildcards.domain} > {log} 2>&1"
+        "--out resources/domains/{wildcards.domain:q} > {log:q} 2>&1"
 
 
 rule iterative_grams:
+    conda:
+        "../../envs/coec.yaml"
     input:
         model=model_input,
         text=it_text_inputs,
@@ -205,13 +216,15 @@ rule iterative_grams:
     resources:
         **rule_resources("calibrate"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} iterative grams " + IT_CALIB_ARGS + " --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} iterative grams " + IT_CALIB_ARGS + " --out {output:q} > {log:q} 2>&1"
 
 
 ruleorder: iterative_grams > calibrate
 
 
 rule iterative_step:
+    conda:
+        "../../envs/coec.yaml"
     input:
         model=model_input,
         text=it_text_inputs,
@@ -231,7 +244,7 @@ rule iterative_step:
         mode=lambda wc: wc.method.split("-", 1)[0],
         structure=lambda wc: wc.method.split("-", 1)[1],
         group_rounding=config.get("group_rounding", "ceil"),
-        init=lambda wc: "" if it_parent(wc) is None else f"--init {it_parent(wc)}",
+        init=lambda wc: "" if it_parent(wc) is None else f"--init {shlex_quote(it_parent(wc))}",
         outdir=lambda wc, output: os.path.dirname(output.keep),
     log:
         "results/logs/iterative/{model}/{calib}/{method}/steps/{chain}.log",
@@ -241,13 +254,15 @@ rule iterative_step:
     resources:
         **rule_resources("calibrate"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} iterative run " + IT_CALIB_ARGS + " --schedule {params.ratio} {params.init} "
-        "--mode {params.mode} --structure {params.structure} "
-        "--group-rounding {params.group_rounding} --block-name bias.safetensors "
-        "--out {params.outdir} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} iterative run " + IT_CALIB_ARGS + " --schedule {params.ratio:q} {params.init} "
+        "--mode {params.mode:q} --structure {params.structure:q} "
+        "--group-rounding {params.group_rounding:q} --block-name bias.safetensors "
+        "--out {params.outdir:q} > {log:q} 2>&1"
 
 
 rule iterative_cell:
+    conda:
+        "../../envs/coec.yaml"
     input:
         steps=lambda wc: [f"{d}/iterative.json" for d in it_cell_steps(wc)],
         keep=lambda wc: f"{it_cell_steps(wc)[-1]}/keep.json",
@@ -265,11 +280,13 @@ rule iterative_cell:
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} iterative collect --steps {input.steps} --variant {params.variant:q} "
-        "--keep-out {output.keep} --info-out {output.info} > {log} 2>&1"
+        "{PY} iterative collect --steps {input.steps:q} --variant {params.variant:q} "
+        "--keep-out {output.keep:q} --info-out {output.info:q} > {log:q} 2>&1"
 
 
 rule iterative_cell_block:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: f"{it_cell_steps(wc)[-1]}/bias.safetensors",
     output:
@@ -283,11 +300,13 @@ rule iterative_cell_block:
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} iterative collect --block {input} --first {wildcards.first} "
-        "--last {wildcards.last} --block-out {output} > {log} 2>&1"
+        "{PY} iterative collect --block {input:q} --first {wildcards.first:q} "
+        "--last {wildcards.last:q} --block-out {output:q} > {log:q} 2>&1"
 
 
 rule iterative_ppl:
+    conda:
+        "../../envs/coec.yaml"
     input:
         model=model_input,
         text=dataset_input(EV["ppl_dataset"]),
@@ -303,8 +322,7 @@ rule iterative_ppl:
         # per-layer widths differ under AL-AM: evaluated in memory by `iterative ppl`
         cmd=lambda wc: "ppl" if it_variant(wc.variant).get("structure", "uniform") == "uniform"
         else "iterative ppl",
-        extra=lambda wc, input: "--keep {} --comp {} --cell {}".format(
-            input.keep, input.comp, shlex_quote(json.dumps(dict(wc.items())))),
+        extra=lambda wc, input: cell_args(wc, input),
         **ppl_params(),
     log:
         "results/logs/ppl/{model}/{calib}/iterative/{variant}-{ratio}.log",
@@ -315,8 +333,9 @@ rule iterative_ppl:
         **rule_resources("ppl"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} {params.cmd} --model {params.model:q} --dataset {params.dataset:q} "
-        "--seqlen {params.seqlen} --max-windows {params.max_windows} --batch-size {params.batch} "
-        "--dtype {params.dtype} --device {params.device} --out {output} {params.extra} > {log} 2>&1"
+        "--seqlen {params.seqlen:q} --max-windows {params.max_windows:q} --batch-size {params.batch:q} "
+        "--dtype {params.dtype:q} --device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} "
+        "{params.extra} > {log:q} 2>&1"
 
 
 # ----------------------------------------------------------------------------- table
@@ -350,10 +369,13 @@ def it_table_spec(filename="ppl.json", metric="ppl"):
 
 
 rule table_iterative:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: sorted({p for row in it_table_spec()["rows"] for p in row["cells"].values()}),
     output:
-        csv="results/table_iterative.csv",
+        csv=report("results/table_iterative.csv", caption="../report/table.rst", category="Iterative",
+                   labels=lambda wc: report_label("results/table_iterative.csv")),
         md="results/table_iterative.md",
     params:
         spec=lambda wc: json.dumps(it_table_spec()),
@@ -364,25 +386,26 @@ rule table_iterative:
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+        "{PY} report --kind table --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
 
 
 rule iterative_zeroshot:
+    conda:
+        "../../envs/coec.yaml"
     input:
         model=model_input,
         data=ZS_INPUT,
         keep="results/{model}/{calib}/iterative/{variant}-{ratio}/keep.json",
         comp=lambda wc: f"{it_cell_dir(wc.model, wc.calib, wc.variant, wc.ratio)}/{it_block_name(wc.model)}",
     output:
-        "results/{model}/{calib}/iterative/{variant}-{ratio}/zeroshot.json",
+        **zs_outputs("results/{model}/{calib}/iterative/{variant}-{ratio}"),
     wildcard_constraints:
         variant=it_alternatives(IT_VARIANTS),
     params:
         model=lambda wc: model_path(wc.model),
         dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
         dmap=device_map_arg,
-        extra=lambda wc, input: "--keep {} --comp {} --cell {}".format(
-            input.keep, input.comp, shlex_quote(json.dumps(dict(wc.items())))),
+        extra=lambda wc, input: cell_args(wc, input),
         **zeroshot_params(),
     log:
         "results/logs/zeroshot/{model}/{calib}/iterative/{variant}-{ratio}.log",
@@ -396,11 +419,15 @@ rule iterative_zeroshot:
 
 
 rule table_iterative_zeroshot:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: sorted({p for row in it_table_spec("zeroshot.json", "mean7")["rows"]
                            for p in row["cells"].values()}),
     output:
-        csv="results/table_iterative_zeroshot.csv",
+        csv=report("results/table_iterative_zeroshot.csv", caption="../report/table.rst",
+                   category="Iterative",
+                   labels=lambda wc: report_label("results/table_iterative_zeroshot.csv")),
         md="results/table_iterative_zeroshot.md",
     params:
         spec=lambda wc: json.dumps(it_table_spec("zeroshot.json", "mean7")),
@@ -411,7 +438,7 @@ rule table_iterative_zeroshot:
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} report --kind table --spec {params.spec:q} --out {output.csv} > {log} 2>&1"
+        "{PY} report --kind table --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
 
 
 # ----------------------------------------------------------------------------- figure
@@ -436,10 +463,14 @@ def it_size_spec():
 
 
 rule iterative_calibration_size:
+    conda:
+        "../../envs/coec.yaml"
     input:
         lambda wc: figure_inputs(it_size_spec()),
     output:
-        "results/figures/iterative_calibration_size.png",
+        report("results/figures/iterative_calibration_size.png",
+               caption="../report/iterative_size.rst", category="Iterative",
+               labels=lambda wc: report_label("results/figures/iterative_calibration_size.png")),
     params:
         spec=lambda wc: json.dumps(it_size_spec()),
     log:
@@ -449,4 +480,4 @@ rule iterative_calibration_size:
     resources:
         **rule_resources("report"),
     shell:
-        "{PY} report --kind lines-figure --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "{PY} report --kind lines-figure --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"

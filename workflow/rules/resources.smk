@@ -3,6 +3,8 @@
 
 
 rule prepare_model:
+    conda:
+        "../../envs/coec.yaml"
     output:
         directory("resources/models/{model}"),
     params:
@@ -15,10 +17,12 @@ rule prepare_model:
     resources:
         **rule_resources("prepare"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} prepare-model --name {wildcards.model} --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} prepare-model --name {wildcards.model:q} --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule prepare_text:
+    conda:
+        "../../envs/coec.yaml"
     output:
         calib="resources/text/{dataset}/calib.txt",
         eval="resources/text/{dataset}/eval.txt",
@@ -33,11 +37,13 @@ rule prepare_text:
     resources:
         **rule_resources("prepare"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} prepare-text --out resources/text/{wildcards.dataset} "
-        "--eval-every {params.eval_every} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} prepare-text --out resources/text/{wildcards.dataset:q} "
+        "--eval-every {params.eval_every:q} > {log:q} 2>&1"
 
 
 rule prepare_zeroshot:
+    conda:
+        "../../envs/coec.yaml"
     output:
         "resources/zeroshot/manifest.json",
     log:
@@ -48,4 +54,4 @@ rule prepare_zeroshot:
     resources:
         **rule_resources("prepare"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} prepare-zeroshot --out resources/zeroshot > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} prepare-zeroshot --out resources/zeroshot > {log:q} 2>&1"

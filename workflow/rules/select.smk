@@ -2,6 +2,8 @@
 
 
 rule select:
+    conda:
+        "../../envs/coec.yaml"
     input:
         model=model_input,
         grams="results/{model}/grams/{calib}",
@@ -10,6 +12,9 @@ rule select:
     params:
         model=lambda wc: model_path(wc.model),
         group_rounding=config.get("group_rounding", "ceil"),
+        method=lambda wc: selection_args(wc.select),
+        expect=lambda wc: model_expect(wc.model),
+        hub=lambda wc: hub_args(wc.model),
     log:
         "results/logs/select/{model}/{calib}/{select}-{ratio}.log",
     benchmark:
@@ -18,5 +23,6 @@ rule select:
     resources:
         **rule_resources("select"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} select --model {params.model:q} --grams {input.grams} --method {wildcards.select} "
-        "--ratio {wildcards.ratio} --group-rounding {params.group_rounding} --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} select --model {params.model:q} --grams {input.grams:q} "
+        "{params.method} --ratio {wildcards.ratio:q} --group-rounding {params.group_rounding:q} "
+        "--expect {params.expect:q} {params.hub} --out {output:q} > {log:q} 2>&1"

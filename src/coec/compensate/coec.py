@@ -34,41 +34,17 @@ from dataclasses import dataclass
 import torch
 
 from ..profiling import span, traced
+from ..progress import bar as progress_bar
 from . import gcv as _gcv
-from .linalg import normalize_gram, polar, polar_eigh, polar_newton, power_max_eig, relerr, svd, svd_eigh, temper_gram
+from .linalg import gram_psd, normalize_gram, polar, polar_eigh, polar_newton, power_max_eig, relerr, svd, svd_eigh, temper_gram
+from .options import defaults as _defaults
 from .stiefel import Alignment, alignment_setup, alignment_value, solve_full, solve_reduced
 
 __all__ = ["COEC_DEFAULTS", "coec"]
 
-#: Options of method "coec" and their defaults (see ``coec.compensate`` for the rationale).
-COEC_DEFAULTS: dict = {
-    "alpha": 0.9,
-    "rescale": "gcv",
-    "right": "stiefel",
-    "align_lambda": 0.0,
-    "value_proj": None,
-    "anchor_rank": 16,
-    "align": "projector",
-    "max_rounds": 50,
-    "tol": 1e-4,
-    "tol_mode": "relative",
-    "delta": 7e-4,
-    "delta_norm": "rms",
-    "kappa": 10.0,
-    "eta": 1.0,
-    "eta_scale": "rayleigh",
-    "max_inner_steps": 100,
-    "max_backtracks": 30,
-    "gcv_grid": (1e-4, 1e5, 120),
-    "psd_clip": True,
-    "temper_dtype": "float64",
-    "left_polar": "auto",
-    "setup_svd": "auto",
-    "cayley_inverse": "newton_schulz",
-    "direction_matmul": "float32",
-    "rg_update": "auto",
-    "rg_refresh": 4,
-}
+#: Options of method "coec" and their defaults (declared, documented and checked in
+#: ``coec.compensate.options.CoecOptions``).
+COEC_DEFAULTS: dict = _defaults("coec", common=False)
 
 
 def direction_matmul_used(option: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -210,6 +186,10 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     G0 = normalize_gram(gram.to(dev, tdt))
     with span("coec.setup.temper"):
         Gt, tinfo = temper_gram(G0, float(o["alpha"]), clip=bool(o["psd_clip"]), record=run.svd_fallbacks)
+    # App. B: the untempered metric of the reported errors is the PSD projection of an indefinite
+    # Gram (a PSD one, round-off included, is used as it is)
+    with span("coec.setup.psd"):
+        G0, psd = gram_psd(G0, run.svd_fallbacks, min_eig=tinfo["min_eig"], max_eig=tinfo.get("max_eig"))
     W0t = W0.to(dev, tdt)
     WG = W0t @ G0
     Gxx0, Gyx0, c0 = G0[keep][:, keep], WG[:, keep], float((WG * W0t).sum())  # untempered metric
@@ -231,6 +211,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
         "direction_matmul_used": direction_matmul_used(o["direction_matmul"], dev, cdt),
         "rg_update_used": ("carry" if dev.type == "cuda" else "product") if o["rg_update"] == "auto" else o["rg_update"],
         "temper_negative_eigs": tinfo["n_negative"],
+        "gram_psd": psd,
         "relerr_before": relerr(WK, Gxx0, Gyx0, c0),
         "relerr_tempered_before": relerr(WK, Gxx_t, Gyx_t, c),
     }
@@ -275,7 +256,9 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     solver = {"stiefel": solve_reduced, "full": solve_full}.get(o["right"])
     stop = "max_rounds"
     L_prev = history[0]
-    for _rnd in range(int(o["max_rounds"])):
+    # an inner bar: drawn on a terminal (after 1 s), silent in a log (the module count is there)
+    for _rnd in progress_bar(range(int(o["max_rounds"])), desc="coec rounds", unit="round",
+                             leave=False, delay=1.0):
         t_round = time.perf_counter()
         prev = st
         # Lines 6-7: right rotation (scale recomputed inside), W^ <- s W^ Q_r, rescale.

@@ -1,0 +1,111 @@
+"""Model geometry against what the config expects: layer count, head counts, sequence lengths.
+
+Checked twice: when the config is validated (``coec.config``), for models whose config.json is
+readable then (a local folder, or an embedded model whose geometry the package knows), and at
+the start of every stage that loads a model (``--expect``), before any work. Each mismatch is
+one line naming the config key and both values, e.g.
+``models.tiny.num_layers = 1 but the model's config.json has num_hidden_layers = 2``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["GeometryError", "geometry_of", "read_geometry", "embedded_geometry", "config_geometry",
+           "check_expected", "check_keep", "check_stage"]
+
+
+class GeometryError(ValueError):
+    """The model's config disagrees with the config / the stage's arguments."""
+
+
+def geometry_of(cfg: dict) -> dict:
+    """The checked keys of an HF config dict (num_key_value_heads defaults to the heads)."""
+    heads = cfg.get("num_attention_heads")
+    return {"num_hidden_layers": cfg.get("num_hidden_layers"), "num_attention_heads": heads,
+            "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
+            "max_position_embeddings": cfg.get("max_position_embeddings")}
+
+
+def read_geometry(model_dir: str | Path) -> dict | None:
+    """The geometry of a model folder's config.json, or None when it cannot be read."""
+    path = Path(model_dir).expanduser() / "config.json"
+    try:
+        return geometry_of(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def embedded_geometry(name: str) -> dict | None:
+    from .resources import EMBEDDED_GEOMETRY
+
+    return EMBEDDED_GEOMETRY.get(name)
+
+
+def config_geometry(model: dict, name: str) -> tuple[dict | None, str]:
+    """(geometry, where it came from) of a config ``models.<name>`` entry, when known without
+    loading anything: an embedded model's (package data) or a local folder's config.json.
+    Hub ids give (None, "")."""
+    if model["source"] == "embedded":
+        emb = model.get("embedded", name)
+        return embedded_geometry(emb), f"the embedded model {emb!r}"
+    path = Path(model["source"]).expanduser()
+    if path.is_dir():
+        return read_geometry(path), f"the model's config.json ({path})"
+    return None, ""
+
+
+def _mismatch(key: str, value, what: str, field: str, actual) -> GeometryError:
+    return GeometryError(f"{key} = {value} but {what} has {field} = {actual}")
+
+
+def check_expected(geom: dict, expect: dict, what: str = "the model's config.json") -> None:
+    """Raise :class:`GeometryError` (one line) when ``geom`` disagrees with ``expect``.
+
+    expect: ``model`` (config key of the model, e.g. ``models.tiny``; default ``model``),
+    ``num_layers`` (== num_hidden_layers), ``seqlen`` ({config key: length}, each at most
+    max_position_embeddings)."""
+    where = expect.get("model", "model")
+    n = expect.get("num_layers")
+    if n is not None and geom.get("num_hidden_layers") is not None and int(n) != int(geom["num_hidden_layers"]):
+        raise _mismatch(f"{where}.num_layers", n, what, "num_hidden_layers", geom["num_hidden_layers"])
+    max_pos = geom.get("max_position_embeddings")
+    for key, length in (expect.get("seqlen") or {}).items():
+        if max_pos is not None and length is not None and int(length) > int(max_pos):
+            raise _mismatch(key, length, what, "max_position_embeddings", max_pos)
+
+
+def check_keep(geom: dict, keep: dict, keep_path: str, what: str = "the model's config.json") -> None:
+    """A keep.json against the model it will prune: layer count and head counts."""
+    pairs = (("layers", len(keep.get("layers", [])), "num_hidden_layers"),
+             ("n_heads", keep.get("n_heads"), "num_attention_heads"),
+             ("n_kv", keep.get("n_kv"), "num_key_value_heads"))
+    for key, value, field in pairs:
+        actual = geom.get(field)
+        if value is not None and actual is not None and int(value) != int(actual):
+            raise _mismatch(f"{keep_path}: {key}", value, what, field, actual)
+
+
+def check_stage(model_src: str, expect: dict | None = None, seqlen: int | None = None,
+                keep_path: str | None = None) -> dict:
+    """Stage start: the model's config.json against ``expect`` (from the workflow), the stage's
+    sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
+    Returns the geometry. Reads only config.json (a hub id is resolved as the stage would)."""
+    from .models import resolve_model_dir
+
+    model_dir = resolve_model_dir(str(model_src))
+    geom = read_geometry(model_dir)
+    if geom is None:
+        raise FileNotFoundError(f"no readable config.json in model folder {model_dir}")
+    what = f"the model's config.json ({model_dir})"
+    expect = dict(expect or {})
+    if seqlen is not None:
+        key = expect.pop("seqlen_key", None) or "--seqlen"
+        expect["seqlen"] = {**(expect.get("seqlen") or {}), key: seqlen}
+    check_expected(geom, expect, what)
+    if keep_path:
+        from .artifacts import read_keep  # names the file: truncated, bad JSON, wrong version
+
+        check_keep(geom, read_keep(keep_path), keep_path, what)
+    return geom
