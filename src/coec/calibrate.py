@@ -21,13 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
+from .arch import MODULES, adapter_for
 from .models import decoder_layers
+from .progress import bar as progress_bar
 
 log = logging.getLogger(__name__)
-
-MODULES = ("o_proj", "down_proj")
 
 
 class NonFiniteActivations(FloatingPointError):
@@ -111,6 +110,7 @@ class GramAccumulator:
         self._gram = torch.zeros(dim, dim, dtype=total_dtype, device=device)
         self._mirrored = True
         self.sum = torch.zeros(dim, dtype=total_dtype, device=device)
+        self.abssum = torch.zeros(dim, dtype=total_dtype, device=device)  # Σ|x| (E|x| scores)
         self.count = 0
 
     @property
@@ -133,6 +133,7 @@ class GramAccumulator:
         gram_upper_add_(self._gram, x, self.edges)  # in place, promoted to the total's dtype
         self._mirrored = False
         self.sum.add_(x.sum(0, dtype=_accumulation_dtype(x)))
+        self.abssum.add_(x.abs().sum(0, dtype=_accumulation_dtype(x)))
         self.count += x.shape[0]
 
 
@@ -167,11 +168,15 @@ def _layer_call(layer, hidden, mask, position_ids, position_embeddings):
 def embed_batches(model, input_ids: torch.Tensor, batch_size: int, device: torch.device,
                   store_device: torch.device) -> list[torch.Tensor]:
     """Token embeddings of the calibration sequences, in batches kept on ``store_device``."""
-    emb = model.model.embed_tokens
+    adapter = adapter_for(model.config)
+    emb = adapter.embedding(model)
+    scale = adapter.embed_scale(model.config)  # a factor the model's forward applies, or None
     emb_dev = emb.weight.device
     emb.to(device)
-    hidden = [emb(input_ids[i:i + batch_size].to(device)).to(store_device)
-              for i in range(0, input_ids.shape[0], batch_size)]
+    hidden = []
+    for i in range(0, input_ids.shape[0], batch_size):
+        h = emb(input_ids[i:i + batch_size].to(device))
+        hidden.append((h if scale is None else h * scale).to(store_device))
     emb.to(emb_dev)
     return hidden
 
@@ -189,18 +194,19 @@ def run_layerwise(model, input_ids: torch.Tensor, batch_size: int = 8, device=No
     input_ids: (n_seq, seqlen). Hidden states of all sequences are cached between layers on
     the device that held the model (CPU offload for large models).
     """
-    layers = decoder_layers(model)
+    adapter = adapter_for(model.config)
+    layers = adapter.decoder_layers(model)
     store = next(model.parameters()).device
     device = torch.device(device) if device is not None else store
     hidden = embed_batches(model, input_ids, batch_size, device, store)
     seqlen = input_ids.shape[1]
     pos = torch.arange(seqlen, device=device).unsqueeze(0)
-    rotary = model.model.rotary_emb
+    rotary = adapter.rotary(model)
     rot_dev = next(rotary.buffers()).device
     rotary.to(device)
     pe = rotary(hidden[0].to(device), pos)
     masks = layer_masks(model, hidden[0].to(device), pos)
-    bar = tqdm(range(len(layers)), desc="calibrate", unit="layer", disable=not progress)
+    bar = progress_bar(range(len(layers)), desc="calibrate", unit="layer", disable=not progress)
     for i in bar:
         layer = layers[i]
         home = next(layer.parameters()).device
@@ -209,7 +215,7 @@ def run_layerwise(model, input_ids: torch.Tensor, batch_size: int = 8, device=No
             before_layer(i, layer)
         stats, handles = {}, []
         for name in modules:
-            mod = layer.self_attn.o_proj if name == "o_proj" else layer.mlp.down_proj
+            mod = adapter.output_module(layer, name)
             acc = stats[name] = GramAccumulator(mod.in_features, device)
             handles.append(mod.register_forward_pre_hook(
                 lambda _m, args, acc=acc: acc.update(args[0])))
@@ -243,7 +249,7 @@ def channel_sumsq(stats) -> torch.Tensor:
 
 
 def gram_tensors(stats: dict[str, GramAccumulator], dtype=torch.float32) -> dict[str, torch.Tensor]:
-    """Flatten layer statistics into safetensors entries ``<module>.gram|sum|sumsq|count``.
+    """Flatten layer statistics into safetensors entries ``<module>.gram|sum|sumsq|abssum|count``.
 
     The Gram is stored in ``dtype``; Σx and Σx² (the Gram's diagonal) in float64, because the
     channel variance ``(Σx² - n m²) / (n - 1)`` cancels when m² >> Var: from a float32 Σx² its
@@ -253,6 +259,8 @@ def gram_tensors(stats: dict[str, GramAccumulator], dtype=torch.float32) -> dict
         out[f"{name}.gram"] = acc.gram.to(dtype).cpu().contiguous()
         out[f"{name}.sum"] = acc.sum.to(torch.float64).cpu().contiguous()
         out[f"{name}.sumsq"] = channel_sumsq(acc).to(torch.float64).cpu().contiguous()
+        if getattr(acc, "abssum", None) is not None:  # Σ|x| per channel (optional key)
+            out[f"{name}.abssum"] = acc.abssum.to(torch.float64).cpu().contiguous()
         out[f"{name}.count"] = torch.tensor([acc.count], dtype=torch.int64)
     return out
 
@@ -260,33 +268,24 @@ def gram_tensors(stats: dict[str, GramAccumulator], dtype=torch.float32) -> dict
 def calibrate_to_dir(model, input_ids: torch.Tensor, out_dir: str | Path, batch_size: int = 8,
                      device=None, gram_dtype: str = "float32", meta: dict | None = None) -> dict:
     """Write ``layer{i}.safetensors`` (Grams, sums, counts of o_proj and down_proj inputs) for
-    every layer plus ``meta.json`` into ``out_dir`` (written to a temp dir, then renamed)."""
-    import json
-    import shutil
-
-    from safetensors.torch import save_file
-
+    every layer plus ``meta.json`` into ``out_dir`` (``artifacts.atomic_dir``: a temp folder,
+    then renamed). The returned info also holds ``seconds``, which is logged, not written."""
+    from . import artifacts as A
     from .models import torch_dtype
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     dt = torch_dtype(gram_dtype)
     t0 = time.time()
+    with A.atomic_dir(out_dir) as tmp:
 
-    def write(i, stats):
-        save_file(gram_tensors(stats, dt), str(tmp / f"layer{i}.safetensors"))
+        def write(i, stats):
+            A.write_gram_layer(A.gram_path(tmp, i), gram_tensors(stats, dt))
 
-    run_layerwise(model, input_ids, batch_size=batch_size, device=device, on_layer=write)
-    info = {"n_layers": len(decoder_layers(model)), "n_sequences": int(input_ids.shape[0]),
-            "seqlen": int(input_ids.shape[1]), "tokens": int(input_ids.numel()),
-            "gram_dtype": gram_dtype, "seconds": round(time.time() - t0, 3), **(meta or {})}
-    (tmp / "meta.json").write_text(json.dumps(info, indent=2))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.replace(out_dir)
+        run_layerwise(model, input_ids, batch_size=batch_size, device=device, on_layer=write)
+        info = {"n_layers": len(decoder_layers(model)), "n_sequences": int(input_ids.shape[0]),
+                "seqlen": int(input_ids.shape[1]), "tokens": int(input_ids.numel()),
+                "gram_dtype": gram_dtype, **(meta or {})}
+        A.write_json(tmp / "meta.json", info, "gram-meta")
+    info["seconds"] = round(time.time() - t0, 3)
     log.info("calibrated %d layers on %d tokens in %.1fs", info["n_layers"], info["tokens"],
              info["seconds"])
     return info
@@ -295,18 +294,8 @@ def calibrate_to_dir(model, input_ids: torch.Tensor, out_dir: str | Path, batch_
 def load_layer_stats(gram_dir: str | Path, layer: int, module: str) -> dict[str, torch.Tensor]:
     """``gram`` (d,d), ``mean`` (d,), ``count``, ``sum`` and ``sumsq`` (float64 Σx², the Gram's
     diagonal; from the stored Gram for files written before it was stored) of one module's input
-    at one layer."""
-    from safetensors import safe_open
+    at one layer (``artifacts.read_gram_layer``: a missing, truncated, mis-shaped or non-finite
+    file raises ``ArtifactError`` naming it)."""
+    from .artifacts import read_gram_layer
 
-    path = Path(gram_dir) / f"layer{layer}.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"Gram file not found: {path}")
-    with safe_open(str(path), framework="pt") as f:
-        gram = f.get_tensor(f"{module}.gram")
-        total = f.get_tensor(f"{module}.sum")
-        count = int(f.get_tensor(f"{module}.count")[0])
-        sumsq = (f.get_tensor(f"{module}.sumsq") if f"{module}.sumsq" in f.keys()
-                 else gram.diagonal()).to(torch.float64)
-    if not (torch.isfinite(gram).all() and torch.isfinite(total).all() and torch.isfinite(sumsq).all()):
-        raise NonFiniteActivations(f"NaN/Inf in the Gram of {module} in {path}")
-    return {"gram": gram, "sum": total, "sumsq": sumsq, "count": count, "mean": total / max(count, 1)}
+    return read_gram_layer(gram_dir, layer, module)

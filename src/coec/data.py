@@ -189,9 +189,8 @@ def eval_windows(tokens: torch.Tensor, seqlen: int, max_windows: int | None = No
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write to a temp name next to ``path`` and rename, so no half-written file is left."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write to a temp name next to ``path`` and rename, so no half-written file is left
+    (``artifacts.write_text``: fsynced, UTF-8, mode following the umask)."""
+    from .artifacts import write_text
+
+    write_text(path, text)

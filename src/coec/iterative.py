@@ -1,4 +1,4 @@
-"""Iterative multi-domain FLAP (seeds/iterative-multidomain-flap.txt, eq. 1–14).
+"""Iterative multi-domain FLAP (docs/iterative.md, eq. 1–14).
 
 FLAP prunes input columns of o_proj (whole KV groups) and down_proj (MLP channels) by the
 fluctuation score Var(X_j)·||W[:, j]||² (eq. 5) and replaces the pruned columns by the bias
@@ -40,18 +40,20 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from tqdm.auto import tqdm
 
+from . import artifacts as A
 from .calibrate import (GramAccumulator, NonFiniteActivations, _layer_call, embed_batches,
                         channel_sumsq, gram_tensors, layer_masks, load_layer_stats, run_layerwise)
+from .cli import add_hub_args
 from .compensate.baselines import bias as flap_bias
-from .models import (AttnGeometry, attention_geometry, check_family, decoder_layers, torch_dtype)
+from .arch import MODULES, adapter_for
+from .models import (AttnGeometry, attention_geometry, decoder_layers, torch_dtype)
+from .progress import bar as progress_bar
 from .prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
 from .select import ROUNDINGS, check_ratio, column_scores, group_scores, n_keep, o_proj_columns, top_k_sorted
 
 log = logging.getLogger(__name__)
 
-MODULES = ("o_proj", "down_proj")
 VARIANCE_MIXES = ("pooled", "eq8")
 STRUCTURES = ("uniform", "al-am")
 MODES = ("global", "sequential")
@@ -149,7 +151,8 @@ class DomainAccumulator:
 
 
 def _module(layer, name: str):
-    return layer.self_attn.o_proj if name == "o_proj" else layer.mlp.down_proj
+    """o_proj or down_proj of a decoder layer, where its family's adapter keeps it."""
+    return adapter_for(layer).output_module(layer, name)
 
 
 def attach_accumulators(layer, calib: "CalibSet", batch_size: int, device) -> tuple[dict, list]:
@@ -209,10 +212,10 @@ class PruneState:
 
     @classmethod
     def fresh(cls, model) -> "PruneState":
-        check_family(model.config)
+        adapter = adapter_for(model.config)
         geom = attention_geometry(model.config)
         layers = decoder_layers(model)
-        d_ff = layers[0].mlp.down_proj.in_features
+        d_ff = adapter.ffn_width(layers[0])
         base = [{m: (None if _module(l, m).bias is None else _module(l, m).bias.detach().clone())
                  for m in MODULES} for l in layers]
         return cls(geom, d_ff, [list(range(geom.n_kv)) for _ in layers],
@@ -235,7 +238,7 @@ def unit_params(geom: AttnGeometry, d_model: int) -> tuple[int, int]:
 
 def current_geometry(layer, geom0: AttnGeometry) -> AttnGeometry:
     """The attention geometry of a (partially pruned) layer: same head_dim and groups."""
-    n_kv = layer.self_attn.k_proj.out_features // geom0.head_dim
+    n_kv = adapter_for(layer).kv_width(layer) // geom0.head_dim
     return AttnGeometry(n_kv * geom0.groups, n_kv, geom0.head_dim)
 
 
@@ -395,12 +398,13 @@ def sequential_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool 
     device = torch.device(opts.device) if opts.device is not None else store
     hidden = embed_batches(model, calib.ids, opts.batch_size, device, store)
     pos = torch.arange(calib.ids.shape[1], device=device).unsqueeze(0)
-    rotary = model.model.rotary_emb
+    rotary = adapter_for(model.config).rotary(model)
     rot_dev = next(rotary.buffers()).device
     rotary.to(device)
     pe = rotary(hidden[0].to(device), pos)
     masks = layer_masks(model, hidden[0].to(device), pos)
-    for i in tqdm(range(len(layers)), desc="sequential", unit="layer", disable=not opts.progress):
+    for i in progress_bar(range(len(layers)), desc="sequential", unit="layer",
+                          disable=not opts.progress):
         home = next(layers[i].parameters()).device
         layer = layers[i].to(device)
         accs, handles = attach_accumulators(layer, calib, opts.batch_size, device)
@@ -531,30 +535,32 @@ def state_tensors(state: PruneState) -> dict[str, torch.Tensor]:
             for i, b in enumerate(state.bias) for m in MODULES if b[m] is not None}
 
 
-def _save_tensors(tensors: dict, path: Path, meta: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp), metadata={k: str(v) for k, v in (meta or {}).items()})
-    tmp.replace(path)
+def _save_tensors(tensors: dict, path: Path, fmt: str, meta: dict | None = None) -> None:
+    A.write_tensors(path, tensors, fmt, {k: str(v) for k, v in (meta or {}).items()})
 
 
 def write_result(model, state: PruneState, out_dir: str | Path, keep_meta: dict, info: dict,
                  block_name: str | None = None) -> dict[str, Path]:
     """Write keep.json, the block file (default ``block0-{L-1}.safetensors``),
-    state.safetensors and iterative.json into ``out_dir`` (each atomically)."""
-    from .pipeline import write_json
-
+    state.safetensors and iterative.json (timings left out: they are logged) into ``out_dir``
+    (each atomically, ``artifacts``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     n = len(state.kv_groups)
     paths = {"keep": out / "keep.json", "block": out / (block_name or f"block0-{n - 1}.safetensors"),
              "state": out / "state.safetensors", "info": out / "iterative.json"}
-    _save_tensors(block_tensors(model, state), paths["block"], {"method": "iflap"})
-    _save_tensors(state_tensors(state), paths["state"], {"method": "iflap"})
-    write_json(paths["keep"], keep_dict(state, keep_meta))
-    write_json(paths["info"], info)
+    _save_tensors(block_tensors(model, state), paths["block"], "comp-block", {"method": "iflap"})
+    _save_tensors(state_tensors(state), paths["state"], "iterative-state", {"method": "iflap"})
+    A.write_json(paths["keep"], keep_dict(state, keep_meta), "keep")
+    _log_timings(str(paths["info"]), info)
+    A.write_result(paths["info"], info, "iterative-info")
     return paths
+
+
+def _log_timings(what: str, obj) -> None:
+    t = A.timings(obj)
+    if t:
+        log.info("timings of %s: %s", what, json.dumps(t))
 
 
 def apply_keep_(model, keep: dict, tensors: dict | None = None) -> None:
@@ -567,16 +573,14 @@ def apply_keep_(model, keep: dict, tensors: dict | None = None) -> None:
 def load_state(model, init_dir: str | Path) -> PruneState:
     """Apply a previous step's keep.json + block file to the dense ``model`` and return its
     state with the exact float64 biases from state.safetensors."""
-    from safetensors.torch import load_file
-
     init_dir = Path(init_dir)
-    keep = json.loads((init_dir / "keep.json").read_text())
+    keep = A.read_keep(init_dir / "keep.json", len(decoder_layers(model)))
     blocks = sorted(init_dir.glob("block*.safetensors")) or sorted(init_dir.glob("bias.safetensors"))
     if not blocks or not (init_dir / "state.safetensors").is_file():
         raise FileNotFoundError(f"{init_dir} lacks a block file or state.safetensors")
     state = PruneState.fresh(model)
-    apply_keep_(model, keep, load_file(str(blocks[0])))
-    acc = load_file(str(init_dir / "state.safetensors"))
+    apply_keep_(model, keep, A.read_comp_block(blocks[0]))
+    acc = A.read_tensors(init_dir / "state.safetensors", fmt="iterative-state")
     for i, k in enumerate(keep["layers"]):
         state.kv_groups[i], state.channels[i] = list(k["kv_groups"]), list(k["channels"])
         for m in MODULES:
@@ -585,13 +589,26 @@ def load_state(model, init_dir: str | Path) -> PruneState:
 
 
 # ============================================================================ stage functions
+def _hub(a) -> dict:
+    """revision / trust_remote_code of the parsed arguments, for every model load."""
+    return {"revision": getattr(a, "revision", None),
+            "trust_remote_code": bool(getattr(a, "trust_remote_code", False))}
+
+
+def _provenance(a) -> dict:
+    """The model record of a result (``provenance.model_provenance``)."""
+    from .provenance import model_provenance
+
+    return model_provenance(a.model, **_hub(a))
+
+
 def run_cli_prune(a) -> dict:
     """``iterative run``: load, (continue from --init), prune along the schedule, write."""
     from .models import load_model, resolve_device
 
     t0 = time.time()
     torch.manual_seed(a.seed)
-    model, tok = load_model(a.model, dtype=a.dtype, device="cpu")
+    model, tok = load_model(a.model, dtype=a.dtype, device="cpu", **_hub(a))
     calib = calib_set(tok, a.domains, a.nsamples, a.seqlen, a.seed)
     opts = Options(mode=a.mode, structure=a.structure, variance_mix=a.variance_mix,
                    group_rounding=a.group_rounding, channel_rounding=a.channel_rounding,
@@ -604,7 +621,7 @@ def run_cli_prune(a) -> dict:
     meta = {"ratio": schedule[-1], "schedule": schedule, "mode": a.mode,
             "structure": a.structure, "group_rounding": a.group_rounding,
             "channel_rounding": a.channel_rounding}
-    info = {"model": str(a.model), "domains": a.domains,
+    info = {"model": _provenance(a), "domains": a.domains,
             "alphas": calib.alphas, "sequences_per_domain": calib.counts, "seqlen": a.seqlen,
             "seed": a.seed, "variance_mix": a.variance_mix, "gram_dtype": a.gram_dtype,
             "init": a.init, **meta, "steps": infos, "seconds": round(time.time() - t0, 3)}
@@ -615,36 +632,29 @@ def run_cli_prune(a) -> dict:
 def run_cli_grams(a) -> dict:
     """``iterative grams``: one pass of the dense model, per-domain statistics mixed by alpha,
     written as a Gram directory (``calibrate_to_dir`` format) for select/compensate."""
-    import shutil
-
-    from safetensors.torch import save_file
-
     from .models import load_model, resolve_device
 
     t0 = time.time()
     torch.manual_seed(a.seed)
-    model, tok = load_model(a.model, dtype=a.dtype, device="cpu")
+    model, tok = load_model(a.model, dtype=a.dtype, device="cpu", **_hub(a))
     calib = calib_set(tok, a.domains, a.nsamples, a.seqlen, a.seed)
     opts = Options(variance_mix=a.variance_mix, gram_dtype=a.gram_dtype,
                    batch_size=a.batch_size, device=resolve_device(a.device), progress=not a.quiet)
     opts.check()
-    out = Path(a.out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    with A.atomic_dir(a.out) as tmp:
 
-    def write(i, _layer, stats):
-        save_file(_stats_tensors(stats), str(tmp / f"layer{i}.safetensors"))
+        def write(i, _layer, stats):
+            A.write_gram_layer(A.gram_path(tmp, i), _stats_tensors(stats))
 
-    global_pass(model, calib, opts, write)
-    meta = {"n_layers": len(decoder_layers(model)), "n_sequences": int(calib.ids.shape[0]),
-            "seqlen": a.seqlen, "tokens": int(calib.ids.numel()), "gram_dtype": a.gram_dtype,
-            "model": str(a.model), "domains": a.domains, "alphas": calib.alphas,
-            "sequences_per_domain": calib.counts, "variance_mix": a.variance_mix,
-            "seed": a.seed, "dtype": a.dtype, "seconds": round(time.time() - t0, 3)}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+        global_pass(model, calib, opts, write)
+        meta = {"n_layers": len(decoder_layers(model)), "n_sequences": int(calib.ids.shape[0]),
+                "seqlen": a.seqlen, "tokens": int(calib.ids.numel()), "gram_dtype": a.gram_dtype,
+                "model": _provenance(a), "domains": a.domains, "alphas": calib.alphas,
+                "sequences_per_domain": calib.counts, "variance_mix": a.variance_mix,
+                "seed": a.seed, "dtype": a.dtype}
+        A.write_json(tmp / "meta.json", meta, "gram-meta")
+    meta["seconds"] = round(time.time() - t0, 3)
+    log.info("Grams of %d layers in %.1fs", meta["n_layers"], meta["seconds"])
     return meta
 
 
@@ -662,80 +672,64 @@ def _stats_tensors(stats: dict) -> dict[str, torch.Tensor]:
 def mix_gram_dirs(gram_dirs: list[str], alphas, out: str | Path, variance_mix: str = "pooled",
                   gram_dtype: str = "float32") -> dict:
     """Mix existing per-domain Gram directories layer by layer (eq. 8) into ``out``."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    metas = [json.loads((Path(d) / "meta.json").read_text()) for d in gram_dirs]
+    metas = [A.read_gram_meta(d) for d in gram_dirs]
     n_layers = {m["n_layers"] for m in metas}
     if len(n_layers) != 1:
         raise ValueError(f"Gram directories disagree on the layer count: {sorted(n_layers)}")
-    out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for i in tqdm(range(n_layers.pop()), desc="mix", unit="layer"):
-        stats = {}
-        for m in MODULES:
-            per = [load_layer_stats(d, i, m) for d in gram_dirs]
-            stats[m] = finalize_stats(per, alphas, variance_mix, gram_dtype)
-        save_file(_stats_tensors(stats), str(tmp / f"layer{i}.safetensors"))
-    meta = {"n_layers": metas[0]["n_layers"], "sources": [str(d) for d in gram_dirs],
-            "alphas": normalise_alphas(alphas), "variance_mix": variance_mix,
-            "tokens": sum(m.get("tokens", 0) for m in metas), "gram_dtype": gram_dtype}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+    with A.atomic_dir(out) as tmp:
+        for i in progress_bar(range(n_layers.pop()), desc="mix", unit="layer"):
+            stats = {}
+            for m in MODULES:
+                per = [load_layer_stats(d, i, m) for d in gram_dirs]
+                stats[m] = finalize_stats(per, alphas, variance_mix, gram_dtype)
+            A.write_gram_layer(A.gram_path(tmp, i), _stats_tensors(stats))
+        meta = {"n_layers": metas[0]["n_layers"], "sources": [str(d) for d in gram_dirs],
+                "alphas": normalise_alphas(alphas), "variance_mix": variance_mix,
+                "tokens": sum(m.get("tokens", 0) for m in metas), "gram_dtype": gram_dtype}
+        A.write_json(tmp / "meta.json", meta, "gram-meta")
     return meta
 
 
 def run_cli_ppl(a) -> dict:
     """``iterative ppl``: ``coec ppl`` for cells whose per-layer widths may differ (AL-AM)."""
-    from safetensors.torch import load_file
-
     from . import data as D
     from .evaluate.ppl import perplexity
     from .models import load_model
-    from .pipeline import run_ppl, write_json
+    from .pipeline import run_ppl
 
-    keep = json.loads(Path(a.keep).read_text()) if a.keep else None
+    keep = A.read_keep(a.keep) if a.keep else None
     if keep is None or len({(len(k["kv_groups"]), len(k["channels"]))
                             for k in keep["layers"]}) == 1:
         return run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype,
-                       a.device, a.out, a.keep, a.comp, a.cell)
+                       a.device, a.out, a.keep, a.comp, a.cell, **_hub(a))
     t0 = time.time()
-    model, tok = load_model(a.model, dtype=a.dtype, device=a.device)
-    tensors = {}
-    for path in a.comp:
-        tensors.update(load_file(path))
-    apply_keep_(model, keep, tensors)
+    model, tok = load_model(a.model, dtype=a.dtype, device=a.device, **_hub(a))
+    apply_keep_(model, keep, A.read_comp_blocks(a.comp))
     windows = D.eval_windows(D.tokenize_text(tok, D.load_split(a.dataset, "eval")), a.seqlen,
                              a.max_windows)
     res = perplexity(model, windows, batch_size=a.batch_size)
-    res.update({"model": str(a.model), "dataset": a.dataset, "dtype": a.dtype,
+    res.update({"model": _provenance(a), "dataset": a.dataset, "dtype": a.dtype,
                 "max_windows": a.max_windows, "params": sum(p.numel() for p in model.parameters()),
                 "cell": a.cell or {}, "total_seconds": round(time.time() - t0, 3)})
-    write_json(a.out, res)
+    _log_timings(str(a.out), res)
+    A.write_result(a.out, res, "ppl")
     return res
 
 
 def collect_cell(step_infos: list[str], variant: dict, keep_out: str, info_out: str) -> dict:
     """A cell from its chain of step folders: the last step's keep.json (with the whole
-    schedule) and one iterative.json with every step's info and the total time."""
-    from .pipeline import write_json
-
-    steps = [json.loads(Path(p).read_text()) for p in step_infos]
-    keep = json.loads((Path(step_infos[-1]).parent / "keep.json").read_text())
+    schedule) and one iterative.json with every step's info (timings are in the steps' logs)."""
+    steps = [A.strip_format(A.read_json(p, "iterative-info")) for p in step_infos]
+    keep = A.read_keep(Path(step_infos[-1]).parent / "keep.json")
     schedule = [st["ratio"] for st in steps]
     keep["schedule"] = schedule
     infos = [{**st["steps"][-1], "step": s + 1, "dir": str(Path(p).parent)}
              for s, (st, p) in enumerate(zip(steps, step_infos))]
     info = {**{k: v for k, v in steps[-1].items() if k not in ("steps", "seconds", "init")},
             "variant": variant, "schedule": schedule, "steps": infos,
-            "calibration_passes": len(infos),
-            "seconds_steps": round(sum(st["seconds"] for st in steps), 3)}
-    write_json(keep_out, keep)
-    write_json(info_out, info)
+            "calibration_passes": len(infos)}
+    A.write_json(keep_out, keep, "keep")
+    A.write_result(info_out, info, "iterative-info")
     return info
 
 
@@ -744,16 +738,9 @@ def copy_block(src: str, first: int, last: int, out: str) -> None:
     checking that it holds exactly layers first..last."""
     import shutil
 
-    from safetensors import safe_open
-
-    with safe_open(src, framework="pt") as f:
-        layers = {int(k.split(".")[0][5:]) for k in f.keys()}
-    if layers != set(range(first, last + 1)):
-        raise ValueError(f"{src} holds layers {sorted(layers)[:3]}..., not {first}..{last}")
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(out)
+    A.read_comp_block(src, first, last)
+    with A.atomic_path(out) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 # ============================================================================ CLI
@@ -777,6 +764,9 @@ def _calib_args(s) -> None:
     s.add_argument("--variance-mix", default="pooled", choices=VARIANCE_MIXES)
     s.add_argument("--device", default="auto")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.add_argument("--expect", type=_json, default={}, help="what the config says of the model "
+                   "(coec --help: --expect); checked against its config.json first")
+    add_hub_args(s)
     s.add_argument("--out", required=True)
 
 
@@ -834,6 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", default=None)
     s.add_argument("--comp", nargs="*", default=[])
     s.add_argument("--cell", type=_json, default={})
+    s.add_argument("--expect", type=_json, default={}, help="as for run")
+    add_hub_args(s)
     s.add_argument("--out", required=True)
     return p
 
@@ -860,6 +852,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(a) -> None:
+    if a.cmd in ("run", "grams", "ppl"):  # the model against the config, before any work
+        from .cli import check_model_stage
+
+        check_model_stage(a)
     if a.cmd == "run":
         run_cli_prune(a)
     elif a.cmd == "grams":

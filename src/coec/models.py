@@ -1,7 +1,7 @@
-"""Model loading and architecture accessors for Llama / Qwen2 / Qwen3 / Mistral.
+"""Model loading, plus the architecture accessors of ``coec.arch`` under their historical names.
 
-All four families share the HF attribute names ``model.layers[i].self_attn.{q,k,v,o}_proj`` and
-``model.layers[i].mlp.{gate,up,down}_proj``; nothing here hard-codes a head size or a path.
+What a family looks like (layer paths, module names, geometry) lives in its adapter
+(``coec.arch``); the functions here ask the adapter and hard-code no family, size or path.
 """
 
 from __future__ import annotations
@@ -10,22 +10,18 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from .arch import FAMILIES, AttnGeometry, ModelError, adapter_for  # noqa: F401  (re-exported)
+from .arch import attention_geometry  # noqa: F401  (re-exported)
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
           "float64": torch.float64, "fp64": torch.float64}
-
-
-class ModelError(ValueError):
-    """A model that the pruning code cannot handle, with a message naming why."""
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -45,94 +41,104 @@ def resolve_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
-@dataclass(frozen=True)
-class AttnGeometry:
-    """Grouped-query attention shape: query heads, KV heads, head dim; groups = heads per KV head."""
-
-    n_heads: int
-    n_kv: int
-    head_dim: int
-
-    @property
-    def groups(self) -> int:
-        return self.n_heads // self.n_kv
-
-
 def check_family(config) -> str:
-    """Return the model_type, or raise naming the unsupported family."""
-    family = getattr(config, "model_type", None)
-    if family not in FAMILIES:
-        raise ModelError(f"model family {family!r} is not supported by the pruning surgery; "
-                         f"supported: {', '.join(FAMILIES)}")
-    return family
-
-
-def attention_geometry(config) -> AttnGeometry:
-    """Heads, KV heads and head_dim from an HF config (head_dim explicit or hidden/heads)."""
-    n_heads = config.num_attention_heads
-    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-    if n_heads % n_kv:
-        raise ModelError(f"num_attention_heads={n_heads} is not divisible by "
-                         f"num_key_value_heads={n_kv}")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-    return AttnGeometry(n_heads, n_kv, head_dim)
+    """Return the model_type, or raise naming the unsupported family (``adapter_for``)."""
+    adapter_for(config)
+    return config.model_type
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
-    """The list of decoder blocks of a causal LM (``model.model.layers``)."""
-    check_family(model.config)
-    return model.model.layers
+    """The list of decoder blocks of a causal LM (where its family's adapter keeps them)."""
+    return adapter_for(model.config).decoder_layers(model)
 
 
-def resolve_model_dir(source: str, revision: str | None = None) -> Path:
+def resolve_model_dir(source: str, revision: str | None = None,
+                      trust_remote_code: bool = False) -> Path:
     """A local directory for ``source``: an existing folder, or a hub id resolved through the
-    local HF cache / hub (``snapshot_download`` of the safetensors, configs and tokenizer)."""
+    local HF cache / hub at ``revision`` (``snapshot_download`` of the safetensors, configs and
+    tokenizer; with ``trust_remote_code`` also the repository's ``*.py`` model code)."""
     path = Path(source).expanduser()
-    if path.is_dir():
-        return path
+    if path.is_dir():  # config.json present, every safetensors file complete (one-line error)
+        from .artifacts import check_model_dir
+
+        return check_model_dir(path)
     if path.exists():
         raise ModelError(f"model source {source!r} is a file; expected a directory or hub id")
     if source.startswith((".", "/", "~")):
         raise ModelError(f"model directory {source!r} does not exist")
     from huggingface_hub import snapshot_download
 
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
     try:
         return Path(snapshot_download(
             source, revision=revision,
-            allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]))
+            allow_patterns=patterns + (["*.py"] if trust_remote_code else [])))
     except Exception as exc:  # network / auth / missing repo
         raise ModelError(f"cannot resolve model {source!r} locally or on the hub: {exc}") from exc
+
+
+def hub_kwargs(revision: str | None = None, trust_remote_code: bool = False) -> dict:
+    """The keyword arguments every ``from_pretrained`` of a model source receives."""
+    return {"revision": revision, "trust_remote_code": bool(trust_remote_code)}
+
+
+def load_config(model_dir: str | Path, revision: str | None = None, trust_remote_code: bool = False):
+    """The transformers config of a resolved model folder (``AutoConfig.from_pretrained``)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir, **hub_kwargs(revision, trust_remote_code))
 
 
 def load_model(source: str | Path, dtype: str | torch.dtype = "float32", device: str | None = "cpu",
                trust_remote_code: bool = False, revision: str | None = None,
                device_map: str | None = None):
-    """Load (model, tokenizer) from a local directory or a hub id, in eval mode, with SDPA
-    attention. Raises :class:`ModelError` for unsupported families."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    """Load (model, tokenizer) from a local directory or a hub id (at ``revision``), in eval
+    mode, with SDPA attention; ``revision`` and ``trust_remote_code`` reach every loader.
+    Raises :class:`ModelError` for unsupported families."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.time()
-    model_dir = resolve_model_dir(str(source), revision)
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    check_family(config)
-    attention_geometry(config)
-    kwargs = dict(dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code,
-                  attn_implementation="sdpa")
+    model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
+    hub = hub_kwargs(revision, trust_remote_code)
+    config = load_config(model_dir, revision, trust_remote_code)
+    adapter_for(config).attention_geometry(config)
+    kwargs = dict(dtype=torch_dtype(dtype), attn_implementation="sdpa", **hub)
     if device_map:
         kwargs["device_map"] = device_map
     model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if not device_map and device is not None:
         model.to(resolve_device(device))
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, **hub)
     log.info("loaded %s (%s, %s) in %.1fs", source, config.model_type, dtype, time.time() - t0)
     return model, tokenizer
+
+
+def gguf_dequantize_kwargs() -> dict:
+    """``from_pretrained`` options that unpack every GGUF weight at load time. transformers
+    >= 5.24 keeps GGUF weights packed when the ``kernels`` package has a matmul kernel for the
+    architecture; ``GgufConfig(dequantize=True)`` turns that off. A release without GgufConfig
+    gets no option; :func:`check_dense` still refuses a packed result."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def check_dense(model, dtype: torch.dtype) -> None:
+    """Raise unless every parameter is a dense floating tensor of ``dtype`` (no GGUF blocks)."""
+    packed = [n for n, p in model.named_parameters() if p.dtype != dtype]
+    if packed:
+        raise ModelError(f"GGUF weights not dequantised to {dtype}: {packed[:3]}")
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
     """Dequantize a GGUF checkpoint once into an HF safetensors folder (model + tokenizer).
 
-    The GGUF loader attaches a quantizer that refuses ``save_pretrained``; it is cleared first.
+    Dequantisation is explicit (:func:`gguf_dequantize_kwargs`) and checked
+    (:func:`check_dense`). The GGUF loader attaches a quantizer that refuses
+    ``save_pretrained``; it is cleared first.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -140,63 +146,41 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                 dtype=torch_dtype(dtype))
+                                                 dtype=torch_dtype(dtype), **gguf_dequantize_kwargs())
     check_family(model.config)
+    check_dense(model, torch_dtype(dtype))
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    _replace_dir(tmp, out_dir)
+    from .artifacts import atomic_dir
+
+    with atomic_dir(out_dir) as tmp:  # a temp folder renamed on success; modes follow the umask
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     return out_dir
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    import shutil
+def layer_tensor_names(layer: int, config=None) -> dict[str, str]:
+    """Checkpoint names of the tensors of one decoder layer that pruning touches, by role
+    (q_proj ... down_proj), in the layout of ``config``'s family (None: the common HF layout)."""
+    from .arch import Adapter
 
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-
-
-def layer_tensor_names(layer: int) -> dict[str, str]:
-    """Checkpoint names of the tensors of one decoder layer that pruning touches."""
-    p = f"model.layers.{layer}."
-    names = {m: f"{p}self_attn.{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
-    names.update({m: f"{p}mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")})
-    return names
+    return (Adapter() if config is None else adapter_for(config)).layer_tensor_names(layer)
 
 
 def read_tensors(model_dir: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
     """Read only the named tensors from a safetensors checkpoint (single file or sharded),
-    without loading the rest of the model: a 70B compensation job needs one layer's weights."""
-    from safetensors import safe_open
+    without loading the rest of the model: a 70B compensation job needs one layer's weights.
+    A truncated or damaged shard raises ``ArtifactError`` naming it (``artifacts``)."""
+    from .artifacts import read_model_tensors
 
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-    elif (model_dir / "model.safetensors").is_file():
-        weight_map = {n: "model.safetensors" for n in names}
-    else:
-        raise FileNotFoundError(f"no safetensors checkpoint in {model_dir}")
-    missing = [n for n in names if n not in weight_map]
-    if missing:
-        raise KeyError(f"tensors not in checkpoint {model_dir}: {missing[:3]}")
-    by_file: dict[str, list[str]] = {}
-    for n in names:
-        by_file.setdefault(weight_map[n], []).append(n)
-    out = {}
-    for fname, ns in by_file.items():
-        with safe_open(model_dir / fname, framework="pt") as f:
-            for n in ns:
-                out[n] = f.get_tensor(n)
-    return out
+    return read_model_tensors(model_dir, names)
 
 
 def model_config_dict(model_dir: str | Path) -> dict:
     """The raw config.json of a model folder."""
-    return json.loads((Path(model_dir) / "config.json").read_text())
+    from .artifacts import read_json
+
+    return read_json(Path(model_dir) / "config.json")

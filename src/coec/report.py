@@ -10,13 +10,12 @@ A table spec (built by the Snakefile from the config) is::
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
-from .data import atomic_write_text
+from . import artifacts as A
 
 DISPLAY = {"wanda_sp": "Wanda-sp", "flap": "FLAP", "rcpu": "RCPU", "dense": "dense",
            "none": "–", "bias": "bias", "coec": "COEC", "lstsq": "lstsq"}
@@ -24,8 +23,9 @@ FIGURE_DISPLAY = dict(DISPLAY, none="prune-only")  # a legend needs a word, not 
 
 
 def metric_value(path: str | Path, metric: str) -> float:
-    """The metric of one cell's JSON file (nested keys with dots, e.g. 'tasks.arc_easy.value')."""
-    obj = json.loads(Path(path).read_text())
+    """The metric of one cell's JSON file (nested keys with dots, e.g. 'tasks.arc_easy.value');
+    the file is checked by ``artifacts.read_result`` (format version, parse errors name it)."""
+    obj = A.read_result(path)
     for part in metric.split("."):
         if not isinstance(obj, dict) or part not in obj:
             return math.nan
@@ -63,15 +63,15 @@ def to_markdown(df: pd.DataFrame, digits: int = 2, caption: str = "") -> str:
 def write_table(df: pd.DataFrame, out: str | Path, digits: int = 2, caption: str = "") -> None:
     """``out`` (CSV) and its Markdown twin (same stem, .md)."""
     out = Path(out)
-    atomic_write_text(out, df.to_csv(index=False, float_format="%.4f"))
-    atomic_write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
+    A.write_csv(out, df, float_format="%.4f")
+    A.write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
 
 
 def appc_summary(spec: dict) -> pd.DataFrame:
     """App. C summary (one row per key) from a cell's geometry.csv."""
     from .geometry import summarize_geometry
 
-    rows = pd.read_csv(spec["geometry"]).to_dict("records")
+    rows = A.read_csv_rows(spec["geometry"], A.GEOMETRY_COLUMNS)
     summary = summarize_geometry(rows)
     return pd.DataFrame({"quantity": list(summary), "value": [float(v) for v in summary.values()]})
 
@@ -88,7 +88,7 @@ def table4(spec: dict) -> pd.DataFrame:
                              f"known: {', '.join(PUBLISHED_ARCHS)}")
         archs[name] = PUBLISHED_ARCHS[name]
     for name, folder in spec.get("local", {}).items():
-        archs[name] = json.loads((Path(folder) / "config.json").read_text())
+        archs[name] = A.read_json(Path(folder) / "config.json")
     rows = cost_table(archs, spec["ratio"], spec.get("group_rounding", "ceil"))
     return pd.DataFrame(rows)
 
@@ -99,8 +99,9 @@ def plot_geometry(spec: dict, out: str | Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    df = pd.read_csv(spec["geometry"])
+    df = pd.DataFrame(A.read_csv_rows(spec["geometry"], A.GEOMETRY_COLUMNS))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, module in zip(axes, ("o_proj", "down_proj")):
         d = df[df.module == module]
@@ -109,6 +110,7 @@ def plot_geometry(spec: dict, out: str | Path) -> None:
         ax.plot(d.layer, d.angle_OC_mean, "s-", label="O–C (after compensation)")
         ax.set_title(f"{module} (top-{r} frames)")
         ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layer indices, not 0.2 steps
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("mean principal angle (degrees)")
     axes[0].legend()
@@ -156,20 +158,19 @@ def plot_lines(spec: dict, out: str | Path) -> None:
 
 
 def _caption(fig, text: str, width: int = 150) -> None:
-    """The caption as a wrapped title, with room kept for it above the panels."""
+    """The caption as a wrapped title, with room kept for it above the panels; lines no wider
+    than the figure (about 14 characters an inch at 8 pt: a one-panel figure is 4.2 in wide)."""
     import textwrap
 
-    lines = textwrap.wrap(text, width) or [""]
+    lines = textwrap.wrap(text, min(width, int(fig.get_figwidth() * 14))) or [""]
     fig.suptitle("\n".join(lines), fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.035 * len(lines)))
 
 
 def _save_fig(fig, out: str | Path) -> None:
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    fig.savefig(tmp, dpi=130)
-    tmp.replace(out)
+    with A.atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=130, format=out.suffix.lstrip(".") or "png")
 
 
 def browsable_report(spec: dict) -> str:
@@ -209,9 +210,13 @@ def write_report(kind: str, spec: dict, out: str | Path):
         return plot_geometry(spec, out)
     if kind == "lines-figure":
         return plot_lines(spec, out)
+    if kind == "claims":
+        from .claims import write_claims
+
+        return write_claims(spec, out)
     if kind == "readme":
         text = browsable_report(spec)
-        atomic_write_text(out, text)
+        A.write_text(out, text)
         return text
     raise ValueError(f"unknown report kind {kind!r}; expected table, appc, table4, "
-                     "geometry-figure, lines-figure or readme")
+                     "geometry-figure, lines-figure, claims or readme")

@@ -1,0 +1,640 @@
+"""Every on-disk format between workflow rules, written and read in one place (docs/artifacts.md).
+
+Writers are atomic: the bytes go to a temp file in the target's folder, are fsynced and renamed
+onto the target; on any exception the temp file is removed, so a target is either the previous
+file or the complete new one. Files are created with mode ``0666 & ~umask`` (folders ``0777 &
+~umask``), safetensors included. Writers are deterministic: safetensors headers are serialised
+here with sorted keys (tensors in a fixed order, metadata sorted), JSON keeps the caller's key
+order, and nothing host- or time-dependent is written (:func:`without_timings`).
+
+Readers check what they read and raise :class:`ArtifactError`, one line ``<path>: <problem>``
+(truncated, not a safetensors file, wrong format version, missing tensor, wrong shape,
+non-finite values, bad JSON at line n, ...). Every coec file records its format name and version
+(``coec_format`` / ``coec_format_version``: safetensors ``__metadata__`` entries, the first keys
+of a JSON object); a file without them was written before versions existed and is read as
+version 1, which is the same layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import struct
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+FORMAT_KEY = "coec_format"
+VERSION_KEY = "coec_format_version"
+
+#: Format name -> current version. A reader accepts exactly this version (or no version: 1).
+FORMATS = {
+    "gram": 1,             # results/{model}/grams/{calib}/layer{i}.safetensors
+    "gram-meta": 1,        # results/{model}/grams/{calib}/meta.json
+    "keep": 1,             # results/{model}/{calib}/{select}-{ratio}/keep.json
+    "comp-block": 1,       # .../{comp}/block{a}-{b}.safetensors (also the iterative block file)
+    "comp-info": 1,        # .../{comp}/block{a}-{b}.json
+    "ppl": 1,              # .../ppl.json
+    "zeroshot": 1,         # .../zeroshot.json
+    "iterative-state": 1,  # iterative step folder: state.safetensors
+    "iterative-info": 1,   # iterative step folder / cell: iterative.json
+}
+
+#: Columns a geometry.csv must have (CSV files carry no version; their header is checked).
+GEOMETRY_COLUMNS = ("layer", "module", "r")
+
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+              torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+              torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+_ST_DTYPES.update({getattr(torch, n): code for n, code in (
+    ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
+    ("uint32", "U32"), ("uint64", "U64")) if hasattr(torch, n)})
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
+_TIMING = re.compile(r"(^|_)(seconds|secs|elapsed|duration|date|time|timestamp|hostname|host)(_|$)")
+
+
+class ArtifactError(ValueError):
+    """An unreadable, incomplete or mismatched artifact; the message is ``<path>: <problem>``."""
+
+    def __init__(self, path, problem: str | None = None):
+        self.path, self.problem = str(path), problem
+        super().__init__(str(path) if problem is None else f"{path}: {problem}")
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.problem))
+
+
+class MissingArtifact(ArtifactError, FileNotFoundError):
+    """An artifact that does not exist (also a FileNotFoundError)."""
+
+    def __init__(self, path, problem: str | None = "file not found"):
+        ArtifactError.__init__(self, path, problem)
+
+
+# ============================================================================ atomic writes
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}.tmp")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temp path next to ``path`` for writers that need a file name (e.g. ``savefig``); on
+    exit it is chmodded to ``0666 & ~umask``, fsynced and renamed onto ``path``; on an exception
+    it is removed and ``path`` left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    try:
+        yield tmp
+        if tmp.is_dir():
+            umask_modes(tmp)
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+            _fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_chunks(path: str | Path, chunks: Iterable) -> None:
+    """Write byte chunks (bytes / memoryview) atomically to ``path``, mode ``0666 & ~umask``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                while len(view):
+                    view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Atomic binary write."""
+    write_chunks(path, [data])
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Atomic UTF-8 text write."""
+    write_chunks(path, [text.encode("utf-8")])
+
+
+def with_format(obj: dict, fmt: str) -> dict:
+    """``obj`` with ``coec_format`` / ``coec_format_version`` as its first keys."""
+    _version(fmt)
+    rest = {k: v for k, v in obj.items() if k not in (FORMAT_KEY, VERSION_KEY)}
+    return {FORMAT_KEY: fmt, VERSION_KEY: FORMATS[fmt], **rest}
+
+
+def json_text(obj, fmt: str | None = None) -> str:
+    """The JSON text the writers produce (indent 2, the caller's key order, trailing newline)."""
+    if fmt is not None:
+        obj = with_format(obj, fmt)
+    return json.dumps(obj, indent=2, sort_keys=False) + "\n"
+
+
+def write_json(path: str | Path, obj, fmt: str | None = None) -> None:
+    """Atomic JSON write; with ``fmt`` the object records its format name and version."""
+    write_text(path, json_text(obj, fmt))
+
+
+def without_timings(obj):
+    """``obj`` less every key naming a wall-clock or host value (``seconds``, ``total_seconds``,
+    ``seconds_per_round``, ``date``, ``start_time``, ``hostname``, ...), recursively: such values
+    differ from run to run and go to the job's log (and Snakemake's benchmark file) instead."""
+    if isinstance(obj, dict):
+        return {k: without_timings(v) for k, v in obj.items()
+                if not (isinstance(k, str) and _TIMING.search(k))}
+    if isinstance(obj, list):
+        return [without_timings(v) for v in obj]
+    return obj
+
+
+def timings(obj, prefix: str = "") -> dict:
+    """The values :func:`without_timings` drops, flattened to ``{"a.b.seconds": value}`` (for logs)."""
+    out = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            name = f"{prefix}{k}"
+            if isinstance(k, str) and _TIMING.search(k):
+                out[name] = v
+            else:
+                out.update(timings(v, name + "."))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out.update(timings(v, f"{prefix.rstrip('.')}[{i}]."))
+    return out
+
+
+def _version(fmt: str) -> int:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown artifact format {fmt!r}; known: {', '.join(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def _tensor_order(item):
+    name, t = item
+    return (-t.element_size(), name)
+
+
+def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None = None):
+    """The byte chunks of a safetensors file with a deterministic header: tensors ordered by
+    (item size descending, name) so every tensor is aligned, JSON keys sorted, header padded
+    with spaces to a multiple of 8 (as the safetensors library writes)."""
+    items = []
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
+        if t.dtype not in _ST_DTYPES:
+            raise TypeError(f"tensor {name!r} has dtype {t.dtype}, which safetensors here cannot store")
+        items.append((name, t.detach().to("cpu").contiguous()))
+    items.sort(key=_tensor_order)
+    header, offset = {}, 0
+    for name, t in items:
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + n]}
+        offset += n
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in sorted(metadata.items())}
+    raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    yield struct.pack("<Q", len(raw)) + raw
+    for _, t in items:
+        if t.numel():
+            yield memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def write_tensors(path: str | Path, tensors: dict[str, torch.Tensor], fmt: str | None = None,
+                  metadata: dict | None = None) -> None:
+    """Atomic, byte-deterministic safetensors write; with ``fmt`` its name and version are
+    recorded in the header's ``__metadata__`` next to ``metadata`` (values stored as strings,
+    non-strings as sorted JSON)."""
+    meta = {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+            for k, v in (metadata or {}).items()}
+    if fmt is not None:
+        meta.update({FORMAT_KEY: fmt, VERSION_KEY: str(_version(fmt))})
+    write_chunks(path, safetensors_chunks(tensors, meta))
+
+
+def umask_modes(folder: str | Path) -> None:
+    """Files ``0666 & ~umask``, folders ``0777 & ~umask`` under ``folder`` (third-party writers
+    such as ``save_pretrained`` create 0600 files)."""
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~mask)
+        for f in files:
+            fd = os.path.join(root, f)
+            if not os.path.islink(fd):
+                os.chmod(fd, 0o666 & ~mask)
+                _fsync_file(fd)
+
+
+def _fsync_file(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """A temp folder next to ``path`` to fill; on success it replaces ``path`` (a previous
+    folder is removed only after the rename), on an exception it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    tmp.mkdir()
+    try:
+        yield tmp
+        umask_modes(tmp)
+        old = None
+        if path.exists():
+            old = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}.old.tmp")
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+    if old is not None:
+        _remove(old)
+    _fsync_dir(path.parent)
+
+
+# ============================================================================ readers
+def _need_file(path: Path) -> None:
+    if not path.exists():
+        raise MissingArtifact(path)
+    if not path.is_file():
+        raise ArtifactError(path, "not a file")
+
+
+def _check_format(path: Path, found_fmt, found_version, fmt: str | None) -> None:
+    """``fmt``'s name and version against what the file records (nothing recorded: version 1)."""
+    if fmt is None:
+        return
+    want = _version(fmt)
+    if found_fmt is not None and found_fmt != fmt:
+        raise ArtifactError(path, f"is a {found_fmt!r} file, expected {fmt!r}")
+    version = 1 if found_version is None else found_version
+    try:
+        version = int(version)
+    except (TypeError, ValueError):
+        raise ArtifactError(path, f"bad format version {found_version!r}") from None
+    if version != want:
+        raise ArtifactError(path, f"wrong format version {version} (expected {want})")
+
+
+def safetensors_header(path: str | Path) -> dict:
+    """The JSON header of a safetensors file, after checking that the file holds every byte the
+    header promises: ``<path>: truncated ...`` / ``not a safetensors file`` otherwise."""
+    path = Path(path)
+    _need_file(path)
+    size = path.stat().st_size
+    if size < 8:
+        raise ArtifactError(path, f"truncated ({size} bytes, not even a safetensors header)")
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > _MAX_HEADER:
+            raise ArtifactError(path, "not a safetensors file (no valid header)")
+        if 8 + n > size:
+            raise ArtifactError(path, f"truncated ({size} bytes; the header alone needs {8 + n})")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError
+        end = 0
+        for name, entry in header.items():
+            if name != "__metadata__":
+                a, b = entry["data_offsets"]
+                end = max(end, int(b))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ArtifactError(path, "not a safetensors file (unreadable header)") from None
+    if size < 8 + n + end:
+        raise ArtifactError(path, f"truncated ({size} bytes, the header describes {8 + n + end})")
+    if size > 8 + n + end:
+        raise ArtifactError(path, f"{size - 8 - n - end} bytes after the last tensor "
+                                  "(not a safetensors file?)")
+    return header
+
+
+def tensors_metadata(path: str | Path) -> dict:
+    """A safetensors file's ``__metadata__`` (after the header check)."""
+    return dict(safetensors_header(path).get("__metadata__") or {})
+
+
+def _shape_ok(shape, want) -> bool:
+    return len(shape) == len(want) and all(w is None or s == w for s, w in zip(shape, want))
+
+
+def read_tensors(path: str | Path, keys: Iterable[str] | None = None, fmt: str | None = None,
+                 expect_keys: Iterable[str] | None = None,
+                 expect_shapes: dict[str, tuple] | None = None,
+                 check_finite: bool = True) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file (only ``keys`` when given), checked: complete file,
+    ``fmt``'s version, ``expect_keys`` present, ``expect_shapes`` (None = any size in that
+    dimension), finite floating values. Raises :class:`ArtifactError` naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    header = safetensors_header(path)
+    meta = header.get("__metadata__") or {}
+    _check_format(path, meta.get(FORMAT_KEY), meta.get(VERSION_KEY), fmt)
+    names = [k for k in header if k != "__metadata__"]
+    wanted = list(keys) if keys is not None else names
+    for k in list(expect_keys or []) + wanted:
+        if k not in header or k == "__metadata__":
+            raise ArtifactError(path, f"missing tensor {k}")
+    for k, want in (expect_shapes or {}).items():
+        shape = tuple(header[k]["shape"]) if k in header else None
+        if shape is not None and not _shape_ok(shape, want):
+            raise ArtifactError(path, f"tensor {k} has shape {shape}, expected "
+                                      f"{tuple('*' if w is None else w for w in want)}")
+    out = {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for k in wanted:
+                out[k] = f.get_tensor(k)
+    except SafetensorError as exc:
+        raise ArtifactError(path, f"not a readable safetensors file ({exc})") from None
+    if check_finite:
+        for k, t in out.items():
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                raise ArtifactError(path, f"tensor {k} has non-finite values")
+    return out
+
+
+def read_json(path: str | Path, fmt: str | None = None):
+    """A JSON file, checked: parses (``bad JSON at line n``), and with ``fmt`` an object of that
+    format and version (the format keys stay in the returned dict)."""
+    path = Path(path)
+    _need_file(path)
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ArtifactError(path, "empty file (truncated?)")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"bad JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        if not text.rstrip().endswith(("}", "]", '"')) and text.lstrip()[:1] in "{[":
+            where = f"truncated JSON ({where})"  # a complete object or list ends with } or ]
+        raise ArtifactError(path, where) from None
+    if fmt is not None:
+        if not isinstance(obj, dict):
+            raise ArtifactError(path, f"expected a JSON object ({fmt}), found {type(obj).__name__}")
+        _check_format(path, obj.get(FORMAT_KEY), obj.get(VERSION_KEY), fmt)
+    return obj
+
+
+def strip_format(obj: dict) -> dict:
+    """``obj`` less the format keys."""
+    return {k: v for k, v in obj.items() if k not in (FORMAT_KEY, VERSION_KEY)}
+
+
+# ============================================================================ named formats
+def gram_path(gram_dir: str | Path, layer: int) -> Path:
+    return Path(gram_dir) / f"layer{layer}.safetensors"
+
+
+def read_gram_layer(gram_dir: str | Path, layer: int, module: str) -> dict[str, torch.Tensor]:
+    """``gram`` (d, d), ``sum`` (d,), ``sumsq`` (d,) float64 (from the Gram's diagonal for files
+    written before Σx² was stored), ``count`` int and ``mean`` of one module's input at one layer;
+    ``abssum`` (d,) float64 Σ|x| only where the file holds it (optional key, newer calibrations)."""
+    path = gram_path(gram_dir, layer)
+    header = safetensors_header(path)
+    keys = [f"{module}.gram", f"{module}.sum", f"{module}.count"]
+    has_sumsq = f"{module}.sumsq" in header
+    d = header[keys[0]]["shape"][0] if keys[0] in header else None
+    shapes = {keys[0]: (d, d), keys[1]: (d,), keys[2]: (1,)}
+    if has_sumsq:
+        keys.append(f"{module}.sumsq")
+        shapes[keys[3]] = (d,)
+    has_abssum = f"{module}.abssum" in header
+    if has_abssum:
+        keys.append(f"{module}.abssum")
+        shapes[keys[-1]] = (d,)
+    t = read_tensors(path, keys, fmt="gram", expect_shapes=shapes)
+    gram, total = t[keys[0]], t[keys[1]]
+    count = int(t[keys[2]][0])
+    if count < 1:
+        raise ArtifactError(path, f"tensor {keys[2]} is {count}, expected a token count >= 1")
+    sumsq = (t[f"{module}.sumsq"] if has_sumsq else gram.diagonal()).to(torch.float64)
+    out = {"gram": gram, "sum": total, "sumsq": sumsq, "count": count, "mean": total / count}
+    if has_abssum:
+        out["abssum"] = t[f"{module}.abssum"].to(torch.float64)
+    return out
+
+
+def write_gram_layer(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+    write_tensors(path, tensors, "gram")
+
+
+def read_gram_meta(gram_dir: str | Path) -> dict:
+    obj = read_json(Path(gram_dir) / "meta.json", "gram-meta")
+    if not isinstance(obj.get("n_layers"), int):
+        raise ArtifactError(Path(gram_dir) / "meta.json", "missing n_layers")
+    return obj
+
+
+def read_keep(path: str | Path, n_layers: int | None = None) -> dict:
+    """keep.json: ``layers`` with sorted unique ``kv_groups`` and ``channels`` per layer."""
+    path = Path(path)
+    keep = read_json(path, "keep")
+    layers = keep.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise ArtifactError(path, "missing layers")
+    for i, k in enumerate(layers):
+        for key in ("kv_groups", "channels"):
+            v = k.get(key) if isinstance(k, dict) else None
+            if not isinstance(v, list) or not all(isinstance(x, int) and x >= 0 for x in v):
+                raise ArtifactError(path, f"layers[{i}].{key} is not a list of indices")
+    if n_layers is not None and len(layers) != n_layers:
+        raise ArtifactError(path, f"has {len(layers)} layers, the model {n_layers}")
+    return keep
+
+
+_COMP_KEY = re.compile(r"^layer(\d+)\.(o_proj|down_proj)\.(weight|bias)$")
+
+
+def read_comp_block(path: str | Path, first: int | None = None,
+                    last: int | None = None) -> dict[str, torch.Tensor]:
+    """A compensation block file: ``layer{i}.{o_proj|down_proj}.weight|bias``, finite; with
+    ``first``/``last`` exactly those layers."""
+    path = Path(path)
+    t = read_tensors(path, fmt="comp-block")
+    bad = [k for k in t if not _COMP_KEY.match(k)]
+    if bad:
+        raise ArtifactError(path, f"unexpected tensor {bad[0]} (expected layer<i>.<module>.weight|bias)")
+    if first is not None:
+        layers = {int(_COMP_KEY.match(k).group(1)) for k in t}
+        want = set(range(first, (last if last is not None else first) + 1))
+        if layers != want:
+            raise ArtifactError(path, f"holds layers {sorted(layers)}, expected {first}..{last}")
+    return t
+
+
+def read_comp_blocks(paths: Iterable[str | Path] | None) -> dict[str, torch.Tensor]:
+    """All tensors of a cell's block files (each checked)."""
+    out = {}
+    for p in paths or []:
+        out.update(read_comp_block(p))
+    return out
+
+
+def write_comp_block(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+    write_tensors(path, tensors, "comp-block", metadata)
+
+
+def read_result(path: str | Path, fmt: str | None = None) -> dict:
+    """A per-cell result JSON (ppl.json, zeroshot.json, iterative.json); ``fmt`` None accepts
+    any coec result format."""
+    path = Path(path)
+    obj = read_json(path)
+    if not isinstance(obj, dict):
+        raise ArtifactError(path, f"expected a JSON object, found {type(obj).__name__}")
+    _check_format(path, obj.get(FORMAT_KEY), obj.get(VERSION_KEY),
+                  fmt or (obj.get(FORMAT_KEY) if obj.get(FORMAT_KEY) in FORMATS else None))
+    return obj
+
+
+def write_result(path: str | Path, obj: dict, fmt: str) -> dict:
+    """A result JSON without timings (:func:`without_timings`); returns what was written."""
+    clean = without_timings(obj)
+    write_json(path, clean, fmt)
+    return clean
+
+
+def read_csv_rows(path: str | Path, columns: Iterable[str] = ()) -> list[dict]:
+    """A CSV file's rows (pandas), checking that ``columns`` are present."""
+    import pandas as pd
+
+    path = Path(path)
+    _need_file(path)
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ArtifactError(path, f"bad CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ArtifactError(path, f"missing column {missing[0]}")
+    return df.to_dict("records")
+
+
+def write_csv(path: str | Path, df, **kwargs) -> None:
+    """A pandas DataFrame as CSV, atomically (``to_csv`` keyword arguments pass through)."""
+    write_text(path, df.to_csv(index=False, **kwargs))
+
+
+def check_model_dir(folder: str | Path) -> Path:
+    """A local model folder: config.json present and readable, every safetensors file (and the
+    shard index) complete. One-line :class:`ArtifactError` naming the file otherwise."""
+    folder = Path(folder)
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise ArtifactError(folder, "missing config.json (not a model folder)")
+    obj = read_json(cfg)
+    if not isinstance(obj, dict) or "model_type" not in obj:
+        raise ArtifactError(cfg, "no model_type key")
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        wm = read_json(index).get("weight_map")
+        if not isinstance(wm, dict):
+            raise ArtifactError(index, "missing weight_map")
+        for shard in sorted(set(wm.values())):
+            safetensors_header(folder / shard)
+    for shard in sorted(folder.glob("*.safetensors")):
+        safetensors_header(shard)
+    return folder
+
+
+def read_model_tensors(model_dir: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Only the named tensors of a (sharded) safetensors checkpoint, each shard checked."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ArtifactError(index, "missing weight_map")
+    elif (model_dir / "model.safetensors").is_file():
+        weight_map = {n: "model.safetensors" for n in names}
+    else:
+        raise MissingArtifact(model_dir, "no safetensors checkpoint (model.safetensors or its index)")
+    missing = [n for n in names if n not in weight_map]
+    if missing:
+        raise ArtifactError(model_dir, f"tensors not in the checkpoint: {missing[:3]}")
+    by_file: dict[str, list[str]] = {}
+    for n in names:
+        by_file.setdefault(weight_map[n], []).append(n)
+    out = {}
+    for fname, ns in by_file.items():
+        out.update(read_tensors(model_dir / fname, ns))
+    return out
+
+
+__all__ = ["ArtifactError", "MissingArtifact", "FORMATS", "FORMAT_KEY", "VERSION_KEY",
+           "atomic_path", "atomic_dir", "write_bytes", "write_chunks", "write_text", "write_json",
+           "write_tensors", "write_result", "write_csv", "without_timings", "timings",
+           "safetensors_header", "tensors_metadata", "read_tensors", "read_json", "read_result",
+           "read_gram_layer", "write_gram_layer", "read_gram_meta", "read_keep",
+           "read_comp_block", "read_comp_blocks", "write_comp_block", "read_csv_rows",
+           "check_model_dir", "read_model_tensors", "strip_format", "json_text", "with_format",
+           "umask_modes"]
