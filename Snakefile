@@ -14,6 +14,10 @@ min_version("9.0")
 configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
+# `snakemake --report report.html <targets>`: every table and figure, with captions (docs/report.md)
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/resources.smk"
 include: "workflow/rules/calibrate.smk"
@@ -22,7 +26,9 @@ include: "workflow/rules/compensate.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/geometry.smk"
+include: "workflow/rules/export.smk"
 include: "workflow/rules/iterative.smk"
+include: "workflow/rules/claims.smk"
 
 
 rule all:

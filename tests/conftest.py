@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random Llama / Qwen2 / Qwen3 / Mistral models with a tiny offline tokenizer,
+"""Shared fixtures: tiny random Llama / Qwen2 / Qwen3 / Mistral / Granite models with a tiny offline tokenizer,
 saved to temp folders exactly as a hub checkpoint would be."""
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def tiny_config(family: str, **over):
     kw = dict(vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
               max_position_embeddings=256, tie_word_embeddings=False)
+    if family == "granite":  # non-trivial multipliers, so that forgetting one shows
+        kw.update(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.25,
+                  logits_scaling=2.0)
     kw.update(over)
     return AutoConfig.for_model(family, **kw)
 
@@ -66,7 +69,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3", "mistral"])
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3", "mistral", "granite"])
 def tiny_dir(request, tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp(request.param), request.param)
 
@@ -83,3 +86,37 @@ def text_dataset(tmp_path_factory) -> dict:
     (d / "calib.txt").write_text(CORPUS)
     (d / "eval.txt").write_text(CORPUS[::-1][:3000] + CORPUS[:3000])
     return {"source": "files", "calib": str(d / "calib.txt"), "eval": str(d / "eval.txt")}
+
+
+def write_trimmed_workflow(work: Path) -> tuple[dict, Path]:
+    """A tiny Llama, local text and the trimmed workflow config (calibrate -> select ->
+    compensate -> ppl -> table1, GPU resources on calibrate and the per-layer compensate jobs)
+    under ``work``; returns (config, path of its YAML)."""
+    import yaml
+
+    model = make_model_dir(work / "tiny-llama", "llama")
+    (work / "calib.txt").write_text(CORPUS)
+    (work / "eval.txt").write_text(CORPUS[1000:4000])
+    cfg = {
+        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32",
+                            "resources": {"compensate": {"gpu": 1, "mem_mb": 3000, "runtime": 7,
+                                                         "cpus_per_gpu": 3, "slurm_partition": "gpu"},
+                                          "calibrate": {"gpu": 1, "mem_mb": 5000}}}},
+        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
+                               "eval": str(work / "eval.txt")}},
+        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
+                               "batch_size": 4}},
+        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 6,
+                       "ppl_batch_size": 2},
+        "compensations": {"coec": {"method": "coec", "alpha": 0.9, "max_rounds": 3,
+                                   "o_proj": {"align_lambda": 50.0, "anchor_rank": 4}}},
+        "compute": {"device": "cpu", "compensate_block": 1},
+        "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
+                   "rows": [{"selection": "wanda_sp", "compensation": "none"},
+                            {"selection": "wanda_sp", "compensation": "coec"},
+                            {"selection": "flap", "compensation": "bias"},
+                            {"selection": "rcpu", "compensation": "rcpu"}]},
+    }
+    cfg_path = work / "trim.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    return cfg, cfg_path

@@ -146,7 +146,7 @@ def test_bad_configs_raise_clear_errors():
 
 
 def test_memory_plan_matches_meta_shapes():
-    """Gram sizes follow the meta-device module shapes; 8B / 70B figures as in the README."""
+    """Gram sizes follow the meta-device module shapes; 8B / 70B figures as in docs/benchmarks.md (Memory plan)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

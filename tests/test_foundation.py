@@ -23,7 +23,7 @@ def _ids(n=3, t=24, vocab=320, seed=1):
 
 
 # ----------------------------------------------------------------------------- calibration
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "granite"])
 def test_grams_equal_explicit_inputs(tmp_path, family):
     """Layer-wise Grams equal X Xᵀ of inputs captured from the full model forward (float64)."""
     path = make_model_dir(tmp_path / family, family, dtype=torch.float64)

@@ -82,7 +82,7 @@ def test_gram_file_round_trip_keys(tmp_path):
     x = _offset_channels(100, 3)
     st = _write(tmp_path, x)
     keys = set(load_file(str(tmp_path / "layer0.safetensors")))
-    assert keys == {"o_proj.gram", "o_proj.sum", "o_proj.sumsq", "o_proj.count"}
+    assert keys == {"o_proj.gram", "o_proj.sum", "o_proj.sumsq", "o_proj.abssum", "o_proj.count"}
     torch.testing.assert_close(st["sumsq"], (x**2).sum(0), rtol=1e-14, atol=0)
 
 

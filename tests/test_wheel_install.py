@@ -13,20 +13,19 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = ["coec/schemas/config.schema.yaml", "coec/tasks/coec_boolq.yaml", "coec/tasks/coec_rte.yaml",
-        "coec/tasks/coec_winogrande.yaml", "coec/tasks/coec_hellaswag.yaml",
-        "coec/tasks/coec_arc_easy.yaml", "coec/tasks/coec_arc_challenge.yaml",
-        "coec/tasks/coec_openbookqa.yaml", "coec/tasks/coec_piqa.yaml"]
+# zero-shot tasks ship no YAML of their own: the registry includes lm-eval's (coec.evaluate.tasks)
+DATA = ["coec/schemas/config.schema.yaml", "coec/evaluate/tasks.py",
+        "coec/evaluate/zeroshot_data.py"]
 
 CHECK = """
 import sys
 from pathlib import Path
 import coec, coec.config as cfg, coec.evaluate.zeroshot as zs
 venv = Path(sys.argv[1]).resolve()
-for p in (coec.__file__, cfg.SCHEMA, zs.DEFAULT_TASK_DIR):
+for p in (coec.__file__, cfg.SCHEMA, zs.__file__):
     assert venv in Path(p).resolve().parents, f"not from the wheel: {p}"
 assert cfg.SCHEMA.is_file(), f"no schema at {cfg.SCHEMA}"
-assert len(list(zs.DEFAULT_TASK_DIR.glob("coec_*.yaml"))) == 8, f"no tasks in {zs.DEFAULT_TASK_DIR}"
+assert all(zs.builtin_yaml_path(s).is_file() for s in zs.TASKS.values()), "lm-eval task YAMLs missing"
 import yaml
 cfg.validate_config(yaml.safe_load(Path(sys.argv[2]).read_text()))
 # the dry run runs in this process, so the workflow's `import coec` is the wheel's

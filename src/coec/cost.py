@@ -4,7 +4,7 @@ Pure arithmetic on config dicts (the fields of a Hugging Face ``config.json``); 
 only torch/transformers use is ``count_params_meta``, which instantiates the model on the
 meta device (no memory, no weights) to cross-check the analytic count.
 
-Pruned shape (Sec. 3.1, DESIGN "Selection"): whole KV groups are removed with their query
+Pruned shape (Sec. 3.1, docs/protocol.md "Selection"): whole KV groups are removed with their query
 heads (GQA ratio and ``head_dim`` unchanged) and MLP intermediate channels are removed; the
 hidden size, vocabulary, norms and layer count are untouched. Compensation (RCPU, COEC) does not
 change the shape, so the cost depends only on the ratio.
@@ -12,9 +12,9 @@ change the shape, so the cost depends only on the ratio.
 What is counted
 ---------------
 * Parameters: embeddings (+ an untied ``lm_head``), q/k/v/o, gate/up/down, the two RMSNorms per
-  layer and the final norm, q/k/v biases for Qwen2 (always on, as in HF ``Qwen2Attention``),
-  all four attention biases when ``attention_bias`` is set (Llama, Qwen3), MLP biases when
-  ``mlp_bias`` is set (Llama), and Qwen3's per-head ``q_norm`` / ``k_norm``.
+  layer and the final norm, and what each family's adapter adds (``Adapter.layer_params`` in
+  ``coec.arch``): q/k/v biases always on or switched by ``attention_bias`` (with the o_proj
+  bias), MLP biases switched by ``mlp_bias``, per-head ``q_norm`` / ``k_norm``.
 * GFLOPs per token: ``2 x params`` -- one multiply-add per parameter, with the input-embedding
   lookup counted like a matmul and no attention-score term (``context_len=0``). This is the
   convention that reproduces Table 4 (15.2 for Qwen2.5-7B, 141.1 for Llama-3-70B); the honest
@@ -27,6 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from .arch import adapter_for
+from .arch.published import PUBLISHED_ARCHS  # re-exported: the Table 4 architectures
 
 __all__ = [
     "PUBLISHED_ARCHS",
@@ -42,43 +45,6 @@ __all__ = [
 ]
 
 GIB = 2**30
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def _arch(model_type: str, h: int, L: int, nh: int, nkv: int, ff: int, V: int,
-          tie: bool = False, bias: bool = False, head_dim: int = 128) -> dict[str, Any]:
-    return {
-        "model_type": model_type,
-        "hidden_size": h,
-        "num_hidden_layers": L,
-        "num_attention_heads": nh,
-        "num_key_value_heads": nkv,
-        "head_dim": head_dim,
-        "intermediate_size": ff,
-        "vocab_size": V,
-        "tie_word_embeddings": tie,
-        "attention_bias": bias,
-    }
-
-
-# Published config.json numbers (from the public hub configs). ``attention_bias`` for Qwen2.5
-# records the q/k/v biases that Qwen2 always has (its config.json has no such key); head_dim is
-# written out explicitly (Llama-2 and Mistral-7B-v0.1 configs leave it implicit = hidden/heads).
-PUBLISHED_ARCHS: dict[str, dict[str, Any]] = {
-    "Llama-3.1-8B": _arch("llama", 4096, 32, 32, 8, 14336, 128256),
-    "Llama-3-70B": _arch("llama", 8192, 80, 64, 8, 28672, 128256),
-    "Qwen2.5-7B": _arch("qwen2", 3584, 28, 28, 4, 18944, 152064, bias=True),
-    "Qwen2.5-14B": _arch("qwen2", 5120, 48, 40, 8, 13824, 152064, bias=True),
-    "Qwen2.5-32B": _arch("qwen2", 5120, 64, 40, 8, 27648, 152064, bias=True),
-    "Qwen2.5-72B": _arch("qwen2", 8192, 80, 64, 8, 29568, 152064, bias=True),
-    "Llama-2-7B": _arch("llama", 4096, 32, 32, 32, 11008, 32000),
-    "Llama-2-13B": _arch("llama", 5120, 40, 40, 40, 13824, 32000),
-    "Llama-2-70B": _arch("llama", 8192, 80, 64, 8, 28672, 32000),
-    "Qwen3-8B": _arch("qwen3", 4096, 36, 32, 8, 12288, 151936),
-    "Qwen3-14B": _arch("qwen3", 5120, 40, 40, 8, 17408, 151936),
-    "Qwen3-32B": _arch("qwen3", 5120, 64, 64, 8, 25600, 151936),
-    "Mistral-7B-v0.1": _arch("mistral", 4096, 32, 32, 8, 14336, 32000),
-}
 
 
 def _as_dict(config: Any) -> dict[str, Any]:
@@ -99,8 +65,7 @@ def _dims(cfg: Mapping[str, Any], shape: Mapping[str, Any] | None = None) -> dic
     """Architecture numbers with the pruned ``shape`` (if any) overriding the config."""
     cfg = dict(cfg) | dict(shape or {})
     mt = str(_get(cfg, "model_type"))
-    if mt not in _FAMILIES:
-        raise ValueError(f"model_type {mt!r} not supported; known: {', '.join(_FAMILIES)}")
+    adapter_for(mt)  # unknown families: ModelError (a ValueError) listing the known ones
     h = int(_get(cfg, "hidden_size"))
     nh = int(_get(cfg, "num_attention_heads"))
     nkv = int(cfg.get("num_key_value_heads") or nh)
@@ -157,17 +122,8 @@ def pruned_config(config: Any, ratio: float, group_rounding: str = "ceil") -> di
 
 
 def _param_breakdown(d: Mapping[str, Any]) -> dict[str, int]:
-    h, hd, nh, nkv, ff = d["hidden"], d["head_dim"], d["heads"], d["kv_heads"], d["ffn"]
-    q, kv = nh * hd, nkv * hd
-    attn = h * q + 2 * h * kv + q * h
-    mt = d["model_type"]
-    if mt == "qwen2":
-        attn += q + 2 * kv  # q/k/v biases, o_proj none (hard-wired in HF Qwen2)
-    elif mt in ("llama", "qwen3") and d["attention_bias"]:
-        attn += q + 2 * kv + h
-    if mt == "qwen3":
-        attn += 2 * hd  # q_norm, k_norm over head_dim
-    mlp = 3 * h * ff + ((2 * ff + h) if (mt == "llama" and d["mlp_bias"]) else 0)
+    h = d["hidden"]
+    attn, mlp = adapter_for(d["model_type"]).layer_params(d)  # biases and norms per family
     L = d["layers"]
     return {
         "embed": d["vocab"] * h,
@@ -187,9 +143,9 @@ def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> in
     """Parameter count of the HF model built on the meta device (cross-check of ``count_params``).
 
     Tied embeddings are counted once (``parameters()`` deduplicates shared tensors).
-    transformers 5.x ``LlamaConfig`` refuses ``hidden_size % num_attention_heads != 0`` at
+    Some transformers 5.x configs refuse ``hidden_size % num_attention_heads != 0`` at
     construction and on ``save_pretrained`` even with an explicit ``head_dim`` (e.g. 24 heads of
-    Llama-3.1-8B at 30 %), so the head counts are set as attributes after construction; the
+    a 32-head 4096-wide model at 30 %), so the head counts are set as attributes after construction; the
     modelling code itself handles such shapes.
     """
     import torch

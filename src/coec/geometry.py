@@ -176,7 +176,7 @@ def _gap(S: Tensor, r: int) -> float:
 
 
 def expand_kv_rows(v_weight: Tensor, n_rep: int, head_dim: int) -> Tensor:
-    """Repeat each KV head's rows of a v_proj weight for its query heads (Sec. 4.5 / DESIGN).
+    """Repeat each KV head's rows of a v_proj weight for its query heads (Sec. 4.5; docs/design.md).
 
     ``v_weight`` (n_kv*head_dim x d_model) -> (n_kv*n_rep*head_dim x d_model); query head h
     reads KV head h // n_rep, matching the o_proj input layout, so the result has k rows.

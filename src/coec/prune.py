@@ -4,65 +4,36 @@ Attention: the kept KV groups keep their k/v rows, their query heads' q rows, an
 o_proj input columns (GQA shape preserved: heads per KV head unchanged). MLP: the kept channels
 keep their gate/up rows and down_proj columns. o_proj / down_proj may receive a bias (FLAP) and
 compensated weights. The HF config is rewritten so that ``save_pretrained`` followed by a vanilla
-``AutoModelForCausalLM.from_pretrained`` reloads the same function.
+``AutoModelForCausalLM.from_pretrained`` reloads the same function: ``prepare_for_save_`` does so
+in the model's own class, ``build_export_model`` picks the stock class that expresses the pruned
+model exactly when its own class cannot (docs/export.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from .models import AttnGeometry, ModelError, attention_geometry, check_family, decoder_layers
-from .select import kv_rows, o_proj_columns
+from .arch import EXPORT_FALLBACKS, STOCK, adapter_for, sliced_linear, stock_class
+from .models import AttnGeometry, ModelError, decoder_layers
 
-
-def _sliced_linear(lin: nn.Linear, rows: torch.Tensor | None = None,
-                   cols: torch.Tensor | None = None, bias: bool | None = None) -> nn.Linear:
-    """A new Linear holding ``lin.weight[rows][:, cols]`` (and its bias rows)."""
-    w = lin.weight.data
-    b = lin.bias.data if lin.bias is not None else None
-    if rows is not None:
-        rows = rows.to(w.device)
-        w = w.index_select(0, rows)
-        b = b.index_select(0, rows) if b is not None else None
-    if cols is not None:
-        w = w.index_select(1, cols.to(w.device))
-    has_bias = (b is not None) if bias is None else bias
-    new = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
-    new.weight.data.copy_(w)
-    if has_bias:
-        new.bias.data.copy_(b if b is not None else torch.zeros_like(new.bias))
-    return new
+_sliced_linear = sliced_linear  # historical name
 
 
 def prune_layer_(layer: nn.Module, geom: AttnGeometry, kv_groups: list[int],
                  channels: list[int]) -> None:
     """Remove the pruned KV groups (with their query heads) and MLP channels of one decoder
-    layer in place."""
-    if not kv_groups:
-        raise ValueError("a layer must keep at least one KV group")
-    if len(set(kv_groups)) != len(kv_groups) or max(kv_groups) >= geom.n_kv or min(kv_groups) < 0:
-        raise ValueError(f"invalid kv_groups {kv_groups} for {geom.n_kv} KV heads")
-    attn, mlp = layer.self_attn, layer.mlp
-    q_rows = o_proj_columns(kv_groups, geom)
-    kv = kv_rows(kv_groups, geom)
-    attn.q_proj = _sliced_linear(attn.q_proj, rows=q_rows)
-    attn.k_proj = _sliced_linear(attn.k_proj, rows=kv)
-    attn.v_proj = _sliced_linear(attn.v_proj, rows=kv)
-    attn.o_proj = _sliced_linear(attn.o_proj, cols=q_rows)
-    ch = torch.tensor(channels, dtype=torch.long)
-    if ch.numel() == 0 or ch.max() >= mlp.down_proj.in_features or ch.min() < 0:
-        raise ValueError(f"invalid MLP channel keep set for d_ff={mlp.down_proj.in_features}")
-    mlp.gate_proj = _sliced_linear(mlp.gate_proj, rows=ch)
-    mlp.up_proj = _sliced_linear(mlp.up_proj, rows=ch)
-    mlp.down_proj = _sliced_linear(mlp.down_proj, cols=ch)
+    layer in place (the family's surgery: ``Adapter.prune_layer_``)."""
+    adapter_for(layer).prune_layer_(layer, geom, kv_groups, channels)
 
 
 def set_output_weights_(layer: nn.Module, module: str, weight: torch.Tensor,
                         bias: torch.Tensor | None = None) -> None:
     """Install compensated weights (and an optional bias) on o_proj or down_proj."""
-    parent = layer.self_attn if module == "o_proj" else layer.mlp
-    lin: nn.Linear = getattr(parent, module)
+    parent, attr = adapter_for(layer).output_parent(layer, module)
+    lin: nn.Linear = getattr(parent, attr)
     if weight.shape != lin.weight.shape:
         raise ValueError(f"{module}: compensated weight {tuple(weight.shape)} does not match "
                          f"the pruned shape {tuple(lin.weight.shape)}")
@@ -73,7 +44,7 @@ def set_output_weights_(layer: nn.Module, module: str, weight: torch.Tensor,
     if has_bias:
         base = lin.bias.data if lin.bias is not None else torch.zeros_like(new.bias)
         new.bias.data.copy_(base + (bias.to(base) if bias is not None else 0))
-    setattr(parent, module, new)
+    setattr(parent, attr, new)
 
 
 def install_weights_(model, tensors: dict[str, torch.Tensor]) -> None:
@@ -90,13 +61,13 @@ def install_weights_(model, tensors: dict[str, torch.Tensor]) -> None:
 def prune_model_(model, keep: dict) -> None:
     """Prune every layer of ``model`` by a keep.json dict and rewrite its config (left alone
     when per-layer widths differ, e.g. FLAP's adaptive structure)."""
-    check_family(model.config)
-    geom = attention_geometry(model.config)
-    layers = decoder_layers(model)
+    adapter = adapter_for(model.config)
+    geom = adapter.attention_geometry(model.config)
+    layers = adapter.decoder_layers(model)
     if len(keep["layers"]) != len(layers):
         raise ValueError(f"keep set has {len(keep['layers'])} layers, model has {len(layers)}")
     for layer, k in zip(layers, keep["layers"]):
-        prune_layer_(layer, geom, k["kv_groups"], k["channels"])
+        adapter.prune_layer_(layer, geom, k["kv_groups"], k["channels"])
     rewrite_config_(model, strict=False)
 
 
@@ -108,10 +79,11 @@ def rewrite_config_(model, strict: bool = True) -> bool:
     runs: attention infers head counts from weight shapes) and False is returned.
     """
     cfg = model.config
-    geom = attention_geometry(cfg)
-    layers = decoder_layers(model)
-    kv = {l.self_attn.k_proj.out_features // geom.head_dim for l in layers}
-    ff = {l.mlp.down_proj.in_features for l in layers}
+    adapter = adapter_for(cfg)
+    geom = adapter.attention_geometry(cfg)
+    layers = adapter.decoder_layers(model)
+    kv = {adapter.kv_width(l) // geom.head_dim for l in layers}
+    ff = {adapter.ffn_width(l) for l in layers}
     if len(kv) != 1 or len(ff) != 1:
         if not strict:
             return False
@@ -128,34 +100,207 @@ def rewrite_config_(model, strict: bool = True) -> bool:
 def prepare_for_save_(model) -> None:
     """Make a pruned model reloadable by a vanilla ``from_pretrained``: widths in the config and,
     when o_proj / down_proj carry biases, the ``attention_bias`` / ``mlp_bias`` flags (sibling
-    projections get zero biases). Families whose vanilla modules cannot hold the bias raise."""
+    projections get zero biases), in the model's own class. Families whose vanilla modules cannot
+    hold the bias raise; ``build_export_model`` (what ``coec export`` uses) then picks another
+    stock class."""
     rewrite_config_(model)
     validate = getattr(model.config, "validate_architecture", None)
     if validate is not None:
         try:
             validate()
-        except ValueError as exc:  # e.g. LlamaConfig: hidden_size % num_attention_heads != 0
+        except ValueError as exc:  # e.g. a config requiring hidden_size % num_attention_heads == 0
             raise ModelError(f"the pruned config cannot be saved by this transformers version "
                              f"({exc}); evaluate the pruned model in memory instead") from exc
-    layers = decoder_layers(model)
-    o_bias = any(l.self_attn.o_proj.bias is not None for l in layers)
-    d_bias = any(l.mlp.down_proj.bias is not None for l in layers)
     cfg = model.config
+    adapter = adapter_for(cfg)
+    layers = adapter.decoder_layers(model)
     family = cfg.model_type
-    if o_bias and family == "qwen2":
-        raise ModelError("Qwen2's vanilla attention has no o_proj bias: a model with an "
-                         "o_proj bias cannot be reloaded with AutoModelForCausalLM")
-    for attr, flag, needed, siblings in (
-            ("self_attn", "attention_bias", o_bias, ("q_proj", "k_proj", "v_proj", "o_proj")),
-            ("mlp", "mlp_bias", d_bias, ("gate_proj", "up_proj", "down_proj"))):
-        if not needed:
+    for flag, attr, role, siblings in adapter.bias_groups():
+        if not any(adapter.output_module(l, role).bias is not None for l in layers):
             continue
+        slot = adapter.o_bias if role == "o_proj" else adapter.mlp_bias
+        if slot == "never":
+            raise ModelError(f"{family}'s vanilla modules have no {role} bias: a model with an "
+                             f"{role} bias cannot be reloaded with AutoModelForCausalLM")
         if not hasattr(cfg, flag):
             raise ModelError(f"{family} has no {flag} config flag: the bias cannot be exported")
         setattr(cfg, flag, True)
-        for layer in decoder_layers(model):
+        for layer in layers:
             parent = getattr(layer, attr)
             for name in siblings:
                 lin = getattr(parent, name)
                 if lin.bias is None:
                     setattr(parent, name, _sliced_linear(lin, bias=True))
+
+
+# ----------------------------------------------------------------------------- export
+# A pruned model is written in the stock transformers class that expresses it exactly: its own
+# family when that family's config and modules can hold it, else the first fallback below.
+
+# The fallback order (EXPORT_FALLBACKS) and what each stock class can hold (STOCK) live in
+# coec.arch; these two tables are views of it under their historical names.
+STOCK_CLASSES = {k: c.holds() for k, c in STOCK.items()}
+STOCK_NOTES = {k: c.note for k, c in STOCK.items()}
+
+
+@dataclass(frozen=True)
+class ExportNeeds:
+    """The structure a pruned model needs from the class that is to hold it."""
+
+    family: str
+    qk_norm: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    divides: bool   # hidden_size % num_attention_heads == 0
+    sliding: bool   # the source masks with a sliding window shorter than its context
+
+
+def export_needs(model) -> ExportNeeds:
+    """Read what a pruned (uniform-width) model needs; its config must already hold the widths."""
+    cfg = model.config
+    ad = adapter_for(cfg)
+    layers = ad.decoder_layers(model)
+    attn = [ad.attention(l) for l in layers]
+    mlp = [ad.mlp(l) for l in layers]
+    return ExportNeeds(
+        family=cfg.model_type,
+        qk_norm=ad.qk_norm,
+        qkv_bias=any(getattr(a, n).bias is not None for a in attn for n in (ad.q, ad.k, ad.v)),
+        o_bias=any(getattr(a, ad.o).bias is not None for a in attn),
+        mlp_bias=any(getattr(m, n).bias is not None for m in mlp
+                     for n in (ad.gate, ad.up, ad.down)),
+        divides=cfg.hidden_size % cfg.num_attention_heads == 0,
+        sliding=ad.sliding(cfg))
+
+
+def _cannot_hold(model_type: str, needs: ExportNeeds) -> str | None:
+    """Why ``model_type`` cannot express a model with ``needs`` exactly (None: it can)."""
+    cap = stock_class(model_type).holds()
+    if cap["qk_norm"] != needs.qk_norm:
+        return "per-head q/k norms " + ("missing" if needs.qk_norm else "not in the source")
+    if needs.sliding and model_type != needs.family:
+        return "the sliding attention window is kept only in the source class"
+    for key, what in (("qkv_bias", "q/k/v bias"), ("o_bias", "o_proj bias"),
+                      ("mlp_bias", "MLP bias")):
+        if getattr(needs, key) and not cap[key]:
+            return f"no {what} slot"
+    if not needs.divides and not cap["any_heads"]:
+        return "its config requires hidden_size % num_attention_heads == 0"
+    return None
+
+
+def choose_export_class(needs: ExportNeeds) -> tuple[str, str]:
+    """The stock model_type to export to, with a one-line reason; raises when none fits."""
+    tried = []
+    fallbacks = EXPORT_FALLBACKS[needs.qk_norm] if adapter_for(needs.family).portable else ()
+    for model_type in dict.fromkeys((needs.family, *fallbacks)):
+        why = _cannot_hold(model_type, needs)
+        if why is None:
+            if model_type == needs.family:
+                return model_type, f"the source class {model_type} expresses the pruned model"
+            return model_type, (f"{'; '.join(tried)}; {model_type} holds it exactly: "
+                                f"{STOCK_NOTES[model_type]} (absent biases are zeros)")
+        tried.append(f"{model_type}: {why}")
+    raise ModelError("no stock transformers class expresses this pruned model exactly ("
+                     + "; ".join(tried) + ")")
+
+
+_COPIED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+                "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                "rope_parameters", "bos_token_id", "eos_token_id", "pad_token_id",
+                "initializer_range", "use_cache")
+
+
+def export_config(model, model_type: str, needs: ExportNeeds):
+    """The config of ``model_type`` that describes the pruned model (bias flags set as needed)."""
+    import copy
+
+    from transformers import AutoConfig
+
+    src = model.config
+    if model_type == needs.family:
+        cfg = copy.deepcopy(src)
+        adapter_for(model_type).own_export_flags(cfg, needs)
+        return cfg
+    kw = {k: copy.deepcopy(getattr(src, k)) for k in _COPIED_KEYS if hasattr(src, k)}
+    kw["attention_dropout"] = 0.0
+    kw.update(stock_class(model_type).export_kwargs(needs, src))
+    cfg = AutoConfig.for_model(model_type, **kw)
+    cfg.dtype = getattr(src, "dtype", None) or next(model.parameters()).dtype
+    return cfg
+
+
+def _target_state(model, target) -> dict[str, torch.Tensor]:
+    """The pruned model's tensors under the target's names; absent biases become zeros."""
+    src = model.state_dict()
+    out = {}
+    for name, ref in target.state_dict().items():
+        if name in src:
+            if tuple(src[name].shape) != tuple(ref.shape):
+                raise ModelError(f"export: {name} has shape {tuple(src[name].shape)}, "
+                                 f"the target class expects {tuple(ref.shape)}")
+            out[name] = src[name]
+        elif name.endswith(".bias"):
+            out[name] = torch.zeros(ref.shape, dtype=ref.dtype, device="cpu")
+        else:
+            raise ModelError(f"export: the target class needs {name}, which the model lacks")
+    left = sorted(set(src) - set(out))
+    if left:
+        raise ModelError(f"export: the target class has no slot for {left[:3]}")
+    return out
+
+
+def build_export_model(model, check_tokens: int = 8, seed: int = 0):
+    """A stock-class twin of a pruned model (sharing its tensors) that a vanilla
+    ``AutoModelForCausalLM.from_pretrained`` reloads, plus a provenance dict.
+
+    The twin's logits on ``check_tokens`` random tokens must equal the model's (fp32: within
+    1e-4 of the logit scale) or ModelError is raised."""
+    from transformers import AutoModelForCausalLM
+
+    rewrite_config_(model)
+    needs = export_needs(model)
+    model_type, reason = choose_export_class(needs)
+    cfg = export_config(model, model_type, needs)
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    with torch.device("meta"):
+        target = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    target.load_state_dict(_target_state(model, target), strict=True, assign=True)
+    rotary = target.model.rotary_emb  # non-persistent buffers: rebuild off the meta device
+    target.model.rotary_emb = type(rotary)(config=target.config).to(device)
+    meta = [n for n, t in [*target.named_parameters(), *target.named_buffers()] if t.is_meta]
+    if meta:
+        raise ModelError(f"export: tensors left unset in the target class: {meta[:3]}")
+    target.to(device).eval()
+    if getattr(model, "generation_config", None) is not None:
+        import copy
+
+        target.generation_config = copy.deepcopy(model.generation_config)
+    info = {"source_architecture": type(model).__name__, "source_model_type": needs.family,
+            "architecture": type(target).__name__, "model_type": model_type, "reason": reason,
+            "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size}
+    if check_tokens:
+        info["max_abs_logit_diff"] = check_same_logits(model, target, check_tokens, seed)
+    return target, info
+
+
+def check_same_logits(model, other, n_tokens: int = 8, seed: int = 0) -> float:
+    """Max |logit difference| of two models on ``n_tokens`` random tokens; raises ModelError
+    above the dtype's tolerance (1e-4 in fp32/fp64, 2e-2 otherwise, relative to the logit scale)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, n_tokens), generator=g)
+    with torch.no_grad():
+        a = model(input_ids=ids.to(model.device)).logits.double().cpu()
+        b = other(input_ids=ids.to(other.device)).logits.double().cpu()
+    diff = float((a - b).abs().max())
+    dtype = next(model.parameters()).dtype
+    scale = max(1.0, float(a.abs().max()))
+    tol = (1e-4 if dtype in (torch.float32, torch.float64) else 2e-2) * scale
+    if not diff <= tol:
+        raise ModelError(f"export: the {type(other).__name__} twin's logits differ from the "
+                         f"pruned model's by {diff:.3g} (> {tol:.3g})")
+    return diff

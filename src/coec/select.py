@@ -1,4 +1,4 @@
-"""Column scores and keep sets (DESIGN.md "Selection").
+"""Column scores and keep sets (docs/protocol.md "Selection").
 
 Scores of input column j of o_proj / down_proj with W the original weight (d_out, d_in) and
 X_j the calibration activations of channel j:
@@ -11,11 +11,20 @@ X_j the calibration activations of channel j:
 float64 beside the Gram: ``sumsq``), the channel sum and the token count. Attention prunes whole
 KV groups with their query heads (a group's score is the sum of its o_proj columns' scores); the
 MLP prunes single channels.
+
+Variants (a ``selections`` entry of the config; docs/selection-variants.md). Each option's first
+value is the paper's formula above, so the three paper selections are the variants with no options:
+
+    weight_norm        l2 ||W[:, j]||          | l1_mean: mean_i |W_ij| (FLAP's Wanda-sp code)
+    activation_scale   l2 ||X_j|| = sqrt(Σx²)  | abs_mean: E|x_j| = Σ|x| / n (RCPU's code; needs
+                       Grams holding ``abssum``; flap has no such factor)
+    group_aggregation  sum: Σ_j s_j            | sum_squared: Σ_j s_j² (FLAP's code squares WIFV)
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -24,6 +33,62 @@ from .models import AttnGeometry
 
 SELECTIONS = ("wanda_sp", "flap", "rcpu")
 ROUNDINGS = ("ceil", "nearest")
+#: option -> allowed values; the first is the paper's formula (the default)
+SCORE_OPTIONS = {
+    "weight_norm": ("l2", "l1_mean"),
+    "activation_scale": ("l2", "abs_mean"),
+    "group_aggregation": ("sum", "sum_squared"),
+}
+
+
+@dataclass(frozen=True)
+class ScoreSpec:
+    """A selection score: the paper's formula ``score`` with its variant options."""
+
+    score: str
+    weight_norm: str = "l2"
+    activation_scale: str = "l2"
+    group_aggregation: str = "sum"
+
+    def options(self) -> dict:
+        """The options that differ from the paper's formula (empty for the paper's selections)."""
+        return {k: v for k, v in asdict(self).items() if k != "score" and v != SCORE_OPTIONS[k][0]}
+
+
+def selection_spec(spec, where: str = "selection") -> ScoreSpec:
+    """A :class:`ScoreSpec` from a paper name (``"rcpu"``), a mapping ``{score: ..., <option>: ...}``
+    or a ScoreSpec; raises ValueError naming ``where`` for an unknown score, option or value."""
+    if isinstance(spec, ScoreSpec):
+        spec = asdict(spec)
+    if isinstance(spec, str):
+        spec = {"score": spec}
+    spec = dict(spec)
+    score = spec.pop("score", None)
+    if score not in SELECTIONS:
+        raise ValueError(f"{where}.score: unknown selection score {score!r}; expected one of "
+                         f"{', '.join(SELECTIONS)}")
+    for key, val in spec.items():
+        if key not in SCORE_OPTIONS:
+            raise ValueError(f"{where}: unknown option {key!r}; expected {', '.join(SCORE_OPTIONS)}")
+        if val not in SCORE_OPTIONS[key]:
+            raise ValueError(f"{where}.{key}: {val!r} is not one of {', '.join(SCORE_OPTIONS[key])}")
+    if score == "flap" and spec.get("activation_scale", "l2") != "l2":
+        raise ValueError(f"{where}.activation_scale: the flap score has no ||X_j|| factor")
+    return ScoreSpec(score, **spec)
+
+
+def selection_registry(selections: dict | None = None) -> dict[str, ScoreSpec]:
+    """Selection name -> :class:`ScoreSpec`: the paper's three (``wanda_sp``, ``flap``, ``rcpu``,
+    always present and fixed, so their result paths keep their meaning) plus a config's
+    ``selections`` entries."""
+    out = {name: ScoreSpec(name) for name in SELECTIONS}
+    for name, spec in (selections or {}).items():
+        s = selection_spec(spec, f"selections.{name}")
+        if name in SELECTIONS and s != out[name]:
+            raise ValueError(f"selections.{name}: the paper's selection {name!r} cannot be redefined "
+                             f"(its results keep their paths); give the variant another name")
+        out[name] = s
+    return out
 
 
 def channel_variance(gram_diag: torch.Tensor, total: torch.Tensor, count: int) -> torch.Tensor:
@@ -33,19 +98,38 @@ def channel_variance(gram_diag: torch.Tensor, total: torch.Tensor, count: int) -
     return ((g - count * mean**2) / max(count - 1, 1)).clamp_min(0.0)
 
 
-def column_scores(method: str, weight: torch.Tensor, gram_diag: torch.Tensor, total: torch.Tensor,
-                  count: int) -> torch.Tensor:
-    """Importance of every input column of ``weight`` (d_out, d_in) -> (d_in,) float64."""
-    if method not in SELECTIONS:
+def weight_column_norm(weight: torch.Tensor, kind: str = "l2") -> torch.Tensor:
+    """Per input column of ``weight`` (d_out, d_in): ||W[:, j]|| (l2) or mean_i |W_ij| (l1_mean)."""
+    w = weight.double()
+    return w.norm(dim=0) if kind == "l2" else w.abs().mean(dim=0)
+
+
+def activation_scale(gram_diag: torch.Tensor, count: int, kind: str = "l2",
+                     abssum: torch.Tensor | None = None) -> torch.Tensor:
+    """Per channel: ||X_j|| = sqrt(Σx²) (l2) or E|x_j| = Σ|x| / n (abs_mean, needs ``abssum``)."""
+    if kind == "l2":
+        return gram_diag.double().clamp_min(0.0).sqrt()
+    if abssum is None:
+        raise ValueError("activation_scale abs_mean needs Σ|x| per channel (the Grams' `abssum`): "
+                         "these Grams predate it; recalibrate (delete the grams folder and rerun)")
+    return abssum.double() / count
+
+
+def column_scores(method, weight: torch.Tensor, gram_diag: torch.Tensor, total: torch.Tensor,
+                  count: int, abssum: torch.Tensor | None = None) -> torch.Tensor:
+    """Importance of every input column of ``weight`` (d_out, d_in) -> (d_in,) float64.
+    ``method``: a paper name or a variant (``selection_spec``); ``abssum`` (Σ|x|) only for
+    ``activation_scale: abs_mean``."""
+    if isinstance(method, str) and method not in SELECTIONS:
         raise ValueError(f"unknown selection {method!r}; expected one of {', '.join(SELECTIONS)}")
-    w_norm = weight.double().norm(dim=0)
-    x_norm = gram_diag.double().clamp_min(0.0).sqrt()
-    if method == "wanda_sp":
-        return w_norm * x_norm
-    var = channel_variance(gram_diag, total, count)
-    if method == "flap":
-        return var * w_norm**2
-    return w_norm * x_norm * var
+    spec = selection_spec(method)
+    w_norm = weight_column_norm(weight, spec.weight_norm)
+    if spec.score == "flap":
+        return channel_variance(gram_diag, total, count) * w_norm**2
+    x_scale = activation_scale(gram_diag, count, spec.activation_scale, abssum)
+    if spec.score == "wanda_sp":
+        return w_norm * x_scale
+    return w_norm * x_scale * channel_variance(gram_diag, total, count)
 
 
 def n_keep(n: int, ratio: float, rounding: str = "ceil") -> int:
@@ -75,19 +159,35 @@ def top_k_sorted(scores: torch.Tensor, k: int) -> list[int]:
     return sorted(order.tolist())
 
 
-def group_scores(col_scores: torch.Tensor, geom: AttnGeometry) -> torch.Tensor:
-    """Sum the o_proj column scores over each KV group's query heads: (n_kv,)."""
-    return col_scores.view(geom.n_kv, geom.groups * geom.head_dim).sum(1)
+def group_scores(col_scores: torch.Tensor, geom: AttnGeometry, aggregation: str = "sum") -> torch.Tensor:
+    """Sum the o_proj column scores (``sum``) or their squares (``sum_squared``) over each KV
+    group's query heads: (n_kv,)."""
+    if aggregation not in SCORE_OPTIONS["group_aggregation"]:
+        raise ValueError(f"unknown group_aggregation {aggregation!r}; expected one of "
+                         f"{', '.join(SCORE_OPTIONS['group_aggregation'])}")
+    s = col_scores if aggregation == "sum" else col_scores**2
+    return s.view(geom.n_kv, geom.groups * geom.head_dim).sum(1)
 
 
-def select_layer(method: str, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor,
+def layer_scores(method, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor,
+                 down_stats: dict, geom: AttnGeometry) -> dict:
+    """``o_proj`` and ``down_proj`` column scores and the KV ``groups`` scores of one layer."""
+    spec = selection_spec(method)
+    o_scores = column_scores(spec, o_weight, channel_sumsq(o_stats), o_stats["sum"], o_stats["count"],
+                             o_stats.get("abssum"))
+    d_scores = column_scores(spec, down_weight, channel_sumsq(down_stats), down_stats["sum"],
+                             down_stats["count"], down_stats.get("abssum"))
+    return {"o_proj": o_scores, "down_proj": d_scores,
+            "groups": group_scores(o_scores, geom, spec.group_aggregation)}
+
+
+def select_layer(method, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor,
                  down_stats: dict, geom: AttnGeometry, ratio: float,
                  group_rounding: str = "ceil", channel_rounding: str = "ceil") -> dict:
-    """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists)."""
-    o_scores = column_scores(method, o_weight, channel_sumsq(o_stats), o_stats["sum"], o_stats["count"])
-    d_scores = column_scores(method, down_weight, channel_sumsq(down_stats), down_stats["sum"],
-                             down_stats["count"])
-    g_scores = group_scores(o_scores, geom)
+    """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists).
+    ``method``: a paper name or a variant (``selection_spec``)."""
+    sc = layer_scores(method, o_weight, o_stats, down_weight, down_stats, geom)
+    d_scores, g_scores = sc["down_proj"], sc["groups"]
     return {
         "kv_groups": top_k_sorted(g_scores, n_keep(geom.n_kv, ratio, group_rounding)),
         "channels": top_k_sorted(d_scores, n_keep(d_scores.numel(), ratio, channel_rounding)),

@@ -1,6 +1,6 @@
 """Right-rotation solvers and the inter-layer alignment penalty (paper Sec. 4.1, 4.2, 4.5, App. B).
 
-Reduced Stiefel reading (DESIGN.md): with the thin SVD of the current weight
+Reduced Stiefel reading (docs/design.md): with the thin SVD of the current weight
 ``W = U diag(S) Vt`` (r = min(d_out, k) modes), ``W Q_r = U diag(S) R`` with
 ``R = Vt Q_r in St(r, k)`` (rows orthonormal, ``R R^T = I_r``). The right solve minimises the
 profiled objective

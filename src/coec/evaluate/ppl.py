@@ -1,4 +1,4 @@
-"""Perplexity over non-overlapping windows (DESIGN.md "Protocol").
+"""Perplexity over non-overlapping windows (docs/protocol.md "Perplexity").
 
 text = "\\n\\n".join(test); tokens split into windows of ``seqlen``; every window is scored
 independently; PPL = exp(mean NLL over all predicted tokens), i.e. seqlen - 1 per window.
@@ -11,7 +11,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+
+from ..progress import bar as progress_bar
 
 
 #: Positions per float32 loss chunk: the loss adds ``2 x LOSS_CHUNK_TOKENS x vocab x 4`` bytes to
@@ -52,7 +53,7 @@ def window_nll(model, windows: torch.Tensor, batch_size: int = 4, device=None,
     no_cache = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
     total, count = 0.0, 0
     starts = range(0, windows.shape[0], batch_size)
-    for s in tqdm(starts, desc="perplexity", unit="batch", disable=not progress):
+    for s in progress_bar(starts, desc="perplexity", unit="batch", disable=not progress):
         ids = windows[s:s + batch_size].to(device)
         logits = model(input_ids=ids, **no_cache).logits  # (b, T, V); position t predicts t + 1
         nll = float(summed_nll(logits, ids.to(logits.device)))

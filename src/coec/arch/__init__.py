@@ -1,0 +1,67 @@
+"""Architecture adapters: one home per decoder family (docs/adding-a-model.md).
+
+``adapter_for(config | model | decoder layer | model_type)`` returns the family's
+:class:`Adapter`; unknown families raise one :class:`ModelError` listing the known ones. Method
+code (calibrate, select, compensate, prune, cost, iterative) goes through the adapter and never
+names a family.
+"""
+
+from __future__ import annotations
+
+from .base import MODULES, Adapter, AttnGeometry, ModelError, StockClass, attention_geometry, sliced_linear
+from .granite import GraniteAdapter
+from .llama import LlamaAdapter, MistralAdapter
+from .qwen2 import Qwen2Adapter
+from .qwen3 import Qwen3Adapter
+from .stock import HyV3Class, SeedOssClass
+
+__all__ = ["MODULES", "Adapter", "AttnGeometry", "ModelError", "StockClass", "ADAPTERS",
+           "STOCK", "EXPORT_FALLBACKS", "FAMILIES", "adapter_for", "attention_geometry",
+           "sliced_linear", "stock_class"]
+
+ADAPTERS: dict[str, Adapter] = {}
+for _a in (LlamaAdapter(), Qwen2Adapter(), Qwen3Adapter(), MistralAdapter(), GraniteAdapter()):
+    for _f in _a.families:
+        ADAPTERS[_f] = _a
+
+FAMILIES = tuple(ADAPTERS)
+
+# Every stock class an export may write: the families' own classes and export-only targets.
+STOCK: dict[str, StockClass] = {a.model_type: a for a in ADAPTERS.values()}
+STOCK.update({c.model_type: c for c in (SeedOssClass(), HyV3Class())})
+
+# Stock classes tried, in order, when a portable family's own class cannot hold a pruned model,
+# keyed by whether the model has per-head q/k norms.
+EXPORT_FALLBACKS = {False: ("llama", "mistral", "seed_oss"), True: ("qwen3", "hy_v3")}
+
+
+def _model_type(obj) -> str | None:
+    if obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, dict):
+        return obj.get("model_type")
+    cfg = getattr(obj, "config", None)
+    if cfg is None and hasattr(obj, "modules"):  # a decoder layer: its attention holds the config
+        cfg = next((m.config for m in obj.modules() if getattr(m, "config", None) is not None), None)
+    if cfg is not None and hasattr(cfg, "model_type"):
+        return cfg.model_type
+    return getattr(obj, "model_type", None)
+
+
+def adapter_for(obj) -> Adapter:
+    """The adapter of a model_type string, config (object or dict), model or decoder layer."""
+    family = _model_type(obj)
+    try:
+        return ADAPTERS[family]
+    except (KeyError, TypeError):
+        raise ModelError(f"model family (model_type) {family!r} is not supported by the pruning "
+                         f"surgery; supported: {', '.join(FAMILIES)}") from None
+
+
+def stock_class(model_type: str) -> StockClass:
+    """The export capabilities of a stock transformers class."""
+    try:
+        return STOCK[model_type]
+    except KeyError:
+        raise ModelError(f"no export rules for the stock class {model_type!r}; "
+                         f"known: {', '.join(STOCK)}") from None

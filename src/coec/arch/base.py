@@ -1,0 +1,236 @@
+"""The adapter contract: everything the pruning code needs to know about one decoder family.
+
+An :class:`Adapter` describes where a family keeps its decoder blocks, which modules are the
+compensated outputs (the inputs of ``o_proj`` and ``down_proj``), the grouped-query attention
+geometry, the structured-pruning surgery (which sibling tensors are sliced with a KV group or an
+MLP channel), what its stock transformers class can hold on export, and its parameter count.
+The defaults below are the common Hugging Face decoder layout; a family file overrides only what
+differs. Method code reaches a family only through :func:`coec.arch.adapter_for`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# The compensated output modules, by role: the attention output projection (its input columns
+# are the query heads' values) and the MLP output projection (its input columns are channels).
+MODULES = ("o_proj", "down_proj")
+
+
+class ModelError(ValueError):
+    """A model that the pruning code cannot handle, with a message naming why."""
+
+
+@dataclass(frozen=True)
+class AttnGeometry:
+    """Grouped-query attention shape: query heads, KV heads, head dim; groups = heads per KV head."""
+
+    n_heads: int
+    n_kv: int
+    head_dim: int
+
+    @property
+    def groups(self) -> int:
+        return self.n_heads // self.n_kv
+
+
+def attention_geometry(config) -> AttnGeometry:
+    """Heads, KV heads and head_dim from an HF config (head_dim explicit or hidden/heads)."""
+    n_heads = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    if n_heads % n_kv:
+        raise ModelError(f"num_attention_heads={n_heads} is not divisible by "
+                         f"num_key_value_heads={n_kv}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    return AttnGeometry(n_heads, n_kv, head_dim)
+
+
+def sliced_linear(lin: nn.Linear, rows: torch.Tensor | None = None,
+                  cols: torch.Tensor | None = None, bias: bool | None = None) -> nn.Linear:
+    """A new Linear holding ``lin.weight[rows][:, cols]`` (and its bias rows)."""
+    import torch
+    from torch import nn
+
+    w = lin.weight.data
+    b = lin.bias.data if lin.bias is not None else None
+    if rows is not None:
+        rows = rows.to(w.device)
+        w = w.index_select(0, rows)
+        b = b.index_select(0, rows) if b is not None else None
+    if cols is not None:
+        w = w.index_select(1, cols.to(w.device))
+    has_bias = (b is not None) if bias is None else bias
+    new = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
+    new.weight.data.copy_(w)
+    if has_bias:
+        new.bias.data.copy_(b if b is not None else torch.zeros_like(new.bias))
+    return new
+
+
+class StockClass:
+    """What a stock transformers class can hold when a pruned model is exported into it.
+
+    Bias conventions of the class's modules: ``"never"`` (no slot), ``"flag"`` (a config flag,
+    ``attention_bias`` / ``mlp_bias``, switches them on), ``"always"`` (always present)."""
+
+    model_type: str = ""
+    qk_norm: bool = False       # per-head q/k RMSNorm over head_dim (shared by all heads)
+    qkv_bias: str = "never"
+    o_bias: str = "never"
+    mlp_bias: str = "never"
+    any_heads: bool = True      # the config accepts hidden_size % num_attention_heads != 0
+    note: str = ""              # one line: how the class holds a pruned model (export reason)
+
+    def export_kwargs(self, needs, src_config) -> dict:
+        """Extra ``AutoConfig.for_model`` arguments when this class is a fallback target."""
+        return {}
+
+    def holds(self) -> dict[str, bool]:
+        """Which slots exist (the export's capability table)."""
+        return dict(qk_norm=self.qk_norm, qkv_bias=self.qkv_bias != "never",
+                    o_bias=self.o_bias != "never", mlp_bias=self.mlp_bias != "never",
+                    any_heads=self.any_heads)
+
+
+class Adapter(StockClass):
+    """One decoder family (or several with the same layout: ``families``)."""
+
+    families: tuple[str, ...] = ()
+    layers_path = ("model", "layers")
+    attn_attr, mlp_attr = "self_attn", "mlp"
+    q, k, v, o = "q_proj", "k_proj", "v_proj", "o_proj"
+    gate, up, down = "gate_proj", "up_proj", "down_proj"
+    always_sliding = False      # every layer masks with config.sliding_window
+    portable = True             # export may fall back to another stock class with this layout
+
+    # ------------------------------------------------------------------ layer access
+    def decoder_layers(self, model) -> nn.ModuleList:
+        obj = model
+        for attr in self.layers_path:
+            obj = getattr(obj, attr)
+        return obj
+
+    def backbone(self, model) -> nn.Module:
+        """The module holding embeddings, rotary embedding and layers (``model.model``)."""
+        return model.model
+
+    def embedding(self, model) -> nn.Module:
+        return self.backbone(model).embed_tokens
+
+    def embed_scale(self, config) -> float | None:
+        """A factor the model's forward applies to the token embeddings (None: none)."""
+        return None
+
+    def rotary(self, model) -> nn.Module:
+        return self.backbone(model).rotary_emb
+
+    def attention(self, layer) -> nn.Module:
+        return getattr(layer, self.attn_attr)
+
+    def mlp(self, layer) -> nn.Module:
+        return getattr(layer, self.mlp_attr)
+
+    def output_parent(self, layer, role: str) -> tuple[nn.Module, str]:
+        """(parent module, attribute) of a compensated output module by role."""
+        if role == "o_proj":
+            return self.attention(layer), self.o
+        if role == "down_proj":
+            return self.mlp(layer), self.down
+        raise ValueError(f"unknown output module {role!r}; expected one of {', '.join(MODULES)}")
+
+    def output_module(self, layer, role: str) -> nn.Linear:
+        """o_proj or down_proj of a layer: its forward pre-hook sees the input to compensate."""
+        parent, attr = self.output_parent(layer, role)
+        return getattr(parent, attr)
+
+    def kv_width(self, layer) -> int:
+        """Output width of the key projection (KV heads x head_dim) of a (pruned) layer."""
+        return getattr(self.attention(layer), self.k).out_features
+
+    def ffn_width(self, layer) -> int:
+        return self.output_module(layer, "down_proj").in_features
+
+    def layer_tensor_names(self, layer: int) -> dict[str, str]:
+        """Checkpoint names of the weights pruning touches, by role (q_proj ... down_proj)."""
+        p = ".".join((*self.layers_path, str(layer), ""))
+        names = {r: f"{p}{self.attn_attr}.{a}.weight"
+                 for r, a in zip(("q_proj", "k_proj", "v_proj", "o_proj"), (self.q, self.k, self.v, self.o))}
+        names.update({r: f"{p}{self.mlp_attr}.{a}.weight"
+                      for r, a in zip(("gate_proj", "up_proj", "down_proj"), (self.gate, self.up, self.down))})
+        return names
+
+    # ------------------------------------------------------------------ geometry
+    def attention_geometry(self, config) -> AttnGeometry:
+        return attention_geometry(config)
+
+    def sliding(self, config) -> bool:
+        """Whether some layer masks with a sliding window shorter than the context."""
+        window = getattr(config, "sliding_window", None)  # a window >= the context never acts
+        return bool(window) and window < config.max_position_embeddings and (
+            self.always_sliding or "sliding_attention" in (getattr(config, "layer_types", None) or []))
+
+    # ------------------------------------------------------------------ surgery
+    def prune_layer_(self, layer, geom: AttnGeometry, kv_groups: list[int],
+                     channels: list[int]) -> None:
+        """Remove the pruned KV groups (with their query heads) and MLP channels in place:
+        q rows and o_proj columns per query head, k/v rows per KV group (biases follow their
+        rows; per-head q/k norms are shared by all heads and stay), gate/up rows and down_proj
+        columns per channel."""
+        if not kv_groups:
+            raise ValueError("a layer must keep at least one KV group")
+        if len(set(kv_groups)) != len(kv_groups) or max(kv_groups) >= geom.n_kv or min(kv_groups) < 0:
+            raise ValueError(f"invalid kv_groups {kv_groups} for {geom.n_kv} KV heads")
+        import torch
+
+        from ..select import kv_rows, o_proj_columns
+
+        attn, mlp = self.attention(layer), self.mlp(layer)
+        q_rows = o_proj_columns(kv_groups, geom)
+        kv = kv_rows(kv_groups, geom)
+        setattr(attn, self.q, sliced_linear(getattr(attn, self.q), rows=q_rows))
+        setattr(attn, self.k, sliced_linear(getattr(attn, self.k), rows=kv))
+        setattr(attn, self.v, sliced_linear(getattr(attn, self.v), rows=kv))
+        setattr(attn, self.o, sliced_linear(getattr(attn, self.o), cols=q_rows))
+        ch = torch.tensor(channels, dtype=torch.long)
+        d_ff = getattr(mlp, self.down).in_features
+        if ch.numel() == 0 or ch.max() >= d_ff or ch.min() < 0:
+            raise ValueError(f"invalid MLP channel keep set for d_ff={d_ff}")
+        setattr(mlp, self.gate, sliced_linear(getattr(mlp, self.gate), rows=ch))
+        setattr(mlp, self.up, sliced_linear(getattr(mlp, self.up), rows=ch))
+        setattr(mlp, self.down, sliced_linear(getattr(mlp, self.down), cols=ch))
+
+    def bias_groups(self) -> tuple[tuple[str, str, bool, tuple[str, ...]], ...]:
+        """(config flag, parent attribute, role, sibling modules) of each bias flag: when a
+        compensated output gets a bias, the flag is set and its siblings get zero biases."""
+        return (("attention_bias", self.attn_attr, "o_proj", (self.q, self.k, self.v, self.o)),
+                ("mlp_bias", self.mlp_attr, "down_proj", (self.gate, self.up, self.down)))
+
+    # ------------------------------------------------------------------ export
+    def own_export_flags(self, cfg, needs) -> None:
+        """Set the bias flags of a copy of the source config (export into the own class)."""
+        any_attn_bias = needs.qkv_bias or needs.o_bias
+        if hasattr(cfg, "attention_bias") and self.o_bias == "flag":
+            cfg.attention_bias = bool(getattr(cfg, "attention_bias", False) or any_attn_bias)
+        if hasattr(cfg, "mlp_bias"):
+            cfg.mlp_bias = bool(getattr(cfg, "mlp_bias", False) or needs.mlp_bias)
+
+    # ------------------------------------------------------------------ parameter count
+    def layer_params(self, d: Mapping[str, Any]) -> tuple[int, int]:
+        """Parameters of one decoder layer's attention and MLP from architecture numbers
+        (``coec.cost._dims``: hidden, head_dim, heads, kv_heads, ffn, attention_bias, mlp_bias)."""
+        h, hd, nh, nkv, ff = d["hidden"], d["head_dim"], d["heads"], d["kv_heads"], d["ffn"]
+        q, kv = nh * hd, nkv * hd
+        attn = h * q + 2 * h * kv + q * h
+        if self.qkv_bias == "always":
+            attn += q + 2 * kv
+        elif self.qkv_bias == "flag" and d["attention_bias"]:
+            attn += q + 2 * kv
+        if self.o_bias == "always" or (self.o_bias == "flag" and d["attention_bias"]):
+            attn += h
+        if self.qk_norm:
+            attn += 2 * hd  # q_norm, k_norm over head_dim
+        mlp = 3 * h * ff
+        if self.mlp_bias == "always" or (self.mlp_bias == "flag" and d["mlp_bias"]):
+            mlp += 2 * ff + h
+        return attn, mlp

@@ -1,0 +1,24 @@
+"""Granite (IBM Granite 3.x dense): the Llama layer plus four scalars from the config.
+
+``embedding_multiplier`` scales the token embeddings inside the model's forward, so layer-wise
+calibration must apply it too (``embed_scale``); ``residual_multiplier`` (inside each decoder
+layer), ``attention_multiplier`` (the attention score scale) and ``logits_scaling`` (the head)
+act inside modules the pruning code calls whole. No other stock class has these scalars, so a
+pruned Granite model is exported only as Granite (``portable = False``); its attention reads an
+explicit ``head_dim`` from the config, so head counts need not divide hidden_size.
+"""
+
+from __future__ import annotations
+
+from .base import Adapter
+
+
+class GraniteAdapter(Adapter):
+    families = ("granite",)
+    model_type = "granite"
+    qkv_bias = o_bias = mlp_bias = "flag"
+    portable = False
+    note = "the Llama layer with embedding, residual, attention and logit multipliers"
+
+    def embed_scale(self, config) -> float | None:
+        return float(config.embedding_multiplier)
