@@ -50,12 +50,18 @@ def assert_refused(res: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 def file_digests(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root/results`` except logs and per-job timings."""
+    """sha256 of every file under ``root/results`` except logs and per-job timings, with the
+    work folder's own path (recorded as the model and text source) replaced by a placeholder,
+    so runs in two folders compare."""
     out = {}
     for p in sorted((root / "results").rglob("*")):
         rel = p.relative_to(root / "results").as_posix()
         if p.is_file() and not rel.startswith(("logs/", "benchmarks/")):
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+            data = p.read_bytes()
+            if p.suffix == ".safetensors":  # header length prefix + JSON header + tensor bytes
+                n = int.from_bytes(data[:8], "little")
+                data = data[8:8 + n] + b"|" + data[8 + n:]
+            out[rel] = hashlib.sha256(data.replace(str(root).encode(), b"<WORK>")).hexdigest()
     return out
 
 

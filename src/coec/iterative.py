@@ -99,7 +99,10 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
     used = [(a, {**s, "sumsq": channel_sumsq(s)}) for a, s in used]
     if len(used) == 1:
         s = used[0][1]
-        return {"gram": s["gram"], "sum": s["sum"], "sumsq": s["sumsq"], "count": int(s["count"])}
+        out = {"gram": s["gram"], "sum": s["sum"], "sumsq": s["sumsq"], "count": int(s["count"])}
+        if s.get("abssum") is not None:
+            out["abssum"] = s["abssum"]
+        return out
     n = sum(int(s["count"]) for _, s in used)
     means = [s["sum"].double() / int(s["count"]) for _, s in used]
     m = sum(a * mk for (a, _), mk in zip(used, means))
@@ -112,7 +115,10 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
         return (n - 1) * cov + n * outer(m, m)
 
     gram = mix("gram", torch.outer if used[0][1]["gram"].dim() == 2 else torch.mul)
-    return {"gram": gram, "sum": n * m, "sumsq": mix("sumsq", torch.mul), "count": n}
+    out = {"gram": gram, "sum": n * m, "sumsq": mix("sumsq", torch.mul), "count": n}
+    if all(s.get("abssum") is not None for _, s in used):  # E|x| of the mixture: linear in alpha
+        out["abssum"] = n * sum(a * s["abssum"].double() / int(s["count"]) for a, s in used)
+    return out
 
 
 def finalize_stats(per_domain: list[dict], alphas, variance_mix: str, gram_dtype: str) -> dict:
@@ -123,7 +129,10 @@ def finalize_stats(per_domain: list[dict], alphas, variance_mix: str, gram_dtype
     gram, total, count = t["m.gram"], t["m.sum"], int(t["m.count"][0])
     if not (torch.isfinite(gram).all() and torch.isfinite(total).all()):
         raise NonFiniteActivations("NaN/Inf in mixed calibration statistics")
-    return {"gram": gram, "sum": total, "sumsq": t["m.sumsq"], "count": count, "mean": total / max(count, 1)}
+    out = {"gram": gram, "sum": total, "sumsq": t["m.sumsq"], "count": count, "mean": total / max(count, 1)}
+    if "m.abssum" in t:
+        out["abssum"] = t["m.abssum"]
+    return out
 
 
 class DomainAccumulator:
@@ -146,8 +155,8 @@ class DomainAccumulator:
 
     def stats(self, diag: bool = False) -> list[dict]:
         """Per-domain {gram, sum, count}; ``diag``: only the Gram's diagonal (d,)."""
-        return [{"gram": a.sumsq if diag else a.gram, "sum": a.sum, "sumsq": a.sumsq, "count": a.count}
-                for a in self.accs]
+        return [{"gram": a.sumsq if diag else a.gram, "sum": a.sum, "sumsq": a.sumsq,
+                 "abssum": a.abssum, "count": a.count} for a in self.accs]
 
 
 def _module(layer, name: str):
@@ -665,6 +674,8 @@ def _stats_tensors(stats: dict) -> dict[str, torch.Tensor]:
         out[f"{m}.gram"] = st["gram"].contiguous()
         out[f"{m}.sum"] = st["sum"].to(torch.float64).contiguous()
         out[f"{m}.sumsq"] = channel_sumsq(st).to(torch.float64).contiguous()
+        if st.get("abssum") is not None:  # Σ|x| per channel, as the calibrate stage writes it
+            out[f"{m}.abssum"] = st["abssum"].to(torch.float64).contiguous()
         out[f"{m}.count"] = torch.tensor([st["count"]], dtype=torch.int64)
     return out
 
