@@ -3,6 +3,7 @@ saved to temp folders exactly as a hub checkpoint would be."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,15 @@ def write_trimmed_workflow(work: Path) -> tuple[dict, Path]:
     cfg_path = work / "trim.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     return cfg, cfg_path
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """Parse Snakemake's 'Job stats' table."""
+    block = output.split("Job stats:")[1]
+    counts = {}
+    for line in block.splitlines()[3:]:
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import write_trimmed_workflow
+from conftest import write_trimmed_workflow, job_counts
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts/slurm/local_cluster.sh"
@@ -73,17 +73,6 @@ def run_snakemake(workdir: Path, *args: str, env=None) -> tuple[str, float]:
     return out, time.monotonic() - t0
 
 
-def job_stats(out: str) -> dict[str, int]:
-    block = out.split("Job stats:")[1]
-    counts = {}
-    for line in block.splitlines()[3:]:
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not m:
-            break
-        counts[m.group(1)] = int(m.group(2))
-    return counts
-
-
 def scontrol_job(jobid: str, env) -> dict[str, str]:
     out = subprocess.run(["scontrol", "-o", "show", "job", jobid], capture_output=True, text=True,
                          env=env, check=True).stdout
@@ -121,7 +110,7 @@ def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
         str(fit), "--", target, env=env)
     print(f"trimmed workflow ({target}): local run of table1 {t_local:.0f} s, SLURM ({mode}) {t_slurm:.0f} s")
 
-    stats = job_stats(out)
+    stats = job_counts(out)
     n_jobs = 16 if mode == "squeue" else 5
     submitted = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.", out)
     # every job went through sbatch, each its own SLURM job

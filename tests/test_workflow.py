@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import write_trimmed_workflow
+from conftest import job_counts, write_trimmed_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,18 +25,6 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
         raise AssertionError(f"snakemake failed ({res.returncode}):\n{res.stdout[-4000:]}\n"
                              f"{res.stderr[-4000:]}")
     return res
-
-
-def job_counts(output: str) -> dict[str, int]:
-    """Parse Snakemake's 'Job stats' table."""
-    block = output.split("Job stats:")[1]
-    counts = {}
-    for line in block.splitlines()[3:]:
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not m:
-            break
-        counts[m.group(1)] = int(m.group(2))
-    return counts
 
 
 def planned_threads(output: str) -> list[tuple[str, int, dict]]:
