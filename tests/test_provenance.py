@@ -147,7 +147,7 @@ def test_weights_digest_cached_and_sensitive(tmp_path, llama_dir, monkeypatch):
     first = PV.weights_digest(model, cache)
     assert len(list(cache.glob("*.json"))) == 1
     # the cached digest is used while path, size and mtime match (no reread) ...
-    monkeypatch.setattr(PV, "_sha256_file", lambda p: pytest.fail("reread a cached file"))
+    monkeypatch.setattr(PV, "file_sha256", lambda p: pytest.fail("reread a cached file"))
     assert PV.weights_digest(model, cache) == first
     monkeypatch.undo()
     # ... and any change to the bytes changes the digest
@@ -158,7 +158,7 @@ def test_weights_digest_cached_and_sensitive(tmp_path, llama_dir, monkeypatch):
     assert PV.weights_digest(model, cache) != first
     # a hub blob's name is its sha256 (no read at all)
     snap = fake_hub_snapshot(llama_dir, tmp_path / "hub")
-    monkeypatch.setattr(PV, "_sha256_file", lambda p: pytest.fail("hashed a hub blob"))
+    monkeypatch.setattr(PV, "file_sha256", lambda p: pytest.fail("hashed a hub blob"))
     assert PV.weights_digest(snap, cache) == expected_record(snap)["weights_sha256"]
     assert PV.resolved_commit(snap) == REV and PV.resolved_commit(model) is None
 

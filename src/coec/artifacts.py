@@ -144,24 +144,15 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 def write_chunks(path: str | Path, chunks: Iterable) -> None:
     """Write byte chunks (bytes / memoryview) atomically to ``path``, mode ``0666 & ~umask``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
+    with atomic_path(path) as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 while len(view):
                     view = view[os.write(fd, view):]
-            os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        _remove(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

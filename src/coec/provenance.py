@@ -16,6 +16,9 @@ import os
 import re
 from pathlib import Path
 
+from .artifacts import write_text
+from .resources import file_sha256
+
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _SNAPSHOT = re.compile(r"[/\\]snapshots[/\\]([0-9a-f]{40})(?:[/\\]|$)")
 
@@ -23,14 +26,6 @@ _SNAPSHOT = re.compile(r"[/\\]snapshots[/\\]([0-9a-f]{40})(?:[/\\]|$)")
 def digest_cache_dir() -> Path:
     """Where computed file digests are remembered: $COEC_DIGEST_CACHE or ~/.cache/coec/digests."""
     return Path(os.environ.get("COEC_DIGEST_CACHE", Path.home() / ".cache" / "coec" / "digests"))
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_digest(path: str | Path, cache: str | Path | None = None) -> str:
@@ -49,12 +44,9 @@ def file_digest(path: str | Path, cache: str | Path | None = None) -> str:
             return saved["sha256"]
     except (OSError, ValueError):
         pass
-    digest = _sha256_file(real)
+    digest = file_sha256(real)
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**key, "sha256": digest}))
-        os.replace(tmp, entry)
+        write_text(entry, json.dumps({**key, "sha256": digest}))
     except OSError:
         pass
     return digest
