@@ -1,0 +1,146 @@
+"""Golden digests of a trimmed workflow run: proves that a refactoring leaves every result unchanged.
+
+Builds a tiny random Llama, local text and a trimmed config that reaches every stage (calibrate,
+every selection, every compensation method, ppl, the iterative method in all its modes and
+structures, multi-domain mixes, the tables and Fig. 2), runs Snakemake on it, and writes the
+sha256 of every result file (tensor files hashed header + data, the work folder's own path
+replaced, logs and per-job timings left out).
+
+    python benchmarks/golden.py --out before.json                 # at the old commit
+    python benchmarks/golden.py --out after.json --compare before.json   # exit 1 on any change
+
+The comparison prints every file that differs, every file only one side has, and a count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+TARGETS = ["results/table1.csv", "results/table3.csv", "results/table_iterative.csv",
+           "results/figures/fig2_calibration_size.png",
+           "results/figures/iterative_calibration_size.png"]
+
+
+def golden_config(work: Path) -> dict:
+    """The trimmed config, every path under ``work``."""
+    from conftest import CORPUS, make_model_dir
+
+    model = make_model_dir(work / "tiny-llama", "llama")
+    (work / "calib.txt").write_text(CORPUS)
+    (work / "eval.txt").write_text(CORPUS[1000:4000])
+    (work / "code.txt").write_text("def f(x):\n    return [i * x for i in range(10)]\n\n" * 80)
+    rows = [{"selection": s, "compensation": c}
+            for s in ("wanda_sp", "flap", "rcpu") for c in ("none", "bias", "lstsq", "rcpu", "coec")]
+    return {
+        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32"}},
+        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
+                               "eval": str(work / "eval.txt")},
+                     "code": {"source": "files", "calib": str(work / "code.txt"),
+                              "eval": str(work / "code.txt")}},
+        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
+                               "batch_size": 4}},
+        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 6,
+                       "ppl_batch_size": 2},
+        "compensations": {
+            "none": {"method": "none"}, "bias": {"method": "bias"},
+            "lstsq": {"method": "lstsq", "ridge": 0.01}, "rcpu": {"method": "rcpu"},
+            "coec": {"method": "coec", "alpha": 0.9, "max_rounds": 3,
+                     "o_proj": {"align_lambda": 50.0, "anchor_rank": 4}},
+            "coec-gcv": {"method": "coec", "alpha": 1.0, "rescale": "gcv", "right": "none",
+                         "max_rounds": 3}},
+        "compute": {"device": "cpu", "compensate_block": 1},
+        "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5], "rows": rows},
+        "table3": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
+                   "rows": [{"selection": "rcpu", "compensation": "rcpu", "label": "RCPU"},
+                            {"selection": "rcpu", "compensation": "coec-gcv", "label": "+ GCV"}]},
+        "fig2": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8], "ratios": [0.5],
+                 "selection": "rcpu", "compensations": ["none", "coec"]},
+        "domains": {"nl": {"source": "dataset", "dataset": "local"},
+                    "code": {"source": "dataset", "dataset": "code"}},
+        "iterative": {
+            "mixes": {"mix8": {"domains": {"nl": 1, "code": 1}, "nsamples": 8, "seqlen": 32,
+                               "batch_size": 4},
+                      "mix8-eq8": {"domains": {"nl": 2, "code": 1}, "nsamples": 8, "seqlen": 32,
+                                   "batch_size": 4, "variance_mix": "eq8"}},
+            "variants": {"flap": {"steps": 1}, "iflap": {"step": 0.25},
+                         "seq": {"steps": 2, "mode": "sequential"},
+                         "alam": {"steps": 2, "structure": "al-am"}},
+            "table": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
+                      "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
+                               {"label": "iterative", "variant": "iflap"},
+                               {"label": "sequential", "variant": "seq"},
+                               {"label": "al-am", "variant": "alam"},
+                               {"label": "multi-domain", "variant": "flap", "calibration": "mix8"},
+                               {"label": "eq8", "variant": "iflap", "calibration": "mix8-eq8"}]},
+            "calibration_size": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8],
+                                 "ratios": [0.5],
+                                 "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
+                                          {"label": "iterative", "variant": "iflap"}]}},
+    }
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under root/results except logs/ and benchmarks/."""
+    out = {}
+    for p in sorted((root / "results").rglob("*")):
+        rel = p.relative_to(root / "results").as_posix()
+        if p.is_file() and not rel.startswith(("logs/", "benchmarks/")):
+            data = p.read_bytes()
+            if p.suffix == ".safetensors":
+                n = int.from_bytes(data[:8], "little")
+                data = data[8:8 + n] + b"|" + data[8 + n:]
+            out[rel] = hashlib.sha256(data.replace(str(root).encode(), b"<WORK>")).hexdigest()
+    return out
+
+
+def main(argv=None) -> int:
+    import yaml
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="JSON file for the digests")
+    p.add_argument("--compare", help="digests of an earlier run: exit 1 on any difference")
+    p.add_argument("--work", help="work folder (default: a temporary one)")
+    p.add_argument("--cores", default="2")
+    a = p.parse_args(argv)
+    work = Path(a.work or tempfile.mkdtemp(prefix="coec-golden-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_path = work / "golden.yaml"
+    cfg_path.write_text(yaml.safe_dump(golden_config(work)))
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+           "--directory", str(work), "--cores", a.cores, *TARGETS, "--configfile", str(cfg_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        print(res.stdout[-3000:], res.stderr[-5000:])
+        return res.returncode
+    digests = file_digests(work)
+    Path(a.out).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    print(f"{len(digests)} result files hashed in {time.time() - t0:.0f} s ({work})")
+    if a.compare:
+        old = json.loads(Path(a.compare).read_text())
+        changed = sorted(k for k in old.keys() & digests.keys() if old[k] != digests[k])
+        only_old, only_new = sorted(old.keys() - digests.keys()), sorted(digests.keys() - old.keys())
+        for k in changed:
+            print("changed:", k)
+        for k in only_old:
+            print("only before:", k)
+        for k in only_new:
+            print("only after:", k)
+        print(f"{len(old.keys() & digests.keys()) - len(changed)} identical, {len(changed)} changed, "
+              f"{len(only_old)} only before, {len(only_new)} only after")
+        return 1 if changed or only_old or only_new else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
