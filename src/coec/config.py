@@ -175,6 +175,19 @@ def _check_references(cfg: dict) -> None:
 
     for name, cal in cfg["calibration"].items():
         need("datasets", cal["dataset"], f"calibration.{name}.dataset")
+        if "disjoint_from" in cal:
+            other = cal["disjoint_from"]
+            need("calibration", other, f"calibration.{name}.disjoint_from")
+            if cfg["calibration"][other]["dataset"] != cal["dataset"] or other == name:
+                raise ConfigError(f"config: calibration.{name}.disjoint_from: {other!r} must be another "
+                                  f"calibration set of the same dataset ({cal['dataset']!r})")
+    for name, spec in cfg.get("compensations", {}).items():
+        if spec.get("method") == "blend":
+            need("compensations", spec.get("base", "coec"), f"compensations.{name}.base")
+            if cfg["compensations"][spec.get("base", "coec")].get("method") == "blend":
+                raise ConfigError(f"config: compensations.{name}.base: the base of a blend cannot be a blend")
+            if spec.get("holdout") is not None:
+                need("calibration", spec["holdout"], f"compensations.{name}.holdout")
     need("datasets", cfg["evaluation"]["ppl_dataset"], "evaluation.ppl_dataset")
     tables = {k: cfg[k] for k in ("table1", "table2", "table3") if k in cfg}
     tables.update(cfg.get("extra_tables", {}))

@@ -164,17 +164,46 @@ def tokenize_text(tokenizer, text: str) -> torch.Tensor:
     return ids.long()
 
 
-def sample_windows(tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
+def sample_windows(tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int,
+                   exclude: dict | None = None) -> torch.Tensor:
     """``nsamples`` random windows of ``seqlen`` tokens from a token stream, (nsamples, seqlen).
 
     Start offsets are uniform in ``[0, len - seqlen]`` from a ``torch.Generator`` seeded with
-    ``seed``: the same seed gives the same windows on every machine.
+    ``seed``: the same seed gives the same windows on every machine. ``exclude`` ({nsamples,
+    seqlen, seed} of another set): only windows sharing no token with that set's
+    (:func:`disjoint_starts`; a held-out calibration set).
     """
     if tokens.numel() <= seqlen:
         raise ValueError(f"calibration text has {tokens.numel()} tokens, fewer than seqlen={seqlen}")
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, tokens.numel() - seqlen + 1, (nsamples,), generator=gen)
+    starts = window_starts(tokens.numel(), nsamples, seqlen, seed)
+    if exclude:
+        starts = disjoint_starts(tokens.numel(), nsamples, seqlen, seed, exclude)
     return torch.stack([tokens[s:s + seqlen] for s in starts.tolist()])
+
+
+def window_starts(n_tokens: int, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
+    """The (nsamples,) start offsets ``sample_windows`` draws with ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n_tokens - seqlen + 1, (nsamples,), generator=gen)
+
+
+def disjoint_starts(n_tokens: int, nsamples: int, seqlen: int, seed: int, exclude: dict) -> torch.Tensor:
+    """Start offsets of windows that share no token with the windows of another calibration set
+    (``exclude`` = its {nsamples, seqlen, seed}): candidates are drawn from ``seed``'s generator in
+    order and kept while they overlap none of the excluded windows (deterministic)."""
+    ex = window_starts(n_tokens, int(exclude["nsamples"]), int(exclude["seqlen"]), int(exclude["seed"]))
+    ex_len = int(exclude["seqlen"])
+    gen = torch.Generator().manual_seed(seed)
+    kept: list[int] = []
+    for _ in range(1000):
+        cand = torch.randint(0, n_tokens - seqlen + 1, (4 * nsamples,), generator=gen)
+        # [c, c + seqlen) and [e, e + ex_len) are disjoint iff c + seqlen <= e or e + ex_len <= c
+        ok = ((cand[:, None] + seqlen <= ex[None, :]) | (ex[None, :] + ex_len <= cand[:, None])).all(1)
+        kept += cand[ok].tolist()
+        if len(kept) >= nsamples:
+            return torch.tensor(kept[:nsamples])
+    raise ValueError(f"cannot draw {nsamples} windows of {seqlen} tokens disjoint from the excluded set: "
+                     f"the text ({n_tokens} tokens) is too short")
 
 
 def eval_windows(tokens: torch.Tensor, seqlen: int, max_windows: int | None = None) -> torch.Tensor:

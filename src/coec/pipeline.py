@@ -45,7 +45,7 @@ def _config_obj(model_dir: Path, revision: str | None = None, trust_remote_code:
 def calibration_ids(tokenizer, dataset: dict, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
     """The (nsamples, seqlen) calibration windows of a dataset spec."""
     tokens = D.tokenize_text(tokenizer, D.load_split(dataset, "calib"))
-    return D.sample_windows(tokens, nsamples, seqlen, seed)
+    return D.sample_windows(tokens, nsamples, seqlen, seed, dataset.get("exclude_windows"))
 
 
 def run_calibrate(model_src: str, dataset: dict, out_dir: str, nsamples: int, seqlen: int,
@@ -108,7 +108,7 @@ def _num(x) -> str:
 def module_options(options: dict, module: str) -> dict:
     """Options of a compensation spec for one module: top-level keys overridden by the
     module's own sub-dict (e.g. ``o_proj: {align_lambda: 50}``)."""
-    opts = {k: v for k, v in options.items() if k not in ("method", "o_proj", "down_proj")}
+    opts = {k: v for k, v in options.items() if k not in ("method", "o_proj", "down_proj", "inputs")}
     opts.update(options.get(module) or {})
     return opts
 
@@ -126,6 +126,8 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
     keep = A.read_keep(keep_path, cfg.num_hidden_layers)
     dev = resolve_device(device)
     method = spec["method"]
+    inputs = spec.get("inputs") or {}  # blend: the base cell's block file, the held-out Grams
+    base = A.read_comp_block(inputs["base"], first, last) if inputs.get("base") else {}
     tensors, infos = {}, {}
     prog = progress_bar(total=2 * (last - first + 1), desc=f"compensate {method}", unit="module")
     for i in range(first, last + 1):
@@ -140,6 +142,13 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
             if module == "o_proj" and opts.get("align_lambda", 0) > 0:
                 opts["value_proj"] = expanded_value_proj(w[names["v_proj"]], k["kv_groups"],
                                                          geom).to(dev)
+            if method == "blend":
+                opts.update(base_weight=base[f"layer{i}.{module}.weight"].to(dev),
+                            base_bias=base.get(f"layer{i}.{module}.bias"))
+                if inputs.get("holdout"):
+                    ho = load_layer_stats(inputs["holdout"], i, module)
+                    opts.update(holdout_gram=ho["gram"].to(dev), holdout_mean=ho["mean"].to(dev),
+                                holdout_count=ho["count"])
             W0 = w[names[module]].to(dev)
             opts.setdefault("n_tokens", st["count"])
             res = compensate(W0, st["gram"].to(dev), st["mean"].to(dev), cols.to(dev), method,

@@ -6,6 +6,16 @@ def calib_cfg(name):
     return config["calibration"][name]
 
 
+def calib_dataset_spec(name):
+    """The --dataset of a calibration set; a `disjoint_from` set also names the windows to avoid."""
+    c = calib_cfg(name)
+    spec = dataset_spec(c["dataset"])
+    if c.get("disjoint_from"):
+        o = calib_cfg(c["disjoint_from"])
+        spec["exclude_windows"] = {"nsamples": o["nsamples"], "seqlen": o["seqlen"], "seed": o.get("seed", 0)}
+    return spec
+
+
 rule calibrate:
     conda:
         "../../envs/coec.yaml"
@@ -16,7 +26,7 @@ rule calibrate:
         directory("results/{model}/grams/{calib}"),
     params:
         model=lambda wc: model_path(wc.model),
-        dataset=lambda wc: json.dumps(dataset_spec(calib_cfg(wc.calib)["dataset"])),
+        dataset=lambda wc: json.dumps(calib_dataset_spec(wc.calib)),
         nsamples=lambda wc: calib_cfg(wc.calib)["nsamples"],
         seqlen=lambda wc: calib_cfg(wc.calib)["seqlen"],
         seed=lambda wc: calib_cfg(wc.calib).get("seed", 0),

@@ -1,4 +1,5 @@
-"""Post-pruning compensation of one module: none, bias (FLAP), lstsq (ridge), rcpu, coec.
+"""Post-pruning compensation of one module: none, bias (FLAP), lstsq (ridge), rcpu, coec, and
+blend (beyond the paper: COEC and ridge with an intercept, blended on held-out tokens).
 
     from coec.compensate import compensate
     out = compensate(W0, gram, mean, keep, "coec", alpha=0.9, align_lambda=50.0, value_proj=V)
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import baselines
+from . import baselines, blend
 from . import options as _options
 from .coec import COEC_DEFAULTS, coec
 from .linalg import gram_psd, normalize_gram, psd_project, relerr, relerr_with_bias
@@ -118,6 +119,34 @@ def _validate_coec(o: dict, k: int, d_out: int):
         _fail(f"option anchor_rank={o['anchor_rank']} exceeds the available rank {min(r, vp.shape[1] if vp is not None else r)}")
 
 
+def _validate_blend(o: dict, k: int, d_out: int, d_in: int):
+    """The checks of the blend options that depend on the data."""
+    bw = o["base_weight"]
+    if bw is None:
+        _fail("method 'blend' requires base_weight (the base compensation's (d_out, k) weight)")
+    _check_tensor("base_weight", bw, 2)
+    if tuple(bw.shape) != (d_out, k):
+        _fail(f"base_weight shape {tuple(bw.shape)} does not match (d_out, k) = ({d_out}, {k})")
+    if o["base_bias"] is not None:
+        _check_tensor("base_bias", o["base_bias"], 1)
+        if o["base_bias"].shape[0] != d_out:
+            _fail(f"base_bias has {o['base_bias'].shape[0]} entries, expected d_out = {d_out}")
+    if o["n_tokens"] is None:
+        _fail("method 'blend' requires n_tokens (the Gram's token count) for its intercept and errors")
+    if o["mix"] == "holdout" and o["holdout_gram"] is None:
+        _fail("blend with mix 'holdout' requires holdout_gram, holdout_mean and holdout_count "
+              "(the held-out calibration set's statistics)")
+    if o["holdout_gram"] is not None:
+        _check_tensor("holdout_gram", o["holdout_gram"], 2)
+        if tuple(o["holdout_gram"].shape) != (d_in, d_in):
+            _fail(f"holdout_gram shape {tuple(o['holdout_gram'].shape)}, expected ({d_in}, {d_in})")
+        if o["holdout_mean"] is None or o["holdout_count"] is None:
+            _fail("holdout_gram needs holdout_mean and holdout_count too")
+        _check_tensor("holdout_mean", o["holdout_mean"], 1)
+        if o["holdout_mean"].shape[0] != d_in:
+            _fail(f"holdout_mean has {o['holdout_mean'].shape[0]} entries, expected d_in = {d_in}")
+
+
 def _jsonable(x):
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -144,7 +173,7 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
     """Compensate one pruned module (paper Sec. 3–4). See the module docstring for the options.
 
     W0 (d_out, d_in), gram (d_in, d_in) (sum or mean), mean (d_in,) or None, keep (k,) sorted
-    unique; method in {"none", "bias", "lstsq", "rcpu", "coec"}. Returns ``Compensation`` with
+    unique; method in {"none", "bias", "lstsq", "rcpu", "coec", "blend"}. Returns ``Compensation`` with
     weight (d_out, k) and bias (d_out,) | None in W0's dtype/device, and ``info`` with at least
     relerr_before / relerr_after (untempered metric), rounds, inner_steps, gcv_lambdas,
     gcv_at_grid_end, objective_history, seconds, svd_fallbacks, scale_skipped, kappa_clamped.
@@ -162,12 +191,14 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
         _check_tensor("mean", mean, 1)
         if mean.shape[0] != d_in:
             _fail(f"mean has {mean.shape[0]} entries, expected d_in = {d_in}")
-    elif method == "bias":
-        _fail("method 'bias' requires mean (d_in,) channel means")
+    elif method in ("bias", "blend"):
+        _fail(f"method {method!r} requires mean (d_in,) channel means")
     keep = _check_keep(keep, d_in)
     k = keep.numel()
     if method == "coec":
         _validate_coec(o, k, d_out)
+    if method == "blend":
+        _validate_blend(o, k, d_out, d_in)
 
     dev = torch.device(o["device"]) if o["device"] is not None else W0.device
     cdt = o["compute_dtype"]
@@ -194,6 +225,13 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
         elif method == "lstsq":
             W = baselines.lstsq(W0c, G, keep_d, float(o["ridge"]))
             info["ridge"] = float(o["ridge"])
+        elif method == "blend":
+            gm = gram.to(dev, torch.float64) / float(o["n_tokens"])
+            gm = 0.5 * (gm + gm.mT)
+            if psd.get("indefinite"):
+                gm = psd_project(gm)[0]
+            W, b, bi = blend.blend(W0c, G, gm, mean.to(dev, torch.float64), keep_d, o)
+            info.update(bi)
         else:
             W, ri = baselines.rcpu(W0c, G, keep_d, fb)
             info.update(scale=ri["scale"], scale_skipped=0 if ri["scale_ok"] else 1, svd_fallbacks=fb)

@@ -47,6 +47,7 @@ Longer notes on a few options:
 from __future__ import annotations
 
 import difflib
+import re
 import math
 import numbers
 from dataclasses import dataclass, field, fields
@@ -55,6 +56,7 @@ __all__ = ["OPTIONS", "METHODS", "MODULES", "resolve", "as_dict", "validate_spec
            "option_fields", "config_keys", "markdown"]
 
 MODULES = ("o_proj", "down_proj")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 # ----------------------------------------------------------------------------- value checks
@@ -153,6 +155,15 @@ def device() -> _Check:
             _fail(f"option {name} must be a device name, got {v!r}")
 
     return _Check("device or null", fn)
+
+
+def name_or_none(allow_none: bool = False) -> _Check:
+    def fn(name, v):
+        if v is None and allow_none:
+            return
+        if not isinstance(v, str) or not _NAME.match(v):
+            _fail(f"option {name}={v!r}: must be a config entry name ([A-Za-z0-9][A-Za-z0-9._-]*)")
+    return _Check("a config entry name" + (" or null" if allow_none else ""), fn)
 
 
 def tensor_or_none() -> _Check:
@@ -255,8 +266,33 @@ class CoecOptions(CommonOptions):
                              "(0 = never)", number(0, integer=True))
 
 
+@dataclass
+class BlendOptions(CommonOptions):
+    """blend (beyond the paper): a base compensation's weights (COEC) and ridge, each with the best
+    intercept, blended per module by the beta in [0, 1] that minimises the error on held-out
+    calibration tokens (docs/blend.md)."""
+
+    base: str = opt("coec", "the `compensations` entry whose weights are blended (its cell is an input)",
+                    name_or_none(), "method")
+    holdout: object = opt(None, "the `calibration` entry (disjoint_from the cell's) whose Grams choose beta; "
+                                "needed by mix holdout", name_or_none(allow_none=True), "method")
+    mix: str = opt("holdout", "holdout: beta fitted on the held-out Grams | base: beta 0 | ridge: beta 1",
+                   choice("holdout", "base", "ridge"), "method")
+    intercept: bool = opt(True, "add the best bias b = W0 m - W m_K (ridge on centred statistics)", boolean(),
+                          "method")
+    ridge: float = opt(1e-2, "lambda = ridge * mean(diag(Gxx)) of the ridge end (as lstsq)", number(0.0), "method")
+    base_weight: object = opt(None, "the base cell's weight (d_out, k); the stage passes it", tensor_or_none(),
+                              "stage")
+    base_bias: object = opt(None, "the base cell's bias (d_out,) or null; the stage passes it", tensor_or_none(),
+                            "stage")
+    holdout_gram: object = opt(None, "the held-out Gram (a sum); the stage passes it", tensor_or_none(), "stage")
+    holdout_mean: object = opt(None, "the held-out channel means; the stage passes it", tensor_or_none(), "stage")
+    holdout_count: object = opt(None, "tokens of the held-out Gram; the stage passes it",
+                                number(0, lo_open=True, allow_none=True), "stage")
+
+
 OPTIONS: dict[str, type] = {"none": NoneOptions, "bias": BiasOptions, "lstsq": LstsqOptions,
-                            "rcpu": RcpuOptions, "coec": CoecOptions}
+                            "rcpu": RcpuOptions, "coec": CoecOptions, "blend": BlendOptions}
 METHODS = tuple(OPTIONS)
 
 
@@ -363,7 +399,8 @@ def _fmt_default(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-GROUP_TITLES = {"paper": "paper hyperparameters", "solver": "solver switches",
+GROUP_TITLES = {"paper": "paper hyperparameters", "method": "this project's method (beyond the paper)",
+                "solver": "solver switches",
                 "stage": "set by the compensate stage (not in a config)"}
 
 
@@ -398,7 +435,7 @@ def markdown() -> str:
     for method, cls in OPTIONS.items():
         out += [f"## `{method}`", "", (cls.__doc__ or "").strip(), ""]
         out += ["| option | group | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
-        for f in sorted(option_fields(method), key=lambda f: ("paper", "solver", "stage").index(
+        for f in sorted(option_fields(method), key=lambda f: ("paper", "method", "solver", "stage").index(
                 f.metadata["group"])):
             md = f.metadata
             cells = [f"`{f.name}`", md["group"], _fmt_default(f.default), str(md["check"]), md["doc"]]
