@@ -252,6 +252,8 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     steps_per_round: list = []
     right_stats = {"backtracks": 0, "capped": 0, "trials": 0, "orth_cleanups": 0, "carried": 0, "rg_refreshes": 0,
                    "stops": {}}
+    if o["right_solver"] == "cg":
+        right_stats["restarts"] = 0
     rg_age = 0  # carried updates that st.RG has been through since it was last formed by a product
     solver = {"stiefel": solve_reduced, "full": solve_full}.get(o["right"])
     stop = "max_rounds"
@@ -270,10 +272,11 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
                     align=al_obj, align_lambda=lam_a, RG0=st.RG, cayley_inverse=o["cayley_inverse"],
                     delta_norm=o["delta_norm"], direction_matmul=info["direction_matmul_used"],
                     rg_update=info["rg_update_used"], rg_refresh=int(o["rg_refresh"]), rg_age=rg_age,
+                    **({"method": o["right_solver"]} if o["right"] == "stiefel" else {}),
                 )
             rg_age = res.rg_age
             steps_per_round.append(res.steps)
-            for key in ("backtracks", "capped", "trials", "orth_cleanups", "carried", "rg_refreshes"):
+            for key in right_stats.keys() - {"stops"}:
                 right_stats[key] += getattr(res, key)
             right_stats["stops"][res.stop] = right_stats["stops"].get(res.stop, 0) + 1
             run.scale_skipped += res.scale_skipped

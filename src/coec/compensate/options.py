@@ -243,6 +243,8 @@ class CoecOptions(CommonOptions):
     eta_scale: str = opt("rayleigh", "step unit: rayleigh = exact line search of the quadratic model | "
                                      "lipschitz = 1/(s^2 L0) | raw = 1/s^2 (eta carries units)",
                          choice("rayleigh", "lipschitz", "raw"))
+    right_solver: str = opt("gd", "reduced-Stiefel right solve: gd = Riemannian gradient steps (Alg. 1) | cg = "
+                                  "Polak-Ribiere+ conjugate directions (beyond the paper)", choice("gd", "cg"))
     max_inner_steps: int = opt(100, "cap on accepted right-solve steps per round", number(1, integer=True))
     max_backtracks: int = opt(30, "halvings of eta before a right solve gives up", number(0, integer=True))
     gcv_grid: tuple = opt((1e-4, 1e5, 120), "GCV lambda grid (lo, hi, n), log-spaced, times median(e_i) "

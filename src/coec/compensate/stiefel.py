@@ -298,12 +298,15 @@ class RightResult:
     carried: int = 0
     rg_refreshes: int = 0
     rg_age: int = 0
+    restarts: int = 0
 
 
 @traced("coec.right.step_size")
-def _step_base(obj, ev: dict, g: torch.Tensor, L0: float, eta_scale: str, gG: torch.Tensor | None = None) -> float:
+def _step_base(obj, ev: dict, g: torch.Tensor, L0: float, eta_scale: str, gG: torch.Tensor | None = None,
+               slope: float | None = None) -> float:
     """Step unit multiplied by eta (module docstring). g: the search direction (Euclidean, r x k);
-    gG: ``g Gxx`` when the caller already has it."""
+    gG: ``g Gxx`` when the caller already has it; slope: ``<grad F, g>`` when g is not the
+    gradient itself (conjugate directions; default ``||g||^2``)."""
     s2 = ev["s"] ** 2 if ev["s"] != 0 else 1.0
     if eta_scale == "raw":
         return 1.0 / s2
@@ -312,7 +315,7 @@ def _step_base(obj, ev: dict, g: torch.Tensor, L0: float, eta_scale: str, gG: to
         # H[g] = (2 s^2 / c) S^2 g Gxx (Euclidean Hessian of the error in R at fixed scale)
         gG = g @ obj.Gxx if gG is None else gG
         curv = (2.0 * s2 / obj.c) * float((obj.S2 * gG * g).sum())
-        gg = float((g * g).sum())
+        gg = float((g * g).sum()) if slope is None else slope
         if curv > 0 and math.isfinite(curv):
             return gg / curv
     return 1.0 / (s2 * L0) if L0 > 0 else 1.0 / s2
@@ -327,21 +330,42 @@ def _orth_tol(dtype) -> float:
     return 1e-10 if dtype == torch.float64 else 1e-5
 
 
+def _conjugate(dirn: dict, prev: dict | None) -> tuple[torch.Tensor, bool]:
+    """Polak–Ribière+ direction ``P = G + beta T(P_prev)``, ``beta = max(0, <G, G - T(G_prev)> /
+    <G_prev, G_prev>)``, T the solver's vector transport (projection onto the new tangent space);
+    restarts (P = G) when P is no descent direction. Returns (P, restarted)."""
+    G = dirn["grad"]
+    if prev is None:
+        return G, True
+    T = dirn["transport"]
+    Tg, Tp = T(prev["grad"]), T(prev["dir"])
+    den = float((prev["grad"] * prev["grad"]).sum())
+    beta = max(0.0, float((G * (G - Tg)).sum()) / den) if den > 0 else 0.0
+    P = G + beta * Tp
+    if not float((G * P).sum()) > 0:
+        return G, True
+    return P, beta == 0.0
+
+
 def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_steps, max_backtracks, track, RG0=None,
-             delta_norm="rms", direction_matmul="float32", rg_update="product", rg_refresh=0, rg_age=0):
+             delta_norm="rms", direction_matmul="float32", rg_update="product", rg_refresh=0, rg_age=0,
+             method="gd"):
     """Shared backtracking descent loop. ``retract_step(x, R, Xi)`` -> dict with the direction's
     norm, its R-velocity ``vel`` and ``go(t)`` -> new variable, and optionally
     ``go_with(t, RG, gG)`` -> (new R, its R Gxx) carried through the step (polar retraction);
     x is the solver's variable (R, or Q for the full solver); ``measure(x)`` -> R. ``RG0``
     optionally caches ``R0 Gxx``, ``rg_age`` the carried updates it has been through.
     ``direction_matmul``: precision of the direction's and step size's products (module docstring).
-    ``rg_update``/``rg_refresh``: how each trial's ``R Gxx`` is formed (``solve_reduced``)."""
+    ``rg_update``/``rg_refresh``: how each trial's ``R Gxx`` is formed (``solve_reduced``).
+    ``method``: "gd" steps along the Riemannian gradient; "cg" along Polak–Ribière+ conjugate
+    directions (``retract_step`` then also returns ``grad``, ``transport`` and ``along(P)``)."""
     x = R0
     R = measure(x)
     ev = obj.evaluate(R, RG0)
     age = int(rg_age) if RG0 is not None else 0
     res = dict(F_start=ev["F"], A_start=ev["A"], steps=0, trials=0, backtracks=0, capped=0, skipped=0,
-               carried=0, refreshes=0)
+               carried=0, refreshes=0, restarts=0)
+    prev = None  # cg: the last gradient and direction
     res["skipped"] += 0 if ev["ok"] else 1
     hist = [ev["F"]] if track else []
     r = R.shape[0]
@@ -352,6 +376,13 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
         with span("coec.right.direction"), matmul_precision(direction_matmul):
             Xi = obj.grad(R, ev)
             dirn = retract_step(x, R, Xi)  # closure with the search direction for this point
+            slope = None
+            if method == "cg":
+                P, restarted = _conjugate(dirn, prev)
+                res["restarts"] += int(restarted)
+                prev = {"grad": dirn["grad"], "dir": P}
+                dirn = dirn["along"](P)
+                slope = float((Xi * dirn["vel"]).sum())
         gnorm = dirn["norm"]
         if not math.isfinite(gnorm):
             stop = "nonfinite_grad"
@@ -365,7 +396,7 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
             with span("coec.right.step_size"):
                 gG = dirn["vel"] @ obj.Gxx
         with matmul_precision(direction_matmul):
-            base = _step_base(obj, ev, dirn["vel"], L0, eta_scale, gG)
+            base = _step_base(obj, ev, dirn["vel"], L0, eta_scale, gG, slope)
         t = eta_cur * base
         if t * gnorm > 1.0:  # App. B step cap: ||t * grad|| <= 1
             t = 1.0 / gnorm
@@ -426,7 +457,7 @@ def _finish(obj, x, R, ev, res, stop, eta_cur, hist, Q=None, drifts=True) -> Rig
         trials=res["trials"], backtracks=res["backtracks"], capped=res["capped"],
         scale_skipped=res["skipped"], stop=stop, eta_end=eta_cur, orth_cleanups=cleanups, Q=Q,
         history=hist, carried=res["carried"], rg_refreshes=res["refreshes"],
-        rg_age=0 if cleanups else res["rg_age"],
+        rg_age=0 if cleanups else res["rg_age"], restarts=res.get("restarts", 0),
     )
 
 
@@ -459,6 +490,7 @@ def solve_reduced(
     rg_update: str = "product",
     rg_refresh: int = 0,
     rg_age: int = 0,
+    method: str = "gd",
 ) -> RightResult:
     """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
 
@@ -479,21 +511,33 @@ def solve_reduced(
     r, k = Vt.shape
     square = r == k
 
+    def cayley_along(R, A):
+        return {"norm": float(torch.linalg.matrix_norm(A)), "go": lambda t: retract_cayley(R, A, t, cayley_inverse),
+                "vel": A @ R}
+
+    def polar_along(R, g):
+        return {"norm": float(torch.linalg.matrix_norm(g)), "go": lambda t: retract_polar(R, t * g), "vel": g,
+                "go_with": lambda t, RG, gG: retract_polar_with(R, t * g, RG, t * gG)}
+
     def retract_step(x, R, Xi):
         if square:
             B = Xi @ R.mT
             A = 0.5 * (B - B.mT)  # skew part: grad = A R
-            return {"norm": float(torch.linalg.matrix_norm(A)), "go": lambda t: retract_cayley(R, A, t, cayley_inverse),
-                    "vel": A @ R}
+            out = cayley_along(R, A)
+            # cg: directions are skew generators (velocity P R); they need no transport
+            out.update(grad=A, transport=lambda P: P, along=lambda P: cayley_along(R, P))
+            return out
         g = riemannian_grad(R, Xi)
-        return {"norm": float(torch.linalg.matrix_norm(g)), "go": lambda t: retract_polar(R, t * g), "vel": g,
-                "go_with": lambda t, RG, gG: retract_polar_with(R, t * g, RG, t * gG)}
+        out = polar_along(R, g)
+        # cg: vector transport by projection onto the tangent space at R
+        out.update(grad=g, transport=lambda P: riemannian_grad(R, P), along=lambda P: polar_along(R, P))
+        return out
 
     out = _descend(
         obj, Vt, _lipschitz(S, lam_max, c), retract_step, lambda x: x, eta=eta, eta_scale=eta_scale,
         delta=delta, max_steps=max_steps, max_backtracks=max_backtracks, track=track, RG0=RG0,
         delta_norm=delta_norm, direction_matmul=direction_matmul, rg_update=rg_update, rg_refresh=rg_refresh,
-        rg_age=rg_age,
+        rg_age=rg_age, method=method,
     )
     return _finish(obj, *out, drifts=square)
 
