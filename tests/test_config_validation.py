@@ -140,7 +140,7 @@ def test_options_resolve_keeps_values_and_defaults():
     assert O.defaults("lstsq") == {"compute_dtype": None, "device": None, "n_tokens": None, "ridge": 1e-2}
     for method in O.METHODS:
         for f in O.option_fields(method):
-            assert f.metadata["group"] in ("paper", "solver", "stage") and f.metadata["doc"], f.name
+            assert f.metadata["group"] in ("paper", "method", "solver", "stage") and f.metadata["doc"], f.name
             f.metadata["check"](f.name, f.default)  # every default passes its own check
     with pytest.raises(ValueError, match="did you mean 'max_rounds'"):
         O.resolve("coec", {"max_round": 3})

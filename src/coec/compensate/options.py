@@ -2,7 +2,8 @@
 and value checks in one place.
 
 Each field carries ``metadata``: ``group`` (``"paper"``: a hyperparameter of the paper's method,
-App. B defaults where it gives one; ``"solver"``: how the same objective is computed, backends and
+App. B defaults where it gives one; ``"method"``: a design choice of this project's own method
+beyond the paper (blend); ``"solver"``: how the same objective is computed, backends and
 caps; ``"stage"``: supplied by the compensate stage, not settable in a config), ``doc`` (one
 line) and ``check`` (the allowed values, which also render in docs/compensation-options.md).
 
@@ -430,7 +431,9 @@ def markdown() -> str:
         "Every key and value is checked when the config is validated (so `snakemake -n` already",
         "stops with one line naming, e.g., `compensations.coec.alpah` and the closest valid name).",
         "*Paper* options are hyperparameters of the method (App. B defaults where the paper gives",
-        "one); *solver* options change how the same objective is computed (backends, dtypes, caps);",
+        "one); *method* options are the design choices of blend, this project's method beyond the",
+        "paper ([blend.md](blend.md)); *solver* options change how the same objective is computed",
+        "(backends, dtypes, caps);",
         "*stage* options are filled in by the compensate stage and cannot be set in a config.",
         "",
     ]
