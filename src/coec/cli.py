@@ -338,8 +338,8 @@ def _dispatch(a) -> None:
         P.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub)
 
 
-
 def _dispatch_iterative(a) -> None:
+    """Run one ``coec iterative <cmd>`` (``coec.stages_iterative``)."""
     from . import stages_iterative as S
 
     hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
