@@ -1,4 +1,4 @@
-"""Iterative multi-domain FLAP (coec.iterative, coec.domains): the mixture of statistics, S = 1
+"""Iterative multi-domain FLAP (coec.iterative, coec.stages_iterative, coec.domains): the mixture of statistics, S = 1
 equals the workflow's FLAP bit-for-bit, re-calibration after a step equals a fresh calibration
 of the pruned model, the layer-sequential pass, AL-AM, and (slow) a trimmed workflow cell."""
 
@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from coec import iterative as I
+from coec import stages_iterative as S
+from coec.cli import main as coec_main
 from coec.calibrate import GramAccumulator, run_layerwise
 from coec.select import channel_variance
 
@@ -124,7 +126,7 @@ def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
     P.run_compensate(str(tiny_dir), str(grams), str(keep_path), {"method": "bias"}, 0, 1,
                      str(tmp_path / "block0-1.safetensors"), device="cpu")
     out = tmp_path / "it"
-    rc = I.main(["run", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
+    rc = coec_main(["iterative", "run", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
                  "--nsamples", str(NS), "--seqlen", str(SEQ), "--batch-size", str(BS),
                  "--ratio", "0.5", "--steps", "1", "--group-rounding", "nearest",
                  "--gram-dtype", "float32", "--device", "cpu", "--quiet", "--out", str(out)])
@@ -157,7 +159,7 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
 
     m1, tok = load_model(str(llama_dir), device="cpu")
     s1, _ = I.run_iterative(m1, calib, [0.25], opts)
-    I.write_result(m1, s1, tmp_path / "s1", {"ratio": 0.25}, {})
+    S.write_step(m1, s1, tmp_path / "s1", {"ratio": 0.25}, {})
     rebuilt, _ = build_model(str(llama_dir), "float32", "cpu", str(tmp_path / "s1/keep.json"),
                              [str(tmp_path / "s1/block0-1.safetensors")])
     fresh = _fresh_stats(rebuilt, calib.ids)
@@ -165,7 +167,7 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
         _assert_stats_equal(st, fresh[i])
     # continuing from the files gives exactly the two-step run
     m2, _ = load_model(str(llama_dir), device="cpu")
-    s2 = I.load_state(m2, tmp_path / "s1")
+    s2 = S.load_step(m2, tmp_path / "s1")
     s2, _ = I.run_iterative(m2, calib, [0.5], opts, s2)
     assert s2.kv_groups == state.kv_groups and s2.channels == state.channels
     for b2, b in zip(s2.bias, state.bias):
@@ -232,11 +234,11 @@ def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
 
     P.run_calibrate(str(tiny_dir), text_dataset, str(tmp_path / "ref"), NS, SEQ, 0, BS,
                     "float32", "cpu", "float64")
-    assert I.main(["grams", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
+    assert coec_main(["iterative", "grams", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
                    "--nsamples", str(NS), "--seqlen", str(SEQ), "--batch-size", str(BS),
                    "--gram-dtype", "float64", "--device", "cpu", "--quiet",
                    "--out", str(tmp_path / "g")]) == 0
-    assert I.main(["mix", "--grams", str(tmp_path / "g"), str(tmp_path / "ref"), "--alphas", "1",
+    assert coec_main(["iterative", "mix", "--grams", str(tmp_path / "g"), str(tmp_path / "ref"), "--alphas", "1",
                    "3", "--gram-dtype", "float64", "--out", str(tmp_path / "mix")]) == 0
     for i in range(2):
         ref, got = load_file(str(tmp_path / f"ref/layer{i}.safetensors")), load_file(str(tmp_path / f"g/layer{i}.safetensors"))
@@ -321,7 +323,7 @@ def test_alam_global_budget(model_calib, tmp_path):
     # the kept prefix is the closest to the budget: within one unit (plus the >= 1 guarantees)
     assert abs(state.ratio_done() - 0.4) <= wg / (2 * (state.geom.n_kv * wg + state.d_ff * wc)) + 1e-9
     assert all(len(g) >= 1 and len(c) >= 1 for g, c in zip(state.kv_groups, state.channels))
-    out = I.write_result(model, state, tmp_path / "alam", {"ratio": 0.4}, {"steps": infos})
+    out = S.write_step(model, state, tmp_path / "alam", {"ratio": 0.4}, {"steps": infos})
     with torch.no_grad():
         logits = model(input_ids=calib.ids[:2]).logits
     assert torch.isfinite(logits).all()

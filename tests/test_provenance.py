@@ -71,7 +71,6 @@ def expected_record(snap: Path) -> dict:
 
 def test_revision_and_trust_remote_code_reach_every_load_and_every_result(
         recorded_loads, text_dataset, tmp_path):
-    from coec import iterative as I
     from coec.cli import main
 
     calls, snap = recorded_loads
@@ -93,10 +92,10 @@ def test_revision_and_trust_remote_code_reach_every_load_and_every_result(
     for argv in stages:
         assert main(argv) == 0, argv[0]
     domains = json.dumps([{"name": "local", "alpha": 1.0, "dataset": text_dataset}])
-    assert I.main(["grams", *hub, "--domains", domains, "--nsamples", str(NS), "--seqlen", str(SEQ),
+    assert main(["iterative", "grams", *hub, "--domains", domains, "--nsamples", str(NS), "--seqlen", str(SEQ),
                    "--batch-size", str(BS), "--device", "cpu", "--quiet",
                    "--out", str(tmp_path / "it-grams")]) == 0
-    assert I.main(["run", *hub, "--domains", domains, "--nsamples", str(NS), "--seqlen", str(SEQ),
+    assert main(["iterative", "run", *hub, "--domains", domains, "--nsamples", str(NS), "--seqlen", str(SEQ),
                    "--batch-size", str(BS), "--ratio", "0.5", "--steps", "1", "--device", "cpu",
                    "--quiet", "--out", str(tmp_path / "it-run")]) == 0
 

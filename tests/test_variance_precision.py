@@ -74,7 +74,7 @@ def test_mixed_sumsq_is_the_diagonal_of_the_float64_mixture():
         assert fin["gram"].dtype == torch.float32 and torch.equal(fin["sumsq"], mixed["sumsq"])
     one = I.mix_stats(per[:1], [1.0])
     assert torch.equal(one["sumsq"], per[0]["sumsq"]) and torch.equal(channel_sumsq(one), per[0]["sumsq"])
-    t = I._stats_tensors({"o_proj": I.finalize_stats(per, [1, 1, 1], "pooled", "float32")})
+    t = gram_tensors({"o_proj": I.finalize_stats(per, [1, 1, 1], "pooled", "float32")})
     assert t["o_proj.sumsq"].dtype == torch.float64
 
 

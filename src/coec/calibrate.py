@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -158,7 +159,8 @@ def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list
     return [sliding if t == "sliding_attention" else full for t in types]
 
 
-def _layer_call(layer, hidden, mask, position_ids, position_embeddings):
+def layer_call(layer, hidden, mask, position_ids, position_embeddings) -> torch.Tensor:
+    """One decoder layer on a batch of hidden states (B, T, d) -> (B, T, d)."""
     out = layer(hidden, attention_mask=mask, position_ids=position_ids,
                 position_embeddings=position_embeddings)
     return out[0] if isinstance(out, tuple) else out
@@ -181,60 +183,86 @@ def embed_batches(model, input_ids: torch.Tensor, batch_size: int, device: torch
     return hidden
 
 
+class LayerPass:
+    """The calibration sequences walked through the decoder one layer at a time.
+
+    Holds the hidden states of all sequences between layers (batches (B, T, d) cached on the
+    device that held the model: CPU offload for large models), the position ids, the rotary
+    embeddings and every layer's attention mask, all set up once from the token embeddings.
+    ``run(i, layer)`` calls decoder layer ``i`` (on ``device``) on every batch. Used as a context
+    manager: the rotary module returns to its device on exit.
+    """
+
+    def __init__(self, model, input_ids: torch.Tensor, batch_size: int, device=None):
+        self.store = next(model.parameters()).device
+        self.device = torch.device(device) if device is not None else self.store
+        self.hidden = embed_batches(model, input_ids, batch_size, self.device, self.store)
+        self.pos = torch.arange(input_ids.shape[1], device=self.device).unsqueeze(0)
+        self.rotary = adapter_for(model.config).rotary(model)
+        self.rotary_home = next(self.rotary.buffers()).device
+        self.rotary.to(self.device)
+        self.pe = self.rotary(self.hidden[0].to(self.device), self.pos)
+        self.masks = layer_masks(model, self.hidden[0].to(self.device), self.pos)
+
+    def __enter__(self) -> "LayerPass":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.rotary.to(self.rotary_home)
+
+    @torch.no_grad()
+    def run(self, i: int, layer, keep_outputs: bool = True) -> None:
+        """Every batch through ``layer`` (layer ``i``, already on ``device``); its outputs become
+        the inputs of layer i+1 unless ``keep_outputs`` is False (a statistics-only forward)."""
+        for b, h in enumerate(self.hidden):
+            out = layer_call(layer, h.to(self.device), self.masks[i], self.pos, self.pe)
+            if keep_outputs:
+                self.hidden[b] = out.to(self.store)
+
+
 @torch.no_grad()
 def run_layerwise(model, input_ids: torch.Tensor, batch_size: int = 8, device=None,
                   on_layer: Callable[[int, dict[str, GramAccumulator]], None] | None = None,
                   modules: tuple[str, ...] = MODULES, progress: bool = True,
                   before_layer: Callable[[int, torch.nn.Module], None] | None = None) -> None:
-    """Run the calibration sequences through the decoder layer by layer, accumulating
-    :class:`GramAccumulator` statistics of the named module inputs; ``on_layer(i, stats)`` is
-    called after layer ``i`` (e.g. to write its file). ``before_layer(i, layer)`` may modify a
-    layer in place before its statistics are taken (iterative calibration prunes here).
+    """Run the calibration sequences through the decoder layer by layer (:class:`LayerPass`),
+    accumulating :class:`GramAccumulator` statistics of the named module inputs;
+    ``on_layer(i, stats)`` is called after layer ``i`` (e.g. to write its file).
+    ``before_layer(i, layer)`` may modify a layer in place before its statistics are taken
+    (iterative calibration prunes here).
 
     input_ids: (n_seq, seqlen). Hidden states of all sequences are cached between layers on
     the device that held the model (CPU offload for large models).
     """
     adapter = adapter_for(model.config)
     layers = adapter.decoder_layers(model)
-    store = next(model.parameters()).device
-    device = torch.device(device) if device is not None else store
-    hidden = embed_batches(model, input_ids, batch_size, device, store)
-    seqlen = input_ids.shape[1]
-    pos = torch.arange(seqlen, device=device).unsqueeze(0)
-    rotary = adapter.rotary(model)
-    rot_dev = next(rotary.buffers()).device
-    rotary.to(device)
-    pe = rotary(hidden[0].to(device), pos)
-    masks = layer_masks(model, hidden[0].to(device), pos)
-    bar = progress_bar(range(len(layers)), desc="calibrate", unit="layer", disable=not progress)
-    for i in bar:
-        layer = layers[i]
-        home = next(layer.parameters()).device
-        layer.to(device)
-        if before_layer is not None:
-            before_layer(i, layer)
-        stats, handles = {}, []
-        for name in modules:
-            mod = adapter.output_module(layer, name)
-            acc = stats[name] = GramAccumulator(mod.in_features, device)
-            handles.append(mod.register_forward_pre_hook(
-                lambda _m, args, acc=acc: acc.update(args[0])))
-        try:
-            for b, h in enumerate(hidden):
-                out = _layer_call(layer, h.to(device), masks[i], pos, pe)
-                hidden[b] = out.to(store)
-        finally:
-            for hd in handles:
-                hd.remove()
-        for name, acc in stats.items():
-            if not (torch.isfinite(acc.gram).all() and torch.isfinite(acc.sum).all()):
-                raise NonFiniteActivations(
-                    f"NaN/Inf in calibration activations of layer {i} {name} input "
-                    f"(check the model dtype and the data)")
-        layer.to(home)
-        if on_layer is not None:
-            on_layer(i, stats)
-    rotary.to(rot_dev)
+    with LayerPass(model, input_ids, batch_size, device) as lp:
+        bar = progress_bar(range(len(layers)), desc="calibrate", unit="layer", disable=not progress)
+        for i in bar:
+            layer = layers[i]
+            home = next(layer.parameters()).device
+            layer.to(lp.device)
+            if before_layer is not None:
+                before_layer(i, layer)
+            stats, handles = {}, []
+            for name in modules:
+                mod = adapter.output_module(layer, name)
+                acc = stats[name] = GramAccumulator(mod.in_features, lp.device)
+                handles.append(mod.register_forward_pre_hook(
+                    lambda _m, args, acc=acc: acc.update(args[0])))
+            try:
+                lp.run(i, layer)
+            finally:
+                for hd in handles:
+                    hd.remove()
+            for name, acc in stats.items():
+                if not (torch.isfinite(acc.gram).all() and torch.isfinite(acc.sum).all()):
+                    raise NonFiniteActivations(
+                        f"NaN/Inf in calibration activations of layer {i} {name} input "
+                        f"(check the model dtype and the data)")
+            layer.to(home)
+            if on_layer is not None:
+                on_layer(i, stats)
 
 
 def channel_sumsq(stats) -> torch.Tensor:
@@ -248,14 +276,18 @@ def channel_sumsq(stats) -> torch.Tensor:
     return sq
 
 
-def gram_tensors(stats: dict[str, GramAccumulator], dtype=torch.float32) -> dict[str, torch.Tensor]:
+def gram_tensors(stats: dict, dtype=torch.float32) -> dict[str, torch.Tensor]:
     """Flatten layer statistics into safetensors entries ``<module>.gram|sum|sumsq|abssum|count``.
 
-    The Gram is stored in ``dtype``; Σx and Σx² (the Gram's diagonal) in float64, because the
-    channel variance ``(Σx² - n m²) / (n - 1)`` cancels when m² >> Var: from a float32 Σx² its
-    relative error is ~6e-8 · (1 + m²/Var)."""
+    ``stats``: module -> a :class:`GramAccumulator`, or a dict with the same keys (``gram``,
+    ``sum``, ``count``, optional ``sumsq`` and ``abssum``). The Gram is stored in ``dtype``; Σx
+    and Σx² (the Gram's diagonal) in float64, because the channel variance
+    ``(Σx² - n m²) / (n - 1)`` cancels when m² >> Var: from a float32 Σx² its relative error is
+    ~6e-8 · (1 + m²/Var)."""
     out = {}
     for name, acc in stats.items():
+        if isinstance(acc, dict):
+            acc = SimpleNamespace(**acc)
         out[f"{name}.gram"] = acc.gram.to(dtype).cpu().contiguous()
         out[f"{name}.sum"] = acc.sum.to(torch.float64).cpu().contiguous()
         out[f"{name}.sumsq"] = channel_sumsq(acc).to(torch.float64).cpu().contiguous()
@@ -265,26 +297,40 @@ def gram_tensors(stats: dict[str, GramAccumulator], dtype=torch.float32) -> dict
     return out
 
 
-def calibrate_to_dir(model, input_ids: torch.Tensor, out_dir: str | Path, batch_size: int = 8,
-                     device=None, gram_dtype: str = "float32", meta: dict | None = None) -> dict:
-    """Write ``layer{i}.safetensors`` (Grams, sums, counts of o_proj and down_proj inputs) for
-    every layer plus ``meta.json`` into ``out_dir`` (``artifacts.atomic_dir``: a temp folder,
-    then renamed). The returned info also holds ``seconds``, which is logged, not written."""
+def write_gram_dir(out_dir: str | Path, gram_dtype: str,
+                   fill: Callable[[Callable[[int, dict], None]], dict]) -> dict:
+    """A Gram folder, atomically (``artifacts.atomic_dir``): ``fill(write)`` produces the
+    statistics, calling ``write(i, stats)`` once per layer (``layer{i}.safetensors``,
+    :func:`gram_tensors` with the Gram in ``gram_dtype``), and returns ``meta.json``'s dict."""
     from . import artifacts as A
     from .models import torch_dtype
 
     dt = torch_dtype(gram_dtype)
-    t0 = time.time()
     with A.atomic_dir(out_dir) as tmp:
+        meta = fill(lambda i, stats: A.write_gram_layer(A.gram_path(tmp, i), gram_tensors(stats, dt)))
+        A.write_json(tmp / "meta.json", meta, "gram-meta")
+    return meta
 
-        def write(i, stats):
-            A.write_gram_layer(A.gram_path(tmp, i), gram_tensors(stats, dt))
 
+def gram_meta(n_layers: int, input_ids: torch.Tensor, gram_dtype: str, meta: dict | None = None) -> dict:
+    """``meta.json`` of a calibration pass over ``input_ids`` (n_seq, seqlen), then ``meta``."""
+    return {"n_layers": n_layers, "n_sequences": int(input_ids.shape[0]),
+            "seqlen": int(input_ids.shape[1]), "tokens": int(input_ids.numel()),
+            "gram_dtype": gram_dtype, **(meta or {})}
+
+
+def calibrate_to_dir(model, input_ids: torch.Tensor, out_dir: str | Path, batch_size: int = 8,
+                     device=None, gram_dtype: str = "float32", meta: dict | None = None) -> dict:
+    """Write ``layer{i}.safetensors`` (Grams, sums, counts of o_proj and down_proj inputs) for
+    every layer plus ``meta.json`` into ``out_dir`` (:func:`write_gram_dir`). The returned info
+    also holds ``seconds``, which is logged, not written."""
+    t0 = time.time()
+
+    def fill(write):
         run_layerwise(model, input_ids, batch_size=batch_size, device=device, on_layer=write)
-        info = {"n_layers": len(decoder_layers(model)), "n_sequences": int(input_ids.shape[0]),
-                "seqlen": int(input_ids.shape[1]), "tokens": int(input_ids.numel()),
-                "gram_dtype": gram_dtype, **(meta or {})}
-        A.write_json(tmp / "meta.json", info, "gram-meta")
+        return gram_meta(len(decoder_layers(model)), input_ids, gram_dtype, meta)
+
+    info = write_gram_dir(out_dir, gram_dtype, fill)
     info["seconds"] = round(time.time() - t0, 3)
     log.info("calibrated %d layers on %d tokens in %.1fs", info["n_layers"], info["tokens"],
              info["seconds"])

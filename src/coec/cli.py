@@ -156,19 +156,126 @@ def build_parser() -> argparse.ArgumentParser:
         sub.choices[stage].add_argument("--expect", type=_json, default={}, help=EXPECT_HELP)
         add_hub_args(sub.choices[stage])
 
-    # listed for --help; `main` hands `iterative ...` to the method's own parser before parsing
-    sub.add_parser("iterative", help="iterative multi-domain FLAP (run, grams, mix, prepare-domain, "
-                                     "collect, ppl; `coec iterative -h`)")
+    add_iterative_parser(sub)
     return p
+
+
+ITERATIVE_MODEL_STAGES = ("run", "grams", "ppl")
+
+
+def _calib_args(s: argparse.ArgumentParser) -> None:
+    """Arguments of the iterative stages that run a calibration pass (run, grams)."""
+    from .iterative import VARIANCE_MIXES
+
+    s.add_argument("--model", required=True)
+    s.add_argument("--domains", type=_json, required=True,
+                   help='JSON list of {"name", "alpha", "dataset": <data.load_split spec>}')
+    s.add_argument("--nsamples", type=int, required=True, help="sequences over all domains")
+    s.add_argument("--seqlen", type=int, required=True)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--gram-dtype", default="float32")
+    s.add_argument("--variance-mix", default="pooled", choices=VARIANCE_MIXES)
+    s.add_argument("--device", default="auto")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.add_argument("--expect", type=_json, default={}, help=EXPECT_HELP)
+    add_hub_args(s)
+    s.add_argument("--out", required=True)
+
+
+def add_iterative_parser(sub) -> None:
+    """``coec iterative <run|grams|mix|prepare-domain|collect|ppl>``: the stages of the
+    iterative multi-domain FLAP method (``coec.stages_iterative``)."""
+    from .iterative import MODES, STRUCTURES, VARIANCE_MIXES
+    from .select import ROUNDINGS
+
+    it = sub.add_parser("iterative", help="iterative multi-domain FLAP (run, grams, mix, "
+                                          "prepare-domain, collect, ppl; `coec iterative -h`)",
+                        description="Iterative multi-domain FLAP (docs/iterative.md, eq. 1–14).")
+    cmds = it.add_subparsers(dest="cmd", required=True)
+
+    s = cmds.add_parser("run", help="iterative (multi-domain) FLAP -> keep.json + bias block")
+    _calib_args(s)
+    s.add_argument("--ratio", type=float, help="target ratio rho (with --steps or --step)")
+    s.add_argument("--steps", type=int, help="S steps: rho_s = rho s / S")
+    s.add_argument("--step", type=float, help="step δ of the original width: δ, 2δ, ... rho")
+    s.add_argument("--schedule", help="explicit cumulative ratios, e.g. 0.1,0.2,0.3")
+    s.add_argument("--mode", default="global", choices=MODES)
+    s.add_argument("--structure", default="uniform", choices=STRUCTURES)
+    s.add_argument("--group-rounding", default="ceil", choices=ROUNDINGS)
+    s.add_argument("--channel-rounding", default="ceil", choices=ROUNDINGS)
+    s.add_argument("--init", default=None, help="continue from a previous step's output folder")
+    s.add_argument("--block-name", default=None, help="default block0-{L-1}.safetensors")
+
+    s = cmds.add_parser("grams", help="multi-domain Gram directory (one pass, mixed by alpha)")
+    _calib_args(s)
+
+    s = cmds.add_parser("mix", help="mix per-domain Gram directories (eq. 8)")
+    s.add_argument("--grams", nargs="+", required=True)
+    s.add_argument("--alphas", nargs="+", type=float, required=True)
+    s.add_argument("--variance-mix", default="pooled", choices=VARIANCE_MIXES)
+    s.add_argument("--gram-dtype", default="float32")
+    s.add_argument("--out", required=True)
+
+    s = cmds.add_parser("prepare-domain", help="write a domain's calibration text")
+    s.add_argument("--spec", type=_json, required=True)
+    s.add_argument("--datasets", type=_json, default={})
+    s.add_argument("--out", required=True)
+
+    s = cmds.add_parser("collect", help="assemble a cell from its step folders")
+    s.add_argument("--steps", nargs="*", default=[], help="the steps' iterative.json, in order")
+    s.add_argument("--variant", type=_json, default={})
+    s.add_argument("--keep-out")
+    s.add_argument("--info-out")
+    s.add_argument("--block", help="a step's bias block file to copy")
+    s.add_argument("--first", type=int, default=0)
+    s.add_argument("--last", type=int)
+    s.add_argument("--block-out")
+
+    s = cmds.add_parser("ppl", help="perplexity of a cell (per-layer widths may differ)")
+    s.add_argument("--model", required=True)
+    s.add_argument("--dataset", type=_json, required=True)
+    s.add_argument("--seqlen", type=int, required=True)
+    s.add_argument("--max-windows", type=_opt_int, default=None)
+    s.add_argument("--batch-size", type=int, default=4)
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--keep", default=None)
+    s.add_argument("--comp", nargs="*", default=[])
+    s.add_argument("--cell", type=_json, default={})
+    s.add_argument("--expect", type=_json, default={}, help=EXPECT_HELP)
+    add_hub_args(s)
+    s.add_argument("--out", required=True)
+
+
+def schedule_args_error(a) -> str | None:
+    """What is wrong with the schedule options of ``iterative run`` (None: nothing)."""
+    given = sum(x is not None for x in (a.steps, a.step)) + bool(a.schedule)
+    if a.schedule and (a.steps is not None or a.step is not None):
+        return "--schedule excludes --steps/--step"
+    if not a.schedule and (a.ratio is None or given != 1):
+        return "give --ratio with exactly one of --steps or --step, or --schedule"
+    return None
+
+
+def iterative_schedule(a) -> list[float]:
+    """The cumulative ratios of ``iterative run``: --schedule, or --ratio with exactly one of
+    --steps / --step (``iterative.make_schedule``)."""
+    from .iterative import make_schedule
+
+    return ([float(x) for x in a.schedule.split(",")] if a.schedule
+            else make_schedule(a.ratio, a.steps, a.step))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["iterative"]:  # the iterative multi-domain method has its own CLI
-        from .iterative import main as iterative_main
-
-        return iterative_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.stage == "iterative":
+        if args.cmd == "run" and schedule_args_error(args):
+            p.error(f"iterative run: {schedule_args_error(args)}")
+        return run_guarded(f"iterative {args.cmd}", lambda: _dispatch_iterative(args))
     return run_guarded(args.stage, lambda: _dispatch(args))
 
 
@@ -229,6 +336,39 @@ def _dispatch(a) -> None:
         P.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
     elif a.stage == "export":
         P.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub)
+
+
+def _dispatch_iterative(a) -> None:
+    """Run one ``coec iterative <cmd>`` (``coec.stages_iterative``)."""
+    from . import stages_iterative as S
+
+    hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
+    if a.cmd in ITERATIVE_MODEL_STAGES:  # the model against the config, before any work
+        check_model_stage(a)
+    if a.cmd in ("run", "grams"):
+        calib = dict(seed=a.seed, batch_size=a.batch_size, dtype=a.dtype, gram_dtype=a.gram_dtype,
+                     variance_mix=a.variance_mix, device=a.device, progress=not a.quiet, **hub)
+    if a.cmd == "run":
+        S.run_iterative_prune(a.model, a.domains, a.nsamples, a.seqlen, iterative_schedule(a),
+                              a.out, mode=a.mode, structure=a.structure,
+                              group_rounding=a.group_rounding, channel_rounding=a.channel_rounding,
+                              init=a.init, block_name=a.block_name, **calib)
+    elif a.cmd == "grams":
+        S.run_iterative_grams(a.model, a.domains, a.nsamples, a.seqlen, a.out, **calib)
+    elif a.cmd == "mix":
+        S.mix_gram_dirs(a.grams, a.alphas, a.out, a.variance_mix, a.gram_dtype)
+    elif a.cmd == "collect":
+        if a.steps:
+            S.collect_cell(a.steps, a.variant, a.keep_out, a.info_out)
+        if a.block:
+            S.copy_block(a.block, a.first, a.last, a.block_out)
+    elif a.cmd == "prepare-domain":
+        S.prepare_domain(a.spec, a.out, a.datasets)
+    elif a.cmd == "ppl":  # per-layer widths may differ (AL-AM): build_model prunes them as they are
+        from .pipeline import run_ppl
+
+        run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
+                a.out, a.keep, a.comp, a.cell, **hub)
 
 
 if __name__ == "__main__":

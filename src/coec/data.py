@@ -217,6 +217,13 @@ def eval_windows(tokens: torch.Tensor, seqlen: int, max_windows: int | None = No
     return tokens[: n * seqlen].view(n, seqlen)
 
 
+def calibration_ids(tokenizer, dataset: dict, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
+    """The (nsamples, seqlen) calibration windows of a dataset spec (``exclude_windows``: a
+    held-out set's, disjoint from another set's windows)."""
+    tokens = tokenize_text(tokenizer, load_split(dataset, "calib"))
+    return sample_windows(tokens, nsamples, seqlen, seed, dataset.get("exclude_windows"))
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temp name next to ``path`` and rename, so no half-written file is left
     (``artifacts.write_text``: fsynced, UTF-8, mode following the umask)."""

@@ -16,6 +16,7 @@ import torch
 from . import artifacts as A
 from . import data as D
 from .calibrate import calibrate_to_dir, load_layer_stats
+from .data import calibration_ids
 from .models import (attention_geometry, layer_tensor_names, load_config, load_model,
                      read_tensors, resolve_device, resolve_model_dir)
 from .progress import bar as progress_bar
@@ -31,7 +32,7 @@ def write_json(path: str | Path, obj, fmt: str | None = None) -> None:
     A.write_json(path, obj, fmt)
 
 
-def _log_timings(what: str, obj) -> None:
+def log_timings(what: str, obj) -> None:
     """Wall-clock values kept out of result files (``artifacts.without_timings``) go to the log."""
     t = A.timings(obj)
     if t:
@@ -40,12 +41,6 @@ def _log_timings(what: str, obj) -> None:
 
 def _config_obj(model_dir: Path, revision: str | None = None, trust_remote_code: bool = False):
     return load_config(model_dir, revision, trust_remote_code)
-
-
-def calibration_ids(tokenizer, dataset: dict, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
-    """The (nsamples, seqlen) calibration windows of a dataset spec."""
-    tokens = D.tokenize_text(tokenizer, D.load_split(dataset, "calib"))
-    return D.sample_windows(tokens, nsamples, seqlen, seed, dataset.get("exclude_windows"))
 
 
 def run_calibrate(model_src: str, dataset: dict, out_dir: str, nsamples: int, seqlen: int,
@@ -165,7 +160,7 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
     prog.close()
     out = Path(out)
     A.write_comp_block(out, tensors, {"method": method, "spec": json.dumps(spec, sort_keys=True)})
-    _log_timings(str(out), infos)
+    log_timings(str(out), infos)
     infos["model"] = model_provenance(model_src, revision, trust_remote_code, model_dir)
     A.write_result(out.with_suffix(".json"), infos, "comp-info")  # timings stay in the log
     return infos
@@ -203,7 +198,7 @@ def run_ppl(model_src: str, dataset: dict, seqlen: int, max_windows: int | None,
                 "dataset": dataset, "dtype": dtype,
                 "max_windows": max_windows, "params": sum(p.numel() for p in model.parameters()),
                 "cell": cell or {}, "total_seconds": round(time.time() - t0, 3)})
-    _log_timings(str(out), res)
+    log_timings(str(out), res)
     A.write_result(out, res, "ppl")  # timings stay in the log
     log.info("ppl %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)
     return res
@@ -272,7 +267,7 @@ def run_zeroshot(model_src: str, tasks: list[str], data_dir: str | None, limit: 
                 "dtype": dtype, "cell": cell or {},
                 "total_seconds": round(time.time() - t0, 3)})
     write_records(records, out)
-    _log_timings(str(out), res)
+    log_timings(str(out), res)
     A.write_result(out, res, "zeroshot")  # timings stay in the log
     return res
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .arch import head_indices, kv_rows, o_proj_columns  # noqa: F401  (re-exported)
 from .calibrate import channel_sumsq
 from .models import AttnGeometry
 
@@ -192,20 +193,3 @@ def select_layer(method, o_weight: torch.Tensor, o_stats: dict, down_weight: tor
         "kv_groups": top_k_sorted(g_scores, n_keep(geom.n_kv, ratio, group_rounding)),
         "channels": top_k_sorted(d_scores, n_keep(d_scores.numel(), ratio, channel_rounding)),
     }
-
-
-def head_indices(kv_groups: list[int], geom: AttnGeometry) -> list[int]:
-    """Query heads of the kept KV groups (head h belongs to KV head h // groups)."""
-    return [g * geom.groups + j for g in kv_groups for j in range(geom.groups)]
-
-
-def o_proj_columns(kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
-    """Input columns of o_proj kept with ``kv_groups`` (ascending), LongTensor."""
-    heads = torch.tensor(head_indices(kv_groups, geom), dtype=torch.long)
-    return (heads[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
-
-
-def kv_rows(kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
-    """Output rows of k_proj / v_proj kept with ``kv_groups`` (ascending), LongTensor."""
-    g = torch.tensor(kv_groups, dtype=torch.long)
-    return (g[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)

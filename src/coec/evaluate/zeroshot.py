@@ -24,10 +24,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..artifacts import write_bytes
 from ..progress import routed_tqdm
 from .tasks import (PAPER_TASKS, RESOURCES_HINT, TASKS, TaskSpec, builtin_yaml_path,  # noqa: F401
                     builtin_yaml_source, data_file, render_task_dir, task_config, task_spec)
-from .zeroshot_data import MANIFEST, _write_atomic, build_zeroshot_data  # noqa: F401
+from .zeroshot_data import MANIFEST, build_zeroshot_data  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -172,14 +173,14 @@ def write_records(records: dict, out_json: str | Path) -> list[Path]:
     Returns the paths written."""
     out = Path(out_json)
     agg = out.with_name(f"{out.stem}_lm_eval.json")
-    _write_atomic(agg, (json.dumps(records["aggregated"], indent=2, ensure_ascii=False)
-                        + "\n").encode("utf-8"))
+    write_bytes(agg, (json.dumps(records["aggregated"], indent=2, ensure_ascii=False)
+                      + "\n").encode("utf-8"))
     paths = [agg]
     if records["samples"]:
         folder = out.with_name(f"{out.stem}_samples")
         folder.mkdir(parents=True, exist_ok=True)
         for task, text in records["samples"].items():
-            _write_atomic(folder / f"{task}.jsonl", text.encode("utf-8"))
+            write_bytes(folder / f"{task}.jsonl", text.encode("utf-8"))
             paths.append(folder / f"{task}.jsonl")
     return paths
 

@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Iterable
 
 from ..progress import bar as progress_bar
-from .tasks import _HF, _OE, TASKS, TaskSpec, task_spec  # noqa: F401  (_OE: tests)
+from .tasks import HF_DATASETS, OE_TASKS, TASKS, TaskSpec, task_spec  # noqa: F401  (OE_TASKS: tests)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 OE_UNCOND_OFFSET = 1_000_000  # OLMES doc ids >= this are unconditioned (answer-only) requests
-BOOLQ_CROSSCHECK = f"{_HF}/boolq/none/validation"
+BOOLQ_CROSSCHECK = f"{HF_DATASETS}/boolq/none/validation"
 
 
 # ---------------------------------------------------------------------------- wheels
