@@ -2,10 +2,6 @@
 # every layer's o_proj and down_proj inputs. Shared by every selection and compensation.
 
 
-def calib_cfg(name):
-    return config["calibration"][name]
-
-
 rule calibrate:
     conda:
         "../../envs/coec.yaml"
