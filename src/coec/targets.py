@@ -146,10 +146,11 @@ def size_figure_spec(panels, seqlen, caption) -> dict:
 def fig2_spec(config) -> dict:
     """Fig. 2: perplexity against calibration size, one panel per ratio, one line per comp."""
     f = config["fig2"]
+    sized = {n: sized_calibration(config["calibration"], f["calibration"], n) for n in f["nsamples"]}
     panels = {}
     for r in f["ratios"]:
         panels[f"{round(float(r) * 100)} % column sparsity"] = {
-            comp: [[n, f"{cell_dir(f['model'], sized_calibration(config['calibration'], f['calibration'], n), f['selection'], r, comp)}/ppl.json"]
+            comp: [[n, f"{cell_dir(f['model'], sized[n], f['selection'], r, comp)}/ppl.json"]
                    for n in f["nsamples"]]
             for comp in f["compensations"]}
     return size_figure_spec(

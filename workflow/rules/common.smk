@@ -1,4 +1,5 @@
-# Helpers shared by the rules: config validation, path scheme, per-rule resources.
+# Helpers shared by the rules, and only helpers: config validation, path scheme, per-rule resources.
+# Which result files each table and figure reads, and its spec: coec.targets (pure functions).
 import json
 import re
 import sys
@@ -311,7 +312,8 @@ def it_calib_params():
         variance_mix=lambda wc: c(wc).get("variance_mix", "pooled"),
         dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
         device=config.get("compute", {}).get("device", "auto"),
-        expect=lambda wc: model_expect(wc.model, f"{targets.iterative_calibration_key(config, wc.calib)}.seqlen"),
+        expect=lambda wc: model_expect(
+            wc.model, f"{targets.iterative_calibration_key(config, wc.calib)}.seqlen"),
         hub=lambda wc: hub_args(wc.model),
     )
 
@@ -324,13 +326,16 @@ def it_cell_steps(wc):
 def it_parent(wc):
     """The previous step's folder of a step, or None for a first step."""
     head = wc.chain.rsplit("/", 1)
-    return None if len(head) == 1 else f"{targets.iterative_steps_dir(wc.model, wc.calib, wc.method)}/{head[0]}"
+    if len(head) == 1:
+        return None
+    return f"{targets.iterative_steps_dir(wc.model, wc.calib, wc.method)}/{head[0]}"
 
 
 def it_parent_files(wc):
     """keep.json, bias and state of a step's parent ([] for a first step)."""
     parent = it_parent(wc)
-    return [] if parent is None else [f"{parent}/{f}" for f in ("keep.json", "bias.safetensors", "state.safetensors")]
+    files = ("keep.json", "bias.safetensors", "state.safetensors")
+    return [] if parent is None else [f"{parent}/{f}" for f in files]
 
 
 def it_cell_block(wc):
