@@ -3,6 +3,7 @@ saved to temp folders exactly as a hub checkpoint would be."""
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -89,35 +90,33 @@ def text_dataset(tmp_path_factory) -> dict:
     return {"source": "files", "calib": str(d / "calib.txt"), "eval": str(d / "eval.txt")}
 
 
+TEST_CONFIG = Path(__file__).resolve().parents[1] / ".test" / "config" / "config.yaml"
+
+
+def in_work_folder(cfg: dict, work: Path) -> dict:
+    """``cfg`` with its local model folders and text files (paths relative to the work folder)
+    made absolute under ``work``."""
+    cfg = copy.deepcopy(cfg)
+    for m in cfg["models"].values():
+        if m["source"] != "embedded":
+            m["source"] = str(work / m["source"])
+    for d in cfg["datasets"].values():
+        if d["source"] == "files":
+            d.update(calib=str(work / d["calib"]), eval=str(work / d["eval"]))
+    return cfg
+
+
 def write_trimmed_workflow(work: Path) -> tuple[dict, Path]:
-    """A tiny Llama, local text and the trimmed workflow config (calibrate -> select ->
+    """The trimmed workflow config of .test/config/config.yaml (calibrate -> select ->
     compensate -> ppl -> table1, GPU resources on calibrate and the per-layer compensate jobs)
-    under ``work``; returns (config, path of its YAML)."""
+    with what it reads created under ``work``: a tiny Llama and local text. Returns (config, path
+    of its YAML, every path absolute)."""
     import yaml
 
-    model = make_model_dir(work / "tiny-llama", "llama")
+    make_model_dir(work / "tiny-llama", "llama")
     (work / "calib.txt").write_text(CORPUS)
     (work / "eval.txt").write_text(CORPUS[1000:4000])
-    cfg = {
-        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32",
-                            "resources": {"compensate": {"gpu": 1, "mem_mb": 3000, "runtime": 7,
-                                                         "cpus_per_gpu": 3, "slurm_partition": "gpu"},
-                                          "calibrate": {"gpu": 1, "mem_mb": 5000}}}},
-        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
-                               "eval": str(work / "eval.txt")}},
-        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
-                               "batch_size": 4}},
-        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 6,
-                       "ppl_batch_size": 2},
-        "compensations": {"coec": {"method": "coec", "alpha": 0.9, "max_rounds": 3,
-                                   "o_proj": {"align_lambda": 50.0, "anchor_rank": 4}}},
-        "compute": {"device": "cpu", "compensate_block": 1},
-        "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
-                   "rows": [{"selection": "wanda_sp", "compensation": "none"},
-                            {"selection": "wanda_sp", "compensation": "coec"},
-                            {"selection": "flap", "compensation": "bias"},
-                            {"selection": "rcpu", "compensation": "rcpu"}]},
-    }
+    cfg = in_work_folder(yaml.safe_load(TEST_CONFIG.read_text()), work)
     cfg_path = work / "trim.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     return cfg, cfg_path

@@ -2,20 +2,6 @@
 # every layer's o_proj and down_proj inputs. Shared by every selection and compensation.
 
 
-def calib_cfg(name):
-    return config["calibration"][name]
-
-
-def calib_dataset_spec(name):
-    """The --dataset of a calibration set; a `disjoint_from` set also names the windows to avoid."""
-    c = calib_cfg(name)
-    spec = dataset_spec(c["dataset"])
-    if c.get("disjoint_from"):
-        o = calib_cfg(c["disjoint_from"])
-        spec["exclude_windows"] = {"nsamples": o["nsamples"], "seqlen": o["seqlen"], "seed": o.get("seed", 0)}
-    return spec
-
-
 rule calibrate:
     conda:
         "../../envs/coec.yaml"

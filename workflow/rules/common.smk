@@ -1,42 +1,18 @@
-# Helpers shared by the rules: config validation, path scheme, per-rule resources.
+# Helpers shared by the rules, and only helpers: config validation, path scheme, per-rule resources.
+# Which result files each table and figure reads, and its spec: coec.targets (pure functions).
 import json
 import re
 import sys
 from shlex import quote as shlex_quote
 
+from coec import targets
 from coec.config import SCHEMA, validate_config
 
 validate_config(config, SCHEMA)  # the schema is package data of coec (src/coec/schemas/)
 
 
-def sized_calibration(base, n, registry=None):
-    """Name of calibration set `base` of `registry` (default config["calibration"]) with
-    nsamples = n: `base` itself when n is its own size (its Grams, selections and cells are
-    shared with the tables), else `<base>-n<N>`, added to the registry on first use."""
-    registry = config["calibration"] if registry is None else registry
-    if int(n) == int(registry[base]["nsamples"]):
-        return base
-    name = f"{base}-n{n}"
-    registry.setdefault(name, dict(registry[base], nsamples=int(n)))
-    return name
-
-
-def size_figure_spec(panels, seqlen, caption):
-    """The lines-figure spec of a perplexity-against-calibration-size figure."""
-    return {"panels": panels, "metric": "ppl", "logx": True, "logy": True,
-            "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
-            "caption": caption}
-
-
-def figure_inputs(spec):
-    """Every result file a lines-figure spec reads."""
-    return sorted({p for s in spec["panels"].values() for pts in s.values() for _, p in pts})
-
-
 # Fig. 2 calibration sets: the base set with nsamples replaced
-if "fig2" in config:
-    for _n in config["fig2"]["nsamples"]:
-        sized_calibration(config["fig2"]["calibration"], _n)
+targets.add_fig2_calibrations(config)
 
 
 def coec_command(deployment_methods, executable=sys.executable):
@@ -79,8 +55,8 @@ wildcard_constraints:
     last=r"[0-9]+",
 
 
-def fmt_ratio(r):
-    return f"{float(r):g}"
+fmt_ratio = targets.fmt_ratio
+cell_dir = targets.cell_dir
 
 
 def model_cfg(name):
@@ -89,8 +65,7 @@ def model_cfg(name):
 
 def model_path(name):
     """What the CLI loads: the converted folder for embedded models, else the hub id / dir."""
-    m = model_cfg(name)
-    return f"resources/models/{name}" if m["source"] == "embedded" else m["source"]
+    return targets.model_path(config, name)
 
 
 def hub_args(model):
@@ -117,10 +92,7 @@ def model_input(wc):
 
 
 def dataset_spec(name):
-    d = dict(config["datasets"][name])
-    if d["source"] == "embedded":
-        d["dir"] = f"resources/text/{name}"
-    return d
+    return targets.dataset_spec(config, name)
 
 
 def dataset_input(name):
@@ -143,17 +115,32 @@ def blocks(model):
     return [(a, min(a + size, n) - 1) for a in range(0, n, size)]
 
 
-def cell_dir(model, calib, select, ratio, comp=None):
-    base = f"results/{model}/{calib}/{select}-{fmt_ratio(ratio)}"
-    return f"{base}/{comp}" if comp else base
-
-
 def comp_files(wc):
     """Per-block compensated weights of a cell; none for the prune-only cell."""
     if comp_spec(wc.comp)["method"] == "none":
         return []
     base = cell_dir(wc.model, wc.calib, wc.select, wc.ratio, wc.comp)
     return [f"{base}/block{a}-{b}.safetensors" for a, b in blocks(wc.model)]
+
+
+def blend_inputs(wc):
+    """A blend cell's extra inputs (none for the other methods): the base cell's block of the
+    same layers and, with `holdout`, the held-out calibration set's Grams."""
+    spec = comp_spec(wc.comp)
+    if spec["method"] != "blend":
+        return {}
+    base = cell_dir(wc.model, wc.calib, wc.select, wc.ratio, spec.get("base", "coec"))
+    out = {"base": os.path.join(base, f"block{wc.first}-{wc.last}.safetensors")}
+    if spec.get("holdout"):
+        out["holdout"] = f"results/{wc.model}/grams/{spec['holdout']}"
+    return out
+
+
+def compensate_spec(wc):
+    """--spec of a compensation job: the config entry, plus a blend's input paths."""
+    extra = blend_inputs(wc)
+    return json.dumps({**comp_spec(wc.comp), "inputs": extra} if extra else comp_spec(wc.comp),
+                      sort_keys=True)
 
 
 def res(rule_name, key, default=None):
@@ -232,3 +219,156 @@ def job_threads(rule_name, keys=("threads",)):
         return max(1, gpu * cpus["cpus_per_gpu"](wildcards) if gpu > 0 else cpus["cpus_per_task"](wildcards))
 
     return threads
+
+
+def export_resources():
+    """``resources.export`` where the config sets it; else the ppl job's memory and runtime
+    (an export holds the same model in memory), on CPU."""
+    out = rule_resources("export")
+    for key, default in (("mem_mb", 8000), ("runtime", 60)):
+        if not _configured("export", key):
+            out[key] = res("ppl", key, default)
+    return out
+
+
+# ----------------------------------------------------------------------------- calibration
+def calib_cfg(name):
+    return config["calibration"][name]
+
+
+def calib_dataset_spec(name):
+    """The --dataset of a calibration set; a `disjoint_from` set also names the windows to avoid."""
+    c = calib_cfg(name)
+    spec = dataset_spec(c["dataset"])
+    if c.get("disjoint_from"):
+        o = calib_cfg(c["disjoint_from"])
+        spec["exclude_windows"] = {"nsamples": o["nsamples"], "seqlen": o["seqlen"], "seed": o.get("seed", 0)}
+    return spec
+
+
+# ----------------------------------------------------------------------------- evaluation
+EV = config["evaluation"]
+ZS_DATA = "resources/zeroshot"
+ZS_LOG_SAMPLES = bool(EV.get("zeroshot_log_samples", True))
+ZS_INPUT = [f"{ZS_DATA}/manifest.json"] if EV.get("zeroshot_source", "local") == "local" else []
+
+
+def ppl_params():
+    return dict(
+        dataset=json.dumps(dataset_spec(EV["ppl_dataset"])),
+        seqlen=EV["ppl_seqlen"],
+        max_windows=EV.get("ppl_max_windows") or 0,
+        batch=EV.get("ppl_batch_size", 4),
+        device=config.get("compute", {}).get("device", "auto"),
+        expect=lambda wc: model_expect(wc.model, "evaluation.ppl_seqlen"),
+        hub=lambda wc: hub_args(wc.model),
+    )
+
+
+def zeroshot_params():
+    local = EV.get("zeroshot_source", "local") == "local"
+    return dict(
+        tasks=list(EV.get("zeroshot_tasks", [])),
+        data=f"--data-dir {shlex_quote(ZS_DATA)}" if local else "",
+        limit=EV.get("zeroshot_limit") or 0,
+        batch=EV.get("zeroshot_batch_size", 16),
+        max_length=EV.get("zeroshot_max_length", 2048),
+        device=config.get("compute", {}).get("device", "auto"),
+        expect=lambda wc: model_expect(wc.model),
+        hub=lambda wc: hub_args(wc.model),
+        samples="--log-samples" if ZS_LOG_SAMPLES else "--no-log-samples",
+    )
+
+
+def cell_args(wc, input):
+    """--keep, --comp and --cell of an evaluation job, each word shell-quoted."""
+    comp = [input.comp] if isinstance(input.comp, str) else list(input.comp)
+    return "--keep {} --comp {} --cell {}".format(
+        shlex_quote(input.keep), " ".join(shlex_quote(c) for c in comp),
+        shlex_quote(json.dumps(dict(wc.items()))))
+
+
+def device_map_arg(wc):
+    dm = model_cfg(wc.model).get("device_map")
+    return f"--device-map {shlex_quote(dm)}" if dm else ""
+
+
+def zs_outputs(cell_dir):
+    """zeroshot.json (the summary the tables read; listed first: the shell's --out) and lm-eval's
+    own records next to it: zeroshot_lm_eval.json, zeroshot_samples/<task>.jsonl (docs/zeroshot.md)."""
+    out = dict(summary=f"{cell_dir}/zeroshot.json", lm_eval=f"{cell_dir}/zeroshot_lm_eval.json")
+    if ZS_LOG_SAMPLES:
+        out["samples"] = [f"{cell_dir}/zeroshot_samples/{t}.jsonl"
+                          for t in dict.fromkeys(EV.get("zeroshot_tasks", []))]
+    return out
+
+
+# ----------------------------------------------------------------------------- iterative
+# (specs and config checks: coec.targets.iterative_*; here the wildcard-side path helpers)
+IT = targets.iterative(config)
+IT_MIXES = targets.iterative_mixes(config)
+IT_VARIANTS = targets.iterative_variants(config)
+IT_DOMAINS = config.get("domains", {})
+
+
+def it_alternatives(names):
+    """A regex matching exactly the given names (never matching when there are none)."""
+    return "|".join(re.escape(n) for n in names) or "(?!x)x"
+
+
+def it_text_inputs(wc):
+    """The text files of a calibration or mix's domains."""
+    if wc.calib not in IT_MIXES:
+        return dataset_input(targets.iterative_calibration(config, wc.calib)["dataset"])
+    files = []
+    for d in IT_MIXES[wc.calib]["domains"]:
+        dom = IT_DOMAINS[d]
+        files += (dataset_input(dom["dataset"]) if dom["source"] == "dataset"
+                  else [f"resources/domains/{d}/calib.txt"])
+    return files
+
+
+def it_calib_params():
+    """params shared by the rules that run a calibration pass."""
+    c = lambda wc: targets.iterative_calibration(config, wc.calib)
+    return dict(
+        model=lambda wc: model_path(wc.model),
+        domains=lambda wc: json.dumps(targets.iterative_domains(config, wc.calib), sort_keys=True),
+        nsamples=lambda wc: c(wc)["nsamples"],
+        seqlen=lambda wc: c(wc)["seqlen"],
+        seed=lambda wc: c(wc).get("seed", 0),
+        batch=lambda wc: c(wc).get("batch_size", 8),
+        gram_dtype=lambda wc: c(wc).get("gram_dtype", "float32"),
+        variance_mix=lambda wc: c(wc).get("variance_mix", "pooled"),
+        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        device=config.get("compute", {}).get("device", "auto"),
+        expect=lambda wc: model_expect(
+            wc.model, f"{targets.iterative_calibration_key(config, wc.calib)}.seqlen"),
+        hub=lambda wc: hub_args(wc.model),
+    )
+
+
+def it_cell_steps(wc):
+    """The step folders of an iterative cell's chain, first to last."""
+    return targets.iterative_cell_steps(config, wc.model, wc.calib, wc.variant, wc.ratio)
+
+
+def it_parent(wc):
+    """The previous step's folder of a step, or None for a first step."""
+    head = wc.chain.rsplit("/", 1)
+    if len(head) == 1:
+        return None
+    return f"{targets.iterative_steps_dir(wc.model, wc.calib, wc.method)}/{head[0]}"
+
+
+def it_parent_files(wc):
+    """keep.json, bias and state of a step's parent ([] for a first step)."""
+    parent = it_parent(wc)
+    files = ("keep.json", "bias.safetensors", "state.safetensors")
+    return [] if parent is None else [f"{parent}/{f}" for f in files]
+
+
+def it_cell_block(wc):
+    """The single block file of an iterative cell (all layers)."""
+    cell = targets.iterative_cell_dir(wc.model, wc.calib, wc.variant, wc.ratio)
+    return f"{cell}/block0-{model_cfg(wc.model)['num_layers'] - 1}.safetensors"

@@ -3,26 +3,6 @@
 # changing one method's options reruns only that method's cells.
 
 
-def blend_inputs(wc):
-    """A blend cell's extra inputs (none for the other methods): the base cell's block of the
-    same layers and, with `holdout`, the held-out calibration set's Grams."""
-    spec = comp_spec(wc.comp)
-    if spec["method"] != "blend":
-        return {}
-    out = {"base": f"{cell_dir(wc.model, wc.calib, wc.select, wc.ratio, spec.get('base', 'coec'))}"
-                   f"/block{wc.first}-{wc.last}.safetensors"}
-    if spec.get("holdout"):
-        out["holdout"] = f"results/{wc.model}/grams/{spec['holdout']}"
-    return out
-
-
-def compensate_spec(wc):
-    """--spec of a compensation job: the config entry, plus a blend's input paths."""
-    extra = blend_inputs(wc)
-    return json.dumps({**comp_spec(wc.comp), "inputs": extra} if extra else comp_spec(wc.comp),
-                      sort_keys=True)
-
-
 rule compensate:
     conda:
         "../../envs/coec.yaml"

@@ -3,16 +3,6 @@
 # docs/export.md). Target: results/{model}/{calib}/{select}-{ratio}/{comp}/export
 
 
-def export_resources():
-    """``resources.export`` where the config sets it; else the ppl job's memory and runtime
-    (an export holds the same model in memory), on CPU."""
-    out = rule_resources("export")
-    for key, default in (("mem_mb", 8000), ("runtime", 60)):
-        if not _configured("export", key):
-            out[key] = res("ppl", key, default)
-    return out
-
-
 rule export:
     conda:
         "../../envs/coec.yaml"

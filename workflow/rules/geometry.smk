@@ -26,33 +26,20 @@ rule geometry:
         "--comp {input.comp:q} --expect {params.expect:q} {params.hub} --out {output:q} > {log:q} 2>&1"
 
 
-def appc_geometry():
-    c = config["appC"]
-    return f"{cell_dir(c['model'], c['calibration'], c['selection'], c['ratio'], c['compensation'])}/geometry.csv"
-
-
-def appc_caption():
-    c = config["appC"]
-    return (f"App. C geometry: {c['model']}, calibration {c['calibration']}, {c['selection']} "
-            f"selection at {fmt_ratio(c['ratio'])}, compensation {c['compensation']} "
-            f"({json.dumps(comp_spec(c['compensation']), sort_keys=True)}); O = original read "
-            f"frame on kept coordinates, P = pruned W_K, C = compensated; o_proj r_p=16, down_proj r=64")
-
-
 rule appC:
     conda:
         "../../envs/coec.yaml"
     input:
-        lambda wc: appc_geometry(),
+        lambda wc: targets.appc_geometry(config),
     output:
         csv=report("results/appC.csv", caption="../report/appc.rst", category="Geometry",
-                   labels=lambda wc: report_label("results/appC.csv")),
+                   labels=lambda wc: targets.report_label(config, "results/appC.csv")),
         md="results/appC.md",
         png=report("results/figures/appC_angles.png", caption="../report/appc_angles.rst",
                    category="Geometry",
-                   labels=lambda wc: report_label("results/figures/appC_angles.png")),
+                   labels=lambda wc: targets.report_label(config, "results/figures/appC_angles.png")),
     params:
-        spec=lambda wc: json.dumps({"geometry": appc_geometry(), "caption": appc_caption()}),
+        spec=lambda wc: json.dumps(targets.appc_spec(config)),
     log:
         "results/logs/report/appC.log",
     benchmark:
@@ -68,22 +55,14 @@ rule table4:
     conda:
         "../../envs/coec.yaml"
     input:
-        lambda wc: [f"resources/models/{m}" for m in config["table4"].get("models", [])
-                    if model_cfg(m)["source"] == "embedded"],
+        lambda wc: targets.table4_inputs(config),
     output:
         csv=report("results/table4.csv", caption="../report/table4.rst", category="Tables",
-                   subcategory="Deployment cost", labels=lambda wc: report_label("results/table4.csv")),
+                   subcategory="Deployment cost",
+                   labels=lambda wc: targets.report_label(config, "results/table4.csv")),
         md="results/table4.md",
     params:
-        spec=lambda wc: json.dumps({
-            "ratio": config["table4"]["ratio"],
-            "group_rounding": "ceil",
-            "published": config["table4"].get("published", []),
-            "local": {m: str(model_path(m)) for m in config["table4"].get("models", [])},
-            "caption": f"Table 4: deployment cost at {fmt_ratio(config['table4']['ratio'])} "
-                       "column sparsity (ceil rounding of KV groups and channels); params in 1e9, "
-                       "memory in GiB (bf16 weights + KV cache + one layer's activations at 4096 "
-                       "tokens), GFLOPs per token = 2 x params"}),
+        spec=lambda wc: json.dumps(targets.table4_spec(config)),
     log:
         "results/logs/report/table4.log",
     benchmark:
@@ -94,32 +73,17 @@ rule table4:
         "{PY} report --kind table4 --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
 
 
-def fig2_spec():
-    f = config["fig2"]
-    panels = {}
-    for r in f["ratios"]:
-        panels[f"{round(float(r) * 100)} % column sparsity"] = {
-            comp: [[n, f"{cell_dir(f['model'], sized_calibration(f['calibration'], n), f['selection'], r, comp)}/ppl.json"]
-                   for n in f["nsamples"]]
-            for comp in f["compensations"]}
-    return size_figure_spec(
-        panels, config["calibration"][f["calibration"]]["seqlen"],
-        f"Fig. 2: perplexity vs calibration size, {f['model']}, {f['selection']} "
-        f"selection recomputed at each N; eval {config['evaluation']['ppl_dataset']} "
-        f"seqlen {config['evaluation']['ppl_seqlen']}")
-
-
 rule fig2:
     conda:
         "../../envs/coec.yaml"
     input:
-        lambda wc: figure_inputs(fig2_spec()),
+        lambda wc: targets.figure_inputs(targets.fig2_spec(config)),
     output:
         report("results/figures/fig2_calibration_size.png", caption="../report/fig2.rst",
                category="Figures",
-               labels=lambda wc: report_label("results/figures/fig2_calibration_size.png")),
+               labels=lambda wc: targets.report_label(config, "results/figures/fig2_calibration_size.png")),
     params:
-        spec=lambda wc: json.dumps(fig2_spec()),
+        spec=lambda wc: json.dumps(targets.fig2_spec(config)),
     log:
         "results/logs/report/fig2.log",
     benchmark:

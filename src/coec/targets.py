@@ -1,0 +1,450 @@
+"""Which result files each table and figure reads, and its spec.
+
+Pure functions of the workflow config (the dict Snakemake reads): the rules
+(``workflow/rules/*.smk``) pass their results on as ``input:`` and ``params:``, so a spec that
+changes here replans the table or figure that reads it. The only writes are the resized
+calibration sets and mixes that Fig. 2 and the iterative calibration-size figure add to the
+config once, before the rules are defined (``add_fig2_calibrations``,
+``add_iterative_size_calibrations``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+METRIC_WORDS = {"ppl": "perplexity", "mean7": "zero-shot mean accuracy (7 tasks)"}
+TABLE_FILES = {"table1": "ppl.json", "table2": "zeroshot.json", "table3": "ppl.json"}
+
+
+# ----------------------------------------------------------------------------- paths
+def fmt_ratio(r) -> str:
+    """A ratio as it appears in paths: 0.30 -> '0.3'."""
+    return f"{float(r):g}"
+
+
+def cell_dir(model, calib, select, ratio, comp=None) -> str:
+    """Folder of a workflow cell (selection + compensation on a calibration set)."""
+    base = f"results/{model}/{calib}/{select}-{fmt_ratio(ratio)}"
+    return f"{base}/{comp}" if comp else base
+
+
+def model_path(config, name) -> str:
+    """What the CLI loads: the converted folder for embedded models, else the hub id / dir."""
+    m = config["models"][name]
+    return f"resources/models/{name}" if m["source"] == "embedded" else m["source"]
+
+
+def dataset_spec(config, name) -> dict:
+    """The data.load_split spec of a dataset (embedded ones read their converted folder)."""
+    d = dict(config["datasets"][name])
+    if d["source"] == "embedded":
+        d["dir"] = f"resources/text/{name}"
+    return d
+
+
+def spec_inputs(spec) -> list[str]:
+    """Every result file a table spec reads."""
+    return sorted({p for row in spec["rows"] for p in row["cells"].values()})
+
+
+def figure_inputs(spec) -> list[str]:
+    """Every result file a lines-figure spec reads."""
+    return sorted({p for s in spec["panels"].values() for pts in s.values() for _, p in pts})
+
+
+# ----------------------------------------------------------------------------- calibration sizes
+def sized_calibration(registry, base, n) -> str:
+    """Name of calibration set `base` of `registry` with nsamples = n: `base` itself when n is
+    its own size (its Grams, selections and cells are shared with the tables), else
+    `<base>-n<N>`, added to the registry on first use."""
+    if int(n) == int(registry[base]["nsamples"]):
+        return base
+    name = f"{base}-n{n}"
+    registry.setdefault(name, dict(registry[base], nsamples=int(n)))
+    return name
+
+
+def add_fig2_calibrations(config) -> None:
+    """Add Fig. 2's calibration sets (the base set with nsamples replaced) to the config."""
+    if "fig2" in config:
+        for n in config["fig2"]["nsamples"]:
+            sized_calibration(config["calibration"], config["fig2"]["calibration"], n)
+
+
+# ----------------------------------------------------------------------------- tables
+def table_cfg(config, name) -> dict:
+    """A table's config; table2 defaults to table1's cells scored by zero-shot mean7."""
+    if name in config:
+        return config[name]
+    if name == "table2":
+        return dict(config["table1"], metric="mean7")
+    return config["extra_tables"][name]
+
+
+def table_file(config, name) -> str:
+    """The per-cell result file a table reads: ppl.json or zeroshot.json."""
+    if name in TABLE_FILES:
+        return TABLE_FILES[name]
+    return "zeroshot.json" if table_cfg(config, name).get("metric", "ppl") != "ppl" else "ppl.json"
+
+
+def table_spec(config, name, filename) -> dict:
+    """The report spec of a table: a dense row, then one row per (ratio, selection, comp)."""
+    t = table_cfg(config, name)
+    models = t["models"]
+    rows = [{"labels": {"ratio": 0.0, "selection": "dense", "compensation": "dense"},
+             "cells": {m: f"results/{m}/dense/{filename}" for m in models}}]
+    for r in t["ratios"]:
+        for row in t["rows"]:
+            cells = {m: f"{cell_dir(m, t['calibration'], row['selection'], r, row['compensation'])}/{filename}"
+                     for m in models}
+            rows.append({"labels": {"ratio": float(r), "selection": row["selection"],
+                                    "compensation": row.get("label", row["compensation"])},
+                         "cells": cells})
+    metric = t.get("metric", "ppl")
+    return {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
+            "label_columns": ["ratio", "selection", "compensation"], "rows": rows,
+            "caption": f"{name}: {metric} | calibration {t['calibration']} "
+                       f"{json.dumps(config['calibration'][t['calibration']])} | evaluation "
+                       f"{json.dumps(config['evaluation'], sort_keys=True)}"}
+
+
+def table_inputs(config, name) -> list[str]:
+    """Every result file a table reads."""
+    return spec_inputs(table_spec(config, name, table_file(config, name)))
+
+
+def table4_spec(config) -> dict:
+    """The spec of Table 4 (deployment cost of the published architectures and local models)."""
+    t = config["table4"]
+    return {
+        "ratio": t["ratio"],
+        "group_rounding": "ceil",
+        "published": t.get("published", []),
+        "local": {m: str(model_path(config, m)) for m in t.get("models", [])},
+        "caption": f"Table 4: deployment cost at {fmt_ratio(t['ratio'])} "
+                   "column sparsity (ceil rounding of KV groups and channels); params in 1e9, "
+                   "memory in GiB (bf16 weights + KV cache + one layer's activations at 4096 "
+                   "tokens), GFLOPs per token = 2 x params"}
+
+
+def table4_inputs(config) -> list[str]:
+    """The converted folders of Table 4's embedded models (the others need no workflow output)."""
+    return [f"resources/models/{m}" for m in config["table4"].get("models", [])
+            if config["models"][m]["source"] == "embedded"]
+
+
+# ----------------------------------------------------------------------------- figures, App. C
+def size_figure_spec(panels, seqlen, caption) -> dict:
+    """The lines-figure spec of a perplexity-against-calibration-size figure."""
+    return {"panels": panels, "metric": "ppl", "logx": True, "logy": True,
+            "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
+            "caption": caption}
+
+
+def fig2_spec(config) -> dict:
+    """Fig. 2: perplexity against calibration size, one panel per ratio, one line per comp."""
+    f = config["fig2"]
+    sized = {n: sized_calibration(config["calibration"], f["calibration"], n) for n in f["nsamples"]}
+    panels = {}
+    for r in f["ratios"]:
+        panels[f"{round(float(r) * 100)} % column sparsity"] = {
+            comp: [[n, f"{cell_dir(f['model'], sized[n], f['selection'], r, comp)}/ppl.json"]
+                   for n in f["nsamples"]]
+            for comp in f["compensations"]}
+    return size_figure_spec(
+        panels, config["calibration"][f["calibration"]]["seqlen"],
+        f"Fig. 2: perplexity vs calibration size, {f['model']}, {f['selection']} "
+        f"selection recomputed at each N; eval {config['evaluation']['ppl_dataset']} "
+        f"seqlen {config['evaluation']['ppl_seqlen']}")
+
+
+def appc_geometry(config) -> str:
+    """The geometry.csv of the App. C cell."""
+    c = config["appC"]
+    return f"{cell_dir(c['model'], c['calibration'], c['selection'], c['ratio'], c['compensation'])}/geometry.csv"
+
+
+def appc_caption(config) -> str:
+    c = config["appC"]
+    return (f"App. C geometry: {c['model']}, calibration {c['calibration']}, {c['selection']} "
+            f"selection at {fmt_ratio(c['ratio'])}, compensation {c['compensation']} "
+            f"({json.dumps(config['compensations'][c['compensation']], sort_keys=True)}); O = original read "
+            f"frame on kept coordinates, P = pruned W_K, C = compensated; o_proj r_p=16, down_proj r=64")
+
+
+def appc_spec(config) -> dict:
+    """The spec of the App. C summary table and angle figure."""
+    return {"geometry": appc_geometry(config), "caption": appc_caption(config)}
+
+
+# ----------------------------------------------------------------------------- iterative
+def iterative(config) -> dict:
+    """The config's `iterative` section ({} without one)."""
+    return config.get("iterative", {})
+
+
+def iterative_mixes(config) -> dict:
+    return iterative(config).get("mixes", {})
+
+
+def iterative_variants(config) -> dict:
+    return iterative(config).get("variants", {})
+
+
+def check_iterative_config(config) -> None:
+    """Mix names distinct from calibration names; every mix domain and domain dataset known."""
+    mixes, domains = iterative_mixes(config), config.get("domains", {})
+    both = sorted(set(mixes) & set(config["calibration"]))
+    if both:
+        raise ValueError(f"config: iterative.mixes {both} also name calibration entries")
+    for name, mix in mixes.items():
+        for d in mix["domains"]:
+            if d not in domains:
+                raise ValueError(f"config: iterative.mixes.{name}.domains names unknown domain "
+                                 f"{d!r} (known: {', '.join(domains) or 'none'})")
+    for name, dom in domains.items():
+        if dom["source"] == "dataset" and dom.get("dataset") not in config["datasets"]:
+            raise ValueError(f"config: domains.{name}.dataset names unknown dataset "
+                             f"{dom.get('dataset')!r}")
+
+
+def iterative_sized(config, calib, n) -> str:
+    """Name of calibration or mix `calib` resized to n sequences (itself when n is its size)."""
+    mixes = iterative_mixes(config)
+    return sized_calibration(mixes if calib in mixes else config["calibration"], calib, n)
+
+
+def iterative_size_base(config):
+    """The default calibration of the iterative calibration-size figure's rows."""
+    it = iterative(config)
+    return it["calibration_size"].get("calibration", it.get("table", {}).get("calibration"))
+
+
+def add_iterative_size_calibrations(config) -> None:
+    """Add the resized calibrations and mixes of the iterative calibration-size figure."""
+    it = iterative(config)
+    if "calibration_size" not in it:
+        return
+    if iterative_size_base(config) is None:
+        raise ValueError("config: iterative.calibration_size needs a calibration "
+                         "(or iterative.table.calibration)")
+    for row in it["calibration_size"]["rows"]:
+        for n in it["calibration_size"]["nsamples"]:
+            iterative_sized(config, row.get("calibration", iterative_size_base(config)), n)
+
+
+def iterative_calibration(config, name) -> dict:
+    """A calibration entry or an iterative mix."""
+    mixes = iterative_mixes(config)
+    if name in mixes:
+        return mixes[name]
+    if name in config["calibration"]:
+        return config["calibration"][name]
+    raise ValueError(f"unknown calibration {name!r}: not in calibration nor iterative.mixes")
+
+
+def iterative_calibration_key(config, name) -> str:
+    """The config key of a calibration entry or an iterative mix."""
+    return f"iterative.mixes.{name}" if name in iterative_mixes(config) else f"calibration.{name}"
+
+
+def iterative_domain_spec(config, name) -> dict:
+    """The data.load_split spec of a domain's calibration text."""
+    d = config.get("domains", {})[name]
+    if d["source"] == "dataset":
+        return dataset_spec(config, d["dataset"])
+    return {"source": "files", "calib": f"resources/domains/{name}/calib.txt"}
+
+
+def iterative_domains(config, calib) -> list[dict]:
+    """[{name, alpha, dataset}] of an iterative calibration (one domain for `calibration`)."""
+    mixes = iterative_mixes(config)
+    if calib in mixes:
+        return [{"name": d, "alpha": float(a), "dataset": iterative_domain_spec(config, d)}
+                for d, a in mixes[calib]["domains"].items()]
+    ds = iterative_calibration(config, calib)["dataset"]
+    return [{"name": ds, "alpha": 1.0, "dataset": dataset_spec(config, ds)}]
+
+
+def iterative_variant(config, name) -> dict:
+    variants = iterative_variants(config)
+    if name not in variants:
+        raise ValueError(f"unknown iterative variant {name!r} (known: {', '.join(variants)})")
+    return variants[name]
+
+
+def iterative_method(config, variant) -> str:
+    """The step folder's method of a variant: {mode}-{structure}."""
+    v = iterative_variant(config, variant)
+    return f"{v.get('mode', 'global')}-{v.get('structure', 'uniform')}"
+
+
+def iterative_chain(config, variant, ratio) -> list[str]:
+    """The step folders of a cell, e.g. ['0.1', '0.1/0.2', '0.1/0.2/0.3']."""
+    from coec.iterative import make_schedule
+
+    v = iterative_variant(config, variant)
+    sched = [fmt_ratio(r) for r in make_schedule(float(ratio), v.get("steps"), v.get("step"))]
+    return ["/".join(sched[: s + 1]) for s in range(len(sched))]
+
+
+def iterative_steps_dir(model, calib, method) -> str:
+    return f"results/{model}/{calib}/iterative/{method}/steps"
+
+
+def iterative_cell_steps(config, model, calib, variant, ratio) -> list[str]:
+    """The step folders a cell's chain runs through, first to last."""
+    base = iterative_steps_dir(model, calib, iterative_method(config, variant))
+    return [f"{base}/{c}" for c in iterative_chain(config, variant, ratio)]
+
+
+def iterative_cell_dir(model, calib, variant, ratio) -> str:
+    return f"results/{model}/{calib}/iterative/{variant}-{fmt_ratio(ratio)}"
+
+
+def iterative_row_file(model, calib, row, ratio, filename) -> str:
+    """A table/figure row's result file: an iterative cell (variant) or a workflow cell
+    (selection + compensation) on calibration `calib`."""
+    if "variant" in row:
+        return f"{iterative_cell_dir(model, calib, row['variant'], ratio)}/{filename}"
+    return f"{cell_dir(model, calib, row['selection'], ratio, row['compensation'])}/{filename}"
+
+
+def iterative_table_spec(config, filename="ppl.json", metric="ppl") -> dict:
+    """Rows (ratio x method) of table_iterative: workflow cells (selection + compensation on the
+    table's calibration) and iterative cells (variant on a calibration or mix)."""
+    t = iterative(config)["table"]
+    mixes_cfg = iterative_mixes(config)
+    models = t["models"]
+    rows = [{"labels": {"ratio": 0.0, "method": "dense"},
+             "cells": {m: f"results/{m}/dense/{filename}" for m in models}}]
+    for r in t["ratios"]:
+        for row in t["rows"]:
+            calib = row.get("calibration", t["calibration"])
+            cells = {m: iterative_row_file(m, calib, row, r, filename) for m in models}
+            rows.append({"labels": {"ratio": float(r), "method": row["label"]}, "cells": cells})
+    mixes = {n: mixes_cfg[n] for n in sorted({row.get("calibration") for row in t["rows"]} & set(mixes_cfg))}
+    return {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
+            "label_columns": ["ratio", "method"], "rows": rows,
+            "caption": f"table_iterative: {metric} | calibration {t['calibration']} | mixes "
+                       f"{json.dumps(mixes, sort_keys=True)} | variants "
+                       f"{json.dumps(iterative_variants(config), sort_keys=True)} | evaluation "
+                       f"{json.dumps(config['evaluation'], sort_keys=True)}"}
+
+
+def iterative_zeroshot_table_spec(config) -> dict:
+    """table_iterative_zeroshot: the table_iterative cells scored by zero-shot mean7."""
+    return iterative_table_spec(config, "zeroshot.json", "mean7")
+
+
+def iterative_size_spec(config) -> dict:
+    """Seed Fig. 2: perplexity against calibration size N, one panel per ratio, one line per
+    row; every row's calibration (or mix) is resized to N and everything downstream recomputed."""
+    f = iterative(config)["calibration_size"]
+    base = iterative_size_base(config)
+    panels = {}
+    for r in f["ratios"]:
+        panels[f"{round(float(r) * 100)} % width pruned"] = {
+            row["label"]: [[n, iterative_row_file(f["model"], iterative_sized(config, row.get("calibration", base), n),
+                                                  row, r, "ppl.json")] for n in f["nsamples"]]
+            for row in f["rows"]}
+    calibs = sorted({row.get("calibration", base) for row in f["rows"]})
+    return size_figure_spec(
+        panels, iterative_calibration(config, base)["seqlen"],
+        f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
+        f"resized to N, selection recomputed at each N; variants "
+        f"{json.dumps(iterative_variants(config), sort_keys=True)}; eval "
+        f"{config['evaluation']['ppl_dataset']} seqlen {config['evaluation']['ppl_seqlen']}")
+
+
+# ----------------------------------------------------------------------------- claims
+def claims_spec(config) -> dict:
+    """The spec of coec.claims: the configured result files each claim reads."""
+    extra = config.get("extra_tables") or {}
+    it = iterative(config)
+    ppl = ["results/table1.csv"] + [f"results/{n}.csv" for n, t in extra.items()
+                                    if t.get("metric", "ppl") == "ppl"]
+    zs = ["results/table2.csv"] + [f"results/{n}.csv" for n, t in extra.items()
+                                   if t.get("metric", "ppl") == "mean7"]
+    return {
+        "ppl_tables": ppl,
+        "zeroshot_tables": zs,
+        "table3": "results/table3.csv" if "table3" in config else None,
+        "table3_rows": [r["compensation"] for r in config["table3"]["rows"]] if "table3" in config else [],
+        "table4": "results/table4.csv" if "table4" in config else None,
+        "appC": "results/appC.csv" if "appC" in config else None,
+        "table_iterative": "results/table_iterative.csv" if "table" in it else None,
+        "fig2": fig2_spec(config)["panels"] if "fig2" in config else None,
+        "iterative_size": iterative_size_spec(config)["panels"] if "calibration_size" in it else None,
+    }
+
+
+def claims_inputs(config) -> list[str]:
+    """Every result file the claims report reads."""
+    spec = claims_spec(config)
+    files = spec["ppl_tables"] + spec["zeroshot_tables"]
+    files += [spec[k] for k in ("table3", "table4", "appC", "table_iterative") if spec[k]]
+    for key in ("fig2", "iterative_size"):
+        if spec[key]:
+            files += figure_inputs({"panels": spec[key]})
+    return sorted(set(files))
+
+
+# ----------------------------------------------------------------------------- results/README.md, Snakemake report
+def sparsity_words(config, table) -> str:
+    """'30 % column sparsity' (or '10 %, 20 % ...') of a table's ratios."""
+    return ", ".join(f"{float(r) * 100:g} %" for r in table_cfg(config, table)["ratios"]) + " column sparsity"
+
+
+def report_items(config) -> list[tuple[str, str, str]]:
+    """[(path, title, caption)] of every table and figure the config defines, in paper order;
+    tables carry their caption in their .md twin, figures get it here."""
+    it = iterative(config)
+    items = [("results/table1.csv", f"Table 1: perplexity at {sparsity_words(config, 'table1')}", ""),
+             ("results/table2.csv",
+              f"Table 2: zero-shot mean accuracy (7 tasks) at {sparsity_words(config, 'table2')}", "")]
+    if "table3" in config:
+        items.append(("results/table3.csv", "Table 3: ablation ladder (perplexity)", ""))
+    if "table4" in config:
+        items.append(("results/table4.csv", "Table 4: deployment cost", ""))
+    if "fig2" in config:
+        items.append(("results/figures/fig2_calibration_size.png",
+                      "Fig. 2: perplexity against calibration size", fig2_spec(config)["caption"]))
+    for name, t in (config.get("extra_tables") or {}).items():
+        metric = t.get("metric", "ppl")
+        items.append((f"results/{name}.csv",
+                      f"{name}: {METRIC_WORDS.get(metric, metric)} at {sparsity_words(config, name)}", ""))
+    if "appC" in config:
+        items += [("results/appC.csv", "App. C: geometry summary", ""),
+                  ("results/figures/appC_angles.png", "App. C: principal angles per layer",
+                   appc_caption(config))]
+    if "table" in it:
+        items += [("results/table_iterative.csv", "Iterative multi-domain FLAP: perplexity", ""),
+                  ("results/table_iterative_zeroshot.csv",
+                   "Iterative multi-domain FLAP: zero-shot mean accuracy (7 tasks)", "")]
+    if "calibration_size" in it:
+        items.append(("results/figures/iterative_calibration_size.png",
+                      "Iterative multi-domain FLAP: perplexity against calibration size",
+                      iterative_size_spec(config)["caption"]))
+    return items
+
+
+def readme_spec(config, configfiles) -> dict:
+    """The spec of results/README.md: the config files (relative to the repository) and every
+    table and figure with its title and caption."""
+    return {"configfiles": " + ".join(configfiles) or "config.yaml",
+            "items": [{"path": p, "title": t, "caption": c} for p, t, c in report_items(config)]}
+
+
+def report_label(config, path) -> dict:
+    """The label of a table or figure in the Snakemake report: its title (report_items)."""
+    titles = {p: t for p, t, _ in report_items(config)}
+    return {"artifact": titles.get(path, os.path.basename(path))}
+
+
+def report_table_kind(config, name) -> str:
+    """The subcategory of a table in the report's Tables category: what its numbers are."""
+    metric = table_cfg(config, name).get("metric", "ppl")
+    return "Perplexity" if metric == "ppl" else "Zero-shot accuracy"
