@@ -103,6 +103,19 @@ def file_digests(root: Path) -> dict[str, str]:
     return out
 
 
+def _json_equal(old_work: Path, new_work: Path, rel: str, ignore: set) -> bool:
+    """Whether results/<rel> of two runs are equal JSON once the keys in ``ignore`` are dropped."""
+    def load(work):
+        text = (work / "results" / rel).read_text().replace(str(work), "<WORK>")
+        return strip(json.loads(text))
+
+    def strip(o):
+        if isinstance(o, dict):
+            return {k: strip(v) for k, v in o.items() if k not in ignore}
+        return [strip(v) for v in o] if isinstance(o, list) else o
+    return load(old_work) == load(new_work)
+
+
 def main(argv=None) -> int:
     import yaml
 
@@ -111,24 +124,36 @@ def main(argv=None) -> int:
     p.add_argument("--compare", help="digests of an earlier run: exit 1 on any difference")
     p.add_argument("--work", help="work folder (default: a temporary one)")
     p.add_argument("--cores", default="2")
+    p.add_argument("--ignore-json-key", action="append", default=[],
+                   help="with --compare: a JSON key (at any depth) a changed .json file may differ in, "
+                        "e.g. a new option recorded in the info files; needs --compare-work")
+    p.add_argument("--compare-work", help="the earlier run's work folder (to read changed JSON files)")
+    p.add_argument("--hash-only", action="store_true", help="hash the results already in --work, run nothing")
     a = p.parse_args(argv)
     work = Path(a.work or tempfile.mkdtemp(prefix="coec-golden-"))
     work.mkdir(parents=True, exist_ok=True)
-    cfg_path = work / "golden.yaml"
-    cfg_path.write_text(yaml.safe_dump(golden_config(work)))
     t0 = time.time()
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(work), "--cores", a.cores, *TARGETS, "--configfile", str(cfg_path)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode:
-        print(res.stdout[-3000:], res.stderr[-5000:])
-        return res.returncode
+    if not a.hash_only:
+        cfg_path = work / "golden.yaml"
+        cfg_path.write_text(yaml.safe_dump(golden_config(work)))
+        cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+               "--directory", str(work), "--cores", a.cores, *TARGETS, "--configfile", str(cfg_path)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            print(res.stdout[-3000:], res.stderr[-5000:])
+            return res.returncode
     digests = file_digests(work)
     Path(a.out).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
     print(f"{len(digests)} result files hashed in {time.time() - t0:.0f} s ({work})")
     if a.compare:
         old = json.loads(Path(a.compare).read_text())
         changed = sorted(k for k in old.keys() & digests.keys() if old[k] != digests[k])
+        if a.ignore_json_key and a.compare_work:
+            same = [k for k in changed if k.endswith(".json") and _json_equal(
+                Path(a.compare_work), work, k, set(a.ignore_json_key))]
+            for k in same:
+                print("equal but for", ", ".join(a.ignore_json_key) + ":", k)
+            changed = [k for k in changed if k not in same]
         only_old, only_new = sorted(old.keys() - digests.keys()), sorted(digests.keys() - old.keys())
         for k in changed:
             print("changed:", k)
