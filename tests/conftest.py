@@ -132,3 +132,17 @@ def job_counts(output: str) -> dict[str, int]:
             break
         counts[m.group(1)] = int(m.group(2))
     return counts
+
+
+def method_kwargs(method: str, W0, G, mean, keep, n_tokens=1) -> dict:
+    """Options a generic test passes so that every method runs: blend's stage inputs (a base
+    weight W0[:, keep], the Gram's token count, and the same statistics as its held-out set)."""
+    import torch
+
+    if method == "coec":
+        return {"max_rounds": 3}
+    if method != "blend":
+        return {}
+    k = torch.as_tensor(keep).long()
+    return {"base_weight": W0[:, k].float(), "n_tokens": n_tokens, "holdout_gram": G, "holdout_mean": mean,
+            "holdout_count": n_tokens}

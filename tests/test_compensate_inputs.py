@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import method_kwargs
 
 from test_compensate_problems import make_problem
 
@@ -116,11 +117,11 @@ def test_bad_options(prob, method, opts, match):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_output_contract(prob, method, dtype):
     W0, G, mean, keep, _ = prob
-    kw = {"max_rounds": 3} if method == "coec" else {}
+    kw = method_kwargs(method, W0, G.float(), mean.float(), keep)
     out = compensate(W0.to(dtype), G.float(), mean.float(), keep.to(torch.int32), method, **kw)
     assert isinstance(out, Compensation)
     assert out.weight.shape == (12, 14) and out.weight.dtype == dtype and out.weight.device == W0.device
-    assert (out.bias is not None) == (method == "bias")
+    assert (out.bias is not None) == (method in ("bias", "blend"))  # blend: the intercept
     if out.bias is not None:
         assert out.bias.shape == (12,) and out.bias.dtype == dtype
     s = json.dumps(out.info, allow_nan=False)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import method_kwargs
 
 from test_compensate_problems import make_oproj, make_problem
 
@@ -269,6 +270,10 @@ def test_coec_deterministic_bit_for_bit():
     assert a.info["objective_history"] == b.info["objective_history"]
 
 
+def _blend_kw(method, W0, G, mean, keep, n):
+    return method_kwargs(method, W0, G, mean, keep, n) if method == "blend" else {}
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("dtype", [None, "float64"])
 def test_gram_sum_vs_mean_identical(method, dtype):
@@ -277,8 +282,9 @@ def test_gram_sum_vs_mean_identical(method, dtype):
     kw = {"compute_dtype": dtype} if dtype else {}
     if method == "coec":
         kw["max_rounds"] = 10
-    a = compensate(W0, G / n, mean, keep, method, **kw)
-    b = compensate(W0, G, mean, keep, method, **kw)
+    # blend: a mean Gram is a sum over one token (n_tokens 1), a sum one over n
+    a = compensate(W0, G / n, mean, keep, method, **kw, **_blend_kw(method, W0, G / n, mean, keep, 1))
+    b = compensate(W0, G, mean, keep, method, **kw, **_blend_kw(method, W0, G, mean, keep, n))
     tol = 1e-9 if (dtype == "float64" or method != "coec") else 1e-5
     assert torch.allclose(a.weight, b.weight, atol=tol * float(a.weight.abs().max()), rtol=0)
     assert a.info["relerr_after"] == pytest.approx(b.info["relerr_after"], rel=1e-6, abs=1e-12)

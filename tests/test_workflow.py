@@ -57,14 +57,15 @@ def test_paper_grid_dry_run(tmp_path):
     res = snakemake(tmp_path, "-n", "-p", "--cores", "64", "results/table1.csv", "--configfile",
                     str(REPO / "workflow/configs/paper.yaml"), str(fixed))
     assert {omp for _, omp, _ in planned_threads(res.stdout)} == {3}
-    # 6 models x (1 dense + 3 selections x 3 ratios x 2 compensations) evaluations
+    # 6 models x (1 dense + 3 ratios x 11 rows: the paper's 6 plus bias and ridge under every
+    # selection) evaluations
     assert counts["calibrate"] == 6
     assert counts["select"] == 6 * 3 * 3
     assert counts["ppl_dense"] == 6
-    assert counts["ppl_cell"] == 6 * 3 * 3 * 2
+    assert counts["ppl_cell"] == 6 * 3 * 11
     # one GPU job per (cell, layer) for every non-trivial compensation
     layers = 32 + 80 + 28 + 48 + 64 + 80
-    assert counts["compensate"] == layers * 3 * 5  # 5 non-"none" cells per ratio
+    assert counts["compensate"] == layers * 3 * 10  # 10 non-"none" cells per ratio
     assert "prepare_model" not in counts  # hub models are not workflow outputs
 
 
@@ -223,7 +224,9 @@ def test_calibration_size_figures_share_the_base_cells(tmp_path):
     base = cfg["calibration"][cfg["fig2"]["calibration"]]["nsamples"]
     sizes = set(cfg["fig2"]["nsamples"]) | set(cfg["iterative"]["calibration_size"]["nsamples"])
     assert base in sizes
-    assert counts["calibrate"] == len(sizes)  # the base set once, never as "-n<base>"
+    holdouts = {cfg["compensations"][r["compensation"]].get("holdout") for r in cfg["table1"]["rows"]} - {None}
+    # the base set once, never as "-n<base>", and the blend cells' held-out set
+    assert counts["calibrate"] == len(sizes) + len(holdouts)
     assert f"-n{base}" not in res.stdout
     mixes = {r["calibration"] for r in cfg["iterative"]["calibration_size"]["rows"]
              if r.get("calibration") in cfg["iterative"]["mixes"]}
