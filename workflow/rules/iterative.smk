@@ -1,4 +1,4 @@
-# Iterative multi-domain FLAP (src/coec/iterative.py, docs/iterative.md).
+# Iterative multi-domain FLAP (src/coec/iterative/, its stages in src/coec/stages_iterative.py; docs/iterative.md).
 #
 #   resources/domains/{domain}/calib.txt                      domain text (code, math, ...)
 #   results/{model}/grams/{mix}/                              multi-domain Grams (for select/compensate)
