@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.blend import affine_ridge, augmented_gram, blend_weight, heldout_relerr, intercept
+from coec.compensate.blend import affine_ridge, augmented_gram, blend_weight, intercept
 from coec.compensate.linalg import relerr_with_bias
 
 F64 = torch.float64
@@ -80,7 +80,7 @@ def test_blend_weight_minimises_the_heldout_error_over_beta():
     beta, info = blend_weight(W0, base, ridge, Gh / nh, mh, keep)
 
     def err(t):
-        return heldout_relerr((1 - t) * base[0] + t * ridge[0], (1 - t) * base[1] + t * ridge[1],
+        return relerr_with_bias((1 - t) * base[0] + t * ridge[0], (1 - t) * base[1] + t * ridge[1],
                               W0, Gh / nh, mh, keep)
 
     assert 0.0 < beta < 1.0 and info["unclipped"] == pytest.approx(beta)

@@ -183,8 +183,9 @@ def _check_references(cfg: dict) -> None:
                                   f"calibration set of the same dataset ({cal['dataset']!r})")
     for name, spec in cfg.get("compensations", {}).items():
         if spec.get("method") == "blend":
-            need("compensations", spec.get("base", "coec"), f"compensations.{name}.base")
-            if cfg["compensations"][spec.get("base", "coec")].get("method") == "blend":
+            base = spec.get("base", "coec")
+            need("compensations", base, f"compensations.{name}.base")
+            if cfg["compensations"][base].get("method") == "blend":
                 raise ConfigError(f"config: compensations.{name}.base: the base of a blend cannot be a blend")
             if spec.get("holdout") is not None:
                 need("calibration", spec["holdout"], f"compensations.{name}.holdout")

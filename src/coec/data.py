@@ -175,9 +175,8 @@ def sample_windows(tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int,
     """
     if tokens.numel() <= seqlen:
         raise ValueError(f"calibration text has {tokens.numel()} tokens, fewer than seqlen={seqlen}")
-    starts = window_starts(tokens.numel(), nsamples, seqlen, seed)
-    if exclude:
-        starts = disjoint_starts(tokens.numel(), nsamples, seqlen, seed, exclude)
+    starts = (disjoint_starts(tokens.numel(), nsamples, seqlen, seed, exclude) if exclude
+              else window_starts(tokens.numel(), nsamples, seqlen, seed))
     return torch.stack([tokens[s:s + seqlen] for s in starts.tolist()])
 
 

@@ -119,6 +119,14 @@ def _validate_coec(o: dict, k: int, d_out: int):
         _fail(f"option anchor_rank={o['anchor_rank']} exceeds the available rank {min(r, vp.shape[1] if vp is not None else r)}")
 
 
+def _mean_gram(gram: torch.Tensor, n_tokens, dev, psd: dict) -> torch.Tensor:
+    """``E[x x^T]`` in float64 from a Gram summed over ``n_tokens``, symmetrised, with the same
+    PSD projection as the errors when ``psd`` (a ``gram_psd`` outcome) says it was indefinite."""
+    gm = gram.to(dev, torch.float64) / float(n_tokens)
+    gm = 0.5 * (gm + gm.mT)
+    return psd_project(gm)[0] if psd.get("indefinite") else gm
+
+
 def _validate_blend(o: dict, k: int, d_out: int, d_in: int):
     """The checks of the blend options that depend on the data."""
     bw = o["base_weight"]
@@ -226,10 +234,7 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
             W = baselines.lstsq(W0c, G, keep_d, float(o["ridge"]))
             info["ridge"] = float(o["ridge"])
         elif method == "blend":
-            gm = gram.to(dev, torch.float64) / float(o["n_tokens"])
-            gm = 0.5 * (gm + gm.mT)
-            if psd.get("indefinite"):
-                gm = psd_project(gm)[0]
+            gm = _mean_gram(gram, o["n_tokens"], dev, psd)
             W, b, bi = blend.blend(W0c, G, gm, mean.to(dev, torch.float64), keep_d, o)
             info.update(bi)
         else:
@@ -247,10 +252,7 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
             gcv_lambdas_rel=[], gcv_at_grid_end={"low": 0, "high": 0}, kappa_clamped=0,
         )
     if o["n_tokens"] is not None and mean is not None:
-        gm = gram.to(dev, torch.float64) / float(o["n_tokens"])
-        gm = 0.5 * (gm + gm.mT)
-        if info.get("gram_psd", {}).get("indefinite"):  # the same PSD projection as the errors
-            gm = psd_project(gm)[0]
+        gm = _mean_gram(gram, o["n_tokens"], dev, info.get("gram_psd", {}))
         info["relerr_after_with_bias"] = relerr_with_bias(
             W, b, W0.to(dev, torch.float64), gm, mean.to(dev, torch.float64), keep_d
         )

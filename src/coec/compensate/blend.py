@@ -25,7 +25,7 @@ import torch
 from .baselines import lstsq
 from .linalg import relerr_with_bias
 
-__all__ = ["intercept", "affine_ridge", "augmented_gram", "heldout_relerr", "blend_weight", "blend"]
+__all__ = ["intercept", "affine_ridge", "augmented_gram", "blend_weight", "blend"]
 
 
 def intercept(W0: torch.Tensor, W: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,7 @@ def affine_ridge(W0: torch.Tensor, gram_mean: torch.Tensor, mean: torch.Tensor, 
     ``C = E[x x^T] - m m^T`` (lam = ridge * mean diag(C_xx), as ``lstsq``), ``b = W0 m - W m_K``.
     gram_mean (d_in, d_in) is E[x x^T] (a mean, not a sum). Returns (W (d_out, k), b (d_out,))."""
     C = gram_mean - torch.outer(mean, mean)
-    C = 0.5 * (C + C.mT)
+    C = 0.5 * (C + C.mT)  # a PSD-projected gram_mean is symmetric only to round-off
     W = lstsq(W0, C, keep, ridge)
     return W, intercept(W0, W, mean, keep)
 
@@ -51,12 +51,6 @@ def augmented_gram(gram_mean: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     H = gram_mean.new_empty(d + 1, d + 1)
     H[:d, :d], H[:d, d], H[d, :d], H[d, d] = gram_mean, mean, mean, 1.0
     return H
-
-
-def heldout_relerr(W: torch.Tensor, b: torch.Tensor | None, W0: torch.Tensor, gram_mean: torch.Tensor,
-                   mean: torch.Tensor, keep: torch.Tensor) -> float:
-    """``E_h||W0 x - W x_K - b||^2 / E_h||W0 x||^2`` on held-out statistics (a mean Gram)."""
-    return relerr_with_bias(W, b, W0, gram_mean, mean, keep)
 
 
 def _stack(W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -112,8 +106,8 @@ def blend(W0: torch.Tensor, G: torch.Tensor, gram_mean: torch.Tensor, mean: torc
         hm = o["holdout_mean"].to(W0.device, f64)
         beta, bi = blend_weight(W0_64, (Wb, bb), (Wr.to(f64), br), Hm, hm, keep)
         info["beta_unclipped"] = bi["unclipped"]
-        info["heldout_relerr_base"] = heldout_relerr(Wb, bb, W0_64, Hm, hm, keep)
-        info["heldout_relerr_ridge"] = heldout_relerr(Wr, br, W0_64, Hm, hm, keep)
+        info["heldout_relerr_base"] = relerr_with_bias(Wb, bb, W0_64, Hm, hm, keep)
+        info["heldout_relerr_ridge"] = relerr_with_bias(Wr, br, W0_64, Hm, hm, keep)
     else:
         beta = None
     if o["mix"] == "base":
@@ -131,5 +125,5 @@ def blend(W0: torch.Tensor, G: torch.Tensor, gram_mean: torch.Tensor, mean: torc
             (1.0 - beta) * (bb if bb is not None else 0.0) + beta * (br if br is not None else 0.0))
         W = W.to(W0.dtype)
     if o["holdout_gram"] is not None:
-        info["heldout_relerr"] = heldout_relerr(W.to(f64), b, W0_64, Hm, hm, keep)
+        info["heldout_relerr"] = relerr_with_bias(W.to(f64), b, W0_64, Hm, hm, keep)
     return W, (b.to(W0.dtype) if b is not None else None), info

@@ -457,7 +457,7 @@ def _finish(obj, x, R, ev, res, stop, eta_cur, hist, Q=None, drifts=True) -> Rig
         trials=res["trials"], backtracks=res["backtracks"], capped=res["capped"],
         scale_skipped=res["skipped"], stop=stop, eta_end=eta_cur, orth_cleanups=cleanups, Q=Q,
         history=hist, carried=res["carried"], rg_refreshes=res["refreshes"],
-        rg_age=0 if cleanups else res["rg_age"], restarts=res.get("restarts", 0),
+        rg_age=0 if cleanups else res["rg_age"], restarts=res["restarts"],
     )
 
 
