@@ -35,7 +35,12 @@ BASE = {"alpha": 0.9, "max_rounds": 20}
 VARIANTS = {"default": {}, "literal": {"eta_scale": "raw"}, "cg": {"right_solver": "cg"},
             "cg2": {"right_solver": "cg", "max_inner_steps": 2},
             "cg2-50": {"right_solver": "cg", "max_inner_steps": 2, "max_rounds": 50},
-            "cg5": {"right_solver": "cg", "max_inner_steps": 5}}
+            "cg5": {"right_solver": "cg", "max_inner_steps": 5},
+            "literal-fro": {"eta_scale": "raw", "delta_norm": "fro"},
+            "pcg2-n1": {"right_solver": "cg", "max_inner_steps": 2, "precondition": "newton",
+                        "precondition_damping": 1.0},
+            "pcg2-g3": {"right_solver": "cg", "max_inner_steps": 2, "precondition": "gram",
+                        "precondition_damping": 3.0}}
 
 
 def layer_range(s: str) -> list[int]:

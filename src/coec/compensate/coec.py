@@ -38,7 +38,7 @@ from ..progress import bar as progress_bar
 from . import gcv as _gcv
 from .linalg import gram_psd, normalize_gram, polar, polar_eigh, polar_newton, power_max_eig, relerr, svd, svd_eigh, temper_gram
 from .options import defaults as _defaults
-from .stiefel import Alignment, alignment_setup, alignment_value, solve_full, solve_reduced
+from .stiefel import Alignment, alignment_setup, alignment_value, make_preconditioner, solve_full, solve_reduced
 
 __all__ = ["COEC_DEFAULTS", "coec"]
 
@@ -256,6 +256,15 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
         right_stats["restarts"] = 0
     rg_age = 0  # carried updates that st.RG has been through since it was last formed by a product
     solver = {"stiefel": solve_reduced, "full": solve_full}.get(o["right"])
+    pre = {}
+    if o["precondition"] != "none":
+        if o["right"] != "stiefel":
+            raise ValueError(f"precondition={o['precondition']!r} needs right='stiefel', got {o['right']!r}")
+        with span("coec.setup.precondition"):
+            pre["precond_inv"] = make_preconditioner(Gxx, float(o["precondition_damping"]))
+        if o["precondition"] == "newton":
+            pre["precond_rows"] = float(o["precondition_damping"])
+        right_stats.setdefault("restarts", 0)
     stop = "max_rounds"
     L_prev = history[0]
     # an inner bar: drawn on a terminal (after 1 s), silent in a log (the module count is there)
@@ -272,7 +281,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
                     align=al_obj, align_lambda=lam_a, RG0=st.RG, cayley_inverse=o["cayley_inverse"],
                     delta_norm=o["delta_norm"], direction_matmul=info["direction_matmul_used"],
                     rg_update=info["rg_update_used"], rg_refresh=int(o["rg_refresh"]), rg_age=rg_age,
-                    **({"method": o["right_solver"]} if o["right"] == "stiefel" else {}),
+                    **({"method": o["right_solver"]} if o["right"] == "stiefel" else {}), **pre,
                 )
             rg_age = res.rg_age
             steps_per_round.append(res.steps)

@@ -246,6 +246,12 @@ class CoecOptions(CommonOptions):
                          choice("rayleigh", "lipschitz", "raw"))
     right_solver: str = opt("gd", "reduced-Stiefel right solve: gd = Riemannian gradient steps (Alg. 1) | cg = "
                                   "Polak-Ribiere+ conjugate directions (beyond the paper)", choice("gd", "cg"))
+    precondition: str = opt("none", "right-solve metric: none = Riemannian gradient (Alg. 1) | gram = directions "
+                                    "(Xi (Gxx + mu I)^-1) projected | newton = also rows / (S^2 + mu max S^2), the "
+                                    "Newton direction at fixed scale (beyond the paper)",
+                            choice("none", "gram", "newton"))
+    precondition_damping: float = opt(3.0, "mu of precondition, relative to mean(diag Gxx) (and to max S^2 for "
+                                            "newton's rows)", number(0.0, lo_open=True))
     max_inner_steps: int = opt(100, "cap on accepted right-solve steps per round", number(1, integer=True))
     max_backtracks: int = opt(30, "halvings of eta before a right solve gives up", number(0, integer=True))
     gcv_grid: tuple = opt((1e-4, 1e5, 120), "GCV lambda grid (lo, hi, n), log-spaced, times median(e_i) "

@@ -68,6 +68,7 @@ __all__ = [
     "solve_reduced",
     "solve_full",
     "matmul_precision",
+    "make_preconditioner",
 ]
 
 
@@ -331,19 +332,22 @@ def _orth_tol(dtype) -> float:
 
 
 def _conjugate(dirn: dict, prev: dict | None) -> tuple[torch.Tensor, bool]:
-    """Polak–Ribière+ direction ``P = G + beta T(P_prev)``, ``beta = max(0, <G, G - T(G_prev)> /
-    <G_prev, G_prev>)``, T the solver's vector transport (orthogonal projection onto the new
-    tangent space, so ``<G, T(G_prev)> = <G, G_prev>`` for tangent G and only the direction is
-    transported: 4 r^2 k FLOPs a step); restarts (P = G) when P is no descent direction.
+    """Polak–Ribière+ direction ``P = Z + beta T(P_prev)``, ``beta = max(0, <G, Z - T(Z_prev)> /
+    <G_prev, Z_prev>)`` with G the Riemannian gradient and Z its preconditioned image (``Z = G``
+    without a preconditioner), T the solver's vector transport (orthogonal projection onto the new
+    tangent space, so ``<G, T(Z_prev)> = <G, Z_prev>`` for tangent G and only the direction is
+    transported: 4 r^2 k FLOPs a step); restarts (P = Z) when P is no descent direction.
     Returns (P, restarted)."""
     G = dirn["grad"]
+    Z = dirn.get("pgrad", G)
     if prev is None:
-        return G, True
-    den = float((prev["grad"] * prev["grad"]).sum())
-    beta = max(0.0, float((G * (G - prev["grad"])).sum()) / den) if den > 0 else 0.0
-    P = G + beta * dirn["transport"](prev["dir"])
+        return Z, True
+    Zp = prev.get("pgrad", prev["grad"])
+    den = float((prev["grad"] * Zp).sum())
+    beta = max(0.0, float((G * (Z - Zp)).sum()) / den) if den > 0 else 0.0
+    P = Z + beta * dirn["transport"](prev["dir"])
     if not float((G * P).sum()) > 0:
-        return G, True
+        return Z, True
     return P, beta == 0.0
 
 
@@ -377,12 +381,22 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
             Xi = obj.grad(R, ev)
             dirn = retract_step(x, R, Xi)  # closure with the search direction for this point
             slope = None
-            if method == "cg":
-                P, restarted = _conjugate(dirn, prev)
-                res["restarts"] += int(restarted)
-                prev = {"grad": dirn["grad"], "dir": P}
-                dirn = dirn["along"](P)
-                slope = float((Xi * dirn["vel"]).sum())
+            if method == "cg" or "pgrad" in dirn:
+                if method == "cg":
+                    P, restarted = _conjugate(dirn, prev)
+                    res["restarts"] += int(restarted)
+                    prev = {"grad": dirn["grad"], "pgrad": dirn.get("pgrad", dirn["grad"]), "dir": P}
+                else:
+                    P = dirn["pgrad"]
+                cand = dirn["along"](P)
+                slope = float((Xi * cand["vel"]).sum())
+                if slope > 0:
+                    dirn = cand
+                else:  # a preconditioned direction that is no descent direction: the gradient
+                    res["restarts"] += 1
+                    prev = None
+                    dirn = dirn["along"](dirn["grad"])
+                    slope = None
         gnorm = dirn["norm"]
         if not math.isfinite(gnorm):
             stop = "nonfinite_grad"
@@ -461,6 +475,17 @@ def _finish(obj, x, R, ev, res, stop, eta_cur, hist, Q=None, drifts=True) -> Rig
     )
 
 
+def make_preconditioner(Gxx: torch.Tensor, damping: float) -> torch.Tensor:
+    """``(Gxx + mu I)^-1`` (k, k), ``mu = damping * mean(diag Gxx)``, by a float64 Cholesky
+    factorisation (once per module: Gxx is fixed across rounds), returned in Gxx's dtype."""
+    G = Gxx.to(torch.float64)
+    k = G.shape[0]
+    mu = float(damping) * float(G.diagonal().mean())
+    eye = torch.eye(k, dtype=G.dtype, device=G.device)
+    L = torch.linalg.cholesky(0.5 * (G + G.mT) + mu * eye)
+    return torch.cholesky_inverse(L).to(Gxx.dtype)
+
+
 def _lipschitz(S: torch.Tensor, lam_max: float, c: float) -> float:
     """``L0 = 2 S_max^2 lambda_max(Gxx) / c``: curvature bound of the unscaled error in R."""
     return 2.0 * float(S.max()) ** 2 * float(lam_max) / c if c > 0 else 0.0
@@ -491,6 +516,8 @@ def solve_reduced(
     rg_refresh: int = 0,
     rg_age: int = 0,
     method: str = "gd",
+    precond_inv: torch.Tensor | None = None,
+    precond_rows: float | None = None,
 ) -> RightResult:
     """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
 
@@ -506,10 +533,25 @@ def solve_reduced(
     point the carried product drifts from a fresh one by round-off, so after ``rg_refresh``
     carried updates (0: never) it is formed afresh. ``rg_age``: carried updates ``RG0`` has
     been through (the solver returns its own in ``RightResult.rg_age``).
+
+    Preconditioning (beyond the paper): with ``precond_inv`` = M^-1 (k, k), ``M ~ Gxx`` SPD, the
+    search direction is the tangent image of ``D^-1 Xi M^-1``, the Euclidean Newton direction of
+    the error at fixed scale (its Hessian is ``S^2 (x) Gxx``, ``make_preconditioner``), with
+    ``D = S^2 + precond_rows * max(S^2)`` (``precond_rows`` None: D = I). A direction that is
+    no descent direction falls back to the gradient (counted in ``restarts``). Steps then need
+    ``eta_scale="rayleigh"``, the exact line search along the direction.
     """
     obj = ProfiledObjective(U, S, Gxx, Gyx, c, align, align_lambda)
     r, k = Vt.shape
     square = r == k
+    row_w = None
+    if precond_inv is not None and precond_rows is not None:
+        S2 = (S * S).to(Gxx.dtype)
+        row_w = (1.0 / (S2 + float(precond_rows) * float(S2.max())))[:, None]
+
+    def precondition(Xi):
+        Z = Xi if row_w is None else Xi * row_w
+        return Z @ precond_inv
 
     def cayley_along(R, A):
         return {"norm": float(torch.linalg.matrix_norm(A)), "go": lambda t: retract_cayley(R, A, t, cayley_inverse),
@@ -526,11 +568,16 @@ def solve_reduced(
             out = cayley_along(R, A)
             # cg: directions are skew generators (velocity P R); they need no transport
             out.update(grad=A, transport=lambda P: P, along=lambda P: cayley_along(R, P))
+            if precond_inv is not None:
+                Bp = precondition(Xi) @ R.mT
+                out["pgrad"] = 0.5 * (Bp - Bp.mT)
             return out
         g = riemannian_grad(R, Xi)
         out = polar_along(R, g)
         # cg: vector transport by projection onto the tangent space at R
         out.update(grad=g, transport=lambda P: riemannian_grad(R, P), along=lambda P: polar_along(R, P))
+        if precond_inv is not None:
+            out["pgrad"] = riemannian_grad(R, precondition(Xi))
         return out
 
     out = _descend(
