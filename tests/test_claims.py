@@ -1,6 +1,7 @@
 """The claims report (coec.claims, results/claims.md) on synthetic result files."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +97,10 @@ def test_iterative_and_figures(tmp_path):
     assert rows["coec-rcpu-nonmonotone"]["verdict"] == "holds"          # 30 → 31 rises with N
     assert rows["coec-ridge-small-n"]["verdict"] == "holds"             # ridge 27 > 25 at N = 8
     assert "N=16 ridge 23 / COEC 24" in rows["coec-ridge-small-n"]["ours"]
+    # ridge behind at the smallest N but further behind at the largest: no sign of overfitting
+    for path, v in ((cells["lstsq"][0][1], 26), (cells["lstsq"][1][1], 27)):
+        Path(path).write_text(json.dumps({"coec_format": "ppl", "coec_format_version": 1, "ppl": v}))
+    assert _by_id(evaluate(spec))["coec-ridge-small-n"]["verdict"] == "does not hold"  # 4 % then 12.5 %
 
 
 def test_coec_against_ridge(spec, tmp_path):
