@@ -101,6 +101,9 @@ def test_iterative_names_are_checked():
     ("coec", "device", "cuda", "compensations.coec.device: option 'device' is set by the compensate stage"),
     ("coec", "value_proj", None, "compensations.coec.value_proj: option 'value_proj' is set by the compensate stage"),
     ("coec", "align_lambda", 5.0, "compensations.coec.align_lambda: align_lambda > 0 with align 'projector'"),
+    ("coec-pcg", "eta_scale", "raw", "compensations.coec-pcg.precondition: 'gram' needs right: stiefel and "
+                                     "eta_scale: rayleigh"),
+    ("coec-pcg", "right", "full", "compensations.coec-pcg.precondition: 'gram' needs right: stiefel"),
     ("lstsq", "ridge", -1.0, "compensations.lstsq.ridge: option ridge must be >= 0"),
     ("lstsq", "alpha", 0.9, "compensations.lstsq.alpha: unknown option 'alpha' for method 'lstsq'"),
     ("rcpu", "compute_dtype", "float16", "compensations.rcpu.compute_dtype: option compute_dtype must be"),

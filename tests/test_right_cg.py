@@ -145,6 +145,8 @@ def test_precondition_option_reaches_coec_and_default_is_unchanged():
     assert pre["objective_history"][-1] <= base["objective_history"][-1] * (1 + 1e-4)
     with pytest.raises(ValueError, match="precondition"):
         _run(problem, precondition="gram", right="full")
+    with pytest.raises(ValueError, match="eta_scale"):
+        _run(problem, precondition="newton", eta_scale="raw")
 
 
 def test_preconditioned_cg_at_two_steps_a_round_beats_the_converged_literal_step():

@@ -260,6 +260,8 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     if o["precondition"] != "none":
         if o["right"] != "stiefel":
             raise ValueError(f"precondition={o['precondition']!r} needs right='stiefel', got {o['right']!r}")
+        if o["eta_scale"] != "rayleigh":  # the step must be the line search along the new direction
+            raise ValueError(f"precondition={o['precondition']!r} needs eta_scale='rayleigh', got {o['eta_scale']!r}")
         with span("coec.setup.precondition"):
             pre["precond_inv"] = make_preconditioner(Gxx, float(o["precondition_damping"]))
         if o["precondition"] == "newton":

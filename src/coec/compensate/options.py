@@ -393,6 +393,10 @@ def validate_spec(spec: dict, where: str) -> None:
                 at = f"{where}.{module}" if "align_lambda" in sub else where
                 _fail(f"{at}.align_lambda: align_lambda > 0 with align 'projector' needs the pruned "
                       f"v_proj, which only o_proj has; set it under o_proj: (or use align: angle)")
+            if o.precondition != "none" and (o.right != "stiefel" or o.eta_scale != "rayleigh"):
+                at = f"{where}.{module}" if "precondition" in sub else where
+                _fail(f"{at}.precondition: {o.precondition!r} needs right: stiefel and eta_scale: rayleigh "
+                      f"(got right: {o.right}, eta_scale: {o.eta_scale})")
 
 
 # ----------------------------------------------------------------------------- documentation
