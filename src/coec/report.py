@@ -19,7 +19,7 @@ from . import artifacts as A
 
 DISPLAY = {"wanda_sp": "Wanda-sp", "flap": "FLAP", "rcpu": "RCPU", "dense": "dense",
            "none": "–", "bias": "bias", "coec": "COEC", "lstsq": "lstsq"}
-FIGURE_DISPLAY = dict(DISPLAY, none="prune-only")  # a legend needs a word, not a dash
+FIGURE_DISPLAY = dict(DISPLAY, none="prune-only", lstsq="ridge (lstsq)")  # a legend needs a word, not a dash
 
 
 def metric_value(path: str | Path, metric: str) -> float:
