@@ -8,7 +8,10 @@
 Every variant is the config's COEC (alpha 0.9, 20 rounds, align_lambda 50 on o_proj) with one
 change: ``literal`` the paper's literal step (eta_scale raw), ``cg`` conjugate directions
 (right_solver cg), ``cg2`` / ``cg5`` conjugate directions with at most 2 / 5 right-solve steps a
-round, ``cg2-50`` the same as cg2 with 50 rounds. Per
+round, ``cg2-50`` the same as cg2 with 50 rounds, ``literal-fro`` the literal step with the
+unscaled stop (run to convergence: the 100-step cap in most rounds), ``pcg2-g3`` / ``pcg2-n1``
+CG at most 2 steps a round with the gram (damping 3, the config's ``coec-pcg``) / newton
+(damping 1) preconditioner. Per
 variant it prints the mean calibration error (relerr_after), the mean held-out error of the same
 weight on a disjoint calibration set (with ``--holdout``), right-solve steps per round and the
 seconds of every module together (one thread unless --threads).
