@@ -257,11 +257,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, devi
     rg_age = 0  # carried updates that st.RG has been through since it was last formed by a product
     solver = {"stiefel": solve_reduced, "full": solve_full}.get(o["right"])
     pre = {}
-    if o["precondition"] != "none":
-        if o["right"] != "stiefel":
-            raise ValueError(f"precondition={o['precondition']!r} needs right='stiefel', got {o['right']!r}")
-        if o["eta_scale"] != "rayleigh":  # the step must be the line search along the new direction
-            raise ValueError(f"precondition={o['precondition']!r} needs eta_scale='rayleigh', got {o['eta_scale']!r}")
+    if o["precondition"] != "none":  # right: stiefel and eta_scale: rayleigh (options.resolve)
         with span("coec.setup.precondition"):
             pre["precond_inv"] = make_preconditioner(Gxx, float(o["precondition_damping"]))
         if o["precondition"] == "newton":

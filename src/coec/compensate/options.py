@@ -343,7 +343,18 @@ def resolve(method: str, options: dict):
     o = OPTIONS[method](**options)
     for f in option_fields(method):
         f.metadata["check"](f.name, getattr(o, f.name))
+    if method == "coec" and (problem := _precondition_conflict(as_dict(o))):
+        _fail(f"option precondition {problem}")
     return o
+
+
+def _precondition_conflict(o: dict) -> str | None:
+    """Why coec options ``o`` (every key present) cannot precondition, or None: the
+    preconditioned direction needs the reduced-Stiefel solve and the line search along it."""
+    if o["precondition"] != "none" and (o["right"] != "stiefel" or o["eta_scale"] != "rayleigh"):
+        return (f"{o['precondition']!r} needs right: stiefel and eta_scale: rayleigh "
+                f"(got right: {o['right']}, eta_scale: {o['eta_scale']})")
+    return None
 
 
 def as_dict(o) -> dict:
@@ -388,15 +399,14 @@ def validate_spec(spec: dict, where: str) -> None:
             except ValueError as exc:
                 _fail(f"{at}: {exc}")
         if method == "coec":
+            if problem := _precondition_conflict({**defaults("coec"), **merged}):
+                at = f"{where}.{module}" if "precondition" in sub else where
+                _fail(f"{at}.precondition: {problem}")
             o = resolve(method, merged)
             if o.align_lambda > 0 and o.align == "projector" and module != "o_proj":
                 at = f"{where}.{module}" if "align_lambda" in sub else where
                 _fail(f"{at}.align_lambda: align_lambda > 0 with align 'projector' needs the pruned "
                       f"v_proj, which only o_proj has; set it under o_proj: (or use align: angle)")
-            if o.precondition != "none" and (o.right != "stiefel" or o.eta_scale != "rayleigh"):
-                at = f"{where}.{module}" if "precondition" in sub else where
-                _fail(f"{at}.precondition: {o.precondition!r} needs right: stiefel and eta_scale: rayleigh "
-                      f"(got right: {o.right}, eta_scale: {o.eta_scale})")
 
 
 # ----------------------------------------------------------------------------- documentation

@@ -382,9 +382,9 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
             dirn = retract_step(x, R, Xi)  # closure with the search direction for this point
             slope = None
             if method == "cg" or "pgrad" in dirn:
+                restarted = False
                 if method == "cg":
                     P, restarted = _conjugate(dirn, prev)
-                    res["restarts"] += int(restarted)
                     prev = {"grad": dirn["grad"], "pgrad": dirn.get("pgrad", dirn["grad"]), "dir": P}
                 else:
                     P = dirn["pgrad"]
@@ -393,10 +393,10 @@ def _descend(obj, R0, L0, retract_step, measure, *, eta, eta_scale, delta, max_s
                 if slope > 0:
                     dirn = cand
                 else:  # a preconditioned direction that is no descent direction: the gradient
-                    res["restarts"] += 1
-                    prev = None
+                    restarted, prev = True, None
                     dirn = dirn["along"](dirn["grad"])
                     slope = None
+                res["restarts"] += int(restarted)
         gnorm = dirn["norm"]
         if not math.isfinite(gnorm):
             stop = "nonfinite_grad"
