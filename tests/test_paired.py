@@ -60,3 +60,82 @@ def test_cli_prints_the_mean_row(tmp_path, capsys):
     assert paired.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "mean" in out and "25.00" in out
+
+
+def _write_margins(folder, task, margins_and_labels):
+    (folder / "zeroshot_samples").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, (m, y) in enumerate(margins_and_labels):
+        # loglik(choice 0) = -3, loglik(choice 1) = -3 + m
+        resps = [[str(-3.0), "False"], [str(-3.0 + m), "False"]]
+        rows.append(json.dumps({"doc_id": i, "target": str(y), "filtered_resps": resps,
+                                "acc": float((m > 0) == (y == 1))}))
+    (folder / "zeroshot_samples" / f"{task}.jsonl").write_text("\n".join(rows) + "\n")
+
+
+def test_two_choice_separates_the_prior_from_the_ranking(tmp_path):
+    pairs = [(0.5, 1), (0.2, 0), (0.9, 1), (-0.1, 0), (0.3, 1), (-0.4, 0), (0.1, 1), (0.4, 0)]
+    _write_margins(tmp_path, "boolq", pairs)
+    got = paired.margins(tmp_path, "boolq")
+    assert [y for _, y in got] == [y for _, y in pairs]
+    assert [m for m, _ in got] == pytest.approx([m for m, _ in pairs])
+    st = paired.two_choice(got)
+    # brute-force Mann-Whitney: pairs (pos, neg) with pos margin larger, ties half
+    pos = [m for m, y in pairs if y == 1]
+    neg = [m for m, y in pairs if y == 0]
+    brute = sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
+    assert st["auc"] == pytest.approx(brute)
+    assert st["choice1_rate"] == pytest.approx(6 / 8) and st["label1_rate"] == 0.5
+    assert st["acc"] == pytest.approx(sum((m > 0) == (y == 1) for m, y in pairs) / 8)
+    # a constant shift of the margin moves the prior and the accuracy, never the AUC
+    for shift in (-1.0, -0.35, 0.6):
+        sh = paired.two_choice([(m + shift, y) for m, y in pairs])
+        assert sh["auc"] == pytest.approx(st["auc"])
+    assert paired.two_choice([(m - 1.0, y) for m, y in pairs])["choice1_rate"] == 0
+
+
+def test_two_choice_limits_and_ties():
+    assert paired.two_choice([(1.0, 1), (2.0, 1), (-1.0, 0)])["auc"] == 1.0
+    assert paired.two_choice([(-1.0, 1), (2.0, 0), (1.0, 0)])["auc"] == 0.0
+    assert paired.two_choice([(0.3, 1), (0.3, 0), (0.3, 1), (0.3, 0)])["auc"] == 0.5
+    assert math.isnan(paired.two_choice([(0.3, 1), (0.2, 1)])["auc"])
+    with pytest.raises(ValueError, match="no documents"):
+        paired.two_choice([])
+
+
+def test_cli_two_choice_rows(tmp_path, capsys):
+    for name, shift in (("a", 0.0), ("b", -1.0)):
+        _write(tmp_path / name, {"boolq": [1, 0, 1, 0]})
+        _write_margins(tmp_path / name, "boolq", [(0.5 + shift, 1), (0.2 + shift, 0),
+                                                   (0.9 + shift, 1), (-0.1 + shift, 0)])
+    assert paired.main([str(tmp_path / "a"), str(tmp_path / "b"), "--two-choice"]) == 0
+    out = capsys.readouterr().out
+    assert "boolq A" in out and "boolq B" in out and "  1.000" in out  # AUC 1 for both
+
+
+def test_margins_take_the_label_from_acc_when_the_target_is_text(tmp_path):
+    (tmp_path / "zeroshot_samples").mkdir()
+    rows = [  # WinoGrande-style: target is the gold continuation; acc says which choice is right
+        {"doc_id": 0, "target": "the cat sat", "filtered_resps": [["-5", "F"], ["-4", "F"]], "acc": 1.0},
+        {"doc_id": 1, "target": "the dog ran", "filtered_resps": [["-5", "F"], ["-4", "F"]], "acc": 0.0},
+        {"doc_id": 2, "target": "a bird flew", "filtered_resps": [["-3", "F"], ["-4", "F"]], "acc": 1.0},
+    ]
+    (tmp_path / "zeroshot_samples" / "winogrande.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in rows))
+    assert paired.margins(tmp_path, "winogrande") == [(1.0, 1), (1.0, 0), (-1.0, 0)]
+    (tmp_path / "zeroshot_samples" / "hellaswag.jsonl").write_text(json.dumps(
+        {"doc_id": 0, "target": "0", "filtered_resps": [["-1", "F"]] * 4, "acc": 1.0}))
+    with pytest.raises(ValueError, match="4 choices"):
+        paired.margins(tmp_path, "hellaswag")
+
+
+def test_margin_agreement_sees_a_pure_shift():
+    a = [(0.5, 1), (-0.2, 0), (0.9, 1), (0.1, 0)]
+    shifted = [(m - 0.7, y) for m, y in a]
+    ag = paired.margin_agreement(a, shifted)
+    assert ag["shift"] == pytest.approx(0.7) and ag["corr"] == pytest.approx(1.0)
+    flipped = [(-m, y) for m, y in a]
+    assert paired.margin_agreement(a, flipped)["corr"] == pytest.approx(-1.0)
+    assert math.isnan(paired.margin_agreement(a, [(0.0, y) for _, y in a])["corr"])
+    with pytest.raises(ValueError, match="same documents"):
+        paired.margin_agreement(a, a[:3])

@@ -11,6 +11,15 @@ unpaired standard error of the same difference is ``sqrt(SE_a^2 + SE_b^2)`` per 
 
 reads ``<dir>/zeroshot.json`` and its ``zeroshot_samples/<task>.jsonl`` (``--log-samples``,
 which the workflow always passes) and prints the per-task and mean differences (A - B, points).
+
+For a two-choice task (BoolQ, RTE, WinoGrande) accuracy mixes two things: how well the margin
+``m_i = loglik(choice 1) - loglik(choice 0)`` ranks the documents, and where zero falls in its
+distribution (a model that leans to one answer scores that answer's base rate). ``two_choice``
+separates them: the rate of choosing choice 1 (the prior) and the AUC of the margin against the
+label (the probability that a random choice-1 document has a larger margin than a random
+choice-0 one, ties 1/2), which no constant shift of the margin changes. ``--two-choice`` prints
+both for A and B, and how their margins agree document by document (``margin_agreement``: the
+mean shift and the correlation; a shift at correlation near 1 is a change of prior alone).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from pathlib import Path
 
 from .tasks import task_spec
 
-__all__ = ["per_document", "paired_difference", "main"]
+__all__ = ["per_document", "paired_difference", "margins", "two_choice", "margin_agreement", "main"]
 
 
 def per_document(result_dir: str | Path, task: str) -> dict[int, float]:
@@ -75,6 +84,77 @@ def paired_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, flo
     return {"tasks": tasks, "diff": diff, "se": se, "se_unpaired": se_u, "z": z}
 
 
+def margins(result_dir: str | Path, task: str) -> list[tuple[float, int]]:
+    """``[(m_i, label_i)]`` of a two-choice task: the margin loglik(choice 1) - loglik(choice 0)
+    of each document and its gold choice (0 or 1), from its per-sample records (the target
+    index, or, where the target is the gold text, the choice its ``acc`` says is right). Raises
+    when a record does not have exactly two choices."""
+    path = Path(result_dir) / "zeroshot_samples" / f"{task}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no per-sample records (run zeroshot with --log-samples)")
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        resps = row["filtered_resps"]
+        if len(resps) != 2:
+            raise ValueError(f"{path}: doc {row['doc_id']} has {len(resps)} choices, not 2")
+        loglik = [float(r[0]) for r in resps]
+        target = str(row["target"])
+        if target in ("0", "1"):
+            label = int(target)
+        else:                              # target is the gold text (WinoGrande): from acc
+            picked = int(loglik[1] > loglik[0])
+            label = picked if float(row["acc"]) == 1.0 else 1 - picked
+        out.append((loglik[1] - loglik[0], label))
+    return out
+
+
+def two_choice(pairs: list[tuple[float, int]]) -> dict:
+    """Prior and discrimination of a two-choice task from ``margins``: ``{"n", "acc",
+    "choice1_rate", "label1_rate", "auc"}``. ``acc`` picks choice 1 where the margin is positive
+    (lm-eval's argmax; a tie picks choice 0); ``auc`` is the Mann-Whitney statistic
+    P(m_pos > m_neg) + P(m_pos = m_neg) / 2 over label-1 (pos) and label-0 (neg) documents, by
+    ranks (O(n log n)); NaN when one label is absent."""
+    n = len(pairs)
+    if n == 0:
+        raise ValueError("no documents")
+    acc = sum((m > 0) == (y == 1) for m, y in pairs) / n
+    n_pos = sum(y == 1 for _, y in pairs)
+    n_neg = n - n_pos
+    auc = math.nan
+    if n_pos and n_neg:
+        order = sorted(range(n), key=lambda i: pairs[i][0])
+        rank_sum, i = 0.0, 0
+        while i < n:                       # average ranks (1-based) over runs of tied margins
+            j = i
+            while j + 1 < n and pairs[order[j + 1]][0] == pairs[order[i]][0]:
+                j += 1
+            mid = (i + j) / 2 + 1
+            rank_sum += mid * sum(pairs[order[k]][1] == 1 for k in range(i, j + 1))
+            i = j + 1
+        auc = (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    return {"n": n, "acc": acc, "choice1_rate": sum(m > 0 for m, _ in pairs) / n,
+            "label1_rate": n_pos / n, "auc": auc}
+
+
+def margin_agreement(a: list[tuple[float, int]], b: list[tuple[float, int]]) -> dict:
+    """How two results' margins on the same documents (``margins``, same order) agree:
+    ``{"shift": mean(m_a - m_b), "corr": Pearson r of m_a and m_b}`` (r NaN where a margin is
+    constant). A shift with r near 1 is a change of prior alone. Raises on different documents."""
+    if len(a) != len(b) or any(ya != yb for (_, ya), (_, yb) in zip(a, b)):
+        raise ValueError("the two results do not hold the same documents in the same order")
+    ma, mb = [m for m, _ in a], [m for m, _ in b]
+    n = len(ma)
+    ca, cb = sum(ma) / n, sum(mb) / n
+    sab = sum((x - ca) * (y - cb) for x, y in zip(ma, mb))
+    saa = sum((x - ca) ** 2 for x in ma)
+    sbb = sum((y - cb) ** 2 for y in mb)
+    corr = sab / math.sqrt(saa * sbb) if saa > 0 and sbb > 0 else math.nan
+    return {"shift": ca - cb, "corr": corr}
+
+
 def load(result_dir: str | Path, tasks: list[str] | None = None) -> dict[str, dict[int, float]]:
     """Per-document metrics of every task of a result (its ``zeroshot.json``'s task list)."""
     if tasks is None:
@@ -87,6 +167,9 @@ def main(argv=None) -> int:
     ap.add_argument("a", help="result folder A (holds zeroshot.json and zeroshot_samples/)")
     ap.add_argument("b", help="result folder B")
     ap.add_argument("--tasks", default=None, help="comma-separated (default: A's tasks)")
+    ap.add_argument("--two-choice", action="store_true",
+                    help="also print, for each two-choice task, the rate of choosing choice 1 and "
+                         "the margin's AUC (threshold-free) of A and B")
     args = ap.parse_args(argv)
     tasks = args.tasks.split(",") if args.tasks else None
     a = load(args.a, tasks)
@@ -98,6 +181,21 @@ def main(argv=None) -> int:
               f"{100 * t['se']:10.2f} {100 * t['se_unpaired']:12.2f}")
     print(f"{'mean':<14} {'':>5} {'':>7} {'':>7} {100 * res['diff']:7.2f} {100 * res['se']:10.2f} "
           f"{100 * res['se_unpaired']:12.2f}   z = {res['z']:.2f}")
+    if args.two_choice:
+        print(f"\n{'two-choice':<14} {'':>5} {'choice 1 %':>11} {'gold 1 %':>9} {'AUC':>6}   (A, then B)")
+        for task in res["tasks"]:
+            try:
+                stats = [two_choice(margins(d, task)) for d in (args.a, args.b)]
+            except ValueError:
+                continue                   # not a two-choice task
+            for tag, st in zip("AB", stats):
+                print(f"{task + ' ' + tag:<14} {st['n']:>5} {100 * st['choice1_rate']:11.1f} "
+                      f"{100 * st['label1_rate']:9.1f} {st['auc']:6.3f}")
+            try:
+                ag = margin_agreement(margins(args.a, task), margins(args.b, task))
+            except ValueError:
+                continue                   # different documents: no per-document agreement
+            print(f"{task + ' A-B':<14} margin shift {ag['shift']:+.3f}, correlation {ag['corr']:.3f}")
     return 0
 
 
