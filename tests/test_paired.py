@@ -77,9 +77,10 @@ def test_two_choice_separates_the_prior_from_the_ranking(tmp_path):
     pairs = [(0.5, 1), (0.2, 0), (0.9, 1), (-0.1, 0), (0.3, 1), (-0.4, 0), (0.1, 1), (0.4, 0)]
     _write_margins(tmp_path, "boolq", pairs)
     got = paired.margins(tmp_path, "boolq")
-    assert [y for _, y in got] == [y for _, y in pairs]
-    assert [m for m, _ in got] == pytest.approx([m for m, _ in pairs])
-    st = paired.two_choice(got)
+    assert sorted(got) == list(range(len(pairs)))
+    assert [got[i][1] for i in range(8)] == [y for _, y in pairs]
+    assert [got[i][0] for i in range(8)] == pytest.approx([m for m, _ in pairs])
+    st = paired.two_choice(got.values())
     # brute-force Mann-Whitney: pairs (pos, neg) with pos margin larger, ties half
     pos = [m for m, y in pairs if y == 1]
     neg = [m for m, y in pairs if y == 0]
@@ -122,7 +123,7 @@ def test_margins_take_the_label_from_acc_when_the_target_is_text(tmp_path):
     ]
     (tmp_path / "zeroshot_samples" / "winogrande.jsonl").write_text(
         "\n".join(json.dumps(r) for r in rows))
-    assert paired.margins(tmp_path, "winogrande") == [(1.0, 1), (1.0, 0), (-1.0, 0)]
+    assert paired.margins(tmp_path, "winogrande") == {0: (1.0, 1), 1: (1.0, 0), 2: (-1.0, 0)}
     (tmp_path / "zeroshot_samples" / "hellaswag.jsonl").write_text(json.dumps(
         {"doc_id": 0, "target": "0", "filtered_resps": [["-1", "F"]] * 4, "acc": 1.0}))
     with pytest.raises(ValueError, match="4 choices"):
@@ -130,12 +131,17 @@ def test_margins_take_the_label_from_acc_when_the_target_is_text(tmp_path):
 
 
 def test_margin_agreement_sees_a_pure_shift():
-    a = [(0.5, 1), (-0.2, 0), (0.9, 1), (0.1, 0)]
-    shifted = [(m - 0.7, y) for m, y in a]
+    a = {0: (0.5, 1), 1: (-0.2, 0), 2: (0.9, 1), 3: (0.1, 0)}
+    shifted = {i: (m - 0.7, y) for i, (m, y) in a.items()}
     ag = paired.margin_agreement(a, shifted)
-    assert ag["shift"] == pytest.approx(0.7) and ag["corr"] == pytest.approx(1.0)
-    flipped = [(-m, y) for m, y in a]
+    assert ag["shift"] == pytest.approx(0.7) and ag["corr"] == pytest.approx(1.0) and ag["n"] == 4
+    flipped = {i: (-m, y) for i, (m, y) in a.items()}
     assert paired.margin_agreement(a, flipped)["corr"] == pytest.approx(-1.0)
-    assert math.isnan(paired.margin_agreement(a, [(0.0, y) for _, y in a])["corr"])
-    with pytest.raises(ValueError, match="same documents"):
-        paired.margin_agreement(a, a[:3])
+    assert math.isnan(paired.margin_agreement(a, {i: (0.0, y) for i, (_, y) in a.items()})["corr"])
+    # pairs on the shared documents only: doc 3 is missing from B, doc 9 from A
+    part = {0: (0.5, 1), 1: (-0.2, 0), 2: (0.9, 1), 9: (5.0, 0)}
+    assert paired.margin_agreement(a, part) == {"n": 3, "shift": 0.0, "corr": pytest.approx(1.0)}
+    with pytest.raises(ValueError, match="share no document"):
+        paired.margin_agreement(a, {7: (0.1, 1)})
+    with pytest.raises(ValueError, match="gold labels"):
+        paired.margin_agreement(a, {0: (0.5, 0)})

@@ -84,15 +84,15 @@ def paired_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, flo
     return {"tasks": tasks, "diff": diff, "se": se, "se_unpaired": se_u, "z": z}
 
 
-def margins(result_dir: str | Path, task: str) -> list[tuple[float, int]]:
-    """``[(m_i, label_i)]`` of a two-choice task: the margin loglik(choice 1) - loglik(choice 0)
-    of each document and its gold choice (0 or 1), from its per-sample records (the target
+def margins(result_dir: str | Path, task: str) -> dict[int, tuple[float, int]]:
+    """``{doc_id: (m, label)}`` of a two-choice task: the margin loglik(choice 1) -
+    loglik(choice 0) of each document and its gold choice (0 or 1), from its per-sample records (the target
     index, or, where the target is the gold text, the choice its ``acc`` says is right). Raises
     when a record does not have exactly two choices."""
     path = Path(result_dir) / "zeroshot_samples" / f"{task}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no per-sample records (run zeroshot with --log-samples)")
-    out = []
+    out = {}
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
@@ -107,16 +107,18 @@ def margins(result_dir: str | Path, task: str) -> list[tuple[float, int]]:
         else:                              # target is the gold text (WinoGrande): from acc
             picked = int(loglik[1] > loglik[0])
             label = picked if float(row["acc"]) == 1.0 else 1 - picked
-        out.append((loglik[1] - loglik[0], label))
+        out[int(row["doc_id"])] = (loglik[1] - loglik[0], label)
     return out
 
 
-def two_choice(pairs: list[tuple[float, int]]) -> dict:
-    """Prior and discrimination of a two-choice task from ``margins``: ``{"n", "acc",
+def two_choice(pairs) -> dict:
+    """Prior and discrimination of a two-choice task from ``(m, label)`` pairs (the values of
+    ``margins``): ``{"n", "acc",
     "choice1_rate", "label1_rate", "auc"}``. ``acc`` picks choice 1 where the margin is positive
     (lm-eval's argmax; a tie picks choice 0); ``auc`` is the Mann-Whitney statistic
     P(m_pos > m_neg) + P(m_pos = m_neg) / 2 over label-1 (pos) and label-0 (neg) documents, by
     ranks (O(n log n)); NaN when one label is absent."""
+    pairs = list(pairs)
     n = len(pairs)
     if n == 0:
         raise ValueError("no documents")
@@ -139,20 +141,24 @@ def two_choice(pairs: list[tuple[float, int]]) -> dict:
             "label1_rate": n_pos / n, "auc": auc}
 
 
-def margin_agreement(a: list[tuple[float, int]], b: list[tuple[float, int]]) -> dict:
-    """How two results' margins on the same documents (``margins``, same order) agree:
-    ``{"shift": mean(m_a - m_b), "corr": Pearson r of m_a and m_b}`` (r NaN where a margin is
-    constant). A shift with r near 1 is a change of prior alone. Raises on different documents."""
-    if len(a) != len(b) or any(ya != yb for (_, ya), (_, yb) in zip(a, b)):
-        raise ValueError("the two results do not hold the same documents in the same order")
-    ma, mb = [m for m, _ in a], [m for m, _ in b]
+def margin_agreement(a: dict[int, tuple[float, int]], b: dict[int, tuple[float, int]]) -> dict:
+    """How two results' margins (``margins``) agree on the documents both scored: ``{"n",
+    "shift": mean(m_a - m_b), "corr": Pearson r of m_a and m_b}`` (r NaN where a margin is
+    constant). A shift with r near 1 is a change of prior alone. Raises when no document is
+    shared or a shared document's label differs."""
+    docs = sorted(set(a) & set(b))
+    if not docs:
+        raise ValueError("the two results share no document")
+    if any(a[i][1] != b[i][1] for i in docs):
+        raise ValueError("a shared document has different gold labels in the two results")
+    ma, mb = [a[i][0] for i in docs], [b[i][0] for i in docs]
     n = len(ma)
     ca, cb = sum(ma) / n, sum(mb) / n
     sab = sum((x - ca) * (y - cb) for x, y in zip(ma, mb))
     saa = sum((x - ca) ** 2 for x in ma)
     sbb = sum((y - cb) ** 2 for y in mb)
     corr = sab / math.sqrt(saa * sbb) if saa > 0 and sbb > 0 else math.nan
-    return {"shift": ca - cb, "corr": corr}
+    return {"n": n, "shift": ca - cb, "corr": corr}
 
 
 def load(result_dir: str | Path, tasks: list[str] | None = None) -> dict[str, dict[int, float]]:
@@ -185,16 +191,14 @@ def main(argv=None) -> int:
         print(f"\n{'two-choice':<14} {'':>5} {'choice 1 %':>11} {'gold 1 %':>9} {'AUC':>6}   (A, then B)")
         for task in res["tasks"]:
             try:
-                stats = [two_choice(margins(d, task)) for d in (args.a, args.b)]
+                ms = [margins(d, task) for d in (args.a, args.b)]
             except ValueError:
                 continue                   # not a two-choice task
-            for tag, st in zip("AB", stats):
+            for tag, m in zip("AB", ms):
+                st = two_choice(m.values())
                 print(f"{task + ' ' + tag:<14} {st['n']:>5} {100 * st['choice1_rate']:11.1f} "
                       f"{100 * st['label1_rate']:9.1f} {st['auc']:6.3f}")
-            try:
-                ag = margin_agreement(margins(args.a, task), margins(args.b, task))
-            except ValueError:
-                continue                   # different documents: no per-document agreement
+            ag = margin_agreement(*ms)
             print(f"{task + ' A-B':<14} margin shift {ag['shift']:+.3f}, correlation {ag['corr']:.3f}")
     return 0
 
