@@ -34,19 +34,21 @@ from .tasks import task_spec
 __all__ = ["per_document", "paired_difference", "margins", "two_choice", "margin_agreement", "main"]
 
 
+def _sample_rows(result_dir: str | Path, task: str) -> tuple[Path, list[dict]]:
+    """(path, records) of ``<result_dir>/zeroshot_samples/<task>.jsonl``, lm-eval's per-sample
+    records; raises when the file is missing (zeroshot run without --log-samples)."""
+    path = Path(result_dir) / "zeroshot_samples" / f"{task}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no per-sample records (run zeroshot with --log-samples)")
+    return path, [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def per_document(result_dir: str | Path, task: str) -> dict[int, float]:
     """``{doc_id: metric}`` of one task from ``<result_dir>/zeroshot_samples/<task>.jsonl``,
     the metric the tables report (``TaskSpec.metric``)."""
     metric = task_spec(task).metric
-    path = Path(result_dir) / "zeroshot_samples" / f"{task}.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no per-sample records (run zeroshot with --log-samples)")
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out[int(row["doc_id"])] = float(row[metric])
-    return out
+    _, rows = _sample_rows(result_dir, task)
+    return {int(row["doc_id"]): float(row[metric]) for row in rows}
 
 
 def _stats(xs: list[float]) -> tuple[float, float]:
@@ -86,17 +88,12 @@ def paired_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, flo
 
 def margins(result_dir: str | Path, task: str) -> dict[int, tuple[float, int]]:
     """``{doc_id: (m, label)}`` of a two-choice task: the margin loglik(choice 1) -
-    loglik(choice 0) of each document and its gold choice (0 or 1), from its per-sample records (the target
-    index, or, where the target is the gold text, the choice its ``acc`` says is right). Raises
-    when a record does not have exactly two choices."""
-    path = Path(result_dir) / "zeroshot_samples" / f"{task}.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no per-sample records (run zeroshot with --log-samples)")
+    loglik(choice 0) of each document and its gold choice (0 or 1), from its per-sample records
+    (the target index, or, where the target is the gold text, the choice its ``acc`` says is
+    right). Raises when a record does not have exactly two choices."""
+    path, rows = _sample_rows(result_dir, task)
     out = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in rows:
         resps = row["filtered_resps"]
         if len(resps) != 2:
             raise ValueError(f"{path}: doc {row['doc_id']} has {len(resps)} choices, not 2")
@@ -113,9 +110,8 @@ def margins(result_dir: str | Path, task: str) -> dict[int, tuple[float, int]]:
 
 def two_choice(pairs) -> dict:
     """Prior and discrimination of a two-choice task from ``(m, label)`` pairs (the values of
-    ``margins``): ``{"n", "acc",
-    "choice1_rate", "label1_rate", "auc"}``. ``acc`` picks choice 1 where the margin is positive
-    (lm-eval's argmax; a tie picks choice 0); ``auc`` is the Mann-Whitney statistic
+    ``margins``): ``{"n", "acc", "choice1_rate", "label1_rate", "auc"}``. ``acc`` picks choice 1
+    where the margin is positive (lm-eval's argmax; a tie picks choice 0); ``auc`` is the Mann-Whitney statistic
     P(m_pos > m_neg) + P(m_pos = m_neg) / 2 over label-1 (pos) and label-0 (neg) documents, by
     ranks (O(n log n)); NaN when one label is absent."""
     pairs = list(pairs)
