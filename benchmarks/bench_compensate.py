@@ -32,7 +32,7 @@ import time
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.linalg import relerr_with_bias
+from coec.compensate.linalg import OutputError
 from coec.profiling import device_sync, gemm_rate, span_totals
 
 # name: (module, d_out, d_in, k, extra)   extra: for o_proj (n_heads, n_kv, head_dim, d_model)
@@ -128,8 +128,8 @@ def synth_problem(module, d_out, d_in, k, extra, n_tokens, seed, device, dtype=t
 def heldout_relerr(out, W0, test, keep, n_test):
     """Relative error (float64) on n_test fresh tokens, the bias included (FLAP)."""
     G_test, mean_test = test
-    return relerr_with_bias(out.weight, out.bias, W0.to(torch.float64), G_test.to(torch.float64) / n_test,
-                            mean_test.to(torch.float64), keep)
+    return OutputError(W0.to(torch.float64), G_test.to(torch.float64) / n_test, keep,
+                       mean_test.to(torch.float64), scale=1.0)(out.weight, out.bias)
 
 
 def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_updates=0.1, carry=False, rg_refresh=4):
@@ -314,7 +314,7 @@ def main(argv=None):
         _, module, d_out, d_in, k, extra = width_shapes(128)[0]
         W0, G, mean, keep, vp, _ = synth_problem(module, d_out, d_in, k, extra, 1024, a.seed, device)
         for method in methods:
-            compensate(W0, G, mean, keep, method, **({"max_rounds": 1} if method == "coec" else {}))
+            compensate(W0, G, mean, keep, method, n_tokens=1024, **({"max_rounds": 1} if method == "coec" else {}))
     for sset in sets:
         for name, module, d_out, d_in, k, extra in SHAPES[sset]:
             if module not in a.modules.split(","):
@@ -327,6 +327,7 @@ def main(argv=None):
             print(f"[{name}] d_out={d_out} d_in={d_in} k={k} tokens={n_tok} (synth {time.perf_counter() - t:.1f}s)", flush=True)
             for method in methods:
                 opts = {"compute_dtype": cdt} if cdt else {}
+                opts["n_tokens"] = n_tok  # G sums over n_tok tokens (the bias's error needs it)
                 if method == "coec":
                     if a.max_rounds is not None:
                         opts["max_rounds"] = a.max_rounds

@@ -23,7 +23,7 @@ import torch
 
 from coec.calibrate import run_layerwise
 from coec.compensate import compensate
-from coec.compensate.linalg import relerr_with_bias
+from coec.compensate.linalg import OutputError
 from coec.data import load_split, sample_windows, tokenize_text
 from coec.models import attention_geometry, load_model
 from coec.pipeline import expanded_value_proj
@@ -85,14 +85,15 @@ def main():
             c, h = cal[i][mod], held[i][mod]
             for m in methods:
                 opts = {"max_rounds": a.max_rounds, **a.coec_opts} if m == "coec" else {}
+                opts["n_tokens"] = c["count"]
                 if m == "coec" and mod == "o_proj":
                     opts.update(align_lambda=50.0, value_proj=vp)
                 t1 = time.time()
                 res = compensate(W[mod], c["gram"], c["mean"], cols[mod], m, **opts)
                 sec = time.time() - t1
                 for name, st in (("calib", c), ("held", h)):
-                    err = relerr_with_bias(res.weight.double(), res.bias, W[mod].double(),
-                                           st["gram"] / st["count"], st["mean"], cols[mod])
+                    err = OutputError(W[mod].double(), st["gram"] / st["count"], cols[mod], st["mean"],
+                                      scale=1.0)(res.weight.double(), res.bias)
                     sums[(m, mod)][name].append(err)
                 sums[(m, mod)]["sec"].append(sec)
                 if m == "coec":

@@ -31,64 +31,6 @@ TARGETS = ["results/table1.csv", "results/table3.csv", "results/table_iterative.
            "results/figures/iterative_calibration_size.png"]
 
 
-def golden_config(work: Path) -> dict:
-    """The trimmed config, every path under ``work``."""
-    from conftest import CORPUS, make_model_dir
-
-    model = make_model_dir(work / "tiny-llama", "llama")
-    (work / "calib.txt").write_text(CORPUS)
-    (work / "eval.txt").write_text(CORPUS[1000:4000])
-    (work / "code.txt").write_text("def f(x):\n    return [i * x for i in range(10)]\n\n" * 80)
-    rows = [{"selection": s, "compensation": c}
-            for s in ("wanda_sp", "flap", "rcpu") for c in ("none", "bias", "lstsq", "rcpu", "coec")]
-    return {
-        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32"}},
-        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
-                               "eval": str(work / "eval.txt")},
-                     "code": {"source": "files", "calib": str(work / "code.txt"),
-                              "eval": str(work / "code.txt")}},
-        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
-                               "batch_size": 4}},
-        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 6,
-                       "ppl_batch_size": 2},
-        "compensations": {
-            "none": {"method": "none"}, "bias": {"method": "bias"},
-            "lstsq": {"method": "lstsq", "ridge": 0.01}, "rcpu": {"method": "rcpu"},
-            "coec": {"method": "coec", "alpha": 0.9, "max_rounds": 3,
-                     "o_proj": {"align_lambda": 50.0, "anchor_rank": 4}},
-            "coec-gcv": {"method": "coec", "alpha": 1.0, "rescale": "gcv", "right": "none",
-                         "max_rounds": 3}},
-        "compute": {"device": "cpu", "compensate_block": 1},
-        "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5], "rows": rows},
-        "table3": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
-                   "rows": [{"selection": "rcpu", "compensation": "rcpu", "label": "RCPU"},
-                            {"selection": "rcpu", "compensation": "coec-gcv", "label": "+ GCV"}]},
-        "fig2": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8], "ratios": [0.5],
-                 "selection": "rcpu", "compensations": ["none", "coec"]},
-        "domains": {"nl": {"source": "dataset", "dataset": "local"},
-                    "code": {"source": "dataset", "dataset": "code"}},
-        "iterative": {
-            "mixes": {"mix8": {"domains": {"nl": 1, "code": 1}, "nsamples": 8, "seqlen": 32,
-                               "batch_size": 4},
-                      "mix8-eq8": {"domains": {"nl": 2, "code": 1}, "nsamples": 8, "seqlen": 32,
-                                   "batch_size": 4, "variance_mix": "eq8"}},
-            "variants": {"flap": {"steps": 1}, "iflap": {"step": 0.25},
-                         "seq": {"steps": 2, "mode": "sequential"},
-                         "alam": {"steps": 2, "structure": "al-am"}},
-            "table": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
-                      "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
-                               {"label": "iterative", "variant": "iflap"},
-                               {"label": "sequential", "variant": "seq"},
-                               {"label": "al-am", "variant": "alam"},
-                               {"label": "multi-domain", "variant": "flap", "calibration": "mix8"},
-                               {"label": "eq8", "variant": "iflap", "calibration": "mix8-eq8"}]},
-            "calibration_size": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8],
-                                 "ratios": [0.5],
-                                 "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
-                                          {"label": "iterative", "variant": "iflap"}]}},
-    }
-
-
 def file_digests(root: Path) -> dict[str, str]:
     """sha256 of every file under root/results except logs/ and benchmarks/."""
     out = {}
@@ -134,8 +76,10 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     if not a.hash_only:
+        from conftest import full_workflow_config
+
         cfg_path = work / "golden.yaml"
-        cfg_path.write_text(yaml.safe_dump(golden_config(work)))
+        cfg_path.write_text(yaml.safe_dump(full_workflow_config(work)))
         cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
                "--directory", str(work), "--cores", a.cores, *TARGETS, "--configfile", str(cfg_path)]
         res = subprocess.run(cmd, capture_output=True, text=True)

@@ -29,7 +29,7 @@ import torch
 
 from coec.calibrate import load_layer_stats
 from coec.compensate import compensate
-from coec.compensate.linalg import relerr_with_bias
+from coec.compensate.linalg import OutputError
 from coec.models import attention_geometry, layer_tensor_names, load_config, read_tensors
 from coec.pipeline import expanded_value_proj
 from coec.select import o_proj_columns
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
                        "objective": info["objective_history"][-1]}
                 if ho is not None:
                     hm = ho["gram"].double() / ho["count"]
-                    row["heldout"] = relerr_with_bias(res.weight.double(), None, W0.double(), 0.5 * (hm + hm.mT),
-                                                      ho["mean"].double(), cols)
+                    row["heldout"] = OutputError(W0.double(), 0.5 * (hm + hm.mT), cols, ho["mean"].double(),
+                                                 scale=1.0)(res.weight.double())
                 rows[v].append(row)
             print(f"layer {i} {module}: " + "  ".join(
                 f"{v} {rows[v][-1]['relerr']:.4f}/{rows[v][-1]['steps'] / max(rows[v][-1]['rounds'], 1):.1f}st"

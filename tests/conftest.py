@@ -122,6 +122,65 @@ def write_trimmed_workflow(work: Path) -> tuple[dict, Path]:
     return cfg, cfg_path
 
 
+def full_workflow_config(work: Path) -> dict:
+    """A trimmed config that reaches every stage of the paper's grid and of the iterative method
+    (every selection and compensation method, Fig. 2, multi-domain mixes, every iterative mode and
+    structure) with what it reads created under ``work`` (a tiny Llama, local text): the config of
+    ``benchmarks/golden.py``'s digests, every path absolute."""
+    model = make_model_dir(work / "tiny-llama", "llama")
+    (work / "calib.txt").write_text(CORPUS)
+    (work / "eval.txt").write_text(CORPUS[1000:4000])
+    (work / "code.txt").write_text("def f(x):\n    return [i * x for i in range(10)]\n\n" * 80)
+    rows = [{"selection": s, "compensation": c}
+            for s in ("wanda_sp", "flap", "rcpu") for c in ("none", "bias", "lstsq", "rcpu", "coec")]
+    return {
+        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32"}},
+        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
+                               "eval": str(work / "eval.txt")},
+                     "code": {"source": "files", "calib": str(work / "code.txt"),
+                              "eval": str(work / "code.txt")}},
+        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
+                               "batch_size": 4}},
+        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 6,
+                       "ppl_batch_size": 2},
+        "compensations": {
+            "none": {"method": "none"}, "bias": {"method": "bias"},
+            "lstsq": {"method": "lstsq", "ridge": 0.01}, "rcpu": {"method": "rcpu"},
+            "coec": {"method": "coec", "alpha": 0.9, "max_rounds": 3,
+                     "o_proj": {"align_lambda": 50.0, "anchor_rank": 4}},
+            "coec-gcv": {"method": "coec", "alpha": 1.0, "rescale": "gcv", "right": "none",
+                         "max_rounds": 3}},
+        "compute": {"device": "cpu", "compensate_block": 1},
+        "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5], "rows": rows},
+        "table3": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
+                   "rows": [{"selection": "rcpu", "compensation": "rcpu", "label": "RCPU"},
+                            {"selection": "rcpu", "compensation": "coec-gcv", "label": "+ GCV"}]},
+        "fig2": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8], "ratios": [0.5],
+                 "selection": "rcpu", "compensations": ["none", "coec"]},
+        "domains": {"nl": {"source": "dataset", "dataset": "local"},
+                    "code": {"source": "dataset", "dataset": "code"}},
+        "iterative": {
+            "mixes": {"mix8": {"domains": {"nl": 1, "code": 1}, "nsamples": 8, "seqlen": 32,
+                               "batch_size": 4},
+                      "mix8-eq8": {"domains": {"nl": 2, "code": 1}, "nsamples": 8, "seqlen": 32,
+                                   "batch_size": 4, "variance_mix": "eq8"}},
+            "variants": {"flap": {"steps": 1}, "iflap": {"step": 0.25},
+                         "seq": {"steps": 2, "mode": "sequential"},
+                         "alam": {"steps": 2, "structure": "al-am"}},
+            "table": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
+                      "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
+                               {"label": "iterative", "variant": "iflap"},
+                               {"label": "sequential", "variant": "seq"},
+                               {"label": "al-am", "variant": "alam"},
+                               {"label": "multi-domain", "variant": "flap", "calibration": "mix8"},
+                               {"label": "eq8", "variant": "iflap", "calibration": "mix8-eq8"}]},
+            "calibration_size": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8],
+                                 "ratios": [0.5],
+                                 "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
+                                          {"label": "iterative", "variant": "iflap"}]}},
+    }
+
+
 def job_counts(output: str) -> dict[str, int]:
     """Parse Snakemake's 'Job stats' table."""
     block = output.split("Job stats:")[1]
@@ -135,12 +194,15 @@ def job_counts(output: str) -> dict[str, int]:
 
 
 def method_kwargs(method: str, W0, G, mean, keep, n_tokens=1) -> dict:
-    """Options a generic test passes so that every method runs: blend's stage inputs (a base
-    weight W0[:, keep], the Gram's token count, and the same statistics as its held-out set)."""
+    """Options a generic test passes so that every method runs: the Gram's token count of the
+    methods that return a bias, and blend's stage inputs (a base weight W0[:, keep] and the same
+    statistics as its held-out set)."""
     import torch
 
     if method == "coec":
         return {"max_rounds": 3}
+    if method == "bias":
+        return {"n_tokens": n_tokens}
     if method != "blend":
         return {}
     k = torch.as_tensor(keep).long()

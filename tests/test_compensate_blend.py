@@ -5,7 +5,7 @@ import torch
 
 from coec.compensate import compensate
 from coec.compensate.blend import affine_ridge, augmented_gram, blend_weight, intercept
-from coec.compensate.linalg import relerr_with_bias
+from coec.compensate.linalg import OutputError
 
 F64 = torch.float64
 
@@ -46,12 +46,12 @@ def test_intercept_is_optimal_for_a_fixed_weight():
     G, m, n = stats(X)
     W = base_of(W0, X, keep)
     b = intercept(W0, W, m, keep)
-    best = relerr_with_bias(W, b, W0, G / n, m, keep)
+    best = OutputError(W0, G / n, keep, m, scale=1.0)(W, b)
     # the closed form equals the empirical mean residual, and beats every perturbed bias
     assert torch.allclose(b, (X @ W0.T - X[:, keep] @ W.T).mean(0))
     g = torch.Generator().manual_seed(1)
     for _ in range(50):
-        assert relerr_with_bias(W, b + 0.05 * torch.randn(b.shape, generator=g, dtype=F64), W0, G / n, m, keep) > best
+        assert OutputError(W0, G / n, keep, m, scale=1.0)(W, b + 0.05 * torch.randn(b.shape, generator=g, dtype=F64)) > best
 
 
 def test_affine_ridge_without_ridge_is_least_squares_with_an_intercept():
@@ -79,9 +79,10 @@ def test_blend_weight_minimises_the_heldout_error_over_beta():
     ridge = affine_ridge(W0, G / n, m, keep, 1e-2)
     beta, info = blend_weight(W0, base, ridge, Gh / nh, mh, keep)
 
+    heldout = OutputError(W0, Gh / nh, keep, mh, scale=1.0)
+
     def err(t):
-        return relerr_with_bias((1 - t) * base[0] + t * ridge[0], (1 - t) * base[1] + t * ridge[1],
-                              W0, Gh / nh, mh, keep)
+        return heldout((1 - t) * base[0] + t * ridge[0], (1 - t) * base[1] + t * ridge[1])
 
     assert 0.0 < beta < 1.0 and info["unclipped"] == pytest.approx(beta)
     grid = torch.linspace(0, 1, 201).tolist() + torch.rand(50, generator=torch.Generator().manual_seed(3), dtype=F64).tolist()
@@ -119,7 +120,7 @@ def test_intercept_lowers_the_calibration_error():
     W0, X, H, keep = problem()
     with_b = run(W0, X, H, keep, mix="ridge")
     without = run(W0, X, H, keep, mix="ridge", intercept=False)
-    assert with_b.info["relerr_after_with_bias"] < without.info["relerr_after_with_bias"]
+    assert with_b.info["relerr_after"] < without.info["relerr_after"]
 
 
 def test_deterministic():

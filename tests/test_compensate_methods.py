@@ -271,7 +271,7 @@ def test_coec_deterministic_bit_for_bit():
 
 
 def _blend_kw(method, W0, G, mean, keep, n):
-    return method_kwargs(method, W0, G, mean, keep, n) if method == "blend" else {}
+    return method_kwargs(method, W0, G, mean, keep, n) if method in ("blend", "bias") else {}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -282,7 +282,7 @@ def test_gram_sum_vs_mean_identical(method, dtype):
     kw = {"compute_dtype": dtype} if dtype else {}
     if method == "coec":
         kw["max_rounds"] = 10
-    # blend: a mean Gram is a sum over one token (n_tokens 1), a sum one over n
+    # bias, blend: a mean Gram is a sum over one token (n_tokens 1), a sum one over n
     a = compensate(W0, G / n, mean, keep, method, **kw, **_blend_kw(method, W0, G / n, mean, keep, 1))
     b = compensate(W0, G, mean, keep, method, **kw, **_blend_kw(method, W0, G, mean, keep, n))
     tol = 1e-9 if (dtype == "float64" or method != "coec") else 1e-5
@@ -303,8 +303,12 @@ def test_baselines_formulas():
     # the FLAP bias removes the mean error: empirical error with the bias matches the formula
     Y, Yk = W0 @ X, W0[:, keep] @ X[keep] + out.bias[:, None]
     emp = float(((Y - Yk) ** 2).sum() / (Y**2).sum())
-    assert out.info["relerr_after_with_bias"] == pytest.approx(emp, rel=1e-9)
-    assert out.info["relerr_after_with_bias"] <= out.info["relerr_before"]
+    assert out.info["relerr_after"] == pytest.approx(emp, rel=1e-9)  # the module with its bias
+    assert out.info["relerr_after"] <= out.info["relerr_before"]
+    # the weight alone is the pruned one
+    assert out.info["relerr_after_weight_only"] == out.info["relerr_before"]
+    with pytest.raises(ValueError, match="requires n_tokens"):
+        compensate(W0, G, mean, keep, "bias")
     out = compensate(W0, G, mean, keep, "lstsq", ridge=1e-2)
     Gxx, Gyx = G[keep][:, keep], W0 @ G[:, keep]
     lam = 1e-2 * float(Gxx.diagonal().mean())

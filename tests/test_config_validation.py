@@ -295,9 +295,8 @@ def test_indefinite_gram_every_method(method):
     assert psd["indefinite"] and psd["clipped"] >= 1 and psd["min_eig"] < -0.1 * psd["max_eig"]
     for key in ("relerr_before", "relerr_after"):
         assert isinstance(info[key], float) and info[key] >= 0.0, (key, info[key])
-    assert isinstance(info["relerr_after_with_bias"], float)
     # on a PSD Gram nothing is projected and nothing is recorded beyond the verdict
-    ok = compensate(W0, G, X.mean(0), keep, method, **kw).info["gram_psd"]
+    ok = compensate(W0, G, X.mean(0), keep, method, n_tokens=400, **kw).info["gram_psd"]
     assert ok["indefinite"] is False and "clipped" not in ok
 
 
@@ -323,7 +322,6 @@ def test_indefinite_gram_in_the_compensate_stage(tiny_model, grams, tmp_path, me
         assert i1["gram_psd"]["indefinite"] is False  # the untouched layer is left as it is
         for key in ("relerr_before", "relerr_after"):
             assert isinstance(i0[key], float) and math.isfinite(i0[key]) and i0[key] >= -1e-9, (key, i0[key])
-        assert isinstance(i0["relerr_after_with_bias"], float)
     assert "indefinite Gram: PSD projection" in res.stderr
 
 

@@ -11,13 +11,15 @@ import pytest
 import yaml
 
 from coec import targets
+from coec.config import fill_defaults
 from conftest import TEST_CONFIG, in_work_folder
 
 
 def config() -> dict:
     """A small config: one model, one calibration set, table1 + extras, Fig. 2, App. C, Table 4,
-    and an iterative section with a mix, variants, a table and a calibration-size figure."""
-    return {
+    and an iterative section with a mix, variants, a table and a calibration-size figure, with
+    the schema's defaults filled in (as the workflow's validated config has them)."""
+    return fill_defaults({
         "models": {"tiny": {"source": "/m/tiny", "num_layers": 2},
                    "emb": {"source": "embedded", "num_layers": 30}},
         "datasets": {"local": {"source": "files", "calib": "c.txt", "eval": "e.txt"},
@@ -48,7 +50,7 @@ def config() -> dict:
             "calibration_size": {"model": "tiny", "nsamples": [4, 8], "ratios": [0.5],
                                  "rows": [{"label": "iterative", "variant": "iflap"},
                                           {"label": "mixed", "variant": "flap", "calibration": "mix8"}]}},
-    }
+    })
 
 
 def test_paths():
@@ -58,7 +60,8 @@ def test_paths():
     cfg = config()
     assert targets.model_path(cfg, "tiny") == "/m/tiny"
     assert targets.model_path(cfg, "emb") == "resources/models/emb"
-    assert targets.dataset_spec(cfg, "wiki") == {"source": "embedded", "dir": "resources/text/wiki"}
+    assert targets.dataset_spec(cfg, "wiki") == {"source": "embedded", "eval_every": 5,
+                                                  "dir": "resources/text/wiki"}
     assert "dir" not in cfg["datasets"]["wiki"]  # a copy
 
 
@@ -79,12 +82,47 @@ def test_table_spec_dense_row_then_ratio_by_row():
 
 def test_table2_and_extra_tables_read_zeroshot():
     cfg = config()
-    assert targets.table_cfg(cfg, "table2")["metric"] == "mean7" and "metric" not in cfg["table1"]
+    assert targets.table_cfg(cfg, "table2")["metric"] == "mean7" and cfg["table1"]["metric"] == "ppl"
     assert [targets.table_file(cfg, n) for n in ("table1", "table2", "appA_zs")] == \
         ["ppl.json", "zeroshot.json", "zeroshot.json"]
     assert targets.table_spec(cfg, "table2", "zeroshot.json")["digits"] == 4
     assert targets.table_inputs(cfg, "appA_zs") == ["results/tiny/c8/flap-0.1/none/zeroshot.json",
                                                     "results/tiny/dense/zeroshot.json"]
+
+
+def test_zeroshot_tables_compare_each_row_with_its_selections_first():
+    """Each zero-shot row names the row it is compared with (the first row of its selection and
+    ratio, or its `compare`), and the table reads both rows' per-sample records."""
+    cfg = config()
+    cfg["evaluation"]["zeroshot_tasks"] = list(targets.zeroshot_tasks("mean7"))
+    cfg["table1"]["rows"] += [{"selection": "flap", "compensation": "coec"},
+                              {"selection": "rcpu", "compensation": "none", "compare": "coec"}]
+    spec = targets.table_spec(cfg, "table2", "zeroshot.json")
+    by = [(r["labels"]["ratio"], r["labels"]["selection"], r["labels"]["compensation"], r["compare"])
+          for r in spec["rows"]]
+    assert by[:5] == [(0.0, "dense", "dense", None), (0.5, "flap", "none", None), (0.5, "rcpu", "COEC", None),
+                      (0.5, "flap", "coec", 1), (0.5, "rcpu", "none", 2)]
+    assert by[5:] == [(0.25, "flap", "none", None), (0.25, "rcpu", "COEC", None),
+                      (0.25, "flap", "coec", 5), (0.25, "rcpu", "none", 6)]
+    assert spec["zeroshot_tasks"] == ["boolq", "rte", "winogrande", "hellaswag", "arc_easy",
+                                      "arc_challenge", "openbookqa"]
+    assert targets.ZEROSHOT_NOISE in spec["caption"]
+    ins = targets.spec_inputs(spec)
+    assert "results/tiny/c8/flap-0.5/coec/zeroshot_samples/boolq.jsonl" in ins
+    assert "results/tiny/c8/flap-0.5/none/zeroshot_samples/openbookqa.jsonl" in ins  # the reference
+    assert not any("dense/zeroshot_samples" in p for p in ins)  # compared with nothing
+    # without per-sample records of every task (a task not configured, or none kept): no pairing
+    cfg["evaluation"]["zeroshot_tasks"] = ["boolq"]
+    assert not targets.table_spec(cfg, "table2", "zeroshot.json")["paired"]
+    cfg["evaluation"]["zeroshot_tasks"] = list(targets.zeroshot_tasks("mean7"))
+    cfg["evaluation"]["zeroshot_log_samples"] = False
+    spec = targets.table_spec(cfg, "table2", "zeroshot.json")
+    assert not spec["paired"] and not any("zeroshot_samples" in p for p in targets.spec_inputs(spec))
+    # perplexity tables are unchanged
+    assert "compare" not in targets.table_spec(cfg, "table1", "ppl.json")["rows"][1]
+    cfg["table1"]["rows"][-1]["compare"] = "lstsq"
+    with pytest.raises(ValueError, match=r"compare 'lstsq' names no row"):
+        targets.table_spec(cfg, "table2", "zeroshot.json")
 
 
 def test_sized_calibration_adds_a_resized_copy_once():

@@ -570,6 +570,16 @@ def read_csv_rows(path: str | Path, columns: Iterable[str] = ()) -> list[dict]:
     return df.to_dict("records")
 
 
+#: the columns a zero-shot table has beside each model's metric (``report.zeroshot_table``): its
+#: standard error, its difference to the row named under ``vs`` and that difference's paired SE
+NOISE_COLUMNS = (" se", " diff", " diff se")
+
+
+def is_model_column(name: str, label_columns) -> bool:
+    """Whether a table column holds a model's metric (not a label, ``vs`` or a noise column)."""
+    return name not in label_columns and name != "vs" and not name.endswith(NOISE_COLUMNS)
+
+
 def write_csv(path: str | Path, df, **kwargs) -> None:
     """A pandas DataFrame as CSV, atomically (``to_csv`` keyword arguments pass through)."""
     write_text(path, df.to_csv(index=False, **kwargs))

@@ -43,13 +43,16 @@ def _csv(path) -> list[dict]:
 
 
 def _long(paths, label_columns) -> list[dict]:
-    """Tables (label columns, then one column per model) as long rows: labels, model, value."""
+    """Tables (label columns, then one column per model; a zero-shot table's noise columns
+    are skipped) as long rows: labels, model, value."""
+    from .artifacts import is_model_column
+
     out = []
     for p in paths or []:
         for row in _csv(p):
             labels = {k: row.get(k, "") for k in label_columns}
             for key, val in row.items():
-                if key not in label_columns:
+                if is_model_column(key, label_columns):
                     out.append({**labels, "model": key, "value": _float(val)})
     return out
 

@@ -24,10 +24,24 @@ def _opt_int(s: str):
     return None if s in ("", "none", "None", "null", "0") else int(s)
 
 
+def config_arg(s: argparse.ArgumentParser, flag: str, key: str, **kw) -> argparse.Action:
+    """An option whose default is the config schema's default of ``key`` (``coec.config.
+    schema_default``), so a stage run by hand and the same stage run by the workflow agree.
+    The action records ``config_key`` (tests/test_cli_defaults.py checks every option the rules
+    pass is required, has one, or defaults to nothing)."""
+    from .config import schema_default
+
+    action = s.add_argument(flag, default=schema_default(key), **kw)
+    action.config_key = key
+    if action.help is None:
+        action.help = f"default: config {key} = {action.default!r}"
+    return action
+
+
 def _cell_args(s: argparse.ArgumentParser) -> None:
     """Arguments of the evaluation stages: which model cell to assemble, where, and the output."""
-    s.add_argument("--dtype", default="float32")
-    s.add_argument("--device", default="auto")
+    config_arg(s, "--dtype", "models.*.dtype")
+    config_arg(s, "--device", "compute.device")
     s.add_argument("--keep", default=None, help="keep.json of a pruned cell (none: dense)")
     s.add_argument("--comp", nargs="*", default=[], help="compensation block files")
     s.add_argument("--cell", type=_json, default={}, help="cell labels recorded in the output")
@@ -74,18 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("prepare-text", help="extract the embedded Wikipedia text")
     s.add_argument("--out", required=True)
-    s.add_argument("--eval-every", type=int, default=5)
+    config_arg(s, "--eval-every", "datasets.*.eval_every", type=int)
 
     s = sub.add_parser("calibrate", help="Grams of o_proj/down_proj inputs, layer by layer")
     s.add_argument("--model", required=True)
     s.add_argument("--dataset", type=_json, required=True)
     s.add_argument("--nsamples", type=int, required=True)
     s.add_argument("--seqlen", type=int, required=True)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--batch-size", type=int, default=8)
-    s.add_argument("--dtype", default="float32")
-    s.add_argument("--gram-dtype", default="float32")
-    s.add_argument("--device", default="auto")
+    config_arg(s, "--seed", "calibration.*.seed", type=int)
+    config_arg(s, "--batch-size", "calibration.*.batch_size", type=int)
+    config_arg(s, "--dtype", "models.*.dtype")
+    config_arg(s, "--gram-dtype", "calibration.*.gram_dtype")
+    config_arg(s, "--device", "compute.device")
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("select", help="column scores -> keep.json")
@@ -96,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON of score options (weight_norm, activation_scale, group_aggregation); "
                         "{} = the paper's formula")
     s.add_argument("--ratio", type=float, required=True)
-    s.add_argument("--group-rounding", default="ceil")
+    config_arg(s, "--group-rounding", "group_rounding")
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("compensate", help="compensate a block of layers")
@@ -106,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spec", type=_json, required=True)
     s.add_argument("--first", type=int, required=True)
     s.add_argument("--last", type=int, required=True)
-    s.add_argument("--device", default="auto")
+    config_arg(s, "--device", "compute.device")
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("ppl", help="perplexity of a dense or pruned/compensated model")
@@ -114,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dataset", type=_json, required=True)
     s.add_argument("--seqlen", type=int, required=True)
     s.add_argument("--max-windows", type=_opt_int, default=None)
-    s.add_argument("--batch-size", type=int, default=4)
+    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
     _cell_args(s)
 
     s = sub.add_parser("zeroshot", help="lm-eval zero-shot accuracy of a model cell")
@@ -122,10 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tasks", nargs="+", required=True)
     s.add_argument("--data-dir", default=None)
     s.add_argument("--limit", type=_opt_int, default=None)
-    s.add_argument("--batch-size", type=int, default=8)
-    s.add_argument("--max-length", type=int, default=2048)
-    s.add_argument("--log-samples", action=argparse.BooleanOptionalAction, default=True,
-                   help="also save lm-eval's per-sample records (<out stem>_samples/<task>.jsonl)")
+    config_arg(s, "--batch-size", "evaluation.zeroshot_batch_size", type=int)
+    config_arg(s, "--max-length", "evaluation.zeroshot_max_length", type=int)
+    config_arg(s, "--log-samples", "evaluation.zeroshot_log_samples", action=argparse.BooleanOptionalAction,
+               help="also save lm-eval's per-sample records (<out stem>_samples/<task>.jsonl)")
     _cell_args(s)
 
     s = sub.add_parser("prepare-zeroshot", help="extract the offline zero-shot task data")
@@ -146,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True)
     s.add_argument("--keep", required=True)
     s.add_argument("--comp", nargs="*", default=[])
-    s.add_argument("--dtype", default="float32")
+    config_arg(s, "--dtype", "models.*.dtype")
     s.add_argument("--cell", type=_json, default={}, help="cell labels recorded in config.json")
     s.add_argument("--force", action="store_true",
                    help="replace a previous export in --out (never any other folder)")
@@ -172,12 +186,12 @@ def _calib_args(s: argparse.ArgumentParser) -> None:
                    help='JSON list of {"name", "alpha", "dataset": <data.load_split spec>}')
     s.add_argument("--nsamples", type=int, required=True, help="sequences over all domains")
     s.add_argument("--seqlen", type=int, required=True)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--batch-size", type=int, default=8)
-    s.add_argument("--dtype", default="float32")
-    s.add_argument("--gram-dtype", default="float32")
-    s.add_argument("--variance-mix", default="pooled", choices=VARIANCE_MIXES)
-    s.add_argument("--device", default="auto")
+    config_arg(s, "--seed", "iterative.mixes.*.seed", type=int)
+    config_arg(s, "--batch-size", "iterative.mixes.*.batch_size", type=int)
+    config_arg(s, "--dtype", "models.*.dtype")
+    config_arg(s, "--gram-dtype", "iterative.mixes.*.gram_dtype")
+    config_arg(s, "--variance-mix", "iterative.mixes.*.variance_mix", choices=VARIANCE_MIXES)
+    config_arg(s, "--device", "compute.device")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.add_argument("--expect", type=_json, default={}, help=EXPECT_HELP)
     add_hub_args(s)
@@ -201,9 +215,9 @@ def add_iterative_parser(sub) -> None:
     s.add_argument("--steps", type=int, help="S steps: rho_s = rho s / S")
     s.add_argument("--step", type=float, help="step δ of the original width: δ, 2δ, ... rho")
     s.add_argument("--schedule", help="explicit cumulative ratios, e.g. 0.1,0.2,0.3")
-    s.add_argument("--mode", default="global", choices=MODES)
-    s.add_argument("--structure", default="uniform", choices=STRUCTURES)
-    s.add_argument("--group-rounding", default="ceil", choices=ROUNDINGS)
+    config_arg(s, "--mode", "iterative.variants.*.mode", choices=MODES)
+    config_arg(s, "--structure", "iterative.variants.*.structure", choices=STRUCTURES)
+    config_arg(s, "--group-rounding", "group_rounding", choices=ROUNDINGS)
     s.add_argument("--channel-rounding", default="ceil", choices=ROUNDINGS)
     s.add_argument("--init", default=None, help="continue from a previous step's output folder")
     s.add_argument("--block-name", default=None, help="default block0-{L-1}.safetensors")
@@ -214,8 +228,8 @@ def add_iterative_parser(sub) -> None:
     s = cmds.add_parser("mix", help="mix per-domain Gram directories (eq. 8)")
     s.add_argument("--grams", nargs="+", required=True)
     s.add_argument("--alphas", nargs="+", type=float, required=True)
-    s.add_argument("--variance-mix", default="pooled", choices=VARIANCE_MIXES)
-    s.add_argument("--gram-dtype", default="float32")
+    config_arg(s, "--variance-mix", "iterative.mixes.*.variance_mix", choices=VARIANCE_MIXES)
+    config_arg(s, "--gram-dtype", "iterative.mixes.*.gram_dtype")
     s.add_argument("--out", required=True)
 
     s = cmds.add_parser("prepare-domain", help="write a domain's calibration text")
@@ -238,9 +252,9 @@ def add_iterative_parser(sub) -> None:
     s.add_argument("--dataset", type=_json, required=True)
     s.add_argument("--seqlen", type=int, required=True)
     s.add_argument("--max-windows", type=_opt_int, default=None)
-    s.add_argument("--batch-size", type=int, default=4)
-    s.add_argument("--dtype", default="float32")
-    s.add_argument("--device", default="auto")
+    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
+    config_arg(s, "--dtype", "models.*.dtype")
+    config_arg(s, "--device", "compute.device")
     s.add_argument("--keep", default=None)
     s.add_argument("--comp", nargs="*", default=[])
     s.add_argument("--cell", type=_json, default={})

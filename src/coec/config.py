@@ -3,12 +3,58 @@ with one error line naming the offending key."""
 
 from __future__ import annotations
 
+import functools
 from importlib.resources import files
 from pathlib import Path
 
 import yaml
 
 SCHEMA = Path(str(files("coec") / "schemas" / "config.schema.yaml"))  # package data
+
+
+@functools.cache
+def _load_schema(path: str) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def schema(path: str | Path = SCHEMA) -> dict:
+    """The config schema (read once per process)."""
+    return _load_schema(str(path))
+
+
+def schema_default(key: str):
+    """The schema's default of a config key, the one home of every default the workflow and the
+    CLI share. ``key`` is dotted; ``*`` stands for any entry name, e.g.
+    ``schema_default("calibration.*.seed") == 0``. A default given under a conditional
+    (``allOf: [{if: ..., then: ...}]``, e.g. an embedded dataset's ``eval_every``) counts too.
+    Raises KeyError naming the key when the schema gives it no default."""
+    node, root = schema(), schema()
+    for part in key.split("."):
+        node = _deref(node, root)
+        props = dict(node.get("properties") or {})
+        for branch in node.get("allOf") or []:
+            props.update(branch.get("then", {}).get("properties") or {})
+        if part == "*" and isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        elif part in props:
+            node = props[part]
+        else:
+            raise KeyError(f"the config schema has no key {key!r}")
+    if "default" not in node:  # a default beside a $ref wins over the target's
+        node = _deref(node, root)
+    if "default" not in node:
+        raise KeyError(f"the config schema gives {key!r} no default")
+    return node["default"]
+
+
+def _deref(node: dict, root: dict) -> dict:
+    """A schema node with its local ``$ref`` followed."""
+    while isinstance(node, dict) and "$ref" in node:
+        target = root
+        for r in node["$ref"].removeprefix("#/").split("/"):
+            target = target[r]
+        node = target
+    return node
 
 
 class ConfigError(ValueError):
@@ -19,25 +65,36 @@ def _path(parts) -> str:
     return ".".join(str(p) for p in parts) or "<root>"
 
 
+def fill_defaults(config: dict) -> dict:
+    """``config`` with the schema's defaults filled in place (what ``validate_config`` does
+    after validating; ``coec.targets`` reads configs in this form). Returns config."""
+    _fill_defaults(schema(), config, schema())
+    return config
+
+
 def _fill_defaults(schema: dict, obj, root: dict) -> None:
-    """Insert ``default`` values of object properties (recursively, following local $refs)."""
-    if "$ref" in schema:
-        ref = schema["$ref"].removeprefix("#/").split("/")
-        target = root
-        for r in ref:
-            target = target[r]
-        schema = target
+    """Insert ``default`` values of object properties (recursively, following local $refs and
+    the ``then`` branches of ``allOf: [{if, then}]`` whose ``if`` the object satisfies)."""
+    import copy
+
+    import jsonschema
+
+    schema = _deref(schema, root)
     if not isinstance(obj, dict) or schema.get("type") not in ("object", None):
         return
-    for key, sub in (schema.get("properties") or {}).items():
+    props = dict(schema.get("properties") or {})
+    for branch in schema.get("allOf") or []:
+        if "if" in branch and jsonschema.Draft202012Validator(branch["if"]).is_valid(obj):
+            props.update(branch.get("then", {}).get("properties") or {})
+    for key, sub in props.items():
         if key not in obj and isinstance(sub, dict) and "default" in sub:
-            obj[key] = sub["default"]
+            obj[key] = copy.deepcopy(sub["default"])
         if key in obj:
             _fill_defaults(sub, obj[key], root)
     extra = schema.get("additionalProperties")
     if isinstance(extra, dict):
         for key, val in obj.items():
-            if key not in (schema.get("properties") or {}):
+            if key not in props:
                 _fill_defaults(extra, val, root)
 
 
@@ -45,7 +102,7 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
     """Validate ``config`` in place (defaults filled) or raise :class:`ConfigError`."""
     import jsonschema
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = _load_schema(str(schema_path))
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is not None:
@@ -146,7 +203,7 @@ def _model_calibrations(cfg: dict) -> dict[str, set]:
 def _check_geometry(cfg: dict) -> None:
     """Layer counts and sequence lengths against the model's own config, where it is readable
     now (local folders, embedded models); hub models are checked when their stage starts."""
-    from .modelcheck import GeometryError, check_expected, config_geometry
+    from .modelcheck import ModelMismatch, check_expected, config_geometry
 
     used = _model_calibrations(cfg)
     for name, model in cfg["models"].items():
@@ -163,7 +220,7 @@ def _check_geometry(cfg: dict) -> None:
         try:
             check_expected(geom, {"model": f"models.{name}", "num_layers": model["num_layers"],
                                   "seqlen": seqlen}, what)
-        except GeometryError as exc:
+        except ModelMismatch as exc:
             raise ConfigError(f"config: {exc}") from None
 
 
@@ -198,6 +255,10 @@ def _check_references(cfg: dict) -> None:
             need("models", m, f"{tname}.models")
         for i, row in enumerate(t["rows"]):
             need("compensations", row["compensation"], f"{tname}.rows[{i}].compensation")
+            if "compare" in row and not any(r["selection"] == row["selection"] and
+                                            r["compensation"] == row["compare"] for r in t["rows"]):
+                raise ConfigError(f"config: {tname}.rows[{i}].compare: no row of selection "
+                                  f"{row['selection']!r} has compensation {row['compare']!r}")
     if "appC" in cfg:
         a = cfg["appC"]
         need("calibration", a["calibration"], "appC.calibration")
@@ -213,9 +274,13 @@ def _check_references(cfg: dict) -> None:
         need("models", m, f"table4.models[{i}]")
     it = cfg.get("iterative") or {}
     for key in ("table", "calibration_size"):
-        for i, row in enumerate(it.get(key, {}).get("rows", [])):
+        rows = it.get(key, {}).get("rows", [])
+        for i, row in enumerate(rows):
             if "compensation" in row:
                 need("compensations", row["compensation"], f"iterative.{key}.rows[{i}].compensation")
+            if "compare" in row and row["compare"] not in {r["label"] for r in rows}:
+                raise ConfigError(f"config: iterative.{key}.rows[{i}].compare: no row is labelled "
+                                  f"{row['compare']!r}")
     for i, m in enumerate(it.get("table", {}).get("models", [])):
         need("models", m, f"iterative.table.models[{i}]")
     if "calibration_size" in it:

@@ -1,4 +1,5 @@
-"""Model geometry against what the config expects: layer count, head counts, sequence lengths.
+"""The model a stage reads against what the config expects: layer count, head counts, sequence
+lengths, and the weights the workflow planned the job for.
 
 Checked twice: when the config is validated (``coec.config``), for models whose config.json is
 readable then (a local folder, or an embedded model whose geometry the package knows), and at
@@ -12,12 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["GeometryError", "geometry_of", "read_geometry", "embedded_geometry", "config_geometry",
-           "check_expected", "check_keep", "check_stage"]
+__all__ = ["ModelMismatch", "geometry_of", "read_geometry", "embedded_geometry", "config_geometry",
+           "check_expected", "check_keep", "check_identity", "check_stage"]
 
 
-class GeometryError(ValueError):
-    """The model's config disagrees with the config / the stage's arguments."""
+class ModelMismatch(ValueError):
+    """The model disagrees with the config / the stage's arguments / the plan."""
 
 
 def geometry_of(cfg: dict) -> dict:
@@ -56,12 +57,12 @@ def config_geometry(model: dict, name: str) -> tuple[dict | None, str]:
     return None, ""
 
 
-def _mismatch(key: str, value, what: str, field: str, actual) -> GeometryError:
-    return GeometryError(f"{key} = {value} but {what} has {field} = {actual}")
+def _mismatch(key: str, value, what: str, field: str, actual) -> ModelMismatch:
+    return ModelMismatch(f"{key} = {value} but {what} has {field} = {actual}")
 
 
 def check_expected(geom: dict, expect: dict, what: str = "the model's config.json") -> None:
-    """Raise :class:`GeometryError` (one line) when ``geom`` disagrees with ``expect``.
+    """Raise :class:`ModelMismatch` (one line) when ``geom`` disagrees with ``expect``.
 
     expect: ``model`` (config key of the model, e.g. ``models.tiny``; default ``model``),
     ``num_layers`` (== num_hidden_layers), ``seqlen`` ({config key: length}, each at most
@@ -87,11 +88,36 @@ def check_keep(geom: dict, keep: dict, keep_path: str, what: str = "the model's 
             raise _mismatch(f"{keep_path}: {key}", value, what, field, actual)
 
 
+def check_identity(model_dir: str | Path, expect: dict) -> None:
+    """The weights a stage is about to read against those its job was planned for
+    (``provenance.planned_identity``, in ``expect``): the same files with the same contents
+    (``weights``), or the same hub commit (``commit``). Raises :class:`ModelMismatch` (one
+    line naming the model and the changed files) otherwise, before any work."""
+    from .provenance import PLAN_DIGITS, resolved_commit, weights_manifest
+
+    where = expect.get("model", "model")
+    planned = expect.get("weights")
+    if planned is not None:
+        now = {name: sha[:PLAN_DIGITS] for name, sha in weights_manifest(model_dir).items()}
+        diff = [f"{n} changed" for n in sorted(planned.keys() & now.keys()) if planned[n] != now[n]]
+        diff += [f"{n} added" for n in sorted(now.keys() - planned.keys())]
+        diff += [f"{n} removed" for n in sorted(planned.keys() - now.keys())]
+        if diff:
+            raise ModelMismatch(f"{where}: the weights in {model_dir} changed since the workflow planned "
+                                f"this job ({', '.join(diff)}); run snakemake again to re-plan")
+    commit = expect.get("commit")
+    if commit is not None and resolved_commit(model_dir) != commit:
+        raise ModelMismatch(f"{where}: the hub revision now resolves to commit {resolved_commit(model_dir)} "
+                            f"({model_dir}), but the workflow planned this job for {commit}; run "
+                            f"snakemake again to re-plan")
+
+
 def check_stage(model_src: str, expect: dict | None = None, seqlen: int | None = None,
                 keep_path: str | None = None) -> dict:
     """Stage start: the model's config.json against ``expect`` (from the workflow), the stage's
     sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
-    Returns the geometry. Reads only config.json (a hub id is resolved as the stage would)."""
+    Returns the geometry. Reads config.json and, where the plan recorded the weights, their
+    cached digests (a hub id is resolved as the stage would)."""
     from .models import resolve_model_dir
 
     model_dir = resolve_model_dir(str(model_src))
@@ -104,6 +130,7 @@ def check_stage(model_src: str, expect: dict | None = None, seqlen: int | None =
         key = expect.pop("seqlen_key", None) or "--seqlen"
         expect["seqlen"] = {**(expect.get("seqlen") or {}), key: seqlen}
     check_expected(geom, expect, what)
+    check_identity(model_dir, expect)
     if keep_path:
         from .artifacts import read_keep  # names the file: truncated, bad JSON, wrong version
 

@@ -152,8 +152,10 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
             if res.bias is not None:
                 tensors[f"layer{i}.{module}.bias"] = res.bias.detach().cpu().contiguous()
             infos[f"layer{i}.{module}"] = res.info
-            log.info("layer %d %s: %s relerr %s -> %s%s", i, module, method,
+            wo = res.info.get("relerr_after_weight_only")
+            log.info("layer %d %s: %s relerr %s -> %s%s%s", i, module, method,
                      _num(res.info.get("relerr_before")), _num(res.info.get("relerr_after")),
+                     f" with its bias (weight alone {_num(wo)})" if wo is not None else "",
                      " (indefinite Gram: PSD projection)" if res.info.get("gram_psd", {}).get("indefinite")
                      else "")
             prog.update(1)

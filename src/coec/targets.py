@@ -44,8 +44,10 @@ def dataset_spec(config, name) -> dict:
 
 
 def spec_inputs(spec) -> list[str]:
-    """Every result file a table spec reads."""
-    return sorted({p for row in spec["rows"] for p in row["cells"].values()})
+    """Every result file a table spec reads (a zero-shot table's per-sample records too)."""
+    files = {p for row in spec["rows"] for p in row["cells"].values()}
+    files |= {p for row in spec["rows"] for ps in row.get("samples", {}).values() for p in ps}
+    return sorted(files)
 
 
 def figure_inputs(spec) -> list[str]:
@@ -86,15 +88,17 @@ def table_file(config, name) -> str:
     """The per-cell result file a table reads: ppl.json or zeroshot.json."""
     if name in TABLE_FILES:
         return TABLE_FILES[name]
-    return "zeroshot.json" if table_cfg(config, name).get("metric", "ppl") != "ppl" else "ppl.json"
+    return "zeroshot.json" if table_cfg(config, name)["metric"] != "ppl" else "ppl.json"
 
 
 def table_spec(config, name, filename) -> dict:
-    """The report spec of a table: a dense row, then one row per (ratio, selection, comp)."""
+    """The report spec of a table: a dense row, then one row per (ratio, selection, comp); a
+    zero-shot table's rows also name the row each is compared with (``with_comparisons``)."""
     t = table_cfg(config, name)
     models = t["models"]
     rows = [{"labels": {"ratio": 0.0, "selection": "dense", "compensation": "dense"},
              "cells": {m: f"results/{m}/dense/{filename}" for m in models}}]
+    groups = [None]
     for r in t["ratios"]:
         for row in t["rows"]:
             cells = {m: f"{cell_dir(m, t['calibration'], row['selection'], r, row['compensation'])}/{filename}"
@@ -102,12 +106,75 @@ def table_spec(config, name, filename) -> dict:
             rows.append({"labels": {"ratio": float(r), "selection": row["selection"],
                                     "compensation": row.get("label", row["compensation"])},
                          "cells": cells})
-    metric = t.get("metric", "ppl")
-    return {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
+            groups.append(((float(r), row["selection"]), row["compensation"], row.get("compare")))
+    metric = t["metric"]
+    spec = {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
             "label_columns": ["ratio", "selection", "compensation"], "rows": rows,
             "caption": f"{name}: {metric} | calibration {t['calibration']} "
                        f"{json.dumps(config['calibration'][t['calibration']])} | evaluation "
                        f"{json.dumps(config['evaluation'], sort_keys=True)}"}
+    return with_comparisons(config, spec, groups, f"{name}.rows")
+
+
+#: the line a zero-shot table's caption gets: what its ± are
+ZEROSHOT_NOISE = ("± is one standard error: of a cell's mean over its tasks, the tasks' own "
+                  "standard errors combined as independent (sqrt(sum SE_t^2) / T); of Δ, the paired "
+                  "difference to the row named under 'vs' (same ratio) over the documents both "
+                  "scored, in points")
+
+
+def zeroshot_tasks(metric: str) -> list[str] | None:
+    """The tasks a zero-shot table metric averages: the paper's seven for ``mean7``, one task for
+    ``tasks.<task>.value``; None for a metric that is not zero-shot accuracy (perplexity)."""
+    from .evaluate.tasks import PAPER_TASKS
+
+    if metric == "mean7":
+        return list(PAPER_TASKS)
+    parts = metric.split(".")
+    if len(parts) == 3 and parts[0] == "tasks" and parts[2] == "value":
+        return [parts[1]]
+    return None
+
+
+def with_comparisons(config, spec: dict, groups: list, where: str) -> dict:
+    """A zero-shot table spec with its noise: each row's ``compare`` (the index of the row it is
+    compared with, or None) and, when per-sample records are kept
+    (``evaluation.zeroshot_log_samples``), the records of each cell (``samples``), which the
+    report pairs document by document. ``groups[i]`` is None for the dense row, else (group key,
+    row name, its ``compare`` setting): a row is compared with the row of its group named by
+    ``compare``, by default the group's first row (which is compared with nothing). A spec of a
+    perplexity table is returned unchanged."""
+    tasks = zeroshot_tasks(spec["metric"])
+    if tasks is None:
+        return spec
+    first: dict = {}
+    named: dict = {}
+    for i, g in enumerate(groups):
+        if g is not None:
+            first.setdefault(g[0], i)
+            named.setdefault((g[0], g[1]), i)
+    for i, (row, g) in enumerate(zip(spec["rows"], groups)):
+        if g is None:
+            row["compare"] = None
+            continue
+        key, _, compare = g
+        if compare is not None and (key, compare) not in named:
+            raise ValueError(f"config: {where}: compare {compare!r} names no row of the same ratio and "
+                             f"selection (known: {', '.join(n for k, n in named if k == key)})")
+        ref = named[(key, compare)] if compare is not None else first[key]
+        row["compare"] = ref if ref != i else None
+    paired = {i for i, row in enumerate(spec["rows"]) if row["compare"] is not None}
+    paired |= {spec["rows"][i]["compare"] for i in paired}
+    # records exist for the configured tasks only; a metric over others has no value to pair
+    recorded = config["evaluation"]["zeroshot_log_samples"] and set(tasks) <= set(
+        config["evaluation"].get("zeroshot_tasks") or [])
+    if recorded:
+        for i in sorted(paired):  # the rows a paired difference reads, document by document
+            spec["rows"][i]["samples"] = {m: [f"{os.path.dirname(p)}/zeroshot_samples/{t}.jsonl" for t in tasks]
+                                          for m, p in spec["rows"][i]["cells"].items()}
+    spec.update(zeroshot_tasks=tasks, paired=bool(recorded),
+                caption=f"{spec['caption']}\n\n{ZEROSHOT_NOISE}")
+    return spec
 
 
 def table_inputs(config, name) -> list[str]:
@@ -278,7 +345,7 @@ def iterative_variant(config, name) -> dict:
 def iterative_method(config, variant) -> str:
     """The step folder's method of a variant: {mode}-{structure}."""
     v = iterative_variant(config, variant)
-    return f"{v.get('mode', 'global')}-{v.get('structure', 'uniform')}"
+    return f"{v['mode']}-{v['structure']}"
 
 
 def iterative_chain(config, variant, ratio) -> list[str]:
@@ -320,18 +387,21 @@ def iterative_table_spec(config, filename="ppl.json", metric="ppl") -> dict:
     models = t["models"]
     rows = [{"labels": {"ratio": 0.0, "method": "dense"},
              "cells": {m: f"results/{m}/dense/{filename}" for m in models}}]
+    groups = [None]
     for r in t["ratios"]:
         for row in t["rows"]:
             calib = row.get("calibration", t["calibration"])
             cells = {m: iterative_row_file(m, calib, row, r, filename) for m in models}
             rows.append({"labels": {"ratio": float(r), "method": row["label"]}, "cells": cells})
+            groups.append((float(r), row["label"], row.get("compare")))
     mixes = {n: mixes_cfg[n] for n in sorted({row.get("calibration") for row in t["rows"]} & set(mixes_cfg))}
-    return {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
+    spec = {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
             "label_columns": ["ratio", "method"], "rows": rows,
             "caption": f"table_iterative: {metric} | calibration {t['calibration']} | mixes "
                        f"{json.dumps(mixes, sort_keys=True)} | variants "
                        f"{json.dumps(iterative_variants(config), sort_keys=True)} | evaluation "
                        f"{json.dumps(config['evaluation'], sort_keys=True)}"}
+    return with_comparisons(config, spec, groups, "iterative.table.rows")
 
 
 def iterative_zeroshot_table_spec(config) -> dict:
@@ -365,9 +435,9 @@ def claims_spec(config) -> dict:
     extra = config.get("extra_tables") or {}
     it = iterative(config)
     ppl = ["results/table1.csv"] + [f"results/{n}.csv" for n, t in extra.items()
-                                    if t.get("metric", "ppl") == "ppl"]
+                                    if t["metric"] == "ppl"]
     zs = ["results/table2.csv"] + [f"results/{n}.csv" for n, t in extra.items()
-                                   if t.get("metric", "ppl") == "mean7"]
+                                   if t["metric"] == "mean7"]
     return {
         "ppl_tables": ppl,
         "zeroshot_tables": zs,
@@ -413,7 +483,7 @@ def report_items(config) -> list[tuple[str, str, str]]:
         items.append(("results/figures/fig2_calibration_size.png",
                       "Fig. 2: perplexity against calibration size", fig2_spec(config)["caption"]))
     for name, t in (config.get("extra_tables") or {}).items():
-        metric = t.get("metric", "ppl")
+        metric = t["metric"]
         items.append((f"results/{name}.csv",
                       f"{name}: {METRIC_WORDS.get(metric, metric)} at {sparsity_words(config, name)}", ""))
     if "appC" in config:
@@ -446,5 +516,5 @@ def report_label(config, path) -> dict:
 
 def report_table_kind(config, name) -> str:
     """The subcategory of a table in the report's Tables category: what its numbers are."""
-    metric = table_cfg(config, name).get("metric", "ppl")
+    metric = table_cfg(config, name)["metric"]
     return "Perplexity" if metric == "ppl" else "Zero-shot accuracy"

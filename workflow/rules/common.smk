@@ -6,7 +6,8 @@ import sys
 from shlex import quote as shlex_quote
 
 from coec import targets
-from coec.config import SCHEMA, validate_config
+from coec.config import SCHEMA, ConfigError, validate_config
+from coec.provenance import planned_identity
 
 validate_config(config, SCHEMA)  # the schema is package data of coec (src/coec/schemas/)
 
@@ -76,10 +77,32 @@ def hub_args(model):
     return " ".join(args + (["--trust-remote-code"] if m.get("trust_remote_code") else []))
 
 
+MODEL_IDENTITY = {}  # model -> its planned_identity, once per plan
+
+
+def model_identity(model):
+    """The weights the plan is made for (``coec.provenance.planned_identity``: a local folder's
+    file digests, a hub id's commit; nothing for an embedded model, a workflow output), once per
+    model and plan. Part of every model stage's --expect, so it is one of the jobs' params (changed
+    weights re-plan exactly that model's jobs, and a job that finds other weights than planned
+    stops before any work)."""
+    m = model_cfg(model)
+    if m["source"] == "embedded":
+        return {}
+    if model not in MODEL_IDENTITY:
+        try:
+            MODEL_IDENTITY[model] = planned_identity(m["source"], m.get("revision"))
+        except (OSError, ValueError) as exc:  # e.g. a folder without safetensors weights
+            raise ConfigError(f"config: models.{model}: {exc}") from None
+    return MODEL_IDENTITY[model]
+
+
 def model_expect(model, seqlen_key=None):
     """A stage's --expect: what the config says of the model (its num_layers; the config key of
-    the stage's sequence length), checked against the model's config.json before any work."""
-    out = {"model": f"models.{model}", "num_layers": model_cfg(model)["num_layers"]}
+    the stage's sequence length) and the weights planned for (``model_identity``), checked
+    against the model before any work."""
+    out = {"model": f"models.{model}", "num_layers": model_cfg(model)["num_layers"],
+           **model_identity(model)}
     if seqlen_key:
         out["seqlen_key"] = seqlen_key
     return json.dumps(out, sort_keys=True)
@@ -111,7 +134,7 @@ def comp_spec(name):
 def blocks(model):
     """(first, last) layer ranges of the compensation jobs of a model."""
     n = model_cfg(model)["num_layers"]
-    size = config.get("compute", {}).get("compensate_block", 1) or n
+    size = config["compute"]["compensate_block"] or n
     return [(a, min(a + size, n) - 1) for a in range(0, n, size)]
 
 
@@ -242,15 +265,15 @@ def calib_dataset_spec(name):
     spec = dataset_spec(c["dataset"])
     if c.get("disjoint_from"):
         o = calib_cfg(c["disjoint_from"])
-        spec["exclude_windows"] = {"nsamples": o["nsamples"], "seqlen": o["seqlen"], "seed": o.get("seed", 0)}
+        spec["exclude_windows"] = {"nsamples": o["nsamples"], "seqlen": o["seqlen"], "seed": o["seed"]}
     return spec
 
 
 # ----------------------------------------------------------------------------- evaluation
 EV = config["evaluation"]
 ZS_DATA = "resources/zeroshot"
-ZS_LOG_SAMPLES = bool(EV.get("zeroshot_log_samples", True))
-ZS_INPUT = [f"{ZS_DATA}/manifest.json"] if EV.get("zeroshot_source", "local") == "local" else []
+ZS_LOG_SAMPLES = EV["zeroshot_log_samples"]
+ZS_INPUT = [f"{ZS_DATA}/manifest.json"] if EV["zeroshot_source"] == "local" else []
 
 
 def ppl_params():
@@ -258,22 +281,22 @@ def ppl_params():
         dataset=json.dumps(dataset_spec(EV["ppl_dataset"])),
         seqlen=EV["ppl_seqlen"],
         max_windows=EV.get("ppl_max_windows") or 0,
-        batch=EV.get("ppl_batch_size", 4),
-        device=config.get("compute", {}).get("device", "auto"),
+        batch=EV["ppl_batch_size"],
+        device=config["compute"]["device"],
         expect=lambda wc: model_expect(wc.model, "evaluation.ppl_seqlen"),
         hub=lambda wc: hub_args(wc.model),
     )
 
 
 def zeroshot_params():
-    local = EV.get("zeroshot_source", "local") == "local"
+    local = EV["zeroshot_source"] == "local"
     return dict(
         tasks=list(EV.get("zeroshot_tasks", [])),
         data=f"--data-dir {shlex_quote(ZS_DATA)}" if local else "",
         limit=EV.get("zeroshot_limit") or 0,
-        batch=EV.get("zeroshot_batch_size", 16),
-        max_length=EV.get("zeroshot_max_length", 2048),
-        device=config.get("compute", {}).get("device", "auto"),
+        batch=EV["zeroshot_batch_size"],
+        max_length=EV["zeroshot_max_length"],
+        device=config["compute"]["device"],
         expect=lambda wc: model_expect(wc.model),
         hub=lambda wc: hub_args(wc.model),
         samples="--log-samples" if ZS_LOG_SAMPLES else "--no-log-samples",
@@ -336,12 +359,12 @@ def it_calib_params():
         domains=lambda wc: json.dumps(targets.iterative_domains(config, wc.calib), sort_keys=True),
         nsamples=lambda wc: c(wc)["nsamples"],
         seqlen=lambda wc: c(wc)["seqlen"],
-        seed=lambda wc: c(wc).get("seed", 0),
-        batch=lambda wc: c(wc).get("batch_size", 8),
-        gram_dtype=lambda wc: c(wc).get("gram_dtype", "float32"),
+        seed=lambda wc: c(wc)["seed"],
+        batch=lambda wc: c(wc)["batch_size"],
+        gram_dtype=lambda wc: c(wc)["gram_dtype"],
         variance_mix=lambda wc: c(wc).get("variance_mix", "pooled"),
-        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
-        device=config.get("compute", {}).get("device", "auto"),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
+        device=config["compute"]["device"],
         expect=lambda wc: model_expect(
             wc.model, f"{targets.iterative_calibration_key(config, wc.calib)}.seqlen"),
         hub=lambda wc: hub_args(wc.model),

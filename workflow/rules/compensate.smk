@@ -17,7 +17,7 @@ rule compensate:
     params:
         model=lambda wc: model_path(wc.model),
         spec=compensate_spec,
-        device=config.get("compute", {}).get("device", "auto"),
+        device=config["compute"]["device"],
         expect=lambda wc: model_expect(wc.model),
         hub=lambda wc: hub_args(wc.model),
     log:

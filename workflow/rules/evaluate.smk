@@ -20,7 +20,7 @@ rule ppl_dense:
         "results/{model}/dense/ppl.json",
     params:
         model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
         dmap=device_map_arg,
         extra="",
         **ppl_params(),
@@ -47,7 +47,7 @@ rule ppl_cell:
         "results/{model}/{calib}/{select}-{ratio}/{comp}/ppl.json",
     params:
         model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
         dmap=device_map_arg,
         extra=lambda wc, input: cell_args(wc, input),
         **ppl_params(),
@@ -81,7 +81,7 @@ rule zeroshot_dense:
         **zs_outputs("results/{model}/dense"),
     params:
         model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
         dmap=device_map_arg,
         extra="",
         **zeroshot_params(),
@@ -108,7 +108,7 @@ rule zeroshot_cell:
         **zs_outputs("results/{model}/{calib}/{select}-{ratio}/{comp}"),
     params:
         model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
         dmap=device_map_arg,
         extra=lambda wc, input: cell_args(wc, input),
         **zeroshot_params(),

@@ -15,7 +15,7 @@ rule export:
     params:
         model=lambda wc: model_path(wc.model),
         hub=lambda wc: hub_args(wc.model),
-        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
         cell=lambda wc: json.dumps(dict(wc.items())),
         expect=lambda wc: model_expect(wc.model),
     log:

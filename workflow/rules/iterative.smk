@@ -92,7 +92,7 @@ rule iterative_step:
         ratio=lambda wc: wc.chain.rsplit("/", 1)[-1],
         mode=lambda wc: wc.method.split("-", 1)[0],
         structure=lambda wc: wc.method.split("-", 1)[1],
-        group_rounding=config.get("group_rounding", "ceil"),
+        group_rounding=config["group_rounding"],
         init=lambda wc: "" if it_parent(wc) is None else f"--init {shlex_quote(it_parent(wc))}",
         outdir=lambda wc, output: os.path.dirname(output.keep),
     log:
@@ -172,9 +172,9 @@ rule iterative_ppl:
         variant=it_alternatives(IT_VARIANTS),
     params:
         model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
         # per-layer widths differ under AL-AM: evaluated in memory by `iterative ppl`
-        cmd=lambda wc: "ppl" if targets.iterative_variant(config, wc.variant).get("structure", "uniform") == "uniform"
+        cmd=lambda wc: "ppl" if targets.iterative_variant(config, wc.variant)["structure"] == "uniform"
         else "iterative ppl",
         extra=lambda wc, input: cell_args(wc, input),
         **ppl_params(),
@@ -228,7 +228,7 @@ rule iterative_zeroshot:
         variant=it_alternatives(IT_VARIANTS),
     params:
         model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model).get("dtype", "float32"),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
         dmap=device_map_arg,
         extra=lambda wc, input: cell_args(wc, input),
         **zeroshot_params(),

@@ -28,7 +28,7 @@ rule prepare_text:
         eval="resources/text/{dataset}/eval.txt",
         manifest="resources/text/{dataset}/manifest.json",
     params:
-        eval_every=lambda wc: config["datasets"][wc.dataset].get("eval_every", 5),
+        eval_every=lambda wc: config["datasets"][wc.dataset]["eval_every"],
     log:
         "results/logs/prepare_text/{dataset}.log",
     benchmark:

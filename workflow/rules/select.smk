@@ -11,7 +11,7 @@ rule select:
         "results/{model}/{calib}/{select}-{ratio}/keep.json",
     params:
         model=lambda wc: model_path(wc.model),
-        group_rounding=config.get("group_rounding", "ceil"),
+        group_rounding=config["group_rounding"],
         method=lambda wc: selection_args(wc.select),
         expect=lambda wc: model_expect(wc.model),
         hub=lambda wc: hub_args(wc.model),

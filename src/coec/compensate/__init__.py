@@ -15,9 +15,13 @@ allowed values, and which are the paper's hyperparameters and which solver switc
 as docs/compensation-options.md. Every method takes ``device`` (None: W0's device),
 ``compute_dtype`` (None: float32 for coec; float32 on CUDA and float64 on CPU for the cheap
 baselines; the GCV/scale scalars, the ridge solve and every reported error run in float64
-regardless) and ``n_tokens`` (None; if given, gram is a sum over that many tokens, and ``info``
-also reports the bias-aware error ``relerr_after_with_bias``); lstsq takes ``ridge``; coec
+regardless) and ``n_tokens`` (the tokens gram sums over; required by the methods that return a
+bias, bias and blend, whose error needs the Gram's scale); lstsq takes ``ridge``; coec
 Algorithm 1's options (``alpha``, ``align_lambda``, ``max_rounds``, ...).
+
+Reported errors (``info``): ``relerr_before`` of the pruned weight W0[:, K], ``relerr_after`` of
+the module as the method returns it (with its bias, if any; then ``relerr_after_weight_only``
+too), all from one float64 product per module (``linalg.OutputError``).
 
 Solver watchdog (App. B; not an option, since it does not change results): the device entries of
 the SVD and eigh fallback chains run with a wall-clock limit, 600 s on CUDA and none on the CPU
@@ -43,7 +47,7 @@ import torch
 from . import baselines, blend
 from . import options as _options
 from .coec import COEC_DEFAULTS, coec
-from .linalg import gram_psd, normalize_gram, psd_project, relerr, relerr_with_bias
+from .linalg import OutputError, gram_psd, gram_scale, normalize_gram, psd_project
 
 __all__ = ["Compensation", "compensate", "METHODS", "COMMON_DEFAULTS", "METHOD_DEFAULTS", "COEC_DEFAULTS"]
 
@@ -183,7 +187,7 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
     W0 (d_out, d_in), gram (d_in, d_in) (sum or mean), mean (d_in,) or None, keep (k,) sorted
     unique; method in {"none", "bias", "lstsq", "rcpu", "coec", "blend"}. Returns ``Compensation`` with
     weight (d_out, k) and bias (d_out,) | None in W0's dtype/device, and ``info`` with at least
-    relerr_before / relerr_after (untempered metric), rounds, inner_steps, gcv_lambdas,
+    relerr_before / relerr_after (untempered metric; relerr_after with the bias), rounds, inner_steps, gcv_lambdas,
     gcv_at_grid_end, objective_history, seconds, svd_fallbacks, scale_skipped, kappa_clamped.
     Raises ValueError naming the problem for bad input or an unknown method/option.
     """
@@ -201,6 +205,8 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
             _fail(f"mean has {mean.shape[0]} entries, expected d_in = {d_in}")
     elif method in ("bias", "blend"):
         _fail(f"method {method!r} requires mean (d_in,) channel means")
+    if method == "bias" and o["n_tokens"] is None:
+        _fail("method 'bias' requires n_tokens (the Gram's token count) for the error of its bias")
     keep = _check_keep(keep, d_in)
     k = keep.numel()
     if method == "coec":
@@ -220,8 +226,9 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
         W, info = coec(W0, gram, keep_d, co, device=dev, compute_dtype=cdt)
     else:
         fb: list = []
+        g64 = gram.to(dev, torch.float64)
         # App. B: an indefinite Gram is replaced by its PSD projection (solves and errors)
-        G64, psd = gram_psd(normalize_gram(gram.to(dev, torch.float64)), fb)
+        G64, psd = gram_psd(normalize_gram(g64), fb)
         G = G64.to(cdt)
         W0c = W0.to(dev, cdt)
         info = {"method": method, "compute_dtype": str(cdt).replace("torch.", ""), "device": str(dev),
@@ -240,21 +247,24 @@ def compensate(W0, gram, mean, keep, method: str, **options) -> Compensation:
         else:
             W, ri = baselines.rcpu(W0c, G, keep_d, fb)
             info.update(scale=ri["scale"], scale_skipped=0 if ri["scale_ok"] else 1, svd_fallbacks=fb)
-        W64 = W0.to(dev, torch.float64)  # reported errors in float64
-        WG = W64 @ G64
-        Gxx, Gyx, c = G64[keep_d][:, keep_d], WG[:, keep_d], float((WG * W64).sum())
-        info["relerr_before"] = relerr(W64[:, keep_d], Gxx, Gyx, c)
-        info["relerr_after"] = relerr(W, Gxx, Gyx, c)
+        # reported errors: float64, untempered, one (d_out, d_in, d_in) product for all of them
+        n = o["n_tokens"]
+        err = OutputError(W0.to(dev, torch.float64), G64, keep_d,
+                          mean.to(dev, torch.float64) if mean is not None else None,
+                          gram_scale(g64) / float(n) if n is not None else None)  # E[x x^T] = scale G64
+        info["relerr_before"] = err(W0.to(dev, torch.float64)[:, keep_d])
+        # none and bias keep W0[:, K]: their weight's error is the pruned one
+        weight_only = info["relerr_before"] if method in ("none", "bias") else err(W)
+        if b is None:
+            info["relerr_after"] = weight_only
+        else:  # what the method did: the module with its bias
+            info["relerr_after"] = err(W, b)
+            info["relerr_after_weight_only"] = weight_only
         info.setdefault("scale_skipped", 0)
         info.setdefault("svd_fallbacks", fb)
         info.update(
             rounds=0, inner_steps=0, inner_steps_per_round=[], objective_history=[], gcv_lambdas=[],
             gcv_lambdas_rel=[], gcv_at_grid_end={"low": 0, "high": 0}, kappa_clamped=0,
-        )
-    if o["n_tokens"] is not None and mean is not None:
-        gm = _mean_gram(gram, o["n_tokens"], dev, info.get("gram_psd", {}))
-        info["relerr_after_with_bias"] = relerr_with_bias(
-            W, b, W0.to(dev, torch.float64), gm, mean.to(dev, torch.float64), keep_d
         )
     info["seconds"] = time.perf_counter() - t0
     weight = W.to(W0.device, W0.dtype).contiguous()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .baselines import lstsq
-from .linalg import relerr_with_bias
+from .linalg import OutputError
 
 __all__ = ["intercept", "affine_ridge", "augmented_gram", "blend_weight", "blend"]
 
@@ -106,8 +106,9 @@ def blend(W0: torch.Tensor, G: torch.Tensor, gram_mean: torch.Tensor, mean: torc
         hm = o["holdout_mean"].to(W0.device, f64)
         beta, bi = blend_weight(W0_64, (Wb, bb), (Wr.to(f64), br), Hm, hm, keep)
         info["beta_unclipped"] = bi["unclipped"]
-        info["heldout_relerr_base"] = relerr_with_bias(Wb, bb, W0_64, Hm, hm, keep)
-        info["heldout_relerr_ridge"] = relerr_with_bias(Wr, br, W0_64, Hm, hm, keep)
+        heldout = OutputError(W0_64, Hm, keep, hm, scale=1.0)  # Hm is a mean Gram
+        info["heldout_relerr_base"] = heldout(Wb, bb)
+        info["heldout_relerr_ridge"] = heldout(Wr, br)
     else:
         beta = None
     if o["mix"] == "base":
@@ -125,5 +126,5 @@ def blend(W0: torch.Tensor, G: torch.Tensor, gram_mean: torch.Tensor, mean: torc
             (1.0 - beta) * (bb if bb is not None else 0.0) + beta * (br if br is not None else 0.0))
         W = W.to(W0.dtype)
     if o["holdout_gram"] is not None:
-        info["heldout_relerr"] = relerr_with_bias(W.to(f64), b, W0_64, Hm, hm, keep)
+        info["heldout_relerr"] = heldout(W.to(f64), b)
     return W, (b.to(W0.dtype) if b is not None else None), info

@@ -27,6 +27,7 @@ __all__ = [
     "ns_inv_sqrt",
     "ns_polar",
     "ns_polar_with",
+    "gram_scale",
     "normalize_gram",
     "temper_gram",
     "PSD_TOL",
@@ -34,7 +35,7 @@ __all__ = [
     "gram_psd",
     "power_max_eig",
     "relerr",
-    "relerr_with_bias",
+    "OutputError",
 ]
 
 SVD_CHAIN = ("default", "gesvd", "cpu_float64")
@@ -380,6 +381,13 @@ def ns_polar_with(X: torch.Tensor, Y: torch.Tensor | None, scale: float | None =
     return apply(X), (None if Y is None else apply(Y)), it
 
 
+def gram_scale(G: torch.Tensor) -> float:
+    """The factor ``normalize_gram`` divides G (d, d) by: ``tr(G) / d``, or 1 for a zero or
+    non-finite trace (then G is left unscaled)."""
+    t = float(torch.diagonal(G).sum()) / G.shape[0]
+    return t if t > 0 and math.isfinite(t) else 1.0
+
+
 def normalize_gram(G: torch.Tensor) -> torch.Tensor:
     """``G / (tr(G) / d)`` after symmetrising, so a sum and a mean Gram give the same matrix.
 
@@ -482,25 +490,40 @@ def relerr(W: torch.Tensor, Gxx: torch.Tensor, Gyx: torch.Tensor, c: float) -> f
     return (q - 2.0 * p + c) / c if c > 0 else float("nan")
 
 
-def relerr_with_bias(
-    W: torch.Tensor,
-    b: torch.Tensor | None,
-    W0: torch.Tensor,
-    gram_mean: torch.Tensor,
-    mean: torch.Tensor,
-    keep: torch.Tensor,
-) -> float:
-    """Relative error of ``y ~ W x_K + b`` with a MEAN Gram ``E[x x^T]`` and channel means ``E[x]``.
+class OutputError:
+    """Relative output error of a pruned module with a bias (paper Sec. 3.1):
+    ``E||W0 x - W x_K - b||^2 / E||W0 x||^2``, with everything that does not depend on (W, b)
+    formed once (one (d_out, d_in, d_in) product), so each error after it costs a (d_out, k, k)
+    product.
 
-    ``E||W0 x - W x_K - b||^2 = E||W0 x - W x_K||^2 - 2 b^T (W0 mu - W mu_K) + ||b||^2``, divided by
-    ``E||W0 x||^2``. Only meaningful when the Gram's token count is known (option ``n_tokens``).
+    W0 (d_out, d_in), G (d_in, d_in) a Gram in any positive scale (PSD-projected if it was
+    indefinite), keep (k,). A bias needs the channel means ``mean`` = E[x] (d_in,) and ``scale``
+    with ``E[x x^T] = scale * G`` (1 for a mean Gram); the error of ``y ~ W x_K + b`` then is
+    ``(scale (q - 2 p + c) - 2 b^T (W0 m - W m_K) + ||b||^2) / (scale c)``. Computed in G's dtype.
     """
-    dt = gram_mean.dtype
-    W0, W, mean = W0.to(dt), W.to(dt), mean.to(dt)
-    WG = W0 @ gram_mean
-    c = float((WG * W0).sum())
-    err = relerr(W, gram_mean[keep][:, keep], WG[:, keep], c) * c
-    if b is not None:
-        b = b.to(dt)
-        err += -2.0 * float(b @ (W0 @ mean - W @ mean[keep])) + float(b @ b)
-    return err / c if c > 0 else float("nan")
+
+    def __init__(self, W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor,
+                 mean: torch.Tensor | None = None, scale: float | None = None):
+        dt = G.dtype
+        W0 = W0.to(dt)
+        WG = W0 @ G
+        self.dtype, self.keep = dt, keep
+        self.Gxx, self.Gyx, self.c = G[keep][:, keep], WG[:, keep], float((WG * W0).sum())
+        self.scale = scale
+        self.mean_k = mean.to(dt)[keep] if mean is not None else None
+        self.W0m = W0 @ mean.to(dt) if mean is not None else None
+
+    def __call__(self, W: torch.Tensor, b: torch.Tensor | None = None) -> float:
+        """The error of ``W`` (d_out, k) and bias ``b`` (d_out,) or None."""
+        if b is None:
+            return relerr(W, self.Gxx, self.Gyx, self.c)
+        if self.mean_k is None or self.scale is None:
+            raise ValueError("the error of a module with a bias needs the channel means and the "
+                             "Gram's scale (its token count)")
+        if not self.c > 0:
+            return float("nan")
+        W, b = W.to(self.dtype), b.to(self.dtype)
+        sc = float(self.scale) * self.c
+        err = relerr(W, self.Gxx, self.Gyx, self.c) * sc
+        err += -2.0 * float(b @ (self.W0m - W @ self.mean_k)) + float(b @ b)
+        return err / sc

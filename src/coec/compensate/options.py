@@ -186,8 +186,8 @@ class CommonOptions:
                                       "and reported errors run in float64 regardless", float_dtype())
     device: object = opt(None, "where the solve runs (the stage's --device)", device(), "stage")
     n_tokens: object = opt(None, "tokens the Gram sums over (the stage passes the calibration count); "
-                                 "adds info relerr_after_with_bias", number(0, lo_open=True, allow_none=True),
-                           "stage")
+                                 "required by bias and blend (the error of a bias needs the Gram's scale)",
+                           number(0, lo_open=True, allow_none=True), "stage")
 
 
 @dataclass
@@ -472,7 +472,7 @@ def markdown() -> str:
         "A Gram with an eigenvalue below `-1e-4 x lambda_max` (far beyond float32 round-off) is",
         "replaced by its PSD projection (negative eigenvalues clipped to 0) for every method: the",
         "lstsq and rcpu solves and every reported error (`relerr_before`, `relerr_after`,",
-        "`relerr_after_with_bias`) use it, and coec tempers with clipped eigenvalues (`psd_clip`).",
+        "`relerr_after_weight_only`) use it, and coec tempers with clipped eigenvalues (`psd_clip`).",
         "The result's `info[\"gram_psd\"]` records the outcome: `indefinite`, and when the",
         "eigenvalues were computed `min_eig`, `max_eig`, `clipped` (eigenvalues set to 0) and",
         "`action`. A Gram that is PSD up to round-off is used exactly as it is.",
