@@ -5,7 +5,7 @@ architectures and vocabularies after model families.
 
 Read from the llama.cpp that llama-cpp-python 0.3.36 vendors (``vendor/llama.cpp``); the line
 numbers below are that release's. A tensor the file carries but the loader does not create is an
-error at load time ("wrong number of tensors", ``src/llama-model-loader.cpp:1396``), so every
+error at load time ("wrong number of tensors", ``src/llama-model-loader.cpp:1398``), so every
 tensor of the export must have a slot in its architecture's table:
 
 * ``llama`` (``src/models/llama.cpp:34-92``): wq/wo sized ``n_embd_head_k * n_head`` (an explicit
