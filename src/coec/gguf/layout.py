@@ -15,7 +15,7 @@ from ..arch.gguf import file_types
 
 GGUF_TYPES = ("f32", "f16", "q8_0")
 _TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}   # requested type -> 2-D tensor type
-Q8_BLOCK = 32  # q8_0 packs 32 consecutive values of a row (GGML_QUANT_SIZES[Q8_0])
+Q8_BLOCK = GGML_QUANT_SIZES[Q.Q8_0][0]  # q8_0 packs 32 consecutive values of a row
 
 
 def file_type(gguf_type: str) -> int:
