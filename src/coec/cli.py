@@ -12,6 +12,8 @@ import logging
 import sys
 import time
 
+GGUF_TYPES = ("f32", "f16", "q8_0")  # coec.gguf.GGUF_TYPES (not imported: the CLI loads lazily)
+
 
 def _json(s: str):
     try:
@@ -156,15 +158,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--comp", nargs="*", default=[])
     s.add_argument("--out", required=True)
 
-    s = sub.add_parser("export", help="write a pruned, compensated HF checkpoint")
+    s = sub.add_parser("export", help="write a pruned, compensated HF checkpoint or GGUF file")
     s.add_argument("--model", required=True)
     s.add_argument("--keep", required=True)
     s.add_argument("--comp", nargs="*", default=[])
     config_arg(s, "--dtype", "models.*.dtype")
     s.add_argument("--cell", type=_json, default={}, help="cell labels recorded in config.json")
     s.add_argument("--force", action="store_true",
-                   help="replace a previous export in --out (never any other folder)")
-    s.add_argument("--out", required=True, help="absent or empty folder (never the source model's)")
+                   help="replace a previous export in --out (never any other folder or file)")
+    s.add_argument("--format", default="hf", choices=("hf", "gguf"),
+                   help="hf: a transformers checkpoint folder; gguf: one file for llama.cpp")
+    s.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
+                   help="GGUF tensor type (default f32); q8_0 falls back to f16 per tensor "
+                        "where a row width is not a multiple of 32")
+    s.add_argument("--tokenizer-gguf", default=None,
+                   help="GGUF file whose tokenizer keys are copied (e.g. an embedded model's)")
+    s.add_argument("--out", required=True,
+                   help="hf: absent or empty folder; gguf: a file name (never inside the source model)")
 
     for stage in MODEL_STAGES:  # the workflow's expectations, checked before any work
         sub.choices[stage].add_argument("--expect", type=_json, default={}, help=EXPECT_HELP)
@@ -286,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = build_parser()
     args = p.parse_args(argv)
+    if args.stage == "export" and args.format == "hf" and (args.gguf_type or args.tokenizer_gguf):
+        p.error("export: --gguf-type and --tokenizer-gguf need --format gguf")
     if args.stage == "iterative":
         if args.cmd == "run" and schedule_args_error(args):
             p.error(f"iterative run: {schedule_args_error(args)}")
@@ -349,7 +361,8 @@ def _dispatch(a) -> None:
     elif a.stage == "geometry":
         P.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
     elif a.stage == "export":
-        P.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub)
+        P.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub,
+                     fmt=a.format, gguf_type=a.gguf_type or "f32", tokenizer_gguf=a.tokenizer_gguf)
 
 
 def _dispatch_iterative(a) -> None:

@@ -134,3 +134,31 @@ def write_export_dir(out: str | Path, write, protected: list[str | Path], force:
     if old is not None:
         _delete_listed(old, read_marker(old).get("files", []))
     return out
+
+
+def check_out_file(out: str | Path, protected: list[str | Path], force: bool = False,
+                   is_ours=None) -> str:
+    """Validate a single-file export target (a GGUF file); returns 'new' or 'replace'.
+
+    The same rules as a folder: never a link, never the source model folder or a file inside it,
+    never an input file; an existing file is replaced only with ``force`` and only when
+    ``is_ours(path)`` says a previous export of ours wrote it. Raises ExportRefused."""
+    out = Path(out)
+    if out.is_symlink():
+        raise ExportRefused(f"--out {out} is a symbolic link; give a real file name")
+    target = out.resolve()
+    for p in protected:
+        if _overlaps(target, Path(p).resolve()):
+            raise ExportRefused(f"--out {out} overlaps the export's input {p}; "
+                                "choose a file outside the source model and the cell's files")
+    if not out.exists():
+        return "new"
+    if not out.is_file():
+        raise ExportRefused(f"--out {out} exists and is not a file")
+    if not force:
+        raise ExportRefused(f"--out {out} exists; pass --force to replace a previous export")
+    if is_ours is None or not is_ours(out):
+        raise ExportRefused(f"--out {out} is not a previous export of ours; refusing to replace "
+                            "it even with --force")
+    return "replace"
+

@@ -284,11 +284,18 @@ def prepare_zeroshot(out_dir: str) -> dict:
 
 def run_export(model_src: str, keep_path: str, comp_files: list[str], dtype: str, out: str,
                force: bool = False, cell: dict | None = None, revision: str | None = None,
-               trust_remote_code: bool = False) -> dict:
+               trust_remote_code: bool = False, fmt: str = "hf", gguf_type: str = "f32",
+               tokenizer_gguf: str | None = None) -> dict:
     """Write a pruned, compensated checkpoint that a vanilla ``AutoModelForCausalLM.from_pretrained``
     reloads (stock class chosen by ``prune.build_export_model``; see docs/export.md). ``out`` must
     be absent or empty; with ``force`` a previous export there is replaced. Returns the
-    provenance recorded as ``coec_export`` in config.json."""
+    provenance recorded as ``coec_export`` in config.json. ``fmt="gguf"``: one GGUF file for
+    llama.cpp instead (:func:`run_export_gguf`)."""
+    if fmt == "gguf":
+        return run_export_gguf(model_src, keep_path, comp_files, dtype, out, gguf_type, force,
+                               cell, tokenizer_gguf, revision, trust_remote_code)
+    if fmt != "hf":
+        raise ValueError(f"unknown export format {fmt!r}; expected hf or gguf")
     from .export import check_out_dir, write_export_dir
     from .prune import build_export_model
 
@@ -312,6 +319,34 @@ def run_export(model_src: str, keep_path: str, comp_files: list[str], dtype: str
     return info
 
 
+def run_export_gguf(model_src: str, keep_path: str, comp_files: list[str], dtype: str, out: str,
+                    gguf_type: str = "f32", force: bool = False, cell: dict | None = None,
+                    tokenizer_gguf: str | None = None, revision: str | None = None,
+                    trust_remote_code: bool = False) -> dict:
+    """Write a pruned, compensated cell as one GGUF file for llama.cpp (``coec.gguf.write_gguf``:
+    llama arch for uniform widths, deci for per-layer widths; docs/export.md "GGUF"). ``out`` is a
+    file: absent, or with ``force`` a previous GGUF export of ours. ``tokenizer_gguf``: take the
+    tokenizer keys from that GGUF file (an embedded model's source) instead of converting the HF
+    tokenizer. Returns the writer's report with the provenance (also stored in the file)."""
+    from .export import check_out_file
+    from .gguf import is_gguf_export, write_gguf
+
+    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
+    protected = [model_dir, keep_path, *(comp_files or []), *([tokenizer_gguf] if tokenizer_gguf else [])]
+    check_out_file(out, protected, force, is_gguf_export)  # refuse before the (slow) model build
+    model, tok = build_model(model_src, dtype, "cpu", keep_path, comp_files, None, revision,
+                             trust_remote_code)
+    prov = {"source": str(model_src), "keep": str(keep_path),
+            "comp": [str(c) for c in comp_files or []], "dtype": dtype, "cell": cell or {},
+            "model": model_provenance(model_src, revision, trust_remote_code, model_dir)}
+    check_out_file(out, protected, force, is_gguf_export)  # again: the file may have appeared
+    report = write_gguf(model, tok, out, gguf_type, tokenizer_gguf=tokenizer_gguf,
+                        name=Path(model_dir).name, provenance=prov)
+    log.info("exported %s as GGUF %s (%s, %s) to %s", model_src, report["arch"], gguf_type,
+             report["reason"], out)
+    return {**report, **prov}
+
+
 def prepare_model(spec: dict, name: str, out_dir: str) -> str:
     """The resources step for an embedded model (GGUF -> safetensors folder)."""
     from .resources import prepare_embedded_model
@@ -321,5 +356,5 @@ def prepare_model(spec: dict, name: str, out_dir: str) -> str:
 
 
 __all__ = ["run_calibrate", "run_select", "run_compensate", "run_ppl", "run_zeroshot",
-           "run_export", "build_model", "prepare_model", "prepare_zeroshot",
+           "run_export", "run_export_gguf", "build_model", "prepare_model", "prepare_zeroshot",
            "expanded_value_proj", "module_options"]

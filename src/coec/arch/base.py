@@ -124,6 +124,11 @@ class Adapter(StockClass):
     gate, up, down = "gate_proj", "up_proj", "down_proj"
     always_sliding = False      # every layer masks with config.sliding_window
     portable = True             # export may fall back to another stock class with this layout
+    attn_norm_attr, ffn_norm_attr = "input_layernorm", "post_attention_layernorm"
+    q_norm_attr, k_norm_attr = "q_norm", "k_norm"   # per-head q/k norms (families with qk_norm)
+    # llama.cpp architectures a GGUF export tries, in order (coec.arch.gguf): the first that
+    # holds the pruned model's tensors, widths and config is written
+    gguf_archs: tuple[str, ...] = ("llama", "deci")
 
     # ------------------------------------------------------------------ layer access
     def decoder_layers(self, model) -> nn.ModuleList:
@@ -233,6 +238,32 @@ class Adapter(StockClass):
             cfg.attention_bias = bool(getattr(cfg, "attention_bias", False) or any_attn_bias)
         if hasattr(cfg, "mlp_bias"):
             cfg.mlp_bias = bool(getattr(cfg, "mlp_bias", False) or needs.mlp_bias)
+
+    # ------------------------------------------------------------------ GGUF export
+    def gguf_layer_modules(self, layer) -> dict[str, nn.Module]:
+        """A decoder layer's modules under their llama.cpp tensor names (``blk.<i>.<name>``;
+        each module's ``weight`` and, where present, ``bias`` are written)."""
+        attn, mlp = self.attention(layer), self.mlp(layer)
+        mods = {"attn_norm": getattr(layer, self.attn_norm_attr),
+                "attn_q": getattr(attn, self.q), "attn_k": getattr(attn, self.k),
+                "attn_v": getattr(attn, self.v), "attn_output": getattr(attn, self.o)}
+        if self.qk_norm:
+            mods.update(attn_q_norm=getattr(attn, self.q_norm_attr),
+                        attn_k_norm=getattr(attn, self.k_norm_attr))
+        mods.update({"ffn_norm": getattr(layer, self.ffn_norm_attr),
+                     "ffn_gate": getattr(mlp, self.gate), "ffn_up": getattr(mlp, self.up),
+                     "ffn_down": getattr(mlp, self.down)})
+        return mods
+
+    def gguf_model_modules(self, model) -> dict[str, nn.Module]:
+        """The token embedding, final norm and LM head under their llama.cpp names."""
+        return {"token_embd": self.embedding(model), "output_norm": self.backbone(model).norm,
+                "output": model.get_output_embeddings()}
+
+    def gguf_scalars(self, config) -> dict[str, float]:
+        """Scalars of the forward pass beyond the Llama layer, by GGUF key suffix
+        (``<arch>.<key>``); an architecture must declare every key it is given."""
+        return {}
 
     # ------------------------------------------------------------------ parameter count
     def layer_params(self, d: Mapping[str, Any]) -> tuple[int, int]:

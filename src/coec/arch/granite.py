@@ -20,5 +20,15 @@ class GraniteAdapter(Adapter):
     portable = False
     note = "the Llama layer with embedding, residual, attention and logit multipliers"
 
+    gguf_archs = ("granite",)
+
     def embed_scale(self, config) -> float | None:
         return float(config.embedding_multiplier)
+
+    def gguf_scalars(self, config) -> dict[str, float]:
+        # llama.cpp's granite arch: the embedding and residual scales, the attention score
+        # scale (kq_scale) and the logit divisor (src/models/granite.cpp, llama-graph.cpp)
+        return {"embedding_scale": float(config.embedding_multiplier),
+                "residual_scale": float(config.residual_multiplier),
+                "attention.scale": float(config.attention_multiplier),
+                "logit_scale": float(config.logits_scaling)}

@@ -13,3 +13,4 @@ class Qwen3Adapter(Adapter):
     qk_norm = True
     qkv_bias = o_bias = "flag"
     note = "per-head q/k RMSNorm, attention_bias for q/k/v and o_proj biases"
+    gguf_archs = ("qwen3",)  # llama.cpp's llama/deci archs have no q/k norm slot

@@ -1,0 +1,145 @@
+"""llama.cpp's side of the GGUF export (``coec.gguf``): the architectures a pruned model is written
+as and what each one's loader holds, and the other llama.cpp / gguf-py names the export uses
+(file types, tokenizer models, pre-tokenizers). They live here because llama.cpp names its
+architectures and vocabularies after model families.
+
+Read from the llama.cpp that llama-cpp-python 0.3.36 vendors (``vendor/llama.cpp``); the line
+numbers below are that release's. A tensor the file carries but the loader does not create is an
+error at load time ("wrong number of tensors", ``src/llama-model-loader.cpp:1398``), so every
+tensor of the export must have a slot in its architecture's table:
+
+* ``llama`` (``src/models/llama.cpp:34-92``): wq/wo sized ``n_embd_head_k * n_head`` (an explicit
+  head size, ``attention.key_length``, ``src/llama-model.cpp:1440``), optional q/k/v biases
+  (``create_tensor_qkv``, ``src/llama-model.cpp:3396``), optional ``attn_output.bias`` (:57) and
+  ``ffn_gate|up|down.bias`` (:74-76), the llama3 ``rope_freqs`` (:66). One width for all blocks:
+  tensors are sized by layer 0's counts (``LLAMA_LOAD_LOCALS``, ``src/llama-model.h:860``).
+* ``deci`` (``src/models/deci.cpp:14-74``): the same slots with per-layer ``head_count``,
+  ``head_count_kv`` and ``feed_forward_length`` (``hparams.n_head(i)`` etc., :30-34).
+* ``qwen3`` (``src/models/qwen3.cpp:15-47``): q/k/v biases and per-head ``attn_q_norm`` /
+  ``attn_k_norm``; no ``attn_output.bias``, no MLP bias, no ``rope_freqs``; one width.
+* ``granite`` (``src/models/granite.cpp:59-117``): the llama slots plus the embedding, residual,
+  attention and logit scales (:5-10); one width.
+
+``llama``, ``deci`` and ``granite`` apply RoPE to consecutive pairs (``LLAMA_ROPE_TYPE_NORM``,
+``src/llama-model.cpp:3052-3095``), so the q/k rows of a Hugging Face (rotate-half) model are
+permuted as ``convert_hf_to_gguf.py`` does (``LlamaModel.permute``); ``qwen3`` uses the
+rotate-half (NEOX) form (``src/llama-model.cpp:3177``) and takes the rows as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_QKV = {f"attn_{t}.{s}" for t in "qkv" for s in ("weight", "bias")}
+_BASE_LAYER = frozenset({"attn_norm.weight", *_QKV, "attn_output.weight", "attn_output.bias",
+                          "ffn_norm.weight",
+                          *{f"ffn_{t}.{s}" for t in ("gate", "up", "down") for s in ("weight", "bias")}})
+_QK_NORM_LAYER = frozenset({"attn_norm.weight", *_QKV, "attn_output.weight", "attn_q_norm.weight",
+                          "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
+                          "ffn_up.weight", "ffn_down.weight"})
+_MODEL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
+
+
+@dataclass(frozen=True)
+class GgufArch:
+    """What one llama.cpp architecture's loader and graph hold."""
+
+    name: str
+    layer_slots: frozenset[str]     # per-block tensors ``blk.<i>.<slot>`` the loader creates
+    model_slots: frozenset[str]     # tensors outside the blocks
+    per_layer: bool = False         # head counts and FFN width may differ per block
+    rope_pairs: bool = True         # NORM RoPE on consecutive pairs: q/k rows are permuted
+    scalars: frozenset[str] = frozenset()   # extra ``<arch>.<key>`` scalars it reads
+    source: str = ""                # where in llama.cpp this was read
+
+    def missing_slots(self, layer: set[str], model: set[str]) -> list[str]:
+        """The tensors of a model that this architecture has no slot for."""
+        return sorted({f"blk.N.{s}" for s in layer - self.layer_slots} | (model - self.model_slots))
+
+
+ARCHS: dict[str, GgufArch] = {a.name: a for a in (
+    GgufArch("llama", _BASE_LAYER, _MODEL | {"rope_freqs.weight"},
+             source="src/models/llama.cpp:34-92"),
+    GgufArch("deci", _BASE_LAYER, _MODEL | {"rope_freqs.weight"}, per_layer=True,
+             source="src/models/deci.cpp:14-74"),
+    GgufArch("qwen3", _QK_NORM_LAYER, _MODEL, rope_pairs=False,
+             source="src/models/qwen3.cpp:15-47"),
+    GgufArch("granite", _BASE_LAYER, _MODEL | {"rope_freqs.weight"},
+             scalars=frozenset({"embedding_scale", "residual_scale", "attention.scale", "logit_scale"}),
+             source="src/models/granite.cpp:5-117"),
+)}
+
+
+@dataclass(frozen=True)
+class GgufNeeds:
+    """What a pruned model asks of the architecture that is to hold it."""
+
+    layer_slots: frozenset[str]
+    model_slots: frozenset[str]
+    per_layer: bool
+    scalars: frozenset[str]
+
+
+def cannot_hold(arch: GgufArch, needs: GgufNeeds) -> str | None:
+    """Why ``arch`` cannot hold a model with ``needs`` (None: it can)."""
+    if needs.per_layer and not arch.per_layer:
+        return "one width for all blocks (tensors sized by layer 0), the layers' widths differ"
+    missing = arch.missing_slots(set(needs.layer_slots), set(needs.model_slots))
+    if missing:
+        return "no slot for " + ", ".join(missing)
+    extra = sorted(needs.scalars - arch.scalars)
+    if extra:
+        return "does not read " + ", ".join(f"{arch.name}.{k}" for k in extra)
+    return None
+
+
+def choose_arch(candidates: tuple[str, ...], needs: GgufNeeds) -> tuple[GgufArch, str]:
+    """The first candidate architecture that holds the model, with a one-line reason; ValueError
+    naming each candidate and why it cannot, when none does."""
+    tried = []
+    for name in candidates:
+        arch = ARCHS[name]
+        why = cannot_hold(arch, needs)
+        if why is None:
+            reason = f"llama.cpp {name} holds it ({arch.source})"
+            return arch, "; ".join([*tried, reason])
+        tried.append(f"{name}: {why}")
+    raise ValueError("no llama.cpp architecture holds this pruned model (" + "; ".join(tried) + ")")
+
+
+# ----------------------------------------------------------------------------- other names
+def file_types() -> dict:
+    """``general.file_type`` of each requested tensor type (gguf-py's ``LlamaFileType``)."""
+    from gguf import LlamaFileType as F
+
+    return {"f32": F.ALL_F32, "f16": F.MOSTLY_F16, "q8_0": F.MOSTLY_Q8_0}
+
+
+# tokenizer.ggml.model of a SentencePiece-style (byte-fallback BPE) vocabulary
+# (src/llama-vocab.cpp:1971, LLAMA_VOCAB_TYPE_SPM)
+SPM_TOKENIZER_MODEL = "llama"
+
+
+def byte_fallback_vocab(folder):
+    """gguf-py's reader of a byte-fallback BPE ``tokenizer.json`` (``LlamaHfVocab``: tokens,
+    scores and types as the converter's ``_set_vocab_llama_hf`` writes them)."""
+    from gguf import LlamaHfVocab
+
+    return LlamaHfVocab(folder)
+
+
+# The split regexes of tokenizers whose llama.cpp pre-tokenizer applies the same one
+# (src/llama-vocab.cpp: "qwen2" -> LLAMA_VOCAB_PRE_TYPE_QWEN2 at :2259, "llama-bpe" ->
+# LLAMA_VOCAB_PRE_TYPE_LLAMA3 at :2176), for a tokenizer whose hash is not in the converter's
+# table (coec.arch.gguf_pre), e.g. a retrained vocabulary with the family's pre-tokenizer.
+SPLIT_REGEX_PRE = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+}
+
+
+def bindings_model_class():
+    """llama-cpp-python's model class (``llama_cpp.Llama``); ImportError when it is absent."""
+    from llama_cpp import Llama
+
+    return Llama

@@ -1,0 +1,238 @@
+"""Write an in-memory pruned, compensated model as one GGUF file that llama.cpp loads, then read
+it back and check every tensor (docs/export.md "GGUF").
+
+The architecture is the first of the family's candidates (``Adapter.gguf_archs``) whose loader
+holds the model (``coec.arch.gguf``): ``llama`` for one width in every block, ``deci`` when the
+blocks' head counts or MLP widths differ. Tensors are written one at a time (the writer never
+holds a second copy of the model), to a temporary name next to the output that is renamed only
+after the read-back check passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+import torch
+
+from ..arch import adapter_for
+from ..artifacts import atomic_path
+from ..progress import bar as progress_bar
+from ..arch.gguf import ARCHS, GgufArch, GgufNeeds, choose_arch
+from .layout import (LayerWidths, check_gguf_type, encode, encoded_nbytes, file_type,
+                     layer_widths, permute_qk, rope_metadata, tensor_type)
+from .vocab import copy_gguf_tokenizer, write_hf_tokenizer
+
+log = logging.getLogger(__name__)
+
+PROVENANCE_KEY = "coec.export"   # JSON of the export's provenance (llama.cpp ignores it)
+
+
+@dataclass
+class Planned:
+    """One tensor of the file: its GGUF name, where it comes from, and its encoding."""
+
+    name: str
+    source: str
+    shape: tuple[int, ...]                  # numpy order (rows, row width)
+    qtype: gguf.GGMLQuantizationType
+    fallback: str | None
+    get: Callable[[], torch.Tensor] = field(repr=False)   # float32 CPU values, ``shape``
+
+    def values(self) -> np.ndarray:
+        return self.get().detach().to("cpu", torch.float32).contiguous().numpy()
+
+
+def refuse_config(adapter, config) -> None:
+    """ValueError naming what of the source config no llama.cpp architecture written here has."""
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act {act!r}: the llama.cpp archs written here ({', '.join(ARCHS)}) "
+                         "gate their MLP with SiLU only")
+    if adapter.sliding(config):
+        raise ValueError(f"sliding-window attention (window {config.sliding_window} < context "
+                         f"{config.max_position_embeddings}) is not held by the llama.cpp archs "
+                         f"written here ({', '.join(ARCHS)})")
+    if adapter.embed_scale(config) is not None and "embedding_scale" not in adapter.gguf_scalars(config):
+        raise ValueError(f"{config.model_type} scales its token embeddings and names no GGUF key "
+                         "for the factor")
+
+
+def _getter(t: torch.Tensor, n_heads: int | None) -> Callable[[], torch.Tensor]:
+    """Read a tensor as float32 (q/k rows permuted into ``n_heads`` heads when given), lazily:
+    nothing is copied until the tensor is written."""
+    if n_heads is None:
+        return lambda: t.detach().float()
+    return lambda: permute_qk(t.detach().float(), n_heads)
+
+
+def plan_tensors(adapter, model, widths: list[LayerWidths], gguf_type: str,
+                 rope_freqs: torch.Tensor | None, rope_pairs: bool) -> list[Planned]:
+    """Every tensor of the file, in writing order: embedding, RoPE factors, final norm, head,
+    then block by block each module's weight and bias. ``rope_pairs``: permute q/k rows for an
+    architecture with consecutive-pair RoPE (``GgufArch.rope_pairs``)."""
+    top = adapter.gguf_model_modules(model)
+    emb, head = top["token_embd"].weight, top["output"].weight
+    entries = [("token_embd.weight", "embed_tokens.weight", emb, None)]
+    if rope_freqs is not None:
+        entries.append(("rope_freqs.weight", "llama3 rope_parameters", rope_freqs, None))
+    entries.append(("output_norm.weight", "norm.weight", top["output_norm"].weight, None))
+    # a tied head is left out: llama.cpp then uses token_embd (src/models/llama.cpp:41-46)
+    if not (head.data_ptr() == emb.data_ptr() and head.shape == emb.shape):
+        entries.append(("output.weight", "lm_head.weight", head, None))
+    for i, layer in enumerate(adapter.decoder_layers(model)):
+        for name, mod in adapter.gguf_layer_modules(layer).items():
+            heads = None
+            if rope_pairs and name in ("attn_q", "attn_k"):
+                heads = widths[i].heads if name == "attn_q" else widths[i].kv_heads
+            for suffix in ("weight", "bias"):
+                t = getattr(mod, suffix, None)
+                if t is not None:
+                    entries.append((f"blk.{i}.{name}.{suffix}", f"layer {i} {name}.{suffix}", t, heads))
+    plan = []
+    for gname, source, t, heads in entries:
+        shape = tuple(int(s) for s in t.shape)
+        qtype, why = tensor_type(shape, gguf_type)
+        plan.append(Planned(gname, source, shape, qtype, why, _getter(t, heads)))
+    return plan
+
+
+def needs_of(plan: list[Planned], widths: list[LayerWidths], scalars: dict) -> GgufNeeds:
+    layer = {p.name.split(".", 2)[2] for p in plan if p.name.startswith("blk.")}
+    model = {p.name for p in plan if not p.name.startswith("blk.")}
+    return GgufNeeds(frozenset(layer), frozenset(model), len(set(widths)) > 1, frozenset(scalars))
+
+
+def write_metadata(w: gguf.GGUFWriter, arch: GgufArch, config, widths: list[LayerWidths],
+                   head_dim: int, n_vocab: int, rope_kv: dict, scalars: dict, gguf_type: str,
+                   name: str) -> None:
+    """Architecture keys: sizes (per-layer arrays for an arch that reads them), head size, RoPE,
+    norm epsilon, the family's scalars."""
+    w.add_name(name)
+    w.add_file_type(int(file_type(gguf_type)))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_vocab_size(n_vocab)
+    w.add_context_length(int(config.max_position_embeddings))
+    w.add_embedding_length(int(config.hidden_size))
+    w.add_block_count(len(widths))
+    per = (lambda xs: list(xs)) if arch.per_layer else (lambda xs: next(iter(xs)))
+    w.add_head_count(per(x.heads for x in widths))
+    w.add_head_count_kv(per(x.kv_heads for x in widths))
+    w.add_feed_forward_length(per(x.ffn for x in widths))
+    # explicit head size: pruned heads leave hidden_size != heads x head_dim
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    for key, value in {**rope_kv, **scalars}.items():
+        full = f"{arch.name}.{key}"
+        if isinstance(value, str):
+            w.add_string(full, value)
+        elif isinstance(value, int):
+            w.add_uint32(full, value)
+        else:
+            w.add_float32(full, float(value))
+
+
+def write_gguf(model, tokenizer, out: str | Path, gguf_type: str = "f32",
+               tokenizer_gguf: str | Path | None = None, name: str | None = None,
+               provenance: dict | None = None) -> dict:
+    """Write ``model`` (a pruned HF causal LM in memory) and its tokenizer as a GGUF file at
+    ``out``; returns the report (architecture and why, widths, per-tensor fallbacks, tokenizer,
+    read-back check). ``tokenizer_gguf``: copy the tokenizer keys of that GGUF file instead of
+    converting ``tokenizer`` (the embedded models ship as GGUF). ValueError, before anything is
+    written, for a model no llama.cpp architecture here holds."""
+    check_gguf_type(gguf_type)
+    cfg = model.config
+    adapter = adapter_for(cfg)
+    refuse_config(adapter, cfg)
+    head_dim = adapter.attention_geometry(cfg).head_dim
+    widths = layer_widths(adapter, model, head_dim)
+    rope_kv, rope_freqs = rope_metadata(cfg, head_dim)
+    scalars = adapter.gguf_scalars(cfg)
+    names = plan_tensors(adapter, model, widths, gguf_type, rope_freqs, rope_pairs=False)
+    arch, reason = choose_arch(adapter.gguf_archs, needs_of(names, widths, scalars))
+    plan = plan_tensors(adapter, model, widths, gguf_type, rope_freqs, arch.rope_pairs)
+    n_vocab = int(adapter.embedding(model).weight.shape[0])
+    name = name or getattr(cfg, "name_or_path", None) or "coec-pruned"
+    name = Path(str(name)).name or "coec-pruned"
+    fallbacks = [{"tensor": p.name, "shape": list(p.shape), "type": p.qtype.name.lower(),
+                  "why": p.fallback} for p in plan if p.fallback]
+    for f in fallbacks:
+        log.info("gguf: %s %s: %s", f["tensor"], tuple(f["shape"]), f["why"])
+    report = {"path": str(out), "arch": arch.name, "reason": reason, "gguf_type": gguf_type,
+              "head_dim": head_dim, "heads": [x.heads for x in widths],
+              "kv_heads": [x.kv_heads for x in widths], "ffn": [x.ffn for x in widths],
+              "tensors": len(plan), "fallbacks": fallbacks}
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        w = gguf.GGUFWriter(tmp, arch.name)
+        try:
+            write_metadata(w, arch, cfg, widths, head_dim, n_vocab, rope_kv, scalars, gguf_type, name)
+            report["tokenizer"] = (copy_gguf_tokenizer(w, tokenizer_gguf, n_vocab) if tokenizer_gguf
+                                   else write_hf_tokenizer(w, tokenizer, n_vocab))
+            w.add_string(PROVENANCE_KEY, json.dumps({**(provenance or {}), "arch": arch.name,
+                                                     "reason": reason, "gguf_type": gguf_type,
+                                                     "fallbacks": fallbacks}, sort_keys=True))
+            for p in plan:
+                w.add_tensor_info(p.name, p.shape, np.dtype(np.float32),
+                                  encoded_nbytes(p.shape, p.qtype), raw_dtype=p.qtype)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            for p in progress_bar(plan, desc=f"gguf {gguf_type}", unit="tensor"):
+                w.write_tensor_data(encode(p.values(), p.qtype))
+        finally:
+            w.close()
+        report["verify"] = verify_gguf(tmp, plan, arch, widths)
+    log.info("gguf: wrote %s (%s, %s, %d tensors, %d fallbacks)", out, arch.name, gguf_type,
+             len(plan), len(fallbacks))
+    return report
+
+
+def is_gguf_export(path: str | Path) -> bool:
+    """Whether ``path`` is a GGUF file this export wrote (it carries ``coec.export``)."""
+    try:
+        return gguf.GGUFReader(str(path)).get_field(PROVENANCE_KEY) is not None
+    except (OSError, ValueError):
+        return False
+
+
+def verify_gguf(path: str | Path, plan: list[Planned], arch: GgufArch,
+                widths: list[LayerWidths]) -> dict:
+    """Read a written file back: architecture, block count, head counts, and every tensor's
+    name, shape, type and bytes equal to the plan's encoding (f32 tensors: the model's values
+    exactly). Returns the largest |dequantised - model| per type; ValueError on any mismatch."""
+    r = gguf.GGUFReader(str(path))
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
+    if meta.get("general.architecture") != arch.name:
+        raise ValueError(f"{path}: reads back as arch {meta.get('general.architecture')!r}, "
+                         f"not {arch.name!r}")
+    heads = meta.get(f"{arch.name}.attention.head_count")
+    want = [x.heads for x in widths] if arch.per_layer else widths[0].heads
+    if meta.get(f"{arch.name}.block_count") != len(widths) or heads != want:
+        raise ValueError(f"{path}: block count / head counts read back as "
+                         f"{meta.get(f'{arch.name}.block_count')} / {heads}, expected {len(widths)} / {want}")
+    tensors = {t.name: t for t in r.tensors}
+    if list(tensors) != [p.name for p in plan]:
+        raise ValueError(f"{path}: tensors read back differ from those written")
+    err: dict[str, float] = {}
+    for p in plan:
+        t = tensors[p.name]
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        if shape != p.shape or t.tensor_type != p.qtype:
+            raise ValueError(f"{path}: {p.name} reads back as {shape} {t.tensor_type.name}, "
+                             f"written {p.shape} {p.qtype.name}")
+        x = p.values()
+        if not np.array_equal(np.asarray(t.data), encode(x, p.qtype)):
+            raise ValueError(f"{path}: {p.name} reads back with different values")
+        back = gguf.quants.dequantize(np.asarray(t.data), p.qtype).reshape(p.shape)
+        key = p.qtype.name.lower()
+        err[key] = max(err.get(key, 0.0), float(np.abs(back - x).max()) if x.size else 0.0)
+    if err.get("f32", 0.0) != 0.0:
+        raise ValueError(f"{path}: f32 tensors do not read back exactly")
+    return {"tensors": len(plan), "max_abs_err": err}
