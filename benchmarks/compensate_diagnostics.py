@@ -1,12 +1,13 @@
 """What the cheap methods' diagnostics cost: ``compensate()`` of method none and bias on real
 module shapes, against the method's own arithmetic (``W0[:, K]``, ``W0[:, P] m_P``).
 
-    python benchmarks/compensate_diagnostics.py [--repeats 5] [--threads 2]
+    python benchmarks/compensate_diagnostics.py [--repeats 5] [--threads 1]
 
 Runs only the public ``compensate`` API, so the same script times two source trees (``PYTHONPATH=
 <tree>/src``), e.g. before and after a change. Prints per shape and method the min / median of
-``--repeats`` interleaved runs (seconds), and the method alone. Synthetic statistics: a Gram of
-``4 d_in`` random tokens (its values do not change the cost).
+``--repeats`` interleaved runs, and the method alone, in CPU seconds of this process
+(``time.process_time``; on one thread this is the work done, whatever else the machine runs).
+Synthetic statistics: a Gram of ``4 d_in`` random tokens (its values do not change the cost).
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ def problem(d_out: int, d_in: int, k: int, seed: int = 0):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    print(f"threads={torch.get_num_threads()} repeats={a.repeats} (seconds: min / median)")
+    print(f"threads={torch.get_num_threads()} repeats={a.repeats} (CPU seconds: min / median)")
     for name, d_out, d_in, k in SHAPES:
         W0, G, mean, keep, n = problem(d_out, d_in, k)
         mask = torch.ones(d_in, dtype=torch.bool)
@@ -49,13 +50,13 @@ def main(argv=None) -> int:
         times: dict[str, list[float]] = {"none": [], "bias": [], "method alone": []}
         for _ in range(a.repeats):  # interleaved, so load changes hit every column alike
             for method in ("none", "bias"):
-                t = time.perf_counter()
+                t = time.process_time()
                 compensate(W0, G, mean, keep, method, n_tokens=n)
-                times[method].append(time.perf_counter() - t)
-            t = time.perf_counter()
+                times[method].append(time.process_time() - t)
+            t = time.process_time()
             W64 = W0.double()
             W64[:, keep], W64[:, mask] @ mean[mask]
-            times["method alone"].append(time.perf_counter() - t)
+            times["method alone"].append(time.process_time() - t)
         cells = "  ".join(f"{m} {min(v):.4f} / {statistics.median(v):.4f}" for m, v in times.items())
         print(f"{name:24s} d_out={d_out} d_in={d_in} k={k}: {cells}")
     return 0

@@ -394,9 +394,9 @@ def normalize_gram(G: torch.Tensor) -> torch.Tensor:
     Every compensation objective is invariant to a positive scaling of G; this only removes the
     N-dependence from the floating-point path. A zero-trace G is returned symmetrised, unscaled.
     """
-    G = 0.5 * (G + G.mT)
+    G = torch.add(G, G.mT).mul_(0.5)  # = 0.5 * (G + G^T), without a second temporary
     t = float(torch.diagonal(G).sum()) / G.shape[0]
-    return G / t if t > 0 and math.isfinite(t) else G
+    return G.div_(t) if t > 0 and math.isfinite(t) else G
 
 
 def temper_gram(G: torch.Tensor, alpha: float, clip: bool = True,
@@ -453,8 +453,10 @@ def gram_psd(G: torch.Tensor, record: list | None = None, tol: float = PSD_TOL,
     """
     if min_eig is None or max_eig is None or not (math.isfinite(min_eig) and math.isfinite(max_eig)):
         lam = power_max_eig(G)
-        shift = tol * max(lam, 0.0) * torch.eye(G.shape[0], dtype=G.dtype, device=G.device)
-        _, bad = torch.linalg.cholesky_ex(G + shift)
+        shifted = G.clone()
+        shifted.diagonal().add_(tol * max(lam, 0.0))  # G + tol lambda_max I
+        _, bad = torch.linalg.cholesky_ex(shifted)
+        del shifted
         if int(bad) == 0:
             return G, {"indefinite": False}
     elif min_eig >= -tol * max(max_eig, 0.0):
