@@ -25,9 +25,11 @@ from coec.calibrate import run_layerwise
 from coec.compensate import compensate
 from coec.compensate.linalg import OutputError
 from coec.data import load_split, sample_windows, tokenize_text
-from coec.models import attention_geometry, load_model
-from coec.pipeline import expanded_value_proj
-from coec.select import o_proj_columns, select_layer
+from coec.arch import attention_geometry
+from coec.models import load_model
+from coec.arch import pruned_value_proj
+from coec.arch import o_proj_columns
+from coec.selection import select_layer
 
 METHODS = ("none", "bias", "lstsq", "rcpu", "coec")
 
@@ -80,7 +82,7 @@ def main():
                          cal[i]["down_proj"], geom, a.ratio, group_rounding=a.group_rounding)
         cols = {"o_proj": o_proj_columns(k["kv_groups"], geom),
                 "down_proj": torch.tensor(k["channels"], dtype=torch.long)}
-        vp = expanded_value_proj(L.self_attn.v_proj.weight.data, k["kv_groups"], geom)
+        vp = pruned_value_proj(L.self_attn.v_proj.weight.data, k["kv_groups"], geom)
         for mod in ("o_proj", "down_proj"):
             c, h = cal[i][mod], held[i][mod]
             for m in methods:

@@ -45,7 +45,7 @@ POLARS = {"svd": polar, "eigh": polar_eigh, "newton": polar_newton}
 def observed():
     """Record (cond(A^T A), fell back?) per eigh/Newton left polar, the first left-rotation
     matrix (``log["A"]``), and the iterations per Cayley inverse."""
-    coec_mod = sys.modules["coec.compensate.coec"]
+    coec_mod = sys.modules["coec.compensate.algorithm1"]
     stiefel = sys.modules["coec.compensate.stiefel"]
     saved = {name: getattr(coec_mod, name) for name in ("polar_eigh", "polar_newton")}
     ns_inverse = stiefel.ns_inverse
@@ -135,9 +135,10 @@ def synthetic(a):
 
 def real_layers(a):
     from coec.calibrate import load_layer_stats
-    from coec.models import attention_geometry, layer_tensor_names, read_tensors, resolve_model_dir
-    from coec.pipeline import expanded_value_proj
-    from coec.select import o_proj_columns
+    from coec.arch import attention_geometry
+    from coec.models import layer_tensor_names, read_tensors, resolve_model_dir
+    from coec.arch import pruned_value_proj
+    from coec.arch import o_proj_columns
     from transformers import AutoConfig
 
     md = resolve_model_dir(a.model)
@@ -153,7 +154,7 @@ def real_layers(a):
             opts = dict(alpha=0.9, max_rounds=a.max_rounds, n_tokens=st["count"])
             if module == "o_proj":
                 opts.update(align_lambda=50.0,
-                            value_proj=expanded_value_proj(w[names["v_proj"]], k["kv_groups"], geom))
+                            value_proj=pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom))
             ref = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar="svd", **opts)
             with observed() as log:
                 out = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar=a.polar, **opts)

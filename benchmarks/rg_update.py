@@ -43,7 +43,7 @@ import torch
 from bench_compensate import DEFAULT_TOKENS, SHAPES, heldout_relerr, synth_problem, width_shapes
 from coec.compensate import compensate
 
-coec_module = importlib.import_module("coec.compensate.coec")  # the module (the package exports the function)
+coec_module = importlib.import_module("coec.compensate.algorithm1")  # the module (the package exports the function)
 
 
 class QError:

@@ -30,9 +30,10 @@ import torch
 from coec.calibrate import load_layer_stats
 from coec.compensate import compensate
 from coec.compensate.linalg import OutputError
-from coec.models import attention_geometry, layer_tensor_names, load_config, read_tensors
-from coec.pipeline import expanded_value_proj
-from coec.select import o_proj_columns
+from coec.arch import attention_geometry
+from coec.models import layer_tensor_names, load_config, read_tensors
+from coec.arch import pruned_value_proj
+from coec.arch import o_proj_columns
 
 BASE = {"alpha": 0.9, "max_rounds": 20}
 VARIANTS = {"default": {}, "literal": {"eta_scale": "raw"}, "cg": {"right_solver": "cg"},
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
             extra = {}
             if module == "o_proj":
                 extra = {"align_lambda": 50.0,
-                         "value_proj": expanded_value_proj(w[names["v_proj"]], k["kv_groups"], geom)}
+                         "value_proj": pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom)}
             W0 = w[names[module]]
             for v in variants:
                 t0 = time.perf_counter()

@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from bench_compensate import DEFAULT_TOKENS, SHAPES, heldout_relerr, synth_problem, width_shapes
 from coec.compensate import compensate, stiefel
 
-coec_module = importlib.import_module("coec.compensate.coec")  # the module (the package exports the function)
+coec_module = importlib.import_module("coec.compensate.algorithm1")  # the module (the package exports the function)
 
 _MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.bmm.default: (0, 1),
        torch.ops.aten.addmm.default: (1, 2), torch.ops.aten.baddbmm.default: (1, 2)}

@@ -194,8 +194,8 @@ def job_counts(output: str) -> dict[str, int]:
 
 
 def method_kwargs(method: str, W0, G, mean, keep, n_tokens=1) -> dict:
-    """Options a generic test passes so that every method runs: the Gram's token count of the
-    methods that return a bias, and blend's stage inputs (a base weight W0[:, keep] and the same
+    """Keywords a generic test passes so that every method runs: the Gram's token count of the
+    methods that return a bias, and blend's inputs (a base weight W0[:, keep] and the same
     statistics as its held-out set)."""
     import torch
 
@@ -206,5 +206,5 @@ def method_kwargs(method: str, W0, G, mean, keep, n_tokens=1) -> dict:
     if method != "blend":
         return {}
     k = torch.as_tensor(keep).long()
-    return {"base_weight": W0[:, k].float(), "n_tokens": n_tokens, "holdout_gram": G, "holdout_mean": mean,
-            "holdout_count": n_tokens}
+    return {"n_tokens": n_tokens, "inputs": {"base_weight": W0[:, k].float(), "holdout_gram": G,
+                                             "holdout_mean": mean, "holdout_count": n_tokens}}

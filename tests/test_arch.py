@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import make_model_dir, tiny_config
 
-from coec.arch import ADAPTERS, FAMILIES, MODULES, STOCK, ModelError, adapter_for
+from coec.arch import ADAPTERS, MODULES, STOCK, ModelError, adapter_for
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "coec"
 
@@ -48,7 +48,7 @@ def _family_hits(path: Path, names: list[str]) -> list[tuple[int, str]]:
 
 def test_method_code_names_no_family():
     """No identifier or string literal outside coec/arch names a family or stock class."""
-    names = sorted(set(STOCK) | set(FAMILIES))
+    names = sorted(set(STOCK) | set(ADAPTERS))
     hits = [f"{p.relative_to(SRC)}:{line}: {text}"
             for p in sorted(SRC.rglob("*.py")) if "arch" not in p.relative_to(SRC).parts
             for line, text in _family_hits(p, names)]
@@ -134,8 +134,9 @@ def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
 
 def _masked_logits(src: Path, keep: dict, ids: torch.Tensor) -> torch.Tensor:
     """Logits of the dense model with the pruned o_proj / down_proj input columns zeroed."""
-    from coec.models import attention_geometry, load_model
-    from coec.select import o_proj_columns
+    from coec.arch import attention_geometry
+    from coec.models import load_model
+    from coec.arch import o_proj_columns
 
     model, _ = load_model(src, dtype="float64")
     geom = attention_geometry(model.config)

@@ -89,14 +89,14 @@ def test_profiled_objective_gradient_matches_finite_differences(lam):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_align_lambda_50_lowers_penalty_below_pruned_point(seed):
     W0, G, mean, keep, vp = make_oproj(seed=seed)
-    out = compensate(W0, G, mean, keep, "coec", align_lambda=50.0, value_proj=vp, anchor_rank=4)
+    out = compensate(W0, G, mean, keep, "coec", align_lambda=50.0, inputs={"value_proj": vp}, anchor_rank=4)
     i = out.info
     assert i["align_after"] < i["align_before"]
     assert i["align_after"] < 0.1 * i["align_before"]  # paper: median 7.2x at lambda_a = 50
     assert i["relerr_after"] < i["relerr_before"]
     h = i["objective_history"]
     assert all(b <= a for a, b in zip(h, h[1:]))
-    free = compensate(W0, G, mean, keep, "coec", value_proj=vp, anchor_rank=4).info
+    free = compensate(W0, G, mean, keep, "coec", inputs={"value_proj": vp}, anchor_rank=4).info
     assert free["align_after"] > i["align_after"]  # lambda_a = 0 only reports the penalty
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.blend import affine_ridge, augmented_gram, blend_weight, intercept
+from coec.compensate.methods.blend import affine_ridge, augmented_gram, blend_weight, intercept
 from coec.compensate.linalg import OutputError
 
 F64 = torch.float64
@@ -36,9 +36,10 @@ def base_of(W0, X, keep):
 def run(W0, X, H, keep, **opts):
     G, m, n = stats(X)
     Gh, mh, nh = stats(H)
-    o = dict(base_weight=base_of(W0, X, keep), n_tokens=n, holdout_gram=Gh, holdout_mean=mh, holdout_count=nh)
-    o.update(opts)
-    return compensate(W0.float(), G.float(), m.float(), keep, "blend", **o)
+    inputs = dict(base_weight=base_of(W0, X, keep), holdout_gram=Gh, holdout_mean=mh, holdout_count=nh)
+    inputs.update(opts.pop("inputs", {}))
+    opts.setdefault("n_tokens", n)
+    return compensate(W0.float(), G.float(), m.float(), keep, "blend", inputs=inputs, **opts)
 
 
 def test_intercept_is_optimal_for_a_fixed_weight():
@@ -105,13 +106,13 @@ def test_limits_reduce_to_the_base_and_to_lstsq_bit_for_bit():
     W0, X, H, keep = problem()
     G, m, n = stats(X)
     Wb = base_of(W0, X, keep).float()
-    base = run(W0, X, H, keep, mix="base", intercept=False, base_weight=Wb)
+    base = run(W0, X, H, keep, mix="base", intercept=False, inputs={"base_weight": Wb})
     assert torch.equal(base.weight, Wb) and base.bias is None
     ridge = run(W0, X, H, keep, mix="ridge", intercept=False)
     ref = compensate(W0.float(), G.float(), m.float(), keep, "lstsq", ridge=1e-2, n_tokens=n)
     assert torch.equal(ridge.weight, ref.weight) and ridge.bias is None
     # with the intercept, the base end keeps the base weight and adds the best bias
-    b = run(W0, X, H, keep, mix="base", base_weight=Wb)
+    b = run(W0, X, H, keep, mix="base", inputs={"base_weight": Wb})
     assert torch.equal(b.weight, Wb)
     assert torch.allclose(b.bias.double(), intercept(W0, Wb.double(), m, keep), atol=1e-5)
 
@@ -130,10 +131,10 @@ def test_deterministic():
 
 
 @pytest.mark.parametrize("opts, needle", [
-    ({"base_weight": None}, "requires base_weight"),
-    ({"holdout_gram": None}, "requires holdout_gram"),
+    ({"inputs": {"base_weight": None}}, "requires base_weight"),
+    ({"inputs": {"holdout_gram": None}}, "requires holdout_gram"),
     ({"n_tokens": None}, "requires n_tokens"),
-    ({"base_weight": torch.zeros(3, 3)}, "base_weight shape"),
+    ({"inputs": {"base_weight": torch.zeros(3, 3)}}, "base_weight shape"),
     ({"mix": "best"}, "mix"),
 ])
 def test_bad_options_are_refused(opts, needle):
@@ -148,8 +149,8 @@ def test_config_validation_names_a_bad_blend_key():
     validate_spec({"method": "blend", "base": "coec", "holdout": "h"}, "compensations.blend")
     with pytest.raises(ValueError, match=r"compensations.blend.holdot: unknown option"):
         validate_spec({"method": "blend", "holdot": "h"}, "compensations.blend")
-    with pytest.raises(ValueError, match=r"compensations.blend.base_weight: option 'base_weight' is set by the"):
-        validate_spec({"method": "blend", "base_weight": 1}, "compensations.blend")
+    with pytest.raises(ValueError, match=r"compensations.blend.base_weight: unknown option 'base_weight'"):
+        validate_spec({"method": "blend", "base_weight": 1}, "compensations.blend")  # data, not an option
 
 
 def test_disjoint_windows_share_no_token_and_leave_plain_sampling_unchanged():

@@ -10,7 +10,8 @@ from conftest import method_kwargs
 
 from test_compensate_problems import make_problem
 
-from coec.compensate import METHODS, Compensation, compensate
+from coec.compensate import compensate
+from coec.compensate.method import METHODS, Compensation
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,8 @@ def test_bad_shapes_and_values(prob):
         ((W0, G, _bad(mean, 0, float("nan")), keep, "bias"), "mean contains NaN or Inf"),
         ((W0, G, None, keep, "bias"), "requires mean"),
         ((W0, G.to(torch.int64), mean, keep, "none"), "floating-point"),
-        ((W0, G, mean, keep, "ridge"), "unknown method"),
-        ((W0, G, mean, keep, "COEC"), "unknown method"),
+        ((W0, G, mean, keep, "ridge"), "unknown compensation method"),
+        ((W0, G, mean, keep, "COEC"), "unknown compensation method"),
     ]
     for args, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -91,9 +92,10 @@ def test_bad_shapes_and_values(prob):
         ("coec", {"anchor_rank": 0}, "anchor_rank"),
         ("coec", {"align_lambda": -1.0}, "align_lambda"),
         ("coec", {"align_lambda": 5.0}, "requires value_proj"),
-        ("coec", {"value_proj": torch.zeros(13, 8, dtype=torch.float64)}, "value_proj must have k"),
-        ("coec", {"value_proj": torch.full((14, 8), float("nan"), dtype=torch.float64)}, "value_proj contains NaN"),
-        ("coec", {"value_proj": torch.randn(14, 8, dtype=torch.float64), "anchor_rank": 12}, "anchor_rank"),
+        ("coec", {"inputs": {"value_proj": torch.zeros(13, 8, dtype=torch.float64)}}, "value_proj must have k"),
+        ("coec", {"inputs": {"value_proj": torch.full((14, 8), float("nan"), dtype=torch.float64)}},
+         "value_proj contains NaN"),
+        ("coec", {"inputs": {"value_proj": torch.randn(14, 8, dtype=torch.float64)}, "anchor_rank": 12}, "anchor_rank"),
         ("coec", {"psd_clip": 1}, "psd_clip"),
         ("coec", {"compute_dtype": "float16"}, "compute_dtype"),
         ("coec", {"temper_dtype": "bfloat16"}, "temper_dtype"),

@@ -12,8 +12,9 @@ from conftest import method_kwargs
 
 from test_compensate_problems import make_oproj, make_problem
 
-from coec.compensate import METHODS, compensate
-from coec.compensate.baselines import rcpu
+from coec.compensate import compensate
+from coec.compensate.method import METHODS
+from coec.compensate.methods.rcpu import rotate_and_scale as rcpu
 from coec.compensate.linalg import normalize_gram, relerr, svd
 from coec.compensate.stiefel import solve_full, solve_reduced
 
@@ -259,7 +260,7 @@ def test_delta_norm_measures_the_change_of_R(dims):
 
 def test_coec_deterministic_bit_for_bit():
     W0, G, mean, keep, vp = make_oproj()
-    kw = dict(align_lambda=50.0, value_proj=vp, anchor_rank=4, max_rounds=8)
+    kw = dict(align_lambda=50.0, inputs={"value_proj": vp}, anchor_rank=4, max_rounds=8)
     a = compensate(W0, G, mean, keep, "coec", **kw)
     b = compensate(W0, G, mean, keep, "coec", **kw)
     assert torch.equal(a.weight, b.weight)
@@ -501,7 +502,7 @@ def test_setup_svd_eigh_gives_the_same_alignment_and_result(align):
     """The GPU setup path (eigh frames) on an o_proj with the alignment penalty: same penalty at
     the pruned point (it depends only on the top-r_p subspaces) and the same final objective."""
     W0, G, mean, keep, vp = make_oproj()
-    kw = dict(align_lambda=50.0, value_proj=vp, anchor_rank=4, max_rounds=8, align=align, **F64)
+    kw = dict(align_lambda=50.0, inputs={"value_proj": vp}, anchor_rank=4, max_rounds=8, align=align, **F64)
     a = compensate(W0, G, mean, keep, "coec", setup_svd="svd", **kw)
     b = compensate(W0, G, mean, keep, "coec", setup_svd="eigh", **kw)
     assert b.info["setup_svd_used"] == "eigh"

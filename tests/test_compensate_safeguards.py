@@ -12,7 +12,8 @@ from conftest import method_kwargs
 
 from test_compensate_problems import make_problem
 
-from coec.compensate import METHODS, compensate
+from coec.compensate import compensate
+from coec.compensate.method import METHODS
 from coec.compensate import linalg, watchdog
 
 

@@ -18,7 +18,9 @@ import yaml
 
 from conftest import CORPUS, make_model_dir
 
-from coec.config import ConfigError, validate_config
+from coec.compensate.method import METHODS
+from coec.compensate.options_doc import markdown
+from coec.config import ConfigError, registry_schema, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 LOGGING_ERROR = "--- Logging error ---"
@@ -98,8 +100,8 @@ def test_iterative_names_are_checked():
     ("coec", "max_rounds", 2.5, "compensations.coec.max_rounds: option max_rounds must be a finite integer"),
     ("coec", "psd_clip", "yes", "compensations.coec.psd_clip: option psd_clip must be a bool"),
     ("coec", "gcv_grid", [1.0, 0.1, 10], "compensations.coec.gcv_grid: option gcv_grid needs lo < hi"),
-    ("coec", "device", "cuda", "compensations.coec.device: option 'device' is set by the compensate stage"),
-    ("coec", "value_proj", None, "compensations.coec.value_proj: option 'value_proj' is set by the compensate stage"),
+    ("coec", "device", "cuda", "compensations.coec.device: unknown option 'device' for method 'coec'"),
+    ("coec", "value_proj", None, "compensations.coec.value_proj: unknown option 'value_proj' for method 'coec'"),
     ("coec", "align_lambda", 5.0, "compensations.coec.align_lambda: align_lambda > 0 with align 'projector'"),
     ("coec-pcg", "eta_scale", "raw", "compensations.coec-pcg.precondition: 'gram' needs right: stiefel and "
                                      "eta_scale: rayleigh"),
@@ -139,19 +141,19 @@ def test_options_resolve_keeps_values_and_defaults():
 
     o = O.resolve("coec", {"alpha": 1, "gcv_grid": [1e-3, 1e4, 50]})
     assert o.alpha == 1 and isinstance(o.alpha, int)  # no coercion: the solver sees what was given
-    assert o.gcv_grid == [1e-3, 1e4, 50] and o.max_rounds == 50 and o.kappa == 10.0
-    assert O.defaults("lstsq") == {"compute_dtype": None, "device": None, "n_tokens": None, "ridge": 1e-2}
-    for method in O.METHODS:
+    assert o.gcv_grid == (1e-3, 1e4, 50) and o.max_rounds == 50 and o.kappa == 10.0  # a YAML list -> tuple
+    assert O.defaults("lstsq") == {"compute_dtype": None, "ridge": 1e-2}
+    for method in METHODS:
         for f in O.option_fields(method):
-            assert f.metadata["group"] in ("paper", "method", "solver", "stage") and f.metadata["doc"], f.name
+            assert f.metadata["group"] in ("paper", "method", "solver") and f.metadata["doc"], f.name
             f.metadata["check"](f.name, f.default)  # every default passes its own check
     with pytest.raises(ValueError, match="did you mean 'max_rounds'"):
         O.resolve("coec", {"max_round": 3})
     from coec.config import SCHEMA
 
-    schema = yaml.safe_load(Path(SCHEMA).read_text())
+    schema = registry_schema(SCHEMA)
     methods = schema["properties"]["compensations"]["additionalProperties"]["properties"]["method"]["enum"]
-    assert tuple(methods) == O.METHODS
+    assert tuple(methods) == METHODS.names()
 
 
 def test_doc_matches_the_dataclasses():
@@ -159,8 +161,8 @@ def test_doc_matches_the_dataclasses():
     from coec.compensate import options as O
 
     doc = (REPO / "docs/compensation-options.md").read_text()
-    assert doc == O.markdown(), "regenerate it from coec.compensate.options.markdown()"
-    for method in O.METHODS:
+    assert doc == markdown(), "regenerate it: python -m coec.compensate.options_doc > docs/compensation-options.md"
+    for method in METHODS:
         section = doc.split(f"## `{method}`")[1].split("\n## ")[0]
         listed = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
         assert sorted(listed) == sorted(f.name for f in O.option_fields(method))

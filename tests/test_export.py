@@ -13,7 +13,7 @@ import torch
 
 from coec.cli import main
 from coec.export import MARKER, ExportRefused, check_out_dir
-from coec.models import ModelError
+from coec.arch import ModelError
 from coec.pipeline import build_model, run_export
 from coec.prune import ExportNeeds, choose_export_class
 from conftest import make_model_dir

@@ -10,10 +10,11 @@ import torch
 from coec.calibrate import GramAccumulator, NonFiniteActivations, gram_product, run_layerwise
 from coec.data import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
-from coec.models import AttnGeometry, ModelError, attention_geometry, check_family, load_model
+from coec.arch import AttnGeometry, ModelError, attention_geometry
+from coec.models import check_family, load_model
 from coec.prune import prepare_for_save_, prune_model_, set_output_weights_
-from coec.select import (channel_variance, column_scores, group_scores, head_indices, n_keep,
-                         o_proj_columns, select_layer, top_k_sorted)
+from coec.arch import head_indices, o_proj_columns
+from coec.selection import channel_variance, column_scores, group_scores, n_keep, select_layer, top_k_sorted
 
 from conftest import make_model_dir, tiny_config
 

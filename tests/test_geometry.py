@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from coec.arch import expand_kv_rows
 from coec.geometry import (
-    expand_kv_rows,
     frame_discrepancy,
     module_geometry,
     orth,

@@ -16,7 +16,7 @@ from coec import iterative as I
 from coec import stages_iterative as S
 from coec.cli import main as coec_main
 from coec.calibrate import GramAccumulator, run_layerwise
-from coec.select import channel_variance
+from coec.selection import channel_variance
 
 SEQ, NS, BS = 24, 6, 4  # 6 sequences in batches of 4 + 2: uneven batches on purpose
 
@@ -334,7 +334,7 @@ def test_alam_global_budget(model_calib, tmp_path):
 def test_alam_prefers_weak_layer():
     """Standardised scores: a layer whose channels are uniformly weak is not emptied (scores
     are per-layer z-scores), and a group costs its parameter count."""
-    from coec.models import AttnGeometry
+    from coec.arch import AttnGeometry
 
     geom = AttnGeometry(4, 2, 8)
     state = I.PruneState(geom, 12, [[0, 1]] * 2, [list(range(12))] * 2)

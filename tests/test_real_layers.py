@@ -42,9 +42,10 @@ def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
     o_proj layers (the paper: median 7.2x lower)."""
     from coec.calibrate import run_layerwise
     from coec.compensate import compensate
-    from coec.models import attention_geometry
-    from coec.pipeline import expanded_value_proj
-    from coec.select import o_proj_columns, select_layer
+    from coec.arch import attention_geometry
+    from coec.arch import pruned_value_proj
+    from coec.arch import o_proj_columns
+    from coec.selection import select_layer
 
     model, _ = embedded
     geom = attention_geometry(model.config)
@@ -60,10 +61,10 @@ def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
         W = layer.self_attn.o_proj.weight.data
         k = select_layer("wanda_sp", W, stats[i]["o_proj"], layer.mlp.down_proj.weight.data,
                          stats[i]["down_proj"], geom, 0.3, group_rounding="nearest")
-        vp = expanded_value_proj(layer.self_attn.v_proj.weight.data, k["kv_groups"], geom)
+        vp = pruned_value_proj(layer.self_attn.v_proj.weight.data, k["kv_groups"], geom)
         g = stats[i]["o_proj"]
         res = compensate(W, g["gram"], g["sum"] / g["count"], o_proj_columns(k["kv_groups"], geom),
-                         "coec", align_lambda=50.0, value_proj=vp, max_rounds=20)
+                         "coec", align_lambda=50.0, inputs={"value_proj": vp}, max_rounds=20)
         assert res.info["align_after"] < res.info["align_before"]
         assert res.info["relerr_after"] < res.info["relerr_before"]
         ratios.append(res.info["align_before"] / res.info["align_after"])

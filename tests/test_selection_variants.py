@@ -1,4 +1,4 @@
-"""Selection-score variants (coec.select.ScoreSpec, config `selections`): closed forms on a tiny
+"""Selection-score variants (coec.selection.ScoreSpec, config `selections`): closed forms on a tiny
 problem, the paper defaults unchanged bit for bit, the config registry and the Gram's Σ|x|."""
 
 import copy
@@ -8,8 +8,8 @@ import torch
 
 from coec.calibrate import GramAccumulator, gram_tensors
 from coec.config import SCHEMA, ConfigError, validate_config
-from coec.models import AttnGeometry
-from coec.select import (ScoreSpec, column_scores, group_scores, select_layer, selection_registry,
+from coec.arch import AttnGeometry
+from coec.selection import (ScoreSpec, column_scores, group_scores, select_layer, selection_registry,
                          selection_spec, top_k_sorted)
 
 # a tiny problem: W (2 x 2), three tokens of two channels

@@ -8,8 +8,8 @@ from safetensors.torch import load_file, save_file
 
 from coec import iterative as I
 from coec.calibrate import GramAccumulator, channel_sumsq, gram_tensors, load_layer_stats
-from coec.models import AttnGeometry
-from coec.select import channel_variance, column_scores, select_layer
+from coec.arch import AttnGeometry
+from coec.selection import channel_variance, column_scores, select_layer
 
 
 def _offset_channels(n=4000, d=6, seed=0):

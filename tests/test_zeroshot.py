@@ -103,7 +103,7 @@ def test_schema_enum_is_the_registry():
 
     from coec import config as C
 
-    schema = yaml.safe_load(C.SCHEMA.read_text())
+    schema = C.registry_schema()
     enum = schema["properties"]["evaluation"]["properties"]["zeroshot_tasks"]["items"]["enum"]
     assert enum == list(zt.TASKS)
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
@@ -127,7 +127,7 @@ def test_task_config_includes_lm_evals_yaml(tmp_path):
 
 
 def test_unknown_task_lists_known():
-    with pytest.raises(ValueError, match="known: boolq, rte"):
+    with pytest.raises(ValueError, match="available: boolq, rte"):
         zs.task_spec("mmlu")
     with pytest.raises(ValueError, match="unknown zero-shot task 'nope'"):
         zs.run_zeroshot(None, None, ["nope"], data_dir=".")

@@ -212,7 +212,7 @@ def add_iterative_parser(sub) -> None:
     """``coec iterative <run|grams|mix|prepare-domain|collect|ppl>``: the stages of the
     iterative multi-domain FLAP method (``coec.stages_iterative``)."""
     from .iterative import MODES, STRUCTURES, VARIANCE_MIXES
-    from .select import ROUNDINGS
+    from .selection import ROUNDINGS
 
     it = sub.add_parser("iterative", help="iterative multi-domain FLAP (run, grams, mix, "
                                           "prepare-domain, collect, ppl; `coec iterative -h`)",
@@ -294,6 +294,13 @@ def iterative_schedule(a) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from .registry import plugins_from_env
+
+    try:  # the workflow's `plugins` (COEC_PLUGINS): their methods, scores, families, tasks
+        plugins_from_env()
+    except ValueError as exc:
+        print(f"coec: error: {exc}", file=sys.stderr)
+        return 2
     p = build_parser()
     args = p.parse_args(argv)
     if args.stage == "export" and args.format == "hf" and (args.gguf_type or args.tokenizer_gguf):

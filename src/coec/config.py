@@ -98,11 +98,67 @@ def _fill_defaults(schema: dict, obj, root: dict) -> None:
                 _fill_defaults(extra, val, root)
 
 
+def registries() -> dict:
+    """The plug-in registries a schema node names with ``x-registry`` (their built-in entries
+    registered): ``methods``, ``scores``, ``tasks``."""
+    from .compensate.options import METHODS
+    from .evaluate.tasks import TASKS
+    from .selection import SCORES
+
+    return {"methods": METHODS, "scores": SCORES, "tasks": TASKS}
+
+
+def registry_schema(schema_path: str | Path = SCHEMA) -> dict:
+    """The config schema with every ``x-registry: <kind>`` node given ``enum`` = the names
+    registered now (built-ins and loaded plug-ins), so the schema's lists of methods, scores and
+    tasks are the registries themselves."""
+    import copy
+
+    regs = registries()
+    out = copy.deepcopy(_load_schema(str(schema_path)))
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "x-registry" in node:
+                node["enum"] = list(regs[node["x-registry"]].names())
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(out)
+    return out
+
+
+def load_config_plugins(config: dict) -> list[str]:
+    """Import the config's ``plugins`` (``coec.registry.load_plugins``), and hand them to every
+    job the workflow starts (``COEC_PLUGINS``). ConfigError naming the entry on failure."""
+    import os
+
+    from .registry import PLUGINS_ENV, load_plugins
+
+    specs = config.get("plugins", [])
+    if not isinstance(specs, list) or not all(isinstance(s, str) and s for s in specs):
+        raise ConfigError(f"config: bad value at plugins: expected a list of file paths or module names, got {specs!r}")
+    try:
+        load_plugins(specs)
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
+    if specs:
+        os.environ[PLUGINS_ENV] = os.pathsep.join(specs)
+    else:
+        os.environ.pop(PLUGINS_ENV, None)
+    return specs
+
+
 def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
-    """Validate ``config`` in place (defaults filled) or raise :class:`ConfigError`."""
+    """Validate ``config`` in place (defaults filled) or raise :class:`ConfigError`: its plug-ins
+    loaded first (their names join the schema's enums), then the schema, then cross-references."""
     import jsonschema
 
-    schema = _load_schema(str(schema_path))
+    load_config_plugins(config)
+    schema = registry_schema(schema_path)
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is not None:
@@ -140,8 +196,8 @@ def _selection_refs(obj, where: str = ""):
 
 
 def _check_selections(cfg: dict) -> None:
-    """The ``selections`` registry (coec.select.selection_registry) and every name used."""
-    from .select import selection_registry
+    """The ``selections`` registry (coec.selection.selection_registry) and every name used."""
+    from .selection import selection_registry
 
     try:
         known = selection_registry(cfg.get("selections"))
@@ -154,14 +210,22 @@ def _check_selections(cfg: dict) -> None:
 
 
 def _check_compensations(cfg: dict) -> None:
-    """Every option of every compensation, as each module will see it (coec.compensate.options)."""
-    from .compensate.options import validate_spec
+    """Every option of every compensation, as each module will see it, and the entries its
+    method's inputs name (coec.compensate.options, coec.compensate.inputs)."""
+    from .compensate.options import method, resolve, top_level_options, validate_spec
 
     for name, spec in cfg.get("compensations", {}).items():
+        where = f"compensations.{name}"
         try:
-            validate_spec(spec, f"compensations.{name}")
+            validate_spec(spec, where)
         except ValueError as exc:
             raise ConfigError(f"config: {exc}") from None
+        m = method(spec["method"])
+        options = resolve(m.name, top_level_options(spec))
+        for inp in m.inputs:
+            problem = inp.check_reference(m.name, options, cfg, where)
+            if problem:
+                raise ConfigError(f"config: {problem}")
 
 
 def _seqlen_key(cfg: dict, calib: str) -> tuple[str, int] | None:
@@ -238,14 +302,6 @@ def _check_references(cfg: dict) -> None:
             if cfg["calibration"][other]["dataset"] != cal["dataset"] or other == name:
                 raise ConfigError(f"config: calibration.{name}.disjoint_from: {other!r} must be another "
                                   f"calibration set of the same dataset ({cal['dataset']!r})")
-    for name, spec in cfg.get("compensations", {}).items():
-        if spec.get("method") == "blend":
-            base = spec.get("base", "coec")
-            need("compensations", base, f"compensations.{name}.base")
-            if cfg["compensations"][base].get("method") == "blend":
-                raise ConfigError(f"config: compensations.{name}.base: the base of a blend cannot be a blend")
-            if spec.get("holdout") is not None:
-                need("calibration", spec["holdout"], f"compensations.{name}.holdout")
     need("datasets", cfg["evaluation"]["ppl_dataset"], "evaluation.ppl_dataset")
     tables = {k: cfg[k] for k in ("table1", "table2", "table3") if k in cfg}
     tables.update(cfg.get("extra_tables", {}))

@@ -89,8 +89,8 @@ def _dims(cfg: Mapping[str, Any], shape: Mapping[str, Any] | None = None) -> dic
 
 def kept_count(n: int, ratio: float, rounding: str = "ceil") -> int:
     """Units kept out of ``n`` at pruning ratio ``ratio`` in (0, 1): the selection stage's own
-    rule (:func:`coec.select.n_keep`), so cost figures and pruned models cannot disagree."""
-    from .select import n_keep
+    rule (:func:`coec.selection.n_keep`), so cost figures and pruned models cannot disagree."""
+    from .selection import n_keep
 
     if n < 1:
         raise ValueError(f"count must be >= 1, got {n}")

@@ -33,7 +33,6 @@ __all__ = [
     "projector_penalty",
     "frame_discrepancy",
     "spectral_gap",
-    "expand_kv_rows",
     "module_geometry",
     "summarize_geometry",
 ]
@@ -173,19 +172,6 @@ def _gap(S: Tensor, r: int) -> float:
     if r >= S.numel() or S[r] == 0:
         return math.inf
     return float(S[r - 1] / S[r])
-
-
-def expand_kv_rows(v_weight: Tensor, n_rep: int, head_dim: int) -> Tensor:
-    """Repeat each KV head's rows of a v_proj weight for its query heads (Sec. 4.5; docs/design.md).
-
-    ``v_weight`` (n_kv*head_dim x d_model) -> (n_kv*n_rep*head_dim x d_model); query head h
-    reads KV head h // n_rep, matching the o_proj input layout, so the result has k rows.
-    """
-    n_rows, d = v_weight.shape
-    if n_rows % head_dim:
-        raise ValueError(f"v_proj rows {n_rows} not a multiple of head_dim {head_dim}")
-    v = v_weight.reshape(n_rows // head_dim, head_dim, d)
-    return v.repeat_interleave(n_rep, dim=0).reshape(-1, d)
 
 
 def _angle_stats(prefix: str, angles: Tensor) -> dict[str, float]:

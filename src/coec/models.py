@@ -1,4 +1,4 @@
-"""Model loading, plus the architecture accessors of ``coec.arch`` under their historical names.
+"""Model loading and per-tensor checkpoint reads.
 
 What a family looks like (layer paths, module names, geometry) lives in its adapter
 (``coec.arch``); the functions here ask the adapter and hard-code no family, size or path.
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .arch import FAMILIES, AttnGeometry, ModelError, adapter_for  # noqa: F401  (re-exported)
-from .arch import attention_geometry  # noqa: F401  (re-exported)
+from .arch import ModelError, adapter_for
 
 log = logging.getLogger(__name__)
 

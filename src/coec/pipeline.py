@@ -17,12 +17,13 @@ from . import artifacts as A
 from . import data as D
 from .calibrate import calibrate_to_dir, load_layer_stats
 from .data import calibration_ids
-from .models import (attention_geometry, layer_tensor_names, load_config, load_model,
-                     read_tensors, resolve_device, resolve_model_dir)
+from .arch import attention_geometry
+from .models import layer_tensor_names, load_config, load_model, read_tensors, resolve_device, resolve_model_dir
 from .progress import bar as progress_bar
 from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
-from .select import kv_rows, o_proj_columns, select_layer
+from .arch import o_proj_columns, pruned_value_proj
+from .selection import select_layer
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_r
                options: dict | None = None) -> dict:
     """Keep sets of every layer -> keep.json. ``options``: score variant options
     (``select.SCORE_OPTIONS``; recorded as ``score_options`` when any differs from the paper)."""
-    from .select import selection_spec
+    from .selection import selection_spec
 
     spec = selection_spec({"score": method, **(options or {})}, "--options")
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
@@ -86,45 +87,42 @@ def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_r
     return keep
 
 
-def expanded_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom) -> torch.Tensor:
-    """The pruned v_proj in the query-head layout: each kept KV head's rows repeated for its
-    query heads, (k, d_model) with k = kept query heads × head_dim (the o_proj input order)."""
-    from .geometry import expand_kv_rows
-
-    rows = v_weight.index_select(0, kv_rows(kv_groups, geom))
-    return expand_kv_rows(rows, geom.groups, geom.head_dim)
-
-
 def _num(x) -> str:
     """A logged number: 4 significant digits, or n/a (info stores non-finite values as None)."""
     return f"{x:.4g}" if isinstance(x, (int, float)) else "n/a"
 
 
-def module_options(options: dict, module: str) -> dict:
-    """Options of a compensation spec for one module: top-level keys overridden by the
-    module's own sub-dict (e.g. ``o_proj: {align_lambda: 50}``)."""
-    opts = {k: v for k, v in options.items() if k not in ("method", "o_proj", "down_proj", "inputs")}
-    opts.update(options.get(module) or {})
-    return opts
+def _log_module(i: int, module: str, method: str, info: dict) -> None:
+    wo = info.get("relerr_after_weight_only")
+    log.info("layer %d %s: %s relerr %s -> %s%s%s", i, module, method,
+             _num(info.get("relerr_before")), _num(info.get("relerr_after")),
+             f" with its bias (weight alone {_num(wo)})" if wo is not None else "",
+             " (indefinite Gram: PSD projection)" if info.get("gram_psd", {}).get("indefinite") else "")
 
 
 def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, first: int,
                    last: int, out: str, device: str | None = None, revision: str | None = None,
                    trust_remote_code: bool = False) -> dict:
     """Compensate o_proj and down_proj of layers ``first..last`` -> one safetensors file with
-    ``layer{i}.{module}.weight|bias`` and a JSON twin with each module's ``info``."""
+    ``layer{i}.{module}.weight|bias`` and a JSON twin with each module's ``info``.
+
+    ``spec`` is a config ``compensations`` entry; its ``inputs`` holds the paths of the method's
+    declared inputs (``Method.inputs``: another cell's block file, another calibration's Grams),
+    which the workflow passes as rule inputs."""
     from .compensate import compensate
+    from .compensate.inputs import Module
+    from .compensate.options import method as registered, module_options, resolve
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
     cfg = _config_obj(model_dir, revision, trust_remote_code)
     geom = attention_geometry(cfg)
     keep = A.read_keep(keep_path, cfg.num_hidden_layers)
     dev = resolve_device(device)
-    method = spec["method"]
-    inputs = spec.get("inputs") or {}  # blend: the base cell's block file, the held-out Grams
-    base = A.read_comp_block(inputs["base"], first, last) if inputs.get("base") else {}
+    m = registered(spec["method"])
+    paths_in = spec.get("inputs") or {}
+    handles = {inp.name: inp.open(paths_in.get(inp.name), first, last) for inp in m.inputs}
     tensors, infos = {}, {}
-    prog = progress_bar(total=2 * (last - first + 1), desc=f"compensate {method}", unit="module")
+    prog = progress_bar(total=2 * (last - first + 1), desc=f"compensate {m.name}", unit="module")
     for i in range(first, last + 1):
         names = layer_tensor_names(i, cfg)
         w = read_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
@@ -134,34 +132,23 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
             prog.set_postfix_str(f"layer {i} {module}")
             st = load_layer_stats(gram_dir, i, module)
             opts = module_options(spec, module)
-            if module == "o_proj" and opts.get("align_lambda", 0) > 0:
-                opts["value_proj"] = expanded_value_proj(w[names["v_proj"]], k["kv_groups"],
-                                                         geom).to(dev)
-            if method == "blend":
-                opts.update(base_weight=base[f"layer{i}.{module}.weight"].to(dev),
-                            base_bias=base.get(f"layer{i}.{module}.bias"))
-                if inputs.get("holdout"):
-                    ho = load_layer_stats(inputs["holdout"], i, module)
-                    opts.update(holdout_gram=ho["gram"].to(dev), holdout_mean=ho["mean"].to(dev),
-                                holdout_count=ho["count"])
-            W0 = w[names[module]].to(dev)
-            opts.setdefault("n_tokens", st["count"])
-            res = compensate(W0, st["gram"].to(dev), st["mean"].to(dev), cols.to(dev), method,
-                             **opts)
+            where = Module(layer=i, name=module, keep=k, geometry=geom,
+                           tensors={"v_proj": w[names["v_proj"]]}, device=dev)
+            typed = resolve(m.name, opts)
+            extra: dict = {}
+            for inp in m.inputs:
+                extra.update(inp.for_module(handles[inp.name], where, typed))
+            res = compensate(w[names[module]].to(dev), st["gram"].to(dev), st["mean"].to(dev), cols.to(dev),
+                             m.name, inputs=extra, n_tokens=st["count"], **opts)
             tensors[f"layer{i}.{module}.weight"] = res.weight.detach().cpu().contiguous()
             if res.bias is not None:
                 tensors[f"layer{i}.{module}.bias"] = res.bias.detach().cpu().contiguous()
             infos[f"layer{i}.{module}"] = res.info
-            wo = res.info.get("relerr_after_weight_only")
-            log.info("layer %d %s: %s relerr %s -> %s%s%s", i, module, method,
-                     _num(res.info.get("relerr_before")), _num(res.info.get("relerr_after")),
-                     f" with its bias (weight alone {_num(wo)})" if wo is not None else "",
-                     " (indefinite Gram: PSD projection)" if res.info.get("gram_psd", {}).get("indefinite")
-                     else "")
+            _log_module(i, module, m.name, res.info)
             prog.update(1)
     prog.close()
     out = Path(out)
-    A.write_comp_block(out, tensors, {"method": method, "spec": json.dumps(spec, sort_keys=True)})
+    A.write_comp_block(out, tensors, {"method": m.name, "spec": json.dumps(spec, sort_keys=True)})
     log_timings(str(out), infos)
     infos["model"] = model_provenance(model_src, revision, trust_remote_code, model_dir)
     A.write_result(out.with_suffix(".json"), infos, "comp-info")  # timings stay in the log
@@ -238,7 +225,7 @@ def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, o
                              ("down_proj", torch.tensor(k["channels"], dtype=torch.long))):
             W0 = w[names[module]].double()
             W_comp = comp.get(f"layer{i}.{module}.weight", W0[:, cols])
-            vp = (expanded_value_proj(w[names["v_proj"]], k["kv_groups"], geom)
+            vp = (pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom)
                   if module == "o_proj" else None)
             r = min(ranks[module], len(cols) - 1, W0.shape[0] - 1)
             row = {"layer": i, "module": module}
@@ -356,5 +343,4 @@ def prepare_model(spec: dict, name: str, out_dir: str) -> str:
 
 
 __all__ = ["run_calibrate", "run_select", "run_compensate", "run_ppl", "run_zeroshot",
-           "run_export", "run_export_gguf", "build_model", "prepare_model", "prepare_zeroshot",
-           "expanded_value_proj", "module_options"]
+           "run_export", "run_export_gguf", "build_model", "prepare_model", "prepare_zeroshot"]

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from .arch import EXPORT_FALLBACKS, STOCK, adapter_for, sliced_linear, stock_class
-from .models import AttnGeometry, ModelError, decoder_layers
+from .arch import AttnGeometry, ModelError
+from .models import decoder_layers
 
 _sliced_linear = sliced_linear  # historical name
 

@@ -29,6 +29,22 @@ def cell_dir(model, calib, select, ratio, comp=None) -> str:
     return f"{base}/{comp}" if comp else base
 
 
+def method_inputs(config, comp, model, calib, select, ratio, first, last) -> dict[str, str]:
+    """The extra inputs of a compensate job (``Method.inputs`` of compensation ``comp``'s method,
+    with the entry's top-level options), name -> path; {} for a method that needs none."""
+    from .compensate.inputs import Job
+    from .compensate.options import method, resolve, top_level_options
+
+    spec = config["compensations"][comp]
+    m = method(spec["method"])
+    if not m.inputs:
+        return {}
+    options = resolve(m.name, top_level_options(spec))
+    job = Job(model=model, calib=calib, select=select, ratio=ratio, first=first, last=last)
+    paths_in = {inp.name: inp.workflow_path(options, job) for inp in m.inputs}
+    return {name: p for name, p in paths_in.items() if p is not None}
+
+
 def model_path(config, name) -> str:
     """What the CLI loads: the converted folder for embedded models, else the hub id / dir."""
     m = config["models"][name]

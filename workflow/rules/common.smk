@@ -34,8 +34,8 @@ PY = coec_command(workflow.deployment_settings.deployment_method)
 os.environ.update(COEC_SOURCE=workflow.basedir)  # set for the post-deploy script, not read here
 
 
-# selection name -> coec.select.ScoreSpec: the paper's wanda_sp | flap | rcpu plus config `selections`
-from coec.select import selection_registry
+# selection name -> coec.selection.ScoreSpec: the paper's wanda_sp | flap | rcpu plus config `selections`
+from coec.selection import selection_registry
 
 SELECTION_SPECS = selection_registry(config.get("selections"))
 
@@ -146,22 +146,15 @@ def comp_files(wc):
     return [f"{base}/block{a}-{b}.safetensors" for a, b in blocks(wc.model)]
 
 
-def blend_inputs(wc):
-    """A blend cell's extra inputs (none for the other methods): the base cell's block of the
-    same layers and, with `holdout`, the held-out calibration set's Grams."""
-    spec = comp_spec(wc.comp)
-    if spec["method"] != "blend":
-        return {}
-    base = cell_dir(wc.model, wc.calib, wc.select, wc.ratio, spec.get("base", "coec"))
-    out = {"base": os.path.join(base, f"block{wc.first}-{wc.last}.safetensors")}
-    if spec.get("holdout"):
-        out["holdout"] = f"results/{wc.model}/grams/{spec['holdout']}"
-    return out
+def method_inputs(wc):
+    """The extra inputs of a compensate job's method (``Method.inputs``; none for most methods),
+    name -> path: e.g. blend's base cell block of the same layers and held-out Grams."""
+    return targets.method_inputs(config, wc.comp, wc.model, wc.calib, wc.select, wc.ratio, wc.first, wc.last)
 
 
 def compensate_spec(wc):
-    """--spec of a compensation job: the config entry, plus a blend's input paths."""
-    extra = blend_inputs(wc)
+    """--spec of a compensation job: the config entry, plus its method's input paths."""
+    extra = method_inputs(wc)
     return json.dumps({**comp_spec(wc.comp), "inputs": extra} if extra else comp_spec(wc.comp),
                       sort_keys=True)
 

@@ -7,7 +7,7 @@ rule compensate:
     conda:
         "../../envs/coec.yaml"
     input:
-        unpack(blend_inputs),
+        unpack(method_inputs),
         model=model_input,
         grams="results/{model}/grams/{calib}",
         keep="results/{model}/{calib}/{select}-{ratio}/keep.json",

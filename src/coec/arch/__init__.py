@@ -8,8 +8,9 @@ names a family.
 
 from __future__ import annotations
 
-from .base import (MODULES, Adapter, AttnGeometry, ModelError, StockClass, attention_geometry, head_indices,
-                   kv_rows, o_proj_columns, sliced_linear)
+from .base import (MODULES, Adapter, AttnGeometry, ModelError, StockClass, attention_geometry, expand_kv_rows,
+                   head_indices, kv_rows, o_proj_columns, pruned_value_proj, sliced_linear)
+from ..registry import Registry
 from .granite import GraniteAdapter
 from .llama import LlamaAdapter, MistralAdapter
 from .qwen2 import Qwen2Adapter
@@ -17,15 +18,17 @@ from .qwen3 import Qwen3Adapter
 from .stock import HyV3Class, SeedOssClass
 
 __all__ = ["MODULES", "Adapter", "AttnGeometry", "ModelError", "StockClass", "ADAPTERS",
-           "STOCK", "EXPORT_FALLBACKS", "FAMILIES", "adapter_for", "attention_geometry",
-           "head_indices", "kv_rows", "o_proj_columns", "sliced_linear", "stock_class"]
+           "STOCK", "EXPORT_FALLBACKS", "adapter_for", "attention_geometry",
+           "head_indices", "kv_rows", "expand_kv_rows", "pruned_value_proj", "o_proj_columns", "sliced_linear",
+           "stock_class"]
 
-ADAPTERS: dict[str, Adapter] = {}
+#: Every supported model family (a transformers ``model_type``) -> its adapter; an adapter may
+#: serve several families. A plug-in registers its own: ``ADAPTERS.register(MyAdapter(), name=...)``
+#: (docs/adding-a-model.md).
+ADAPTERS: Registry[Adapter] = Registry("model family")
 for _a in (LlamaAdapter(), Qwen2Adapter(), Qwen3Adapter(), MistralAdapter(), GraniteAdapter()):
     for _f in _a.families:
-        ADAPTERS[_f] = _a
-
-FAMILIES = tuple(ADAPTERS)
+        ADAPTERS.register(_a, name=_f)
 
 # Every stock class an export may write: the families' own classes and export-only targets.
 STOCK: dict[str, StockClass] = {a.model_type: a for a in ADAPTERS.values()}
@@ -52,11 +55,10 @@ def _model_type(obj) -> str | None:
 def adapter_for(obj) -> Adapter:
     """The adapter of a model_type string, config (object or dict), model or decoder layer."""
     family = _model_type(obj)
-    try:
-        return ADAPTERS[family]
-    except (KeyError, TypeError):
+    if family not in ADAPTERS:
         raise ModelError(f"model family (model_type) {family!r} is not supported by the pruning "
-                         f"surgery; supported: {', '.join(FAMILIES)}") from None
+                         f"surgery; supported: {', '.join(ADAPTERS)}")
+    return ADAPTERS[family]
 
 
 def stock_class(model_type: str) -> StockClass:

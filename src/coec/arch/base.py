@@ -67,6 +67,26 @@ def kv_rows(kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
     return (g[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
 
 
+def expand_kv_rows(v_weight: torch.Tensor, n_rep: int, head_dim: int) -> torch.Tensor:
+    """Repeat each KV head's rows of a v_proj weight for its query heads (Sec. 4.5; docs/design.md).
+
+    ``v_weight`` (n_kv*head_dim x d_model) -> (n_kv*n_rep*head_dim x d_model); query head h
+    reads KV head h // n_rep, matching the o_proj input layout, so the result has k rows.
+    """
+    n_rows, d = v_weight.shape
+    if n_rows % head_dim:
+        raise ValueError(f"v_proj rows {n_rows} not a multiple of head_dim {head_dim}")
+    v = v_weight.reshape(n_rows // head_dim, head_dim, d)
+    return v.repeat_interleave(n_rep, dim=0).reshape(-1, d)
+
+
+def pruned_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
+    """The pruned v_proj in the query-head layout: each kept KV head's rows repeated for its
+    query heads, (k, d_model) with k = kept query heads x head_dim (the o_proj input order)."""
+    rows = v_weight.index_select(0, kv_rows(kv_groups, geom))
+    return expand_kv_rows(rows, geom.groups, geom.head_dim)
+
+
 def sliced_linear(lin: nn.Linear, rows: torch.Tensor | None = None,
                   cols: torch.Tensor | None = None, bias: bool | None = None) -> nn.Linear:
     """A new Linear holding ``lin.weight[rows][:, cols]`` (and its bias rows)."""

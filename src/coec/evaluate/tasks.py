@@ -6,8 +6,7 @@ YAML by absolute path (the installed ``lm_eval`` differs per machine, so the fil
 static) and overrides only the data source: ``dataset_path: json`` with the task's local JSONL,
 the split names, the task name (``coec_<name>``) and the tag. Prompts, choices, targets,
 ``process_docs`` and metrics are lm-eval's own. The config schema's
-``evaluation.zeroshot_tasks`` enum lists exactly the keys of :data:`TASKS` (a test checks it);
-the tables read the metric :attr:`TaskSpec.metric` names. How to add a task: docs/zeroshot.md.
+``evaluation.zeroshot_tasks`` enum is :data:`TASKS` (``x-registry: tasks``); the tables read the metric :attr:`TaskSpec.metric` names. How to add a task: docs/zeroshot.md.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
+
+from ..registry import Registry
 
 RESOURCES_HINT = "snakemake --cores 1 resources/zeroshot/manifest.json"
 TAG = "coec_zeroshot"  # replaces lm-eval's tags (ai2_arc, glue, ...): no stray groups
@@ -60,9 +61,9 @@ class TaskSpec:
         return f"{self.name}.jsonl"
 
 
-TASKS: dict[str, TaskSpec] = {
-    s.name: s
-    for s in [
+#: Every zero-shot task, by name; a plug-in registers its own ``TaskSpec`` (docs/zeroshot.md).
+TASKS: Registry[TaskSpec] = Registry("zero-shot task")
+for _spec in [
         TaskSpec("boolq", "boolq", "super_glue/boolq/default.yaml", "acc", "validation",
                  f"{OE_TASKS}/boolq/val_rc_5shot/requests.jsonl.gz", convert="oe_boolq"),
         TaskSpec("rte", "rte", "glue/rte/default.yaml", "acc", "validation",
@@ -79,17 +80,14 @@ TASKS: dict[str, TaskSpec] = {
                  f"{OE_TASKS}/openbookqa/test_rc_5shot/requests.jsonl.gz", convert="oe_openbookqa"),
         TaskSpec("piqa", "piqa", "piqa/piqa.yaml", "acc_norm", "validation",
                  f"{HF_DATASETS}/piqa/plain_text/validation", paper=False),
-    ]
-}
+]:
+    TASKS.register(_spec)
 PAPER_TASKS = tuple(n for n, s in TASKS.items() if s.paper)
 
 
 def task_spec(name: str) -> TaskSpec:
     """The registry entry for ``name``; ValueError listing the known names otherwise."""
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise ValueError(f"unknown zero-shot task {name!r}; known: {', '.join(TASKS)}") from None
+    return TASKS[name]  # UnknownName (a ValueError) lists the registered ones
 
 
 def builtin_yaml_path(spec: TaskSpec) -> Path:

@@ -19,7 +19,7 @@ from ..arch import MODULES
 from ..calibrate import LayerPass, run_layerwise
 from ..models import decoder_layers, torch_dtype
 from ..progress import bar as progress_bar
-from ..select import ROUNDINGS, n_keep
+from ..selection import ROUNDINGS, n_keep
 from .schedule import check_schedule
 from .state import PruneState, apply_layer_step_, current_geometry
 from .stats import VARIANCE_MIXES, CalibSet, attach_accumulators, finalize_stats

@@ -3,7 +3,7 @@ ratios of the ORIGINAL width of every layer."""
 
 from __future__ import annotations
 
-from ..select import check_ratio
+from ..selection import check_ratio
 
 
 def make_schedule(ratio: float, steps: int | None = None, step: float | None = None) -> list[float]:

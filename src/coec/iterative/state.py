@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..arch import MODULES, adapter_for
-from ..compensate.baselines import bias as flap_bias
-from ..models import AttnGeometry, attention_geometry, decoder_layers
+from ..compensate.methods.bias import flap_bias
+from ..arch import AttnGeometry, attention_geometry
+from ..models import decoder_layers
 from ..prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
-from ..select import o_proj_columns
+from ..arch import o_proj_columns
 
 
 def output_module(layer, name: str):

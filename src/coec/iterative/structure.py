@@ -8,8 +8,8 @@ import torch
 
 from ..arch import MODULES
 from ..calibrate import channel_sumsq
-from ..models import AttnGeometry
-from ..select import column_scores, group_scores, top_k_sorted
+from ..arch import AttnGeometry
+from ..selection import column_scores, group_scores, top_k_sorted
 from .state import PruneState, output_module, unit_params
 
 STRUCTURES = ("uniform", "al-am")

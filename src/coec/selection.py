@@ -24,15 +24,15 @@ value is the paper's formula above, so the three paper selections are the varian
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-from .arch import head_indices, kv_rows, o_proj_columns  # noqa: F401  (re-exported)
 from .calibrate import channel_sumsq
-from .models import AttnGeometry
+from .arch import AttnGeometry
+from .registry import Registry
 
-SELECTIONS = ("wanda_sp", "flap", "rcpu")
 ROUNDINGS = ("ceil", "nearest")
 #: option -> allowed values; the first is the paper's formula (the default)
 SCORE_OPTIONS = {
@@ -56,6 +56,61 @@ class ScoreSpec:
         return {k: v for k, v in asdict(self).items() if k != "score" and v != SCORE_OPTIONS[k][0]}
 
 
+@dataclass(frozen=True)
+class ColumnStats:
+    """What a score may read of one module's calibration input: ``sumsq`` Σx² (d,), ``total`` Σx
+    (d,), ``count`` tokens and ``abssum`` Σ|x| (d,) or None (Grams written before it was stored)."""
+
+    sumsq: torch.Tensor
+    total: torch.Tensor
+    count: int
+    abssum: torch.Tensor | None = None
+
+    def variance(self) -> torch.Tensor:
+        """Unbiased per-channel variance (d,) float64."""
+        return channel_variance(self.sumsq, self.total, self.count)
+
+    def scale(self, kind: str = "l2") -> torch.Tensor:
+        """||X_j|| (``l2``) or E|x_j| (``abs_mean``), (d,) float64."""
+        return activation_scale(self.sumsq, self.count, kind, self.abssum)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A registered selection score. ``columns(weight, stats, spec)`` gives the importance of every
+    input column of ``weight`` (d_out, d_in) as (d_in,) float64 from its ``ColumnStats``, honouring
+    the variant options of ``spec`` (a ``ScoreSpec``: ``weight_norm``, ``activation_scale``);
+    ``uses_activation_scale`` False refuses an ``activation_scale`` variant (the score has no
+    ||X_j|| factor). Every registered score is also a selection of its own name."""
+
+    name: str
+    columns: Callable[[torch.Tensor, ColumnStats, "ScoreSpec"], torch.Tensor]
+    doc: str
+    uses_activation_scale: bool = True
+
+
+#: Every selection score, by name (the paper's three below; plug-ins: config ``plugins``).
+SCORES: Registry[Score] = Registry("selection score")
+
+
+def _wanda_sp(weight: torch.Tensor, stats: ColumnStats, spec: "ScoreSpec") -> torch.Tensor:
+    return weight_column_norm(weight, spec.weight_norm) * stats.scale(spec.activation_scale)
+
+
+def _flap(weight: torch.Tensor, stats: ColumnStats, spec: "ScoreSpec") -> torch.Tensor:
+    return stats.variance() * weight_column_norm(weight, spec.weight_norm) ** 2
+
+
+def _rcpu(weight: torch.Tensor, stats: ColumnStats, spec: "ScoreSpec") -> torch.Tensor:
+    w_norm = weight_column_norm(weight, spec.weight_norm)
+    return w_norm * stats.scale(spec.activation_scale) * stats.variance()
+
+
+SCORES.register(Score("wanda_sp", _wanda_sp, "||W[:, j]|| ||X_j|| (Wanda-sp)"))
+SCORES.register(Score("flap", _flap, "Var(X_j) ||W[:, j]||^2 (FLAP's WIFV)", uses_activation_scale=False))
+SCORES.register(Score("rcpu", _rcpu, "||W[:, j]|| ||X_j|| Var(X_j) (RCPU)"))
+
+
 def selection_spec(spec, where: str = "selection") -> ScoreSpec:
     """A :class:`ScoreSpec` from a paper name (``"rcpu"``), a mapping ``{score: ..., <option>: ...}``
     or a ScoreSpec; raises ValueError naming ``where`` for an unknown score, option or value."""
@@ -65,28 +120,27 @@ def selection_spec(spec, where: str = "selection") -> ScoreSpec:
         spec = {"score": spec}
     spec = dict(spec)
     score = spec.pop("score", None)
-    if score not in SELECTIONS:
-        raise ValueError(f"{where}.score: unknown selection score {score!r}; expected one of "
-                         f"{', '.join(SELECTIONS)}")
+    if score not in SCORES:
+        raise ValueError(f"{where}.score: {SCORES.unknown(score)}")
     for key, val in spec.items():
         if key not in SCORE_OPTIONS:
             raise ValueError(f"{where}: unknown option {key!r}; expected {', '.join(SCORE_OPTIONS)}")
         if val not in SCORE_OPTIONS[key]:
             raise ValueError(f"{where}.{key}: {val!r} is not one of {', '.join(SCORE_OPTIONS[key])}")
-    if score == "flap" and spec.get("activation_scale", "l2") != "l2":
-        raise ValueError(f"{where}.activation_scale: the flap score has no ||X_j|| factor")
+    if not SCORES[score].uses_activation_scale and spec.get("activation_scale", "l2") != "l2":
+        raise ValueError(f"{where}.activation_scale: the {score} score has no ||X_j|| factor")
     return ScoreSpec(score, **spec)
 
 
 def selection_registry(selections: dict | None = None) -> dict[str, ScoreSpec]:
-    """Selection name -> :class:`ScoreSpec`: the paper's three (``wanda_sp``, ``flap``, ``rcpu``,
-    always present and fixed, so their result paths keep their meaning) plus a config's
-    ``selections`` entries."""
-    out = {name: ScoreSpec(name) for name in SELECTIONS}
+    """Selection name -> :class:`ScoreSpec`: every registered score under its own name (the
+    paper's ``wanda_sp``, ``flap``, ``rcpu`` and plug-ins', fixed, so their result paths keep their
+    meaning) plus a config's ``selections`` entries."""
+    out = {name: ScoreSpec(name) for name in SCORES}
     for name, spec in (selections or {}).items():
         s = selection_spec(spec, f"selections.{name}")
-        if name in SELECTIONS and s != out[name]:
-            raise ValueError(f"selections.{name}: the paper's selection {name!r} cannot be redefined "
+        if name in SCORES and s != out[name]:
+            raise ValueError(f"selections.{name}: the registered score {name!r} cannot be redefined "
                              f"(its results keep their paths); give the variant another name")
         out[name] = s
     return out
@@ -121,16 +175,10 @@ def column_scores(method, weight: torch.Tensor, gram_diag: torch.Tensor, total: 
     """Importance of every input column of ``weight`` (d_out, d_in) -> (d_in,) float64.
     ``method``: a paper name or a variant (``selection_spec``); ``abssum`` (Σ|x|) only for
     ``activation_scale: abs_mean``."""
-    if isinstance(method, str) and method not in SELECTIONS:
-        raise ValueError(f"unknown selection {method!r}; expected one of {', '.join(SELECTIONS)}")
+    if isinstance(method, str) and method not in SCORES:
+        raise ValueError(SCORES.unknown(method))
     spec = selection_spec(method)
-    w_norm = weight_column_norm(weight, spec.weight_norm)
-    if spec.score == "flap":
-        return channel_variance(gram_diag, total, count) * w_norm**2
-    x_scale = activation_scale(gram_diag, count, spec.activation_scale, abssum)
-    if spec.score == "wanda_sp":
-        return w_norm * x_scale
-    return w_norm * x_scale * channel_variance(gram_diag, total, count)
+    return SCORES[spec.score].columns(weight, ColumnStats(gram_diag, total, count, abssum), spec)
 
 
 def n_keep(n: int, ratio: float, rounding: str = "ceil") -> int:

@@ -29,22 +29,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from ..profiling import span, traced
 from ..progress import bar as progress_bar
 from . import gcv as _gcv
+from .method import CommonOptions
 from .linalg import gram_psd, normalize_gram, polar, polar_eigh, polar_newton, power_max_eig, relerr, svd, svd_eigh, temper_gram
-from .options import defaults as _defaults
 from .stiefel import Alignment, alignment_setup, alignment_value, make_preconditioner, solve_full, solve_reduced
 
-__all__ = ["COEC_DEFAULTS", "coec"]
-
-#: Options of method "coec" and their defaults (declared, documented and checked in
-#: ``coec.compensate.options.CoecOptions``).
-COEC_DEFAULTS: dict = _defaults("coec", common=False)
+__all__ = ["coec"]
 
 
 def direction_matmul_used(option: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -164,13 +160,17 @@ def _resolve_dtype(name, device: torch.device) -> torch.dtype:
     return name if isinstance(name, torch.dtype) else getattr(torch, str(name))
 
 
-def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, o: dict, device=None, compute_dtype=None):
-    """Algorithm 1 for one module. W0 (d_out, d_in), gram (d_in, d_in), keep (k,) sorted.
-
-    ``o`` holds every key of ``COEC_DEFAULTS`` (validated by the caller). Returns (weight (d_out, k)
-    in the compute dtype, info dict).
+def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, options, value_proj=None, device=None,
+         compute_dtype=None):
+    """Algorithm 1 for one module. W0 (d_out, d_in), gram (d_in, d_in), keep (k,) sorted;
+    ``options`` the resolved ``CoecOptions`` (checked by the caller); value_proj (k, d_model) the
+    pruned v_proj in query-head layout or None. Returns (weight (d_out, k) in the compute dtype,
+    info dict).
     """
     t0 = time.perf_counter()
+    common = {f.name for f in fields(CommonOptions)}
+    o = {f.name: getattr(options, f.name) for f in fields(options) if f.name not in common}
+    o["value_proj"] = value_proj
     dev = torch.device(device) if device is not None else W0.device
     cdt = _resolve_dtype(compute_dtype, dev)
     tdt = _resolve_dtype(o["temper_dtype"], dev)

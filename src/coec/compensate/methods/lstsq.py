@@ -1,0 +1,46 @@
+"""lstsq: the ridge refit of the kept columns (paper Sec. 3.2), ``Gyx (Gxx + lambda I)^-1``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..method import METHODS, CommonOptions, Compensation, Method, Problem
+from ..validators import number, opt
+
+
+@dataclass(frozen=True)
+class LstsqOptions(CommonOptions):
+    """lstsq: ridge refit ``Gyx (Gxx + lambda I)^-1`` (Sec. 3.2)."""
+
+    ridge: float = opt(1e-2, "lambda = ridge * mean(diag(Gxx)) (Sec. 3.2)", number(0.0), "paper")
+
+
+def ridge_refit(W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor, ridge: float = 1e-2) -> torch.Tensor:
+    """Ridge refit ``W = Gyx (Gxx + lam I)^{-1}`` with ``lam = ridge * mean(diag(Gxx))`` (Sec. 3.2).
+
+    W0 (d_out, d_in), G (d_in, d_in), keep (k,) -> W (d_out, k) in W0's dtype. Solved in float64
+    by Cholesky; if the system is not positive definite (ridge 0 on a singular or indefinite Gxx)
+    the minimum-norm least-squares solution is used instead.
+    """
+    G64, W64 = G.to(torch.float64), W0.to(torch.float64)
+    Gxx = G64[keep][:, keep]
+    Gyx = W64 @ G64[:, keep]
+    lam = ridge * float(torch.diagonal(Gxx).mean())
+    A = Gxx + lam * torch.eye(Gxx.shape[0], dtype=Gxx.dtype, device=Gxx.device)
+    L, info = torch.linalg.cholesky_ex(A)
+    if int(info) == 0:
+        X = torch.cholesky_solve(Gyx.mT, L)
+    else:
+        X = torch.linalg.pinv(A, hermitian=True) @ Gyx.mT
+    return X.mT.to(W0.dtype)
+
+
+def solve(problem: Problem, options: LstsqOptions) -> Compensation:
+    G = problem.metric.G.to(problem.dtype)
+    W = ridge_refit(problem.W0.to(problem.dtype), G, problem.keep, float(options.ridge))
+    return Compensation(weight=W, info={"ridge": float(options.ridge)})
+
+
+METHOD = METHODS.register(Method(name="lstsq", options=LstsqOptions, solve=solve, doc=LstsqOptions.__doc__ or ""))

@@ -1,0 +1,74 @@
+"""The one path scheme of the results tree, used by the rules (with wildcard placeholders) and by
+the table and figure specs (with names):
+
+    results/{model}/grams/{calib}/                         Grams of a calibration set
+    results/{model}/{calib}/{select}-{ratio}/keep.json     a keep set
+    results/{model}/{calib}/{select}-{ratio}/{comp}/       a cell: block{a}-{b}.safetensors (+ .json),
+                                                           ppl.json, zeroshot.json, geometry.csv, export/
+    results/{model}/dense/                                 the unpruned model's evaluations
+
+Every function takes names or Snakemake wildcard placeholders (``"{ratio}"``), so
+``keep_file("{model}", "{calib}", "{select}", "{ratio}")`` is the rule's pattern and
+``keep_file("smollm2", "c32", "rcpu", 0.3)`` a concrete file.
+"""
+
+from __future__ import annotations
+
+RESULTS = "results"
+
+__all__ = ["RESULTS", "fmt_ratio", "grams_dir", "selection_dir", "keep_file", "cell_dir", "block_file",
+           "block_info_file", "dense_dir", "log_file", "benchmark_file"]
+
+
+def fmt_ratio(r: float | str) -> str:
+    """A ratio as it appears in paths: 0.30 -> '0.3' (a ``{wildcard}`` passes through)."""
+    if isinstance(r, str) and r.startswith("{"):
+        return r
+    return f"{float(r):g}"
+
+
+def grams_dir(model: str, calib: str) -> str:
+    """Folder of the Grams of ``model`` on calibration set ``calib`` (one file per layer)."""
+    return f"{RESULTS}/{model}/grams/{calib}"
+
+
+def selection_dir(model: str, calib: str, select: str, ratio: float | str) -> str:
+    """Folder of a selection at a ratio: its keep set and its cells."""
+    return f"{RESULTS}/{model}/{calib}/{select}-{fmt_ratio(ratio)}"
+
+
+def keep_file(model: str, calib: str, select: str, ratio: float | str) -> str:
+    """keep.json of a selection at a ratio."""
+    return f"{selection_dir(model, calib, select, ratio)}/keep.json"
+
+
+def cell_dir(model: str, calib: str, select: str, ratio: float | str, comp: str | None = None) -> str:
+    """Folder of a cell (a selection and a compensation on a calibration set); without ``comp``
+    the selection's folder."""
+    base = selection_dir(model, calib, select, ratio)
+    return f"{base}/{comp}" if comp else base
+
+
+def block_file(cell: str, first: int | str, last: int | str) -> str:
+    """Compensated weights of layers ``first..last`` of a cell."""
+    return f"{cell}/block{first}-{last}.safetensors"
+
+
+def block_info_file(cell: str, first: int | str, last: int | str) -> str:
+    """The JSON twin of ``block_file`` (each module's ``info``)."""
+    return f"{cell}/block{first}-{last}.json"
+
+
+def dense_dir(model: str) -> str:
+    """Folder of the unpruned model's evaluations."""
+    return f"{RESULTS}/{model}/dense"
+
+
+def log_file(stage: str, *parts: str, suffix: str = ".log") -> str:
+    """``results/logs/<stage>/<parts...><suffix>``."""
+    return f"{RESULTS}/logs/{stage}/{'/'.join(parts)}{suffix}"
+
+
+def benchmark_file(stage: str, *parts: str) -> str:
+    """``results/benchmarks/<stage>/<parts...>.tsv`` (Snakemake's per-job timings)."""
+    return f"{RESULTS}/benchmarks/{stage}/{'/'.join(parts)}.tsv"
