@@ -17,6 +17,7 @@ is known everywhere: in the schema's enums, in the rules' inputs, in the compens
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib
@@ -93,6 +94,16 @@ class Registry(Generic[E]):
     def items(self) -> Iterable[tuple[str, E]]:
         return self._entries.items()
 
+    @contextlib.contextmanager
+    def restored(self) -> Iterator[Registry[E]]:
+        """A block after which the registry holds exactly its entries of before (for tests that
+        register plug-ins in-process)."""
+        saved = dict(self._entries)
+        try:
+            yield self
+        finally:
+            self._entries = saved
+
     def values(self) -> Iterable[E]:
         return self._entries.values()
 
@@ -156,6 +167,15 @@ def load_plugins(specs: Iterable[str], where: str = "plugins") -> list[str]:
                              f"{type(exc).__name__}: {exc}") from None
         _LOADED[name] = spec
     return names
+
+
+def forget_plugins() -> None:
+    """Forget which plug-ins were loaded (and drop the modules imported from files), so the next
+    ``load_plugins`` imports them again (for tests)."""
+    for name, spec in list(_LOADED.items()):
+        if spec.endswith(".py"):
+            sys.modules.pop(name, None)
+        del _LOADED[name]
 
 
 def plugins_from_env() -> list[str]:
