@@ -25,10 +25,9 @@ include: "workflow/rules/select.smk"
 include: "workflow/rules/compensate.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
-include: "workflow/rules/geometry.smk"
+include: "workflow/rules/appc.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/iterative.smk"
-include: "workflow/rules/claims.smk"
 
 
 rule all:

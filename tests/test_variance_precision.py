@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file, save_file
 
-from coec import iterative as I
+from coec.iterative.stats import finalize_stats, mix_stats
 from coec.calibrate import GramAccumulator, channel_sumsq, gram_tensors, load_layer_stats
 from coec.arch import AttnGeometry
 from coec.selection import channel_variance, column_scores, select_layer
@@ -67,14 +67,14 @@ def test_mixed_sumsq_is_the_diagonal_of_the_float64_mixture():
         per64.append({"gram": acc.gram, "sum": acc.sum, "count": acc.count})
         per.append({"gram": acc.gram.float(), "sum": acc.sum, "sumsq": acc.sumsq, "count": acc.count})
     for how in ("pooled", "eq8"):
-        full64 = I.mix_stats(per64, [0.5, 0.3, 0.2], how)
-        mixed = I.mix_stats(per, [0.5, 0.3, 0.2], how)
+        full64 = mix_stats(per64, [0.5, 0.3, 0.2], how)
+        mixed = mix_stats(per, [0.5, 0.3, 0.2], how)
         torch.testing.assert_close(mixed["sumsq"], full64["gram"].diagonal(), rtol=1e-12, atol=0)
-        fin = I.finalize_stats(per, [0.5, 0.3, 0.2], how, "float32")
+        fin = finalize_stats(per, [0.5, 0.3, 0.2], how, "float32")
         assert fin["gram"].dtype == torch.float32 and torch.equal(fin["sumsq"], mixed["sumsq"])
-    one = I.mix_stats(per[:1], [1.0])
+    one = mix_stats(per[:1], [1.0])
     assert torch.equal(one["sumsq"], per[0]["sumsq"]) and torch.equal(channel_sumsq(one), per[0]["sumsq"])
-    t = gram_tensors({"o_proj": I.finalize_stats(per, [1, 1, 1], "pooled", "float32")})
+    t = gram_tensors({"o_proj": finalize_stats(per, [1, 1, 1], "pooled", "float32")})
     assert t["o_proj.sumsq"].dtype == torch.float64
 
 

@@ -12,17 +12,19 @@ import logging
 import sys
 import time
 
+from .extension import EXTENSIONS, extensions
+
 GGUF_TYPES = ("f32", "f16", "q8_0")  # coec.gguf.GGUF_TYPES (not imported: the CLI loads lazily)
 
 
-def _json(s: str):
+def json_arg(s: str):
     try:
         return json.loads(s)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {s!r} ({exc})") from None
 
 
-def _opt_int(s: str):
+def optional_int(s: str):
     return None if s in ("", "none", "None", "null", "0") else int(s)
 
 
@@ -46,7 +48,7 @@ def _cell_args(s: argparse.ArgumentParser) -> None:
     config_arg(s, "--device", "compute.device")
     s.add_argument("--keep", default=None, help="keep.json of a pruned cell (none: dense)")
     s.add_argument("--comp", nargs="*", default=[], help="compensation block files")
-    s.add_argument("--cell", type=_json, default={}, help="cell labels recorded in the output")
+    s.add_argument("--cell", type=json_arg, default={}, help="cell labels recorded in the output")
     s.add_argument("--device-map", default=None, help="e.g. auto: spread a 70B+ model over GPUs")
     s.add_argument("--out", required=True)
 
@@ -85,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("prepare-model", help="convert an embedded (wheel-shipped) model")
     s.add_argument("--name", required=True)
-    s.add_argument("--spec", type=_json, default={})
+    s.add_argument("--spec", type=json_arg, default={})
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("prepare-text", help="extract the embedded Wikipedia text")
@@ -94,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("calibrate", help="Grams of o_proj/down_proj inputs, layer by layer")
     s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=_json, required=True)
+    s.add_argument("--dataset", type=json_arg, required=True)
     s.add_argument("--nsamples", type=int, required=True)
     s.add_argument("--seqlen", type=int, required=True)
     config_arg(s, "--seed", "calibration.*.seed", type=int)
@@ -119,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True)
     s.add_argument("--grams", required=True)
     s.add_argument("--keep", required=True)
-    s.add_argument("--spec", type=_json, required=True)
+    s.add_argument("--spec", type=json_arg, required=True)
     s.add_argument("--first", type=int, required=True)
     s.add_argument("--last", type=int, required=True)
     config_arg(s, "--device", "compute.device")
@@ -127,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ppl", help="perplexity of a dense or pruned/compensated model")
     s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=_json, required=True)
+    s.add_argument("--dataset", type=json_arg, required=True)
     s.add_argument("--seqlen", type=int, required=True)
-    s.add_argument("--max-windows", type=_opt_int, default=None)
+    s.add_argument("--max-windows", type=optional_int, default=None)
     config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
     _cell_args(s)
 
@@ -137,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True)
     s.add_argument("--tasks", nargs="+", required=True)
     s.add_argument("--data-dir", default=None)
-    s.add_argument("--limit", type=_opt_int, default=None)
+    s.add_argument("--limit", type=optional_int, default=None)
     config_arg(s, "--batch-size", "evaluation.zeroshot_batch_size", type=int)
     config_arg(s, "--max-length", "evaluation.zeroshot_max_length", type=int)
     config_arg(s, "--log-samples", "evaluation.zeroshot_log_samples", action=argparse.BooleanOptionalAction,
@@ -149,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("report", help="assemble a table from cell results")
     s.add_argument("--kind", required=True)
-    s.add_argument("--spec", type=_json, required=True)
+    s.add_argument("--spec", type=json_arg, required=True)
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("geometry", help="App. C measurements of one cell")
@@ -163,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", required=True)
     s.add_argument("--comp", nargs="*", default=[])
     config_arg(s, "--dtype", "models.*.dtype")
-    s.add_argument("--cell", type=_json, default={}, help="cell labels recorded in config.json")
+    s.add_argument("--cell", type=json_arg, default={}, help="cell labels recorded in config.json")
     s.add_argument("--force", action="store_true",
                    help="replace a previous export in --out (never any other folder or file)")
     s.add_argument("--format", default="hf", choices=("hf", "gguf"),
@@ -177,119 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hf: absent or empty folder; gguf: a file name (never inside the source model)")
 
     for stage in MODEL_STAGES:  # the workflow's expectations, checked before any work
-        sub.choices[stage].add_argument("--expect", type=_json, default={}, help=EXPECT_HELP)
+        sub.choices[stage].add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
         add_hub_args(sub.choices[stage])
 
-    add_iterative_parser(sub)
+    for ext in extensions():  # e.g. `coec iterative ...` (coec.iterative.extension)
+        if ext.add_cli is not None:
+            ext.add_cli(sub)
     return p
-
-
-ITERATIVE_MODEL_STAGES = ("run", "grams", "ppl")
-
-
-def _calib_args(s: argparse.ArgumentParser) -> None:
-    """Arguments of the iterative stages that run a calibration pass (run, grams)."""
-    from .iterative import VARIANCE_MIXES
-
-    s.add_argument("--model", required=True)
-    s.add_argument("--domains", type=_json, required=True,
-                   help='JSON list of {"name", "alpha", "dataset": <data.load_split spec>}')
-    s.add_argument("--nsamples", type=int, required=True, help="sequences over all domains")
-    s.add_argument("--seqlen", type=int, required=True)
-    config_arg(s, "--seed", "iterative.mixes.*.seed", type=int)
-    config_arg(s, "--batch-size", "iterative.mixes.*.batch_size", type=int)
-    config_arg(s, "--dtype", "models.*.dtype")
-    config_arg(s, "--gram-dtype", "iterative.mixes.*.gram_dtype")
-    config_arg(s, "--variance-mix", "iterative.mixes.*.variance_mix", choices=VARIANCE_MIXES)
-    config_arg(s, "--device", "compute.device")
-    s.add_argument("--quiet", action="store_true", help="no progress bars")
-    s.add_argument("--expect", type=_json, default={}, help=EXPECT_HELP)
-    add_hub_args(s)
-    s.add_argument("--out", required=True)
-
-
-def add_iterative_parser(sub) -> None:
-    """``coec iterative <run|grams|mix|prepare-domain|collect|ppl>``: the stages of the
-    iterative multi-domain FLAP method (``coec.stages_iterative``)."""
-    from .iterative import MODES, STRUCTURES, VARIANCE_MIXES
-    from .selection import ROUNDINGS
-
-    it = sub.add_parser("iterative", help="iterative multi-domain FLAP (run, grams, mix, "
-                                          "prepare-domain, collect, ppl; `coec iterative -h`)",
-                        description="Iterative multi-domain FLAP (docs/iterative.md, eq. 1–14).")
-    cmds = it.add_subparsers(dest="cmd", required=True)
-
-    s = cmds.add_parser("run", help="iterative (multi-domain) FLAP -> keep.json + bias block")
-    _calib_args(s)
-    s.add_argument("--ratio", type=float, help="target ratio rho (with --steps or --step)")
-    s.add_argument("--steps", type=int, help="S steps: rho_s = rho s / S")
-    s.add_argument("--step", type=float, help="step δ of the original width: δ, 2δ, ... rho")
-    s.add_argument("--schedule", help="explicit cumulative ratios, e.g. 0.1,0.2,0.3")
-    config_arg(s, "--mode", "iterative.variants.*.mode", choices=MODES)
-    config_arg(s, "--structure", "iterative.variants.*.structure", choices=STRUCTURES)
-    config_arg(s, "--group-rounding", "group_rounding", choices=ROUNDINGS)
-    s.add_argument("--channel-rounding", default="ceil", choices=ROUNDINGS)
-    s.add_argument("--init", default=None, help="continue from a previous step's output folder")
-    s.add_argument("--block-name", default=None, help="default block0-{L-1}.safetensors")
-
-    s = cmds.add_parser("grams", help="multi-domain Gram directory (one pass, mixed by alpha)")
-    _calib_args(s)
-
-    s = cmds.add_parser("mix", help="mix per-domain Gram directories (eq. 8)")
-    s.add_argument("--grams", nargs="+", required=True)
-    s.add_argument("--alphas", nargs="+", type=float, required=True)
-    config_arg(s, "--variance-mix", "iterative.mixes.*.variance_mix", choices=VARIANCE_MIXES)
-    config_arg(s, "--gram-dtype", "iterative.mixes.*.gram_dtype")
-    s.add_argument("--out", required=True)
-
-    s = cmds.add_parser("prepare-domain", help="write a domain's calibration text")
-    s.add_argument("--spec", type=_json, required=True)
-    s.add_argument("--datasets", type=_json, default={})
-    s.add_argument("--out", required=True)
-
-    s = cmds.add_parser("collect", help="assemble a cell from its step folders")
-    s.add_argument("--steps", nargs="*", default=[], help="the steps' iterative.json, in order")
-    s.add_argument("--variant", type=_json, default={})
-    s.add_argument("--keep-out")
-    s.add_argument("--info-out")
-    s.add_argument("--block", help="a step's bias block file to copy")
-    s.add_argument("--first", type=int, default=0)
-    s.add_argument("--last", type=int)
-    s.add_argument("--block-out")
-
-    s = cmds.add_parser("ppl", help="perplexity of a cell (per-layer widths may differ)")
-    s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=_json, required=True)
-    s.add_argument("--seqlen", type=int, required=True)
-    s.add_argument("--max-windows", type=_opt_int, default=None)
-    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
-    config_arg(s, "--dtype", "models.*.dtype")
-    config_arg(s, "--device", "compute.device")
-    s.add_argument("--keep", default=None)
-    s.add_argument("--comp", nargs="*", default=[])
-    s.add_argument("--cell", type=_json, default={})
-    s.add_argument("--expect", type=_json, default={}, help=EXPECT_HELP)
-    add_hub_args(s)
-    s.add_argument("--out", required=True)
-
-
-def schedule_args_error(a) -> str | None:
-    """What is wrong with the schedule options of ``iterative run`` (None: nothing)."""
-    given = sum(x is not None for x in (a.steps, a.step)) + bool(a.schedule)
-    if a.schedule and (a.steps is not None or a.step is not None):
-        return "--schedule excludes --steps/--step"
-    if not a.schedule and (a.ratio is None or given != 1):
-        return "give --ratio with exactly one of --steps or --step, or --schedule"
-    return None
-
-
-def iterative_schedule(a) -> list[float]:
-    """The cumulative ratios of ``iterative run``: --schedule, or --ratio with exactly one of
-    --steps / --step (``iterative.make_schedule``)."""
-    from .iterative import make_schedule
-
-    return ([float(x) for x in a.schedule.split(",")] if a.schedule
-            else make_schedule(a.ratio, a.steps, a.step))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.stage == "export" and args.format == "hf" and (args.gguf_type or args.tokenizer_gguf):
         p.error("export: --gguf-type and --tokenizer-gguf need --format gguf")
-    if args.stage == "iterative":
-        if args.cmd == "run" and schedule_args_error(args):
-            p.error(f"iterative run: {schedule_args_error(args)}")
-        return run_guarded(f"iterative {args.cmd}", lambda: _dispatch_iterative(args))
+    if args.stage in EXTENSIONS:
+        run = EXTENSIONS[args.stage].run_cli
+        assert run is not None  # an extension that adds a command group runs it
+        return run(args, p)
     return run_guarded(args.stage, lambda: _dispatch(args))
 
 
@@ -370,39 +266,6 @@ def _dispatch(a) -> None:
     elif a.stage == "export":
         P.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub,
                      fmt=a.format, gguf_type=a.gguf_type or "f32", tokenizer_gguf=a.tokenizer_gguf)
-
-
-def _dispatch_iterative(a) -> None:
-    """Run one ``coec iterative <cmd>`` (``coec.stages_iterative``)."""
-    from . import stages_iterative as S
-
-    hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
-    if a.cmd in ITERATIVE_MODEL_STAGES:  # the model against the config, before any work
-        check_model_stage(a)
-    if a.cmd in ("run", "grams"):
-        calib = dict(seed=a.seed, batch_size=a.batch_size, dtype=a.dtype, gram_dtype=a.gram_dtype,
-                     variance_mix=a.variance_mix, device=a.device, progress=not a.quiet, **hub)
-    if a.cmd == "run":
-        S.run_iterative_prune(a.model, a.domains, a.nsamples, a.seqlen, iterative_schedule(a),
-                              a.out, mode=a.mode, structure=a.structure,
-                              group_rounding=a.group_rounding, channel_rounding=a.channel_rounding,
-                              init=a.init, block_name=a.block_name, **calib)
-    elif a.cmd == "grams":
-        S.run_iterative_grams(a.model, a.domains, a.nsamples, a.seqlen, a.out, **calib)
-    elif a.cmd == "mix":
-        S.mix_gram_dirs(a.grams, a.alphas, a.out, a.variance_mix, a.gram_dtype)
-    elif a.cmd == "collect":
-        if a.steps:
-            S.collect_cell(a.steps, a.variant, a.keep_out, a.info_out)
-        if a.block:
-            S.copy_block(a.block, a.first, a.last, a.block_out)
-    elif a.cmd == "prepare-domain":
-        S.prepare_domain(a.spec, a.out, a.datasets)
-    elif a.cmd == "ppl":  # per-layer widths may differ (AL-AM): build_model prunes them as they are
-        from .pipeline import run_ppl
-
-        run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
-                a.out, a.keep, a.comp, a.cell, **hub)
 
 
 if __name__ == "__main__":

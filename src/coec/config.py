@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from .extension import extensions
+
 SCHEMA = Path(str(files("coec") / "schemas" / "config.schema.yaml"))  # package data
 
 
@@ -229,12 +231,14 @@ def _check_compensations(cfg: dict) -> None:
 
 
 def _seqlen_key(cfg: dict, calib: str) -> tuple[str, int] | None:
-    """(config key, length) of a calibration entry or an iterative mix."""
+    """(config key, length) of a calibration entry or of a calibration an extension defines
+    (an iterative mix)."""
     if calib in cfg.get("calibration", {}):
         return f"calibration.{calib}.seqlen", cfg["calibration"][calib]["seqlen"]
-    mixes = cfg.get("iterative", {}).get("mixes", {})
-    if calib in mixes:
-        return f"iterative.mixes.{calib}.seqlen", mixes[calib]["seqlen"]
+    for ext in extensions():
+        found = ext.seqlen_key(cfg, calib) if ext.seqlen_key else None
+        if found:
+            return found
     return None
 
 
@@ -253,14 +257,9 @@ def _model_calibrations(cfg: dict) -> dict[str, set]:
     for key in ("appC", "fig2"):
         if key in cfg:
             add([cfg[key]["model"]], [cfg[key]["calibration"]])
-    it = cfg.get("iterative") or {}
-    if "table" in it:
-        t = it["table"]
-        add(t["models"], [t["calibration"]] + [r.get("calibration") for r in t["rows"]])
-    if "calibration_size" in it:
-        f = it["calibration_size"]
-        base = f.get("calibration", it.get("table", {}).get("calibration"))
-        add([f["model"]], [base] + [r.get("calibration") for r in f["rows"]])
+    for ext in extensions():
+        for models, calibs in (ext.model_calibrations(cfg) if ext.model_calibrations else ()):
+            add(models, calibs)
     return used
 
 
@@ -328,19 +327,9 @@ def _check_references(cfg: dict) -> None:
             need("compensations", c, f"fig2.compensations[{i}]")
     for i, m in enumerate(cfg.get("table4", {}).get("models", [])):
         need("models", m, f"table4.models[{i}]")
-    it = cfg.get("iterative") or {}
-    for key in ("table", "calibration_size"):
-        rows = it.get(key, {}).get("rows", [])
-        for i, row in enumerate(rows):
-            if "compensation" in row:
-                need("compensations", row["compensation"], f"iterative.{key}.rows[{i}].compensation")
-            if "compare" in row and row["compare"] not in {r["label"] for r in rows}:
-                raise ConfigError(f"config: iterative.{key}.rows[{i}].compare: no row is labelled "
-                                  f"{row['compare']!r}")
-    for i, m in enumerate(it.get("table", {}).get("models", [])):
-        need("models", m, f"iterative.table.models[{i}]")
-    if "calibration_size" in it:
-        need("models", it["calibration_size"]["model"], "iterative.calibration_size.model")
+    for ext in extensions():
+        if ext.check_config is not None:
+            ext.check_config(cfg, need)
     for name, m in cfg["models"].items():
         if m["source"] == "embedded":
             from .resources import EMBEDDED_MODELS

@@ -6,6 +6,8 @@ the table and figure specs (with names):
     results/{model}/{calib}/{select}-{ratio}/{comp}/       a cell: block{a}-{b}.safetensors (+ .json),
                                                            ppl.json, zeroshot.json, geometry.csv, export/
     results/{model}/dense/                                 the unpruned model's evaluations
+    results/{table}.csv (+ .md), results/figures/{figure}.png
+    resources/models/{model}, resources/text/{dataset}, resources/zeroshot   embedded inputs
 
 Every function takes names or Snakemake wildcard placeholders (``"{ratio}"``), so
 ``keep_file("{model}", "{calib}", "{select}", "{ratio}")`` is the rule's pattern and
@@ -15,9 +17,13 @@ Every function takes names or Snakemake wildcard placeholders (``"{ratio}"``), s
 from __future__ import annotations
 
 RESULTS = "results"
+RESOURCES = "resources"
+ZEROSHOT_DATA = f"{RESOURCES}/zeroshot"
+ZEROSHOT_MANIFEST = f"{ZEROSHOT_DATA}/manifest.json"
 
-__all__ = ["RESULTS", "fmt_ratio", "grams_dir", "selection_dir", "keep_file", "cell_dir", "block_file",
-           "block_info_file", "dense_dir", "log_file", "benchmark_file"]
+__all__ = ["RESULTS", "RESOURCES", "ZEROSHOT_DATA", "ZEROSHOT_MANIFEST", "fmt_ratio", "model_dir", "text_dir",
+           "grams_dir", "selection_dir", "keep_file", "cell_dir", "block_file", "block_info_file", "dense_dir",
+           "table_file", "figure_file", "log_file", "benchmark_file"]
 
 
 def fmt_ratio(r: float | str) -> str:
@@ -25,6 +31,16 @@ def fmt_ratio(r: float | str) -> str:
     if isinstance(r, str) and r.startswith("{"):
         return r
     return f"{float(r):g}"
+
+
+def model_dir(model: str) -> str:
+    """The safetensors folder an embedded model is converted to (``prepare_model``)."""
+    return f"{RESOURCES}/models/{model}"
+
+
+def text_dir(dataset: str) -> str:
+    """The calib.txt / eval.txt folder of an embedded dataset (``prepare_text``)."""
+    return f"{RESOURCES}/text/{dataset}"
 
 
 def grams_dir(model: str, calib: str) -> str:
@@ -62,6 +78,16 @@ def block_info_file(cell: str, first: int | str, last: int | str) -> str:
 def dense_dir(model: str) -> str:
     """Folder of the unpruned model's evaluations."""
     return f"{RESULTS}/{model}/dense"
+
+
+def table_file(name: str, ext: str = "csv") -> str:
+    """A table (``results/<name>.csv`` and its Markdown twin ``.md``)."""
+    return f"{RESULTS}/{name}.{ext}"
+
+
+def figure_file(name: str) -> str:
+    """A figure, ``results/figures/<name>.png``."""
+    return f"{RESULTS}/figures/{name}.png"
 
 
 def log_file(stage: str, *parts: str, suffix: str = ".log") -> str:

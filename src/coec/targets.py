@@ -13,20 +13,11 @@ from __future__ import annotations
 import json
 import os
 
+from . import paths
+from .paths import cell_dir, fmt_ratio
+
 METRIC_WORDS = {"ppl": "perplexity", "mean7": "zero-shot mean accuracy (7 tasks)"}
 TABLE_FILES = {"table1": "ppl.json", "table2": "zeroshot.json", "table3": "ppl.json"}
-
-
-# ----------------------------------------------------------------------------- paths
-def fmt_ratio(r) -> str:
-    """A ratio as it appears in paths: 0.30 -> '0.3'."""
-    return f"{float(r):g}"
-
-
-def cell_dir(model, calib, select, ratio, comp=None) -> str:
-    """Folder of a workflow cell (selection + compensation on a calibration set)."""
-    base = f"results/{model}/{calib}/{select}-{fmt_ratio(ratio)}"
-    return f"{base}/{comp}" if comp else base
 
 
 def method_inputs(config, comp, model, calib, select, ratio, first, last) -> dict[str, str]:
@@ -48,14 +39,14 @@ def method_inputs(config, comp, model, calib, select, ratio, first, last) -> dic
 def model_path(config, name) -> str:
     """What the CLI loads: the converted folder for embedded models, else the hub id / dir."""
     m = config["models"][name]
-    return f"resources/models/{name}" if m["source"] == "embedded" else m["source"]
+    return paths.model_dir(name) if m["source"] == "embedded" else m["source"]
 
 
 def dataset_spec(config, name) -> dict:
     """The data.load_split spec of a dataset (embedded ones read their converted folder)."""
     d = dict(config["datasets"][name])
     if d["source"] == "embedded":
-        d["dir"] = f"resources/text/{name}"
+        d["dir"] = paths.text_dir(name)
     return d
 
 
@@ -262,219 +253,42 @@ def appc_spec(config) -> dict:
     return {"geometry": appc_geometry(config), "caption": appc_caption(config)}
 
 
-# ----------------------------------------------------------------------------- iterative
-def iterative(config) -> dict:
-    """The config's `iterative` section ({} without one)."""
-    return config.get("iterative", {})
-
-
-def iterative_mixes(config) -> dict:
-    return iterative(config).get("mixes", {})
-
-
-def iterative_variants(config) -> dict:
-    return iterative(config).get("variants", {})
-
-
-def check_iterative_config(config) -> None:
-    """Mix names distinct from calibration names; every mix domain and domain dataset known."""
-    mixes, domains = iterative_mixes(config), config.get("domains", {})
-    both = sorted(set(mixes) & set(config["calibration"]))
-    if both:
-        raise ValueError(f"config: iterative.mixes {both} also name calibration entries")
-    for name, mix in mixes.items():
-        for d in mix["domains"]:
-            if d not in domains:
-                raise ValueError(f"config: iterative.mixes.{name}.domains names unknown domain "
-                                 f"{d!r} (known: {', '.join(domains) or 'none'})")
-    for name, dom in domains.items():
-        if dom["source"] == "dataset" and dom.get("dataset") not in config["datasets"]:
-            raise ValueError(f"config: domains.{name}.dataset names unknown dataset "
-                             f"{dom.get('dataset')!r}")
-
-
-def iterative_sized(config, calib, n) -> str:
-    """Name of calibration or mix `calib` resized to n sequences (itself when n is its size)."""
-    mixes = iterative_mixes(config)
-    return sized_calibration(mixes if calib in mixes else config["calibration"], calib, n)
-
-
-def iterative_size_base(config):
-    """The default calibration of the iterative calibration-size figure's rows."""
-    it = iterative(config)
-    return it["calibration_size"].get("calibration", it.get("table", {}).get("calibration"))
-
-
-def add_iterative_size_calibrations(config) -> None:
-    """Add the resized calibrations and mixes of the iterative calibration-size figure."""
-    it = iterative(config)
-    if "calibration_size" not in it:
-        return
-    if iterative_size_base(config) is None:
-        raise ValueError("config: iterative.calibration_size needs a calibration "
-                         "(or iterative.table.calibration)")
-    for row in it["calibration_size"]["rows"]:
-        for n in it["calibration_size"]["nsamples"]:
-            iterative_sized(config, row.get("calibration", iterative_size_base(config)), n)
-
-
-def iterative_calibration(config, name) -> dict:
-    """A calibration entry or an iterative mix."""
-    mixes = iterative_mixes(config)
-    if name in mixes:
-        return mixes[name]
-    if name in config["calibration"]:
-        return config["calibration"][name]
-    raise ValueError(f"unknown calibration {name!r}: not in calibration nor iterative.mixes")
-
-
-def iterative_calibration_key(config, name) -> str:
-    """The config key of a calibration entry or an iterative mix."""
-    return f"iterative.mixes.{name}" if name in iterative_mixes(config) else f"calibration.{name}"
-
-
-def iterative_domain_spec(config, name) -> dict:
-    """The data.load_split spec of a domain's calibration text."""
-    d = config.get("domains", {})[name]
-    if d["source"] == "dataset":
-        return dataset_spec(config, d["dataset"])
-    return {"source": "files", "calib": f"resources/domains/{name}/calib.txt"}
-
-
-def iterative_domains(config, calib) -> list[dict]:
-    """[{name, alpha, dataset}] of an iterative calibration (one domain for `calibration`)."""
-    mixes = iterative_mixes(config)
-    if calib in mixes:
-        return [{"name": d, "alpha": float(a), "dataset": iterative_domain_spec(config, d)}
-                for d, a in mixes[calib]["domains"].items()]
-    ds = iterative_calibration(config, calib)["dataset"]
-    return [{"name": ds, "alpha": 1.0, "dataset": dataset_spec(config, ds)}]
-
-
-def iterative_variant(config, name) -> dict:
-    variants = iterative_variants(config)
-    if name not in variants:
-        raise ValueError(f"unknown iterative variant {name!r} (known: {', '.join(variants)})")
-    return variants[name]
-
-
-def iterative_method(config, variant) -> str:
-    """The step folder's method of a variant: {mode}-{structure}."""
-    v = iterative_variant(config, variant)
-    return f"{v['mode']}-{v['structure']}"
-
-
-def iterative_chain(config, variant, ratio) -> list[str]:
-    """The step folders of a cell, e.g. ['0.1', '0.1/0.2', '0.1/0.2/0.3']."""
-    from coec.iterative import make_schedule
-
-    v = iterative_variant(config, variant)
-    sched = [fmt_ratio(r) for r in make_schedule(float(ratio), v.get("steps"), v.get("step"))]
-    return ["/".join(sched[: s + 1]) for s in range(len(sched))]
-
-
-def iterative_steps_dir(model, calib, method) -> str:
-    return f"results/{model}/{calib}/iterative/{method}/steps"
-
-
-def iterative_cell_steps(config, model, calib, variant, ratio) -> list[str]:
-    """The step folders a cell's chain runs through, first to last."""
-    base = iterative_steps_dir(model, calib, iterative_method(config, variant))
-    return [f"{base}/{c}" for c in iterative_chain(config, variant, ratio)]
-
-
-def iterative_cell_dir(model, calib, variant, ratio) -> str:
-    return f"results/{model}/{calib}/iterative/{variant}-{fmt_ratio(ratio)}"
-
-
-def iterative_row_file(model, calib, row, ratio, filename) -> str:
-    """A table/figure row's result file: an iterative cell (variant) or a workflow cell
-    (selection + compensation) on calibration `calib`."""
-    if "variant" in row:
-        return f"{iterative_cell_dir(model, calib, row['variant'], ratio)}/{filename}"
-    return f"{cell_dir(model, calib, row['selection'], ratio, row['compensation'])}/{filename}"
-
-
-def iterative_table_spec(config, filename="ppl.json", metric="ppl") -> dict:
-    """Rows (ratio x method) of table_iterative: workflow cells (selection + compensation on the
-    table's calibration) and iterative cells (variant on a calibration or mix)."""
-    t = iterative(config)["table"]
-    mixes_cfg = iterative_mixes(config)
-    models = t["models"]
-    rows = [{"labels": {"ratio": 0.0, "method": "dense"},
-             "cells": {m: f"results/{m}/dense/{filename}" for m in models}}]
-    groups = [None]
-    for r in t["ratios"]:
-        for row in t["rows"]:
-            calib = row.get("calibration", t["calibration"])
-            cells = {m: iterative_row_file(m, calib, row, r, filename) for m in models}
-            rows.append({"labels": {"ratio": float(r), "method": row["label"]}, "cells": cells})
-            groups.append((float(r), row["label"], row.get("compare")))
-    mixes = {n: mixes_cfg[n] for n in sorted({row.get("calibration") for row in t["rows"]} & set(mixes_cfg))}
-    spec = {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
-            "label_columns": ["ratio", "method"], "rows": rows,
-            "caption": f"table_iterative: {metric} | calibration {t['calibration']} | mixes "
-                       f"{json.dumps(mixes, sort_keys=True)} | variants "
-                       f"{json.dumps(iterative_variants(config), sort_keys=True)} | evaluation "
-                       f"{json.dumps(config['evaluation'], sort_keys=True)}"}
-    return with_comparisons(config, spec, groups, "iterative.table.rows")
-
-
-def iterative_zeroshot_table_spec(config) -> dict:
-    """table_iterative_zeroshot: the table_iterative cells scored by zero-shot mean7."""
-    return iterative_table_spec(config, "zeroshot.json", "mean7")
-
-
-def iterative_size_spec(config) -> dict:
-    """Seed Fig. 2: perplexity against calibration size N, one panel per ratio, one line per
-    row; every row's calibration (or mix) is resized to N and everything downstream recomputed."""
-    f = iterative(config)["calibration_size"]
-    base = iterative_size_base(config)
-    panels = {}
-    for r in f["ratios"]:
-        panels[f"{round(float(r) * 100)} % width pruned"] = {
-            row["label"]: [[n, iterative_row_file(f["model"], iterative_sized(config, row.get("calibration", base), n),
-                                                  row, r, "ppl.json")] for n in f["nsamples"]]
-            for row in f["rows"]}
-    calibs = sorted({row.get("calibration", base) for row in f["rows"]})
-    return size_figure_spec(
-        panels, iterative_calibration(config, base)["seqlen"],
-        f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
-        f"resized to N, selection recomputed at each N; variants "
-        f"{json.dumps(iterative_variants(config), sort_keys=True)}; eval "
-        f"{config['evaluation']['ppl_dataset']} seqlen {config['evaluation']['ppl_seqlen']}")
-
-
 # ----------------------------------------------------------------------------- claims
 def claims_spec(config) -> dict:
     """The spec of coec.claims: the configured result files each claim reads."""
     extra = config.get("extra_tables") or {}
-    it = iterative(config)
     ppl = ["results/table1.csv"] + [f"results/{n}.csv" for n, t in extra.items()
                                     if t["metric"] == "ppl"]
     zs = ["results/table2.csv"] + [f"results/{n}.csv" for n, t in extra.items()
                                    if t["metric"] == "mean7"]
-    return {
+    from .extension import extensions
+
+    spec = {
         "ppl_tables": ppl,
         "zeroshot_tables": zs,
         "table3": "results/table3.csv" if "table3" in config else None,
         "table3_rows": [r["compensation"] for r in config["table3"]["rows"]] if "table3" in config else [],
         "table4": "results/table4.csv" if "table4" in config else None,
         "appC": "results/appC.csv" if "appC" in config else None,
-        "table_iterative": "results/table_iterative.csv" if "table" in it else None,
         "fig2": fig2_spec(config)["panels"] if "fig2" in config else None,
-        "iterative_size": iterative_size_spec(config)["panels"] if "calibration_size" in it else None,
     }
+    for ext in extensions():
+        if ext.claims_spec is not None:
+            spec.update(ext.claims_spec(config))
+    return spec
 
 
 def claims_inputs(config) -> list[str]:
-    """Every result file the claims report reads."""
-    spec = claims_spec(config)
-    files = spec["ppl_tables"] + spec["zeroshot_tables"]
-    files += [spec[k] for k in ("table3", "table4", "appC", "table_iterative") if spec[k]]
-    for key in ("fig2", "iterative_size"):
-        if spec[key]:
-            files += figure_inputs({"panels": spec[key]})
+    """Every result file the claims report reads: each table the spec names, and the cells of
+    each figure (a ``{panel: {line: [[N, file], ...]}}`` entry)."""
+    files = []
+    for key, value in claims_spec(config).items():
+        if key.endswith("_tables"):
+            files += value
+        elif isinstance(value, str):
+            files.append(value)
+        elif isinstance(value, dict):
+            files += figure_inputs({"panels": value})
     return sorted(set(files))
 
 
@@ -487,7 +301,8 @@ def sparsity_words(config, table) -> str:
 def report_items(config) -> list[tuple[str, str, str]]:
     """[(path, title, caption)] of every table and figure the config defines, in paper order;
     tables carry their caption in their .md twin, figures get it here."""
-    it = iterative(config)
+    from .extension import extensions
+
     items = [("results/table1.csv", f"Table 1: perplexity at {sparsity_words(config, 'table1')}", ""),
              ("results/table2.csv",
               f"Table 2: zero-shot mean accuracy (7 tasks) at {sparsity_words(config, 'table2')}", "")]
@@ -506,14 +321,9 @@ def report_items(config) -> list[tuple[str, str, str]]:
         items += [("results/appC.csv", "App. C: geometry summary", ""),
                   ("results/figures/appC_angles.png", "App. C: principal angles per layer",
                    appc_caption(config))]
-    if "table" in it:
-        items += [("results/table_iterative.csv", "Iterative multi-domain FLAP: perplexity", ""),
-                  ("results/table_iterative_zeroshot.csv",
-                   "Iterative multi-domain FLAP: zero-shot mean accuracy (7 tasks)", "")]
-    if "calibration_size" in it:
-        items.append(("results/figures/iterative_calibration_size.png",
-                      "Iterative multi-domain FLAP: perplexity against calibration size",
-                      iterative_size_spec(config)["caption"]))
+    for ext in extensions():
+        if ext.report_items is not None:
+            items += ext.report_items(config)
     return items
 
 

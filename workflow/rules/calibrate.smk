@@ -6,29 +6,29 @@ rule calibrate:
     conda:
         "../../envs/coec.yaml"
     input:
-        model=model_input,
-        text=lambda wc: dataset_input(calib_cfg(wc.calib)["dataset"]),
+        model=W.model_input,
+        text=W.calibration_text,
     output:
-        directory("results/{model}/grams/{calib}"),
+        directory(paths.grams_dir("{model}", "{calib}")),
     params:
-        model=lambda wc: model_path(wc.model),
-        dataset=lambda wc: json.dumps(calib_dataset_spec(wc.calib)),
-        nsamples=lambda wc: calib_cfg(wc.calib)["nsamples"],
-        seqlen=lambda wc: calib_cfg(wc.calib)["seqlen"],
-        seed=lambda wc: calib_cfg(wc.calib)["seed"],
-        batch=lambda wc: calib_cfg(wc.calib)["batch_size"],
-        gram_dtype=lambda wc: calib_cfg(wc.calib)["gram_dtype"],
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
+        model=W.model_path,
+        dataset=lambda wc: json.dumps(W.calibration_dataset(wc.calib)),
+        nsamples=W.calibration_param("nsamples"),
+        seqlen=W.calibration_param("seqlen"),
+        seed=W.calibration_param("seed"),
+        batch=W.calibration_param("batch_size"),
+        gram_dtype=W.calibration_param("gram_dtype"),
+        dtype=W.model_dtype,
         device=config["compute"]["device"],
-        expect=lambda wc: model_expect(wc.model, f"calibration.{wc.calib}.seqlen"),
-        hub=lambda wc: hub_args(wc.model),
+        expect=lambda wc: W.expect_json(wc.model, f"calibration.{wc.calib}.seqlen"),
+        hub=W.hub,
     log:
-        "results/logs/calibrate/{model}/{calib}.log",
+        paths.log_file("calibrate", "{model}", "{calib}"),
     benchmark:
-        "results/benchmarks/calibrate/{model}/{calib}.tsv"
-    threads: job_threads("calibrate", ("calibrate_threads", "threads"))
+        paths.benchmark_file("calibrate", "{model}", "{calib}")
+    threads: W.threads("calibrate", ("calibrate_threads", "threads"))
     resources:
-        **rule_resources("calibrate"),
+        **W.rule_resources("calibrate"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} calibrate --model {params.model:q} --dataset {params.dataset:q} "
         "--nsamples {params.nsamples:q} --seqlen {params.seqlen:q} --seed {params.seed:q} "

@@ -1,32 +1,33 @@
 # Compensation of o_proj and down_proj, one job per block of layers (compute.compensate_block;
 # 1 on a cluster = one GPU job per layer). Options come from config.compensations.<comp>, so
-# changing one method's options reruns only that method's cells.
+# changing one method's options reruns only that method's cells; a method's extra inputs (another
+# cell's weights, held-out Grams) come from its registered declaration (coec.compensate.inputs).
 
 
 rule compensate:
     conda:
         "../../envs/coec.yaml"
     input:
-        unpack(method_inputs),
-        model=model_input,
-        grams="results/{model}/grams/{calib}",
-        keep="results/{model}/{calib}/{select}-{ratio}/keep.json",
+        unpack(W.method_inputs),
+        model=W.model_input,
+        grams=rules.calibrate.output[0],
+        keep=rules.select.output[0],
     output:
-        weights="results/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.safetensors",
-        info="results/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.json",
+        weights=paths.block_file(CELL, "{first}", "{last}"),
+        info=paths.block_info_file(CELL, "{first}", "{last}"),
     params:
-        model=lambda wc: model_path(wc.model),
-        spec=compensate_spec,
+        model=W.model_path,
+        spec=W.compensate_spec,
         device=config["compute"]["device"],
-        expect=lambda wc: model_expect(wc.model),
-        hub=lambda wc: hub_args(wc.model),
+        expect=W.expect,
+        hub=W.hub,
     log:
-        "results/logs/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.log",
+        paths.log_file("compensate", CELL_LOG, "block{first}-{last}"),
     benchmark:
-        "results/benchmarks/compensate/{model}/{calib}/{select}-{ratio}/{comp}/block{first}-{last}.tsv"
-    threads: job_threads("compensate")
+        paths.benchmark_file("compensate", CELL_LOG, "block{first}-{last}")
+    threads: W.threads("compensate")
     resources:
-        **rule_resources("compensate"),
+        **W.rule_resources("compensate"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} compensate --model {params.model:q} --grams {input.grams:q} "
         "--keep {input.keep:q} --spec {params.spec:q} --first {wildcards.first:q} --last {wildcards.last:q} "

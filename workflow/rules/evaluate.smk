@@ -1,123 +1,96 @@
-# Perplexity (and zero-shot accuracy) of the dense model and of every pruned/compensated cell.
-# The pruned model is assembled in memory from keep.json and the per-block weights.
+# Perplexity (and zero-shot accuracy) of the dense model and of every pruned/compensated cell: one
+# rule per stage for the dense model, its variants for a cell (`use rule ... with:`) add the keep
+# set and the compensated blocks. The pruned model is assembled in memory.
 
-# {params.extra}, {params.dmap} and {params.data} hold several words, each shell-quoted where built
-PPL_SHELL = (
-    "OMP_NUM_THREADS={threads} {PY} ppl --model {params.model:q} --dataset {params.dataset:q} --seqlen {params.seqlen:q} "
-    "--max-windows {params.max_windows:q} --batch-size {params.batch:q} --dtype {params.dtype:q} "
-    "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} {params.extra} {params.dmap} "
-    "> {log:q} 2>&1"
-)
+# {params.command}, {params.extra}, {params.dmap} and {params.data} hold several words, each
+# shell-quoted where built
 
 
 rule ppl_dense:
     conda:
         "../../envs/coec.yaml"
     input:
-        model=model_input,
-        text=dataset_input(EV["ppl_dataset"]),
+        model=W.model_input,
+        text=W.dataset_input(W.evaluation["ppl_dataset"]),
     output:
-        "results/{model}/dense/ppl.json",
+        f"{paths.dense_dir('{model}')}/ppl.json",
     params:
-        model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
-        dmap=device_map_arg,
+        model=W.model_path,
+        dtype=W.model_dtype,
+        dmap=W.device_map,
+        command="ppl",
         extra="",
-        **ppl_params(),
+        **W.ppl_params(),
     log:
-        "results/logs/ppl/{model}/dense.log",
+        paths.log_file("ppl", "{model}", "dense"),
     benchmark:
-        "results/benchmarks/ppl/{model}/dense.tsv"
-    threads: job_threads("ppl")
+        paths.benchmark_file("ppl", "{model}", "dense")
+    threads: W.threads("ppl")
     resources:
-        **rule_resources("ppl"),
+        **W.rule_resources("ppl"),
     shell:
-        PPL_SHELL
+        "OMP_NUM_THREADS={threads} {PY} {params.command} --model {params.model:q} --dataset {params.dataset:q} --seqlen {params.seqlen:q} "
+        "--max-windows {params.max_windows:q} --batch-size {params.batch:q} --dtype {params.dtype:q} "
+        "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} {params.extra} {params.dmap} "
+        "> {log:q} 2>&1"
 
 
-rule ppl_cell:
-    conda:
-        "../../envs/coec.yaml"
+use rule ppl_dense as ppl_cell with:
     input:
-        model=model_input,
-        text=dataset_input(EV["ppl_dataset"]),
-        keep="results/{model}/{calib}/{select}-{ratio}/keep.json",
-        comp=comp_files,
+        model=W.model_input,
+        text=W.dataset_input(W.evaluation["ppl_dataset"]),
+        keep=rules.select.output[0],
+        comp=W.comp_files,
     output:
-        "results/{model}/{calib}/{select}-{ratio}/{comp}/ppl.json",
+        f"{CELL}/ppl.json",
     params:
-        model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
-        dmap=device_map_arg,
-        extra=lambda wc, input: cell_args(wc, input),
-        **ppl_params(),
+        extra=W.cell_args,
     log:
-        "results/logs/ppl/{model}/{calib}/{select}-{ratio}/{comp}.log",
+        paths.log_file("ppl", CELL_LOG),
     benchmark:
-        "results/benchmarks/ppl/{model}/{calib}/{select}-{ratio}/{comp}.tsv"
-    threads: job_threads("ppl")
-    resources:
-        **rule_resources("ppl"),
-    shell:
-        PPL_SHELL
-
-
-ZS_SHELL = (
-    "OMP_NUM_THREADS={threads} {PY} zeroshot --model {params.model:q} --tasks {params.tasks:q} "
-    "{params.data} --limit {params.limit:q} --batch-size {params.batch:q} "
-    "--max-length {params.max_length:q} --dtype {params.dtype:q} --device {params.device:q} "
-    "--expect {params.expect:q} {params.hub} {params.samples} --out {output[0]:q} {params.extra} {params.dmap} "
-    "> {log:q} 2>&1"
-)
+        paths.benchmark_file("ppl", CELL_LOG)
 
 
 rule zeroshot_dense:
     conda:
         "../../envs/coec.yaml"
     input:
-        model=model_input,
-        data=ZS_INPUT,
+        model=W.model_input,
+        data=W.zeroshot_input(),
     output:
-        **zs_outputs("results/{model}/dense"),
+        **W.zeroshot_outputs(paths.dense_dir("{model}")),
     params:
-        model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
-        dmap=device_map_arg,
+        model=W.model_path,
+        dtype=W.model_dtype,
+        dmap=W.device_map,
         extra="",
-        **zeroshot_params(),
+        **W.zeroshot_params(),
     log:
-        "results/logs/zeroshot/{model}/dense.log",
+        paths.log_file("zeroshot", "{model}", "dense"),
     benchmark:
-        "results/benchmarks/zeroshot/{model}/dense.tsv"
-    threads: job_threads("zeroshot")
+        paths.benchmark_file("zeroshot", "{model}", "dense")
+    threads: W.threads("zeroshot")
     resources:
-        **rule_resources("zeroshot"),
+        **W.rule_resources("zeroshot"),
     shell:
-        ZS_SHELL
+        "OMP_NUM_THREADS={threads} {PY} zeroshot --model {params.model:q} --tasks {params.tasks:q} "
+        "{params.data} --limit {params.limit:q} --batch-size {params.batch:q} "
+        "--max-length {params.max_length:q} --dtype {params.dtype:q} --device {params.device:q} "
+        "--expect {params.expect:q} {params.hub} {params.samples} --out {output[0]:q} {params.extra} {params.dmap} "
+        "> {log:q} 2>&1"
 
 
-rule zeroshot_cell:
-    conda:
-        "../../envs/coec.yaml"
+use rule zeroshot_dense as zeroshot_cell with:
     input:
-        model=model_input,
-        data=ZS_INPUT,
-        keep="results/{model}/{calib}/{select}-{ratio}/keep.json",
-        comp=comp_files,
+        model=W.model_input,
+        data=W.zeroshot_input(),
+        keep=rules.select.output[0],
+        comp=W.comp_files,
     output:
-        **zs_outputs("results/{model}/{calib}/{select}-{ratio}/{comp}"),
+        **W.zeroshot_outputs(CELL),
     params:
-        model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
-        dmap=device_map_arg,
-        extra=lambda wc, input: cell_args(wc, input),
-        **zeroshot_params(),
+        extra=W.cell_args,
     log:
-        "results/logs/zeroshot/{model}/{calib}/{select}-{ratio}/{comp}.log",
+        paths.log_file("zeroshot", CELL_LOG),
     benchmark:
-        "results/benchmarks/zeroshot/{model}/{calib}/{select}-{ratio}/{comp}.tsv"
-    threads: job_threads("zeroshot")
-    resources:
-        **rule_resources("zeroshot"),
-    shell:
-        ZS_SHELL
+        paths.benchmark_file("zeroshot", CELL_LOG)

@@ -7,24 +7,24 @@ rule export:
     conda:
         "../../envs/coec.yaml"
     input:
-        model=model_input,
-        keep="results/{model}/{calib}/{select}-{ratio}/keep.json",
-        comp=comp_files,
+        model=W.model_input,
+        keep=rules.select.output[0],
+        comp=W.comp_files,
     output:
-        directory("results/{model}/{calib}/{select}-{ratio}/{comp}/export"),
+        directory(f"{CELL}/export"),
     params:
-        model=lambda wc: model_path(wc.model),
-        hub=lambda wc: hub_args(wc.model),
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
+        model=W.model_path,
+        hub=W.hub,
+        dtype=W.model_dtype,
         cell=lambda wc: json.dumps(dict(wc.items())),
-        expect=lambda wc: model_expect(wc.model),
+        expect=W.expect,
     log:
-        "results/logs/export/{model}/{calib}/{select}-{ratio}/{comp}.log",
+        paths.log_file("export", CELL_LOG),
     benchmark:
-        "results/benchmarks/export/{model}/{calib}/{select}-{ratio}/{comp}.tsv"
-    threads: job_threads("export")
+        paths.benchmark_file("export", CELL_LOG)
+    threads: W.threads("export")
     resources:
-        **export_resources(),
+        **W.export_resources(),
     shell:
         "OMP_NUM_THREADS={threads} {PY} export --model {params.model:q} {params.hub} "
         "--keep {input.keep:q} --comp {input.comp:q} --dtype {params.dtype:q} --cell {params.cell:q} "

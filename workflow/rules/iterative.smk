@@ -1,4 +1,5 @@
-# Iterative multi-domain FLAP (src/coec/iterative/, its stages in src/coec/stages_iterative.py; docs/iterative.md).
+# Iterative multi-domain FLAP (src/coec/iterative/; docs/iterative.md): its wiring is
+# coec.iterative.wiring, its paths and specs coec.iterative.targets.
 #
 #   resources/domains/{domain}/calib.txt                      domain text (code, math, ...)
 #   results/{model}/grams/{mix}/                              multi-domain Grams (for select/compensate)
@@ -11,31 +12,33 @@
 # folder is named by its chain of cumulative ratios and continues from its parent folder, so chains
 # that share a prefix share those steps (with `step: 0.1` the 0.5 cell reuses the three steps of the
 # 0.3 cell), and adding a step reruns only what follows it. {method} = {mode}-{structure}.
-
-# Path helpers: it_* in common.smk; specs and config checks: coec.targets.iterative_*.
+from coec.iterative import targets as iterative_targets
+from coec.iterative.wiring import IterativeWiring, alternatives
 
 # calibration-size figure: its resized calibrations and mixes exist before the rules are defined
-targets.add_iterative_size_calibrations(config)
-targets.check_iterative_config(config)
+iterative_targets.add_size_calibrations(config)
+IT = IterativeWiring(W)
+STEP = f"{iterative_targets.steps_dir('{model}', '{calib}', '{method}')}/{{chain}}"
+IT_CELL = iterative_targets.cell_dir("{model}", "{calib}", "{variant}", "{ratio}")
+IT_LOG = "{model}/{calib}/iterative/{variant}-{ratio}"
 
 
-# ----------------------------------------------------------------------------- rules
 rule iterative_domain:
     conda:
         "../../envs/coec.yaml"
     output:
-        calib="resources/domains/{domain}/calib.txt",
-        manifest="resources/domains/{domain}/manifest.json",
+        calib=f"{iterative_targets.domain_dir('{domain}')}/calib.txt",
+        manifest=f"{iterative_targets.domain_dir('{domain}')}/manifest.json",
     wildcard_constraints:
-        domain=it_alternatives([d for d, s in IT_DOMAINS.items() if s["source"] != "dataset"]),
+        domain=alternatives([d for d, s in IT.domains.items() if s["source"] != "dataset"]),
     params:
-        spec=lambda wc: json.dumps(IT_DOMAINS[wc.domain], sort_keys=True),
+        spec=lambda wc: json.dumps(IT.domains[wc.domain], sort_keys=True),
     log:
-        "results/logs/iterative/domain/{domain}.log",
+        paths.log_file("iterative", "domain", "{domain}"),
     benchmark:
-        "results/benchmarks/iterative/domain/{domain}.tsv"
+        paths.benchmark_file("iterative", "domain", "{domain}")
     resources:
-        **rule_resources("prepare"),
+        **W.rule_resources("prepare"),
     shell:
         "{PY} iterative prepare-domain --spec {params.spec:q} "
         "--out resources/domains/{wildcards.domain:q} > {log:q} 2>&1"
@@ -45,21 +48,21 @@ rule iterative_grams:
     conda:
         "../../envs/coec.yaml"
     input:
-        model=model_input,
-        text=it_text_inputs,
+        model=W.model_input,
+        text=IT.text_inputs,
     output:
-        directory("results/{model}/grams/{calib}"),
+        directory(paths.grams_dir("{model}", "{calib}")),
     wildcard_constraints:
-        calib=it_alternatives(IT_MIXES),
+        calib=alternatives(IT.mixes),
     params:
-        **it_calib_params(),
+        **IT.calib_params(),
     log:
-        "results/logs/iterative/grams/{model}/{calib}.log",
+        paths.log_file("iterative", "grams", "{model}", "{calib}"),
     benchmark:
-        "results/benchmarks/iterative/grams/{model}/{calib}.tsv"
-    threads: job_threads("calibrate", ("calibrate_threads", "threads"))
+        paths.benchmark_file("iterative", "grams", "{model}", "{calib}")
+    threads: W.threads("calibrate", ("calibrate_threads", "threads"))
     resources:
-        **rule_resources("calibrate"),
+        **W.rule_resources("calibrate"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} iterative grams "
         "--model {params.model:q} --domains {params.domains:q} --nsamples {params.nsamples:q} "
@@ -76,32 +79,32 @@ rule iterative_step:
     conda:
         "../../envs/coec.yaml"
     input:
-        model=model_input,
-        text=it_text_inputs,
-        parent=it_parent_files,
+        model=W.model_input,
+        text=IT.text_inputs,
+        parent=IT.parent_files,
     output:
-        keep="results/{model}/{calib}/iterative/{method}/steps/{chain}/keep.json",
-        block="results/{model}/{calib}/iterative/{method}/steps/{chain}/bias.safetensors",
-        state="results/{model}/{calib}/iterative/{method}/steps/{chain}/state.safetensors",
-        info="results/{model}/{calib}/iterative/{method}/steps/{chain}/iterative.json",
+        keep=f"{STEP}/keep.json",
+        block=f"{STEP}/bias.safetensors",
+        state=f"{STEP}/state.safetensors",
+        info=f"{STEP}/iterative.json",
     wildcard_constraints:
         method=r"(global|sequential)-(uniform|al-am)",
         chain=r"0\.[0-9]+(/0\.[0-9]+)*",
     params:
-        **it_calib_params(),
+        **IT.calib_params(),
         ratio=lambda wc: wc.chain.rsplit("/", 1)[-1],
         mode=lambda wc: wc.method.split("-", 1)[0],
         structure=lambda wc: wc.method.split("-", 1)[1],
         group_rounding=config["group_rounding"],
-        init=lambda wc: "" if it_parent(wc) is None else f"--init {shlex_quote(it_parent(wc))}",
-        outdir=lambda wc, output: os.path.dirname(output.keep),
+        init=IT.init_arg,
+        outdir=IT.step_outdir,
     log:
-        "results/logs/iterative/{model}/{calib}/{method}/steps/{chain}.log",
+        paths.log_file("iterative", "{model}", "{calib}", "{method}", "steps", "{chain}"),
     benchmark:
-        "results/benchmarks/iterative/{model}/{calib}/{method}/steps/{chain}.tsv"
-    threads: job_threads("calibrate", ("calibrate_threads", "threads"))
+        paths.benchmark_file("iterative", "{model}", "{calib}", "{method}", "steps", "{chain}")
+    threads: W.threads("calibrate", ("calibrate_threads", "threads"))
     resources:
-        **rule_resources("calibrate"),
+        **W.rule_resources("calibrate"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} iterative run "
         "--model {params.model:q} --domains {params.domains:q} --nsamples {params.nsamples:q} "
@@ -118,21 +121,21 @@ rule iterative_cell:
     conda:
         "../../envs/coec.yaml"
     input:
-        steps=lambda wc: [f"{d}/iterative.json" for d in it_cell_steps(wc)],
-        keep=lambda wc: f"{it_cell_steps(wc)[-1]}/keep.json",
+        steps=IT.step_infos,
+        keep=IT.last_step_keep,
     output:
-        keep="results/{model}/{calib}/iterative/{variant}-{ratio}/keep.json",
-        info="results/{model}/{calib}/iterative/{variant}-{ratio}/iterative.json",
+        keep=f"{IT_CELL}/keep.json",
+        info=f"{IT_CELL}/iterative.json",
     wildcard_constraints:
-        variant=it_alternatives(IT_VARIANTS),
+        variant=alternatives(IT.variants),
     params:
-        variant=lambda wc: json.dumps(targets.iterative_variant(config, wc.variant), sort_keys=True),
+        variant=IT.variant_json,
     log:
-        "results/logs/iterative/{model}/{calib}/{variant}-{ratio}/cell.log",
+        paths.log_file("iterative", IT_LOG, "cell"),
     benchmark:
-        "results/benchmarks/iterative/{model}/{calib}/{variant}-{ratio}/cell.tsv"
+        paths.benchmark_file("iterative", IT_LOG, "cell")
     resources:
-        **rule_resources("report"),
+        **W.rule_resources("report"),
     shell:
         "{PY} iterative collect --steps {input.steps:q} --variant {params.variant:q} "
         "--keep-out {output.keep:q} --info-out {output.info:q} > {log:q} 2>&1"
@@ -142,146 +145,102 @@ rule iterative_cell_block:
     conda:
         "../../envs/coec.yaml"
     input:
-        lambda wc: f"{it_cell_steps(wc)[-1]}/bias.safetensors",
+        IT.last_step_bias,
     output:
-        "results/{model}/{calib}/iterative/{variant}-{ratio}/block{first}-{last}.safetensors",
+        paths.block_file(IT_CELL, "{first}", "{last}"),
     wildcard_constraints:
-        variant=it_alternatives(IT_VARIANTS),
+        variant=alternatives(IT.variants),
     log:
-        "results/logs/iterative/{model}/{calib}/{variant}-{ratio}/block{first}-{last}.log",
+        paths.log_file("iterative", IT_LOG, "block{first}-{last}"),
     benchmark:
-        "results/benchmarks/iterative/{model}/{calib}/{variant}-{ratio}/block{first}-{last}.tsv"
+        paths.benchmark_file("iterative", IT_LOG, "block{first}-{last}")
     resources:
-        **rule_resources("report"),
+        **W.rule_resources("report"),
     shell:
         "{PY} iterative collect --block {input:q} --first {wildcards.first:q} "
         "--last {wildcards.last:q} --block-out {output:q} > {log:q} 2>&1"
 
 
-rule iterative_ppl:
-    conda:
-        "../../envs/coec.yaml"
+# a cell's perplexity and zero-shot accuracy: the evaluation rules with the iterative cell's
+# keep set and block (per-layer widths differ under AL-AM: `iterative ppl` evaluates them)
+use rule ppl_cell as iterative_ppl with:
     input:
-        model=model_input,
-        text=dataset_input(EV["ppl_dataset"]),
-        keep="results/{model}/{calib}/iterative/{variant}-{ratio}/keep.json",
-        comp=it_cell_block,
+        model=W.model_input,
+        text=W.dataset_input(W.evaluation["ppl_dataset"]),
+        keep=rules.iterative_cell.output.keep,
+        comp=IT.cell_block,
     output:
-        "results/{model}/{calib}/iterative/{variant}-{ratio}/ppl.json",
+        f"{IT_CELL}/ppl.json",
     wildcard_constraints:
-        variant=it_alternatives(IT_VARIANTS),
+        variant=alternatives(IT.variants),
     params:
-        model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
-        # per-layer widths differ under AL-AM: evaluated in memory by `iterative ppl`
-        cmd=lambda wc: "ppl" if targets.iterative_variant(config, wc.variant)["structure"] == "uniform"
-        else "iterative ppl",
-        extra=lambda wc, input: cell_args(wc, input),
-        **ppl_params(),
+        command=IT.ppl_command,
     log:
-        "results/logs/ppl/{model}/{calib}/iterative/{variant}-{ratio}.log",
+        paths.log_file("ppl", IT_LOG),
     benchmark:
-        "results/benchmarks/ppl/{model}/{calib}/iterative/{variant}-{ratio}.tsv"
-    threads: job_threads("ppl")
-    resources:
-        **rule_resources("ppl"),
-    shell:
-        "OMP_NUM_THREADS={threads} {PY} {params.cmd} --model {params.model:q} --dataset {params.dataset:q} "
-        "--seqlen {params.seqlen:q} --max-windows {params.max_windows:q} --batch-size {params.batch:q} "
-        "--dtype {params.dtype:q} --device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} "
-        "{params.extra} > {log:q} 2>&1"
+        paths.benchmark_file("ppl", IT_LOG)
 
 
-# ----------------------------------------------------------------------------- table
-rule table_iterative:
-    conda:
-        "../../envs/coec.yaml"
+use rule zeroshot_cell as iterative_zeroshot with:
     input:
-        lambda wc: targets.spec_inputs(targets.iterative_table_spec(config)),
+        model=W.model_input,
+        data=W.zeroshot_input(),
+        keep=rules.iterative_cell.output.keep,
+        comp=IT.cell_block,
     output:
-        csv=report("results/table_iterative.csv", caption="../report/table.rst", category="Iterative",
-                   labels=lambda wc: targets.report_label(config, "results/table_iterative.csv")),
-        md="results/table_iterative.md",
-    params:
-        spec=lambda wc: json.dumps(targets.iterative_table_spec(config)),
-    log:
-        "results/logs/report/table_iterative.log",
-    benchmark:
-        "results/benchmarks/report/table_iterative.tsv"
-    resources:
-        **rule_resources("report"),
-    shell:
-        "{PY} report --kind table --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
-
-
-rule iterative_zeroshot:
-    conda:
-        "../../envs/coec.yaml"
-    input:
-        model=model_input,
-        data=ZS_INPUT,
-        keep="results/{model}/{calib}/iterative/{variant}-{ratio}/keep.json",
-        comp=it_cell_block,
-    output:
-        **zs_outputs("results/{model}/{calib}/iterative/{variant}-{ratio}"),
+        **W.zeroshot_outputs(IT_CELL),
     wildcard_constraints:
-        variant=it_alternatives(IT_VARIANTS),
-    params:
-        model=lambda wc: model_path(wc.model),
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
-        dmap=device_map_arg,
-        extra=lambda wc, input: cell_args(wc, input),
-        **zeroshot_params(),
+        variant=alternatives(IT.variants),
     log:
-        "results/logs/zeroshot/{model}/{calib}/iterative/{variant}-{ratio}.log",
+        paths.log_file("zeroshot", IT_LOG),
     benchmark:
-        "results/benchmarks/zeroshot/{model}/{calib}/iterative/{variant}-{ratio}.tsv"
-    threads: job_threads("zeroshot")
-    resources:
-        **rule_resources("zeroshot"),
-    shell:
-        ZS_SHELL
+        paths.benchmark_file("zeroshot", IT_LOG)
 
 
-rule table_iterative_zeroshot:
-    conda:
-        "../../envs/coec.yaml"
+# ----------------------------------------------------------------------------- table and figure
+use rule table as table_iterative with:
     input:
-        lambda wc: targets.spec_inputs(targets.iterative_zeroshot_table_spec(config)),
+        lambda wc: targets.spec_inputs(iterative_targets.table_spec(config)),
     output:
-        csv=report("results/table_iterative_zeroshot.csv", caption="../report/table.rst",
-                   category="Iterative",
-                   labels=lambda wc: targets.report_label(config, "results/table_iterative_zeroshot.csv")),
-        md="results/table_iterative_zeroshot.md",
+        csv=report(paths.table_file("table_iterative"), caption="../report/table.rst", category="Iterative",
+                   labels=lambda wc: targets.report_label(config, paths.table_file("table_iterative"))),
+        md=paths.table_file("table_iterative", "md"),
     params:
-        spec=lambda wc: json.dumps(targets.iterative_zeroshot_table_spec(config)),
+        kind="table",
+        spec=lambda wc: json.dumps(iterative_targets.table_spec(config)),
     log:
-        "results/logs/report/table_iterative_zeroshot.log",
+        paths.log_file("report", "table_iterative"),
     benchmark:
-        "results/benchmarks/report/table_iterative_zeroshot.tsv"
-    resources:
-        **rule_resources("report"),
-    shell:
-        "{PY} report --kind table --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
+        paths.benchmark_file("report", "table_iterative")
 
 
-# ----------------------------------------------------------------------------- figure
-rule iterative_calibration_size:
-    conda:
-        "../../envs/coec.yaml"
+use rule table as table_iterative_zeroshot with:
     input:
-        lambda wc: targets.figure_inputs(targets.iterative_size_spec(config)),
+        lambda wc: targets.spec_inputs(iterative_targets.zeroshot_table_spec(config)),
     output:
-        report("results/figures/iterative_calibration_size.png",
-               caption="../report/iterative_size.rst", category="Iterative",
-               labels=lambda wc: targets.report_label(config, "results/figures/iterative_calibration_size.png")),
+        csv=report(paths.table_file("table_iterative_zeroshot"), caption="../report/table.rst", category="Iterative",
+                   labels=lambda wc: targets.report_label(config, paths.table_file("table_iterative_zeroshot"))),
+        md=paths.table_file("table_iterative_zeroshot", "md"),
     params:
-        spec=lambda wc: json.dumps(targets.iterative_size_spec(config)),
+        kind="table",
+        spec=lambda wc: json.dumps(iterative_targets.zeroshot_table_spec(config)),
     log:
-        "results/logs/report/iterative_calibration_size.log",
+        paths.log_file("report", "table_iterative_zeroshot"),
     benchmark:
-        "results/benchmarks/report/iterative_calibration_size.tsv"
-    resources:
-        **rule_resources("report"),
-    shell:
-        "{PY} report --kind lines-figure --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
+        paths.benchmark_file("report", "table_iterative_zeroshot")
+
+
+use rule table as iterative_calibration_size with:
+    input:
+        lambda wc: targets.figure_inputs(iterative_targets.size_spec(config)),
+    output:
+        report(paths.figure_file("iterative_calibration_size"), caption="../report/iterative_size.rst",
+               category="Iterative",
+               labels=lambda wc: targets.report_label(config, paths.figure_file("iterative_calibration_size"))),
+    params:
+        kind="lines-figure",
+        spec=lambda wc: json.dumps(iterative_targets.size_spec(config)),
+    log:
+        paths.log_file("report", "iterative_calibration_size"),
+    benchmark:
+        paths.benchmark_file("report", "iterative_calibration_size")

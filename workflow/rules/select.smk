@@ -5,23 +5,23 @@ rule select:
     conda:
         "../../envs/coec.yaml"
     input:
-        model=model_input,
-        grams="results/{model}/grams/{calib}",
+        model=W.model_input,
+        grams=rules.calibrate.output[0],
     output:
-        "results/{model}/{calib}/{select}-{ratio}/keep.json",
+        paths.keep_file("{model}", "{calib}", "{select}", "{ratio}"),
     params:
-        model=lambda wc: model_path(wc.model),
+        model=W.model_path,
         group_rounding=config["group_rounding"],
-        method=lambda wc: selection_args(wc.select),
-        expect=lambda wc: model_expect(wc.model),
-        hub=lambda wc: hub_args(wc.model),
+        method=W.selection_args,
+        expect=W.expect,
+        hub=W.hub,
     log:
-        "results/logs/select/{model}/{calib}/{select}-{ratio}.log",
+        paths.log_file("select", "{model}", "{calib}", "{select}-{ratio}"),
     benchmark:
-        "results/benchmarks/select/{model}/{calib}/{select}-{ratio}.tsv"
-    threads: job_threads("select")
+        paths.benchmark_file("select", "{model}", "{calib}", "{select}-{ratio}")
+    threads: W.threads("select")
     resources:
-        **rule_resources("select"),
+        **W.rule_resources("select"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} select --model {params.model:q} --grams {input.grams:q} "
         "{params.method} --ratio {wildcards.ratio:q} --group-rounding {params.group_rounding:q} "

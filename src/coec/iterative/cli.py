@@ -1,0 +1,156 @@
+"""The ``coec iterative`` command group: the stages of the iterative multi-domain FLAP method
+(``coec.iterative.stages``), added to ``coec``'s parser by the extension's hook."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli import EXPECT_HELP, json_arg, optional_int, add_hub_args, check_model_stage, config_arg, hub_options, run_guarded
+from ..selection import ROUNDINGS
+from .method import MODES
+from .schedule import make_schedule
+from .stats import VARIANCE_MIXES
+from .structure import STRUCTURES
+
+
+MODEL_STAGES = ("run", "grams", "ppl")
+
+
+def _calib_args(s: argparse.ArgumentParser) -> None:
+    """Arguments of the iterative stages that run a calibration pass (run, grams)."""
+    s.add_argument("--model", required=True)
+    s.add_argument("--domains", type=json_arg, required=True,
+                   help='JSON list of {"name", "alpha", "dataset": <data.load_split spec>}')
+    s.add_argument("--nsamples", type=int, required=True, help="sequences over all domains")
+    s.add_argument("--seqlen", type=int, required=True)
+    config_arg(s, "--seed", "iterative.mixes.*.seed", type=int)
+    config_arg(s, "--batch-size", "iterative.mixes.*.batch_size", type=int)
+    config_arg(s, "--dtype", "models.*.dtype")
+    config_arg(s, "--gram-dtype", "iterative.mixes.*.gram_dtype")
+    config_arg(s, "--variance-mix", "iterative.mixes.*.variance_mix", choices=VARIANCE_MIXES)
+    config_arg(s, "--device", "compute.device")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
+    add_hub_args(s)
+    s.add_argument("--out", required=True)
+
+
+def add_parser(sub) -> None:
+    """``coec iterative <run|grams|mix|prepare-domain|collect|ppl>``: the stages of the
+    iterative multi-domain FLAP method (``coec.iterative.stages``)."""
+
+    it = sub.add_parser("iterative", help="iterative multi-domain FLAP (run, grams, mix, "
+                                          "prepare-domain, collect, ppl; `coec iterative -h`)",
+                        description="Iterative multi-domain FLAP (docs/iterative.md, eq. 1–14).")
+    cmds = it.add_subparsers(dest="cmd", required=True)
+
+    s = cmds.add_parser("run", help="iterative (multi-domain) FLAP -> keep.json + bias block")
+    _calib_args(s)
+    s.add_argument("--ratio", type=float, help="target ratio rho (with --steps or --step)")
+    s.add_argument("--steps", type=int, help="S steps: rho_s = rho s / S")
+    s.add_argument("--step", type=float, help="step δ of the original width: δ, 2δ, ... rho")
+    s.add_argument("--schedule", help="explicit cumulative ratios, e.g. 0.1,0.2,0.3")
+    config_arg(s, "--mode", "iterative.variants.*.mode", choices=MODES)
+    config_arg(s, "--structure", "iterative.variants.*.structure", choices=STRUCTURES)
+    config_arg(s, "--group-rounding", "group_rounding", choices=ROUNDINGS)
+    s.add_argument("--channel-rounding", default="ceil", choices=ROUNDINGS)
+    s.add_argument("--init", default=None, help="continue from a previous step's output folder")
+    s.add_argument("--block-name", default=None, help="default block0-{L-1}.safetensors")
+
+    s = cmds.add_parser("grams", help="multi-domain Gram directory (one pass, mixed by alpha)")
+    _calib_args(s)
+
+    s = cmds.add_parser("mix", help="mix per-domain Gram directories (eq. 8)")
+    s.add_argument("--grams", nargs="+", required=True)
+    s.add_argument("--alphas", nargs="+", type=float, required=True)
+    config_arg(s, "--variance-mix", "iterative.mixes.*.variance_mix", choices=VARIANCE_MIXES)
+    config_arg(s, "--gram-dtype", "iterative.mixes.*.gram_dtype")
+    s.add_argument("--out", required=True)
+
+    s = cmds.add_parser("prepare-domain", help="write a domain's calibration text")
+    s.add_argument("--spec", type=json_arg, required=True)
+    s.add_argument("--datasets", type=json_arg, default={})
+    s.add_argument("--out", required=True)
+
+    s = cmds.add_parser("collect", help="assemble a cell from its step folders")
+    s.add_argument("--steps", nargs="*", default=[], help="the steps' iterative.json, in order")
+    s.add_argument("--variant", type=json_arg, default={})
+    s.add_argument("--keep-out")
+    s.add_argument("--info-out")
+    s.add_argument("--block", help="a step's bias block file to copy")
+    s.add_argument("--first", type=int, default=0)
+    s.add_argument("--last", type=int)
+    s.add_argument("--block-out")
+
+    s = cmds.add_parser("ppl", help="perplexity of a cell (per-layer widths may differ)")
+    s.add_argument("--model", required=True)
+    s.add_argument("--dataset", type=json_arg, required=True)
+    s.add_argument("--seqlen", type=int, required=True)
+    s.add_argument("--max-windows", type=optional_int, default=None)
+    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
+    config_arg(s, "--dtype", "models.*.dtype")
+    config_arg(s, "--device", "compute.device")
+    s.add_argument("--keep", default=None)
+    s.add_argument("--comp", nargs="*", default=[])
+    s.add_argument("--cell", type=json_arg, default={})
+    s.add_argument("--device-map", default=None, help="accelerate device map (e.g. auto)")
+    s.add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
+    add_hub_args(s)
+    s.add_argument("--out", required=True)
+
+
+def schedule_args_error(a) -> str | None:
+    """What is wrong with the schedule options of ``iterative run`` (None: nothing)."""
+    given = sum(x is not None for x in (a.steps, a.step)) + bool(a.schedule)
+    if a.schedule and (a.steps is not None or a.step is not None):
+        return "--schedule excludes --steps/--step"
+    if not a.schedule and (a.ratio is None or given != 1):
+        return "give --ratio with exactly one of --steps or --step, or --schedule"
+    return None
+
+
+def schedule(a) -> list[float]:
+    """The cumulative ratios of ``iterative run``: --schedule, or --ratio with exactly one of
+    --steps / --step (``schedule.make_schedule``)."""
+    return ([float(x) for x in a.schedule.split(",")] if a.schedule
+            else make_schedule(a.ratio, a.steps, a.step))
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``coec iterative <cmd>``: checked, then run with one error line on bad input."""
+    if args.cmd == "run" and schedule_args_error(args):
+        parser.error(f"iterative run: {schedule_args_error(args)}")
+    return run_guarded(f"iterative {args.cmd}", lambda: _dispatch(args))
+
+
+def _dispatch(a) -> None:
+    """Run one ``coec iterative <cmd>`` (``coec.iterative.stages``)."""
+    from . import stages
+
+    hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
+    if a.cmd in MODEL_STAGES:  # the model against the config, before any work
+        check_model_stage(a)
+    if a.cmd in ("run", "grams"):
+        calib = dict(seed=a.seed, batch_size=a.batch_size, dtype=a.dtype, gram_dtype=a.gram_dtype,
+                     variance_mix=a.variance_mix, device=a.device, progress=not a.quiet, **hub)
+    if a.cmd == "run":
+        stages.run_iterative_prune(a.model, a.domains, a.nsamples, a.seqlen, schedule(a),
+                              a.out, mode=a.mode, structure=a.structure,
+                              group_rounding=a.group_rounding, channel_rounding=a.channel_rounding,
+                              init=a.init, block_name=a.block_name, **calib)
+    elif a.cmd == "grams":
+        stages.run_iterative_grams(a.model, a.domains, a.nsamples, a.seqlen, a.out, **calib)
+    elif a.cmd == "mix":
+        stages.mix_gram_dirs(a.grams, a.alphas, a.out, a.variance_mix, a.gram_dtype)
+    elif a.cmd == "collect":
+        if a.steps:
+            stages.collect_cell(a.steps, a.variant, a.keep_out, a.info_out)
+        if a.block:
+            stages.copy_block(a.block, a.first, a.last, a.block_out)
+    elif a.cmd == "prepare-domain":
+        stages.prepare_domain(a.spec, a.out, a.datasets)
+    elif a.cmd == "ppl":  # per-layer widths may differ (AL-AM): build_model prunes them as they are
+        from ..pipeline import run_ppl
+
+        run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
+                a.out, a.keep, a.comp, a.cell, device_map=a.device_map, **hub)

@@ -1,0 +1,203 @@
+"""Which result files the iterative multi-domain FLAP method's table and figure read, and its
+paths: pure functions of the workflow config (its ``iterative`` and ``domains`` sections), as
+:mod:`coec.targets` is for the paper's grid.
+
+    results/{model}/{calib}/iterative/{method}/steps/{r1}/{r2}/.../   one cached pruning step each
+    results/{model}/{calib}/iterative/{variant}-{ratio}/              a cell
+    resources/domains/{domain}/calib.txt                              a domain's text
+"""
+
+from __future__ import annotations
+
+import json
+
+from .. import paths
+from ..paths import cell_dir as grid_cell_dir
+from ..paths import fmt_ratio
+from ..targets import dataset_spec, size_figure_spec, sized_calibration, with_comparisons
+from .schedule import make_schedule
+
+
+def domain_dir(name: str) -> str:
+    """Folder of a domain's calibration text (``iterative_domain``)."""
+    return f"{paths.RESOURCES}/domains/{name}"
+
+
+def section(config) -> dict:
+    """The config's `iterative` section ({} without one)."""
+    return config.get("iterative", {})
+
+
+def mix_entries(config) -> dict:
+    return section(config).get("mixes", {})
+
+
+def variant_entries(config) -> dict:
+    return section(config).get("variants", {})
+
+
+def check_config(config) -> None:
+    """Mix names distinct from calibration names; every mix domain and domain dataset known."""
+    known, doms = mix_entries(config), config.get("domains", {})
+    both = sorted(set(known) & set(config["calibration"]))
+    if both:
+        raise ValueError(f"config: iterative.mixes {both} also name calibration entries")
+    for name, mix in known.items():
+        for d in mix["domains"]:
+            if d not in doms:
+                raise ValueError(f"config: iterative.mixes.{name}.domains names unknown domain "
+                                 f"{d!r} (known: {', '.join(doms) or 'none'})")
+    for name, dom in doms.items():
+        if dom["source"] == "dataset" and dom.get("dataset") not in config["datasets"]:
+            raise ValueError(f"config: domains.{name}.dataset names unknown dataset "
+                             f"{dom.get('dataset')!r}")
+
+
+def sized(config, calib, n) -> str:
+    """Name of calibration or mix `calib` resized to n sequences (itself when n is its size)."""
+    known = mix_entries(config)
+    return sized_calibration(known if calib in known else config["calibration"], calib, n)
+
+
+def size_base(config):
+    """The default calibration of the iterative calibration-size figure's rows."""
+    it = section(config)
+    return it["calibration_size"].get("calibration", it.get("table", {}).get("calibration"))
+
+
+def add_size_calibrations(config) -> None:
+    """Add the resized calibrations and mixes of the iterative calibration-size figure."""
+    it = section(config)
+    if "calibration_size" not in it:
+        return
+    if size_base(config) is None:
+        raise ValueError("config: iterative.calibration_size needs a calibration "
+                         "(or iterative.table.calibration)")
+    for row in it["calibration_size"]["rows"]:
+        for n in it["calibration_size"]["nsamples"]:
+            sized(config, row.get("calibration", size_base(config)), n)
+
+
+def calibration_entry(config, name) -> dict:
+    """A calibration entry or an iterative mix."""
+    known = mix_entries(config)
+    if name in known:
+        return known[name]
+    if name in config["calibration"]:
+        return config["calibration"][name]
+    raise ValueError(f"unknown calibration {name!r}: not in calibration nor iterative.mixes")
+
+
+def calibration_key(config, name) -> str:
+    """The config key of a calibration entry or an iterative mix."""
+    return f"iterative.mixes.{name}" if name in mix_entries(config) else f"calibration.{name}"
+
+
+def domain_spec(config, name) -> dict:
+    """The data.load_split spec of a domain's calibration text."""
+    d = config.get("domains", {})[name]
+    if d["source"] == "dataset":
+        return dataset_spec(config, d["dataset"])
+    return {"source": "files", "calib": f"{domain_dir(name)}/calib.txt"}
+
+
+def calibration_domains(config, calib) -> list[dict]:
+    """[{name, alpha, dataset}] of an iterative calibration (one domain for `calibration`)."""
+    known = mix_entries(config)
+    if calib in known:
+        return [{"name": d, "alpha": float(a), "dataset": domain_spec(config, d)}
+                for d, a in known[calib]["domains"].items()]
+    ds = calibration_entry(config, calib)["dataset"]
+    return [{"name": ds, "alpha": 1.0, "dataset": dataset_spec(config, ds)}]
+
+
+def variant_spec(config, name) -> dict:
+    known = variant_entries(config)
+    if name not in known:
+        raise ValueError(f"unknown iterative variant {name!r} (known: {', '.join(known)})")
+    return known[name]
+
+
+def step_method(config, name) -> str:
+    """The step folder's method of a variant: {mode}-{structure}."""
+    v = variant_spec(config, name)
+    return f"{v['mode']}-{v['structure']}"
+
+
+def chain(config, variant, ratio) -> list[str]:
+    """The step folders of a cell, e.g. ['0.1', '0.1/0.2', '0.1/0.2/0.3']."""
+    v = variant_spec(config, variant)
+    sched = [fmt_ratio(r) for r in make_schedule(float(ratio), v.get("steps"), v.get("step"))]
+    return ["/".join(sched[: s + 1]) for s in range(len(sched))]
+
+
+def steps_dir(model, calib, method) -> str:
+    return f"{paths.RESULTS}/{model}/{calib}/iterative/{method}/steps"
+
+
+def cell_steps(config, model, calib, variant, ratio) -> list[str]:
+    """The step folders a cell's chain runs through, first to last."""
+    base = steps_dir(model, calib, step_method(config, variant))
+    return [f"{base}/{c}" for c in chain(config, variant, ratio)]
+
+
+def cell_dir(model, calib, variant, ratio) -> str:
+    return f"{paths.RESULTS}/{model}/{calib}/iterative/{variant}-{fmt_ratio(ratio)}"
+
+
+def row_file(model, calib, row, ratio, filename) -> str:
+    """A table/figure row's result file: an iterative cell (variant) or a workflow cell
+    (selection + compensation) on calibration `calib`."""
+    if "variant" in row:
+        return f"{cell_dir(model, calib, row['variant'], ratio)}/{filename}"
+    return f"{grid_cell_dir(model, calib, row['selection'], ratio, row['compensation'])}/{filename}"
+
+
+def table_spec(config, filename="ppl.json", metric="ppl") -> dict:
+    """Rows (ratio x method) of table_iterative: workflow cells (selection + compensation on the
+    table's calibration) and iterative cells (variant on a calibration or mix)."""
+    t = section(config)["table"]
+    mixes_cfg = mix_entries(config)
+    models = t["models"]
+    rows = [{"labels": {"ratio": 0.0, "method": "dense"},
+             "cells": {m: f"{paths.dense_dir(m)}/{filename}" for m in models}}]
+    groups = [None]
+    for r in t["ratios"]:
+        for row in t["rows"]:
+            calib = row.get("calibration", t["calibration"])
+            cells = {m: row_file(m, calib, row, r, filename) for m in models}
+            rows.append({"labels": {"ratio": float(r), "method": row["label"]}, "cells": cells})
+            groups.append((float(r), row["label"], row.get("compare")))
+    used = {n: mixes_cfg[n] for n in sorted({row.get("calibration") for row in t["rows"]} & set(mixes_cfg))}
+    spec = {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
+            "label_columns": ["ratio", "method"], "rows": rows,
+            "caption": f"table_iterative: {metric} | calibration {t['calibration']} | mixes "
+                       f"{json.dumps(used, sort_keys=True)} | variants "
+                       f"{json.dumps(variant_entries(config), sort_keys=True)} | evaluation "
+                       f"{json.dumps(config['evaluation'], sort_keys=True)}"}
+    return with_comparisons(config, spec, groups, "iterative.table.rows")
+
+
+def zeroshot_table_spec(config) -> dict:
+    """table_iterative_zeroshot: the table_iterative cells scored by zero-shot mean7."""
+    return table_spec(config, "zeroshot.json", "mean7")
+
+
+def size_spec(config) -> dict:
+    """Seed Fig. 2: perplexity against calibration size N, one panel per ratio, one line per
+    row; every row's calibration (or mix) is resized to N and everything downstream recomputed."""
+    f = section(config)["calibration_size"]
+    base = size_base(config)
+    panels = {}
+    for r in f["ratios"]:
+        panels[f"{round(float(r) * 100)} % width pruned"] = {
+            row["label"]: [[n, row_file(f["model"], sized(config, row.get("calibration", base), n),
+                                        row, r, "ppl.json")] for n in f["nsamples"]]
+            for row in f["rows"]}
+    calibs = sorted({row.get("calibration", base) for row in f["rows"]})
+    return size_figure_spec(
+        panels, calibration_entry(config, base)["seqlen"],
+        f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
+        f"resized to N, selection recomputed at each N; variants "
+        f"{json.dumps(variant_entries(config), sort_keys=True)}; eval "
+        f"{config['evaluation']['ppl_dataset']} seqlen {config['evaluation']['ppl_seqlen']}")

@@ -1,0 +1,112 @@
+"""What the iterative method's rules wire (``workflow/rules/iterative.smk``), as functions of the
+validated config and a job's wildcards, beside :class:`coec.wiring.Wiring`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from ..config import schema_default
+from ..wiring import Wiring
+from . import targets
+
+
+def alternatives(names: Iterable[str]) -> str:
+    """A regex matching exactly the given names (never matching when there are none)."""
+    return "|".join(re.escape(n) for n in names) or "(?!x)x"
+
+
+class IterativeWiring:
+    """The iterative rules' wiring of one validated config."""
+
+    def __init__(self, wiring: Wiring):
+        self.w = wiring
+        self.config = wiring.config
+        self.mixes = targets.mix_entries(self.config)
+        self.variants = targets.variant_entries(self.config)
+        self.domains = self.config.get("domains", {})
+
+    def text_inputs(self, wc: Any) -> list[str]:
+        """The text files of a calibration or mix's domains."""
+        if wc.calib not in self.mixes:
+            return self.w.dataset_input(targets.calibration_entry(self.config, wc.calib)["dataset"])
+        files: list[str] = []
+        for d in self.mixes[wc.calib]["domains"]:
+            dom = self.domains[d]
+            files += (self.w.dataset_input(dom["dataset"]) if dom["source"] == "dataset"
+                      else [f"{targets.domain_dir(d)}/calib.txt"])
+        return files
+
+    def calib_params(self) -> dict[str, Any]:
+        """params shared by the rules that run a calibration pass."""
+        cfg = self.config
+
+        def c(wc: Any) -> dict[str, Any]:
+            return targets.calibration_entry(cfg, wc.calib)
+
+        return dict(
+            model=self.w.model_path,
+            domains=lambda wc: json.dumps(targets.calibration_domains(cfg, wc.calib), sort_keys=True),
+            nsamples=lambda wc: c(wc)["nsamples"],
+            seqlen=lambda wc: c(wc)["seqlen"],
+            seed=lambda wc: c(wc)["seed"],
+            batch=lambda wc: c(wc)["batch_size"],
+            gram_dtype=lambda wc: c(wc)["gram_dtype"],
+            variance_mix=lambda wc: c(wc).get("variance_mix", schema_default("iterative.mixes.*.variance_mix")),
+            dtype=self.w.model_dtype,
+            device=cfg["compute"]["device"],
+            expect=lambda wc: self.w.expect_json(wc.model, f"{targets.calibration_key(cfg, wc.calib)}.seqlen"),
+            hub=self.w.hub,
+        )
+
+    def cell_steps(self, wc: Any) -> list[str]:
+        """The step folders of an iterative cell's chain, first to last."""
+        return targets.cell_steps(self.config, wc.model, wc.calib, wc.variant, wc.ratio)
+
+    def step_infos(self, wc: Any) -> list[str]:
+        return [f"{d}/iterative.json" for d in self.cell_steps(wc)]
+
+    def last_step_keep(self, wc: Any) -> str:
+        return f"{self.cell_steps(wc)[-1]}/keep.json"
+
+    def last_step_bias(self, wc: Any) -> str:
+        return f"{self.cell_steps(wc)[-1]}/bias.safetensors"
+
+    @staticmethod
+    def parent(wc: Any) -> str | None:
+        """The previous step's folder of a step, or None for a first step."""
+        head = wc.chain.rsplit("/", 1)
+        if len(head) == 1:
+            return None
+        return f"{targets.steps_dir(wc.model, wc.calib, wc.method)}/{head[0]}"
+
+    def parent_files(self, wc: Any) -> list[str]:
+        """keep.json, bias and state of a step's parent ([] for a first step)."""
+        parent = self.parent(wc)
+        files = ("keep.json", "bias.safetensors", "state.safetensors")
+        return [] if parent is None else [f"{parent}/{f}" for f in files]
+
+    def init_arg(self, wc: Any) -> str:
+        from shlex import quote
+
+        parent = self.parent(wc)
+        return "" if parent is None else f"--init {quote(parent)}"
+
+    def cell_block(self, wc: Any) -> str:
+        """The single block file of an iterative cell (all layers)."""
+        cell = targets.cell_dir(wc.model, wc.calib, wc.variant, wc.ratio)
+        return f"{cell}/block0-{self.w.model(wc.model)['num_layers'] - 1}.safetensors"
+
+    def variant_json(self, wc: Any) -> str:
+        return json.dumps(targets.variant_spec(self.config, wc.variant), sort_keys=True)
+
+    def ppl_command(self, wc: Any) -> str:
+        """`ppl`, or `iterative ppl` for per-layer widths (AL-AM), evaluated in memory."""
+        return "ppl" if targets.variant_spec(self.config, wc.variant)["structure"] == "uniform" else "iterative ppl"
+
+    @staticmethod
+    def step_outdir(wc: Any, output: Any) -> str:
+        return os.path.dirname(output.keep)

@@ -1,0 +1,312 @@
+"""What the rules wire, as functions of the validated config and a job's wildcards: the files a
+job reads beyond its upstream rules' outputs, its params (every value that changes its output),
+its resources and threads. The rules (``workflow/rules/*.smk``) only name these; every default
+comes from the config schema (the config is validated and filled before a ``Wiring`` is made).
+
+    W = Wiring(config)
+    rule select:  input: model=W.model_input ...  params: expect=W.expect ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from shlex import quote as shlex_quote
+from typing import Any
+
+from . import paths, targets
+
+__all__ = ["Wiring", "coec_command", "SLURM_STRING_RESOURCES"]
+
+SLURM_STRING_RESOURCES = ("slurm_partition", "slurm_account", "gpu_model", "slurm_extra")
+
+
+def coec_command(deployment_methods: Any, executable: str = sys.executable) -> str:
+    """The command rules run: the `coec` entry point of the environment a job runs in. Under
+    `--sdm conda` that is the rule's conda env (envs/coec.yaml, on PATH once activated); else the
+    one next to the interpreter running Snakemake, by absolute path (so `.venv/bin/snakemake`
+    works without an activated venv), or `<python> -m coec` where no entry point is installed."""
+    if "conda" in {str(getattr(m, "name", m)).lower() for m in deployment_methods}:
+        return "coec"
+    script = os.path.join(os.path.dirname(executable), "coec")
+    if os.access(script, os.X_OK):
+        return shlex_quote(script)
+    return f"{shlex_quote(executable)} -m coec"
+
+
+class Wiring:
+    """The wiring of one validated config (``coec.config.validate_config``)."""
+
+    def __init__(self, config: dict[str, Any]):
+        from .selection import selection_registry
+
+        self.config = config
+        self.evaluation = config["evaluation"]
+        self.selections = selection_registry(config.get("selections"))
+        self._identity: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------------- models and data
+    def model(self, name: str) -> dict[str, Any]:
+        return self.config["models"][name]
+
+    def model_path(self, wc: Any) -> str:
+        """What the CLI loads: the converted folder of an embedded model, else its hub id / folder."""
+        return targets.model_path(self.config, wc.model)
+
+    def model_dtype(self, wc: Any) -> str:
+        return self.model(wc.model)["dtype"]
+
+    def hub(self, wc: Any) -> str:
+        """--revision / --trust-remote-code of a model's config, each word shell-quoted; empty when
+        neither is set."""
+        m = self.model(wc.model)
+        args = ["--revision", shlex_quote(str(m["revision"]))] if m.get("revision") else []
+        return " ".join(args + (["--trust-remote-code"] if m.get("trust_remote_code") else []))
+
+    def identity(self, model: str) -> dict[str, Any]:
+        """The weights the plan is made for (``coec.provenance.planned_identity``: a local folder's
+        file digests, a hub id's commit; nothing for an embedded model, a workflow output), once per
+        model and plan. Part of every model stage's --expect, so changed weights re-plan exactly
+        that model's jobs, and a job that finds other weights than planned stops before any work."""
+        from .config import ConfigError
+        from .provenance import planned_identity
+
+        m = self.model(model)
+        if m["source"] == "embedded":
+            return {}
+        if model not in self._identity:
+            try:
+                self._identity[model] = planned_identity(m["source"], m.get("revision"))
+            except (OSError, ValueError) as exc:  # e.g. a folder without safetensors weights
+                raise ConfigError(f"config: models.{model}: {exc}") from None
+        return self._identity[model]
+
+    def expect_json(self, model: str, seqlen_key: str | None = None) -> str:
+        """A stage's --expect: the model's num_layers, the config key of the stage's sequence
+        length and the planned weights (``identity``), checked before any work."""
+        out = {"model": f"models.{model}", "num_layers": self.model(model)["num_layers"], **self.identity(model)}
+        if seqlen_key:
+            out["seqlen_key"] = seqlen_key
+        return json.dumps(out, sort_keys=True)
+
+    def expect(self, wc: Any) -> str:
+        return self.expect_json(wc.model)
+
+    def model_input(self, wc: Any) -> list[str]:
+        """Files a job depends on for its model (only embedded models are workflow outputs)."""
+        return [paths.model_dir(wc.model)] if self.model(wc.model)["source"] == "embedded" else []
+
+    def device_map(self, wc: Any) -> str:
+        dm = self.model(wc.model).get("device_map")
+        return f"--device-map {shlex_quote(dm)}" if dm else ""
+
+    def dataset_spec(self, name: str) -> dict[str, Any]:
+        return targets.dataset_spec(self.config, name)
+
+    def dataset_input(self, name: str) -> list[str]:
+        """The text files of a dataset the workflow makes or reads (none for a hub dataset)."""
+        d = self.config["datasets"][name]
+        if d["source"] == "embedded":
+            return [f"{paths.text_dir(name)}/calib.txt", f"{paths.text_dir(name)}/eval.txt"]
+        if d["source"] == "files":
+            return [d["calib"], d["eval"]]
+        return []
+
+    # ------------------------------------------------------------------------- calibration
+    def calibration(self, name: str) -> dict[str, Any]:
+        return self.config["calibration"][name]
+
+    def calibration_dataset(self, name: str) -> dict[str, Any]:
+        """The --dataset of a calibration set; a `disjoint_from` set also names the windows to avoid."""
+        c = self.calibration(name)
+        spec = self.dataset_spec(c["dataset"])
+        if c.get("disjoint_from"):
+            o = self.calibration(c["disjoint_from"])
+            spec["exclude_windows"] = {"nsamples": o["nsamples"], "seqlen": o["seqlen"], "seed": o["seed"]}
+        return spec
+
+    def calibration_text(self, wc: Any) -> list[str]:
+        return self.dataset_input(self.calibration(wc.calib)["dataset"])
+
+    def calibration_param(self, key: str) -> Callable[[Any], Any]:
+        """A param of a calibrate job: ``calibration.<calib>.<key>``."""
+        return lambda wc: self.calibration(wc.calib)[key]
+
+    # ------------------------------------------------------------------------- selection, compensation
+    def selection_args(self, wc: Any) -> str:
+        """`select`'s --method and --options of a selection name (options {} for the paper's)."""
+        spec = self.selections[wc.select]
+        return (f"--method {shlex_quote(spec.score)} "
+                f"--options {shlex_quote(json.dumps(spec.options(), sort_keys=True))}")
+
+    def compensation(self, name: str) -> dict[str, Any]:
+        return self.config["compensations"][name]
+
+    def blocks(self, model: str) -> list[tuple[int, int]]:
+        """(first, last) layer ranges of the compensation jobs of a model."""
+        n = self.model(model)["num_layers"]
+        size = self.config["compute"]["compensate_block"] or n
+        return [(a, min(a + size, n) - 1) for a in range(0, n, size)]
+
+    def comp_files(self, wc: Any) -> list[str]:
+        """Per-block compensated weights of a cell; none for the prune-only cell."""
+        if self.compensation(wc.comp)["method"] == "none":
+            return []
+        cell = paths.cell_dir(wc.model, wc.calib, wc.select, wc.ratio, wc.comp)
+        return [paths.block_file(cell, a, b) for a, b in self.blocks(wc.model)]
+
+    def method_inputs(self, wc: Any) -> dict[str, str]:
+        """The extra inputs of a compensate job's method (``Method.inputs``; none for most),
+        name -> path: e.g. blend's base cell block of the same layers and held-out Grams."""
+        return targets.method_inputs(self.config, wc.comp, wc.model, wc.calib, wc.select, wc.ratio,
+                                     wc.first, wc.last)
+
+    def compensate_spec(self, wc: Any) -> str:
+        """--spec of a compensation job: the config entry, plus its method's input paths."""
+        extra = self.method_inputs(wc)
+        spec = self.compensation(wc.comp)
+        return json.dumps({**spec, "inputs": extra} if extra else spec, sort_keys=True)
+
+    # ------------------------------------------------------------------------- evaluation
+    def ppl_params(self) -> dict[str, Any]:
+        ev = self.evaluation
+        return dict(
+            dataset=json.dumps(self.dataset_spec(ev["ppl_dataset"])),
+            seqlen=ev["ppl_seqlen"],
+            max_windows=ev.get("ppl_max_windows") or 0,
+            batch=ev["ppl_batch_size"],
+            device=self.config["compute"]["device"],
+            expect=lambda wc: self.expect_json(wc.model, "evaluation.ppl_seqlen"),
+            hub=self.hub,
+        )
+
+    def zeroshot_input(self) -> list[str]:
+        return [paths.ZEROSHOT_MANIFEST] if self.evaluation["zeroshot_source"] == "local" else []
+
+    def zeroshot_params(self) -> dict[str, Any]:
+        ev = self.evaluation
+        local = ev["zeroshot_source"] == "local"
+        return dict(
+            tasks=list(ev.get("zeroshot_tasks", [])),
+            data=f"--data-dir {shlex_quote(paths.ZEROSHOT_DATA)}" if local else "",
+            limit=ev.get("zeroshot_limit") or 0,
+            batch=ev["zeroshot_batch_size"],
+            max_length=ev["zeroshot_max_length"],
+            device=self.config["compute"]["device"],
+            expect=self.expect,
+            hub=self.hub,
+            samples="--log-samples" if ev["zeroshot_log_samples"] else "--no-log-samples",
+        )
+
+    def zeroshot_outputs(self, folder: str) -> dict[str, Any]:
+        """zeroshot.json (the summary the tables read; listed first: the shell's --out) and
+        lm-eval's own records next to it: zeroshot_lm_eval.json, zeroshot_samples/<task>.jsonl."""
+        out: dict[str, Any] = dict(summary=f"{folder}/zeroshot.json", lm_eval=f"{folder}/zeroshot_lm_eval.json")
+        if self.evaluation["zeroshot_log_samples"]:
+            out["samples"] = [f"{folder}/zeroshot_samples/{t}.jsonl"
+                              for t in dict.fromkeys(self.evaluation.get("zeroshot_tasks", []))]
+        return out
+
+    @staticmethod
+    def cell_args(wc: Any, input: Any) -> str:
+        """--keep, --comp and --cell of an evaluation job, each word shell-quoted."""
+        comp = [input.comp] if isinstance(input.comp, str) else list(input.comp)
+        return "--keep {} --comp {} --cell {}".format(
+            shlex_quote(input.keep), " ".join(shlex_quote(c) for c in comp),
+            shlex_quote(json.dumps(dict(wc.items()))))
+
+    # ------------------------------------------------------------------------- tables
+    def table_names(self) -> str:
+        """A regex of the generic table rule's names: table1-3 and the config's extra tables."""
+        import re
+
+        extra = self.config.get("extra_tables") or {}
+        return r"table[123]|" + "|".join(re.escape(n) for n in extra) if extra else r"table[123]|table_none"
+
+    # ------------------------------------------------------------------------- resources
+    def _levels(self, rule_name: str, model: str | None) -> list[dict[str, Any]]:
+        res = self.config.get("resources", {})
+        levels = [res.get("default", {}), res.get(rule_name, {})]
+        if model:
+            levels.append(self.model(model).get("resources", {}).get(rule_name, {}))
+        return levels
+
+    def resource(self, rule_name: str, key: str, default: Any = None) -> Callable[[Any], Any]:
+        """A resource of a rule's jobs: config.resources.default < .<rule> < models.<model>.resources.<rule>,
+        else ``default`` (the profile's when None); a callable of wildcards."""
+
+        def get(wc: Any) -> Any:
+            out: dict[str, Any] = {}
+            for level in self._levels(rule_name, getattr(wc, "model", None)):
+                out.update(level)
+            return out.get(key, default)
+
+        return get
+
+    def configured(self, rule_name: str, key: str) -> bool:
+        """Whether config.resources (default or the rule) or any model's resources set ``key``."""
+        res = self.config.get("resources", {})
+        levels = [res.get("default", {}), res.get(rule_name, {})]
+        levels += [(m or {}).get("resources", {}).get(rule_name, {}) for m in self.config.get("models", {}).values()]
+        return any(key in lvl for lvl in levels)
+
+    def rule_resources(self, rule_name: str) -> dict[str, Any]:
+        """Resources of a rule, per job: gpu, mem_mb, runtime, and the CPUs as ``cpus_per_gpu`` on
+        GPU jobs (the config's ``cpus_per_gpu``, else its ``cpus_per_task``; so they scale with a
+        model's GPU count) or ``cpus_per_task`` on CPU jobs, the other one 0 (the SLURM executor
+        lets a set ``cpus_per_task`` win over ``cpus_per_gpu``). The SLURM string resources are set
+        only where the config gives them (profiles/slurm/site.yaml), so the profile's
+        ``default-resources`` apply otherwise; gpu_model only on GPU jobs."""
+        gpu = self.resource(rule_name, "gpu", 0)
+        per_task = self.resource(rule_name, "cpus_per_task", 1)
+        per_gpu = self.resource(rule_name, "cpus_per_gpu", None)
+
+        def cpus_per_task(wc: Any) -> int:
+            return 0 if gpu(wc) > 0 else per_task(wc)
+
+        def cpus_per_gpu(wc: Any) -> int:
+            return (per_gpu(wc) or per_task(wc)) if gpu(wc) > 0 else 0
+
+        out: dict[str, Any] = dict(gpu=gpu, mem_mb=self.resource(rule_name, "mem_mb", 8000),
+                                   runtime=self.resource(rule_name, "runtime", 60),
+                                   cpus_per_task=cpus_per_task, cpus_per_gpu=cpus_per_gpu)
+        for key in SLURM_STRING_RESOURCES:
+            if self.configured(rule_name, key):
+                out[key] = self.resource(rule_name, key, "")
+        if "gpu_model" in out:  # a site-wide gpu_model (resources.default) must not reach CPU jobs
+            model = out["gpu_model"]
+            out["gpu_model"] = lambda wc: model(wc) if gpu(wc) > 0 else ""
+        return out
+
+    def export_resources(self) -> dict[str, Any]:
+        """``resources.export`` where the config sets it; else the ppl job's memory and runtime
+        (an export holds the same model in memory), on CPU."""
+        out = self.rule_resources("export")
+        for key, default in (("mem_mb", 8000), ("runtime", 60)):
+            if not self.configured("export", key):
+                out[key] = self.resource("ppl", key, default)
+        return out
+
+    def threads(self, rule_name: str, keys: tuple[str, ...] = ("threads",)) -> Any:
+        """Torch threads of a rule's jobs (``threads:``, passed on as OMP_NUM_THREADS), per job.
+
+        The first of ``config.compute.<keys>`` that is set and not 0 (a laptop config fixes them);
+        else the CPUs the job's resources request when the config sets any for the rule:
+        ``cpus_per_task`` on a CPU job, ``gpu x cpus_per_gpu`` on a GPU job (the SLURM executor's
+        convention: threads = the CPUs the job is given); else 2. Snakemake caps the value at
+        ``--cores``."""
+        compute = self.config["compute"]
+        for key in keys:
+            if compute.get(key):
+                return compute[key]
+        if not (self.configured(rule_name, "cpus_per_task") or self.configured(rule_name, "cpus_per_gpu")):
+            return 2
+        cpus = self.rule_resources(rule_name)
+
+        def threads(wildcards: Any) -> int:
+            gpu = cpus["gpu"](wildcards)
+            return max(1, gpu * cpus["cpus_per_gpu"](wildcards) if gpu > 0 else cpus["cpus_per_task"](wildcards))
+
+        return threads
