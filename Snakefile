@@ -19,7 +19,7 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/resources.smk"
+include: "workflow/rules/prepare.smk"
 include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/select.smk"
 include: "workflow/rules/compensate.smk"

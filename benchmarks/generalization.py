@@ -25,7 +25,7 @@ from coec.calibrate import run_layerwise
 from coec.compensate import compensate
 from coec.compensate.linalg import OutputError
 from coec.data import load_split, sample_windows, tokenize_text
-from coec.arch import attention_geometry
+from coec.arch import attention_shape
 from coec.models import load_model
 from coec.arch import pruned_value_proj
 from coec.arch import o_proj_columns
@@ -63,7 +63,7 @@ def main():
     ap.add_argument("--coec-opts", type=json.loads, default={}, help='extra coec options as JSON, e.g. \'{"delta_norm": "fro"}\'')
     a = ap.parse_args()
     model, tok = load_model(a.model, dtype="float32")
-    geom = attention_geometry(model.config)
+    geom = attention_shape(model.config)
     spec = {"source": "embedded", "dir": a.text}
     calib_ids = sample_windows(tokenize_text(tok, load_split(spec, "calib")), a.calib, a.seqlen, 0)
     held_ids = sample_windows(tokenize_text(tok, load_split(spec, "eval")), a.heldout, a.seqlen, 1)

@@ -134,23 +134,24 @@ def synthetic(a):
 
 
 def real_layers(a):
-    from coec.calibrate import load_layer_stats
-    from coec.arch import attention_geometry
-    from coec.models import layer_tensor_names, read_tensors, resolve_model_dir
+    from coec.artifacts import read_gram_layer
+    from coec.arch import attention_shape
+    from coec.artifacts import read_model_tensors
+    from coec.models import layer_tensor_names, resolve_model_dir
     from coec.arch import pruned_value_proj
     from coec.arch import o_proj_columns
     from transformers import AutoConfig
 
     md = resolve_model_dir(a.model)
-    geom = attention_geometry(AutoConfig.from_pretrained(md))
+    geom = attention_shape(AutoConfig.from_pretrained(md))
     keep = json.loads((Path(a.cell) / "keep.json").read_text())
     rows, logs = [], {"left": [], "ns_iters": []}
     for i, k in enumerate(keep["layers"]):
         names = layer_tensor_names(i)
-        w = read_tensors(md, [names["o_proj"], names["down_proj"], names["v_proj"]])
+        w = read_model_tensors(md, [names["o_proj"], names["down_proj"], names["v_proj"]])
         for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
                              ("down_proj", torch.tensor(k["channels"]))):
-            st = load_layer_stats(a.grams, i, module)
+            st = read_gram_layer(a.grams, i, module)
             opts = dict(alpha=0.9, max_rounds=a.max_rounds, n_tokens=st["count"])
             if module == "o_proj":
                 opts.update(align_lambda=50.0,

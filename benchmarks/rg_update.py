@@ -93,8 +93,9 @@ def run(problem, opts: dict, threads: int, max_rounds: int, n_test: int) -> dict
 
 def real_layers(a) -> None:
     """Every down_proj of a results cell: product (two thread counts) against carry."""
-    from coec.calibrate import load_layer_stats
-    from coec.models import layer_tensor_names, read_tensors, resolve_model_dir
+    from coec.artifacts import read_gram_layer
+    from coec.artifacts import read_model_tensors
+    from coec.models import layer_tensor_names, resolve_model_dir
 
     md = resolve_model_dir(a.model)
     keep = json.loads((Path(a.cell) / "keep.json").read_text())
@@ -110,8 +111,8 @@ def real_layers(a) -> None:
     secs = {"product": 0.0, "carry": 0.0}
     for i, k in enumerate(keep["layers"]):
         name = layer_tensor_names(i)["down_proj"]
-        W0 = read_tensors(md, [name])[name]
-        st = load_layer_stats(a.grams, i, "down_proj")
+        W0 = read_model_tensors(md, [name])[name]
+        st = read_gram_layer(a.grams, i, "down_proj")
         cols = torch.tensor(k["channels"])
         res = {}
         for label, opts, threads in variants:

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import torch
 
-from coec.calibrate import load_layer_stats
+from coec.artifacts import read_gram_layer
 from coec.compensate import compensate
 from coec.compensate.linalg import OutputError
-from coec.arch import attention_geometry
-from coec.models import layer_tensor_names, load_config, read_tensors
+from coec.arch import attention_shape
+from coec.artifacts import read_model_tensors
+from coec.models import layer_tensor_names, load_config
 from coec.arch import pruned_value_proj
 from coec.arch import o_proj_columns
 
@@ -69,19 +70,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     cfg = load_config(Path(a.model))
-    geom = attention_geometry(cfg)
+    geom = attention_shape(cfg)
     keep = json.loads((Path(a.cell) / "keep.json").read_text())
     variants = a.variants.split(",")
     rows = {v: [] for v in variants}
     for i in layer_range(a.layers):
         names = layer_tensor_names(i, cfg)
-        w = read_tensors(Path(a.model), [names["o_proj"], names["down_proj"], names["v_proj"]])
+        w = read_model_tensors(Path(a.model), [names["o_proj"], names["down_proj"], names["v_proj"]])
         k = keep["layers"][i]
         for module in a.modules.split(","):
             cols = (o_proj_columns(k["kv_groups"], geom) if module == "o_proj"
                     else torch.tensor(k["channels"], dtype=torch.long))
-            st = load_layer_stats(a.grams, i, module)
-            ho = load_layer_stats(a.holdout, i, module) if a.holdout else None
+            st = read_gram_layer(a.grams, i, module)
+            ho = read_gram_layer(a.holdout, i, module) if a.holdout else None
             extra = {}
             if module == "o_proj":
                 extra = {"align_lambda": 50.0,

@@ -134,12 +134,12 @@ def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
 
 def _masked_logits(src: Path, keep: dict, ids: torch.Tensor) -> torch.Tensor:
     """Logits of the dense model with the pruned o_proj / down_proj input columns zeroed."""
-    from coec.arch import attention_geometry
+    from coec.arch import attention_shape
     from coec.models import load_model
     from coec.arch import o_proj_columns
 
     model, _ = load_model(src, dtype="float64")
-    geom = attention_geometry(model.config)
+    geom = attention_shape(model.config)
     with torch.no_grad():
         for layer, k in zip(model.model.layers, keep["layers"]):
             drop_o = [c for c in range(geom.n_heads * geom.head_dim)
@@ -156,33 +156,33 @@ def test_granite_end_to_end(tmp_path, text_dataset):
     perplexity in memory -> export into the stock Granite class with equal logits."""
     from transformers import AutoModelForCausalLM
 
-    from coec import pipeline as P
+    from coec import pipeline
     from coec.prune import build_export_model
 
     src = make_model_dir(tmp_path / "granite", "granite", attention_bias=True)
     grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"
-    P.run_calibrate(str(src), text_dataset, str(grams), 8, 32, 0, 4, "float64", "cpu", "float64")
-    keep = P.run_select(str(src), str(grams), "wanda_sp", 0.5, "ceil", str(keep_path))
+    pipeline.run_calibrate(str(src), text_dataset, str(grams), 8, 32, 0, 4, "float64", "cpu", "float64")
+    keep = pipeline.run_select(str(src), str(grams), "wanda_sp", 0.5, "ceil", str(keep_path))
     assert all(len(k["kv_groups"]) == 1 for k in keep["layers"])
     none_file, coec_file = tmp_path / "none.safetensors", tmp_path / "coec.safetensors"
-    P.run_compensate(str(src), str(grams), str(keep_path), {"method": "none"}, 0, 1,
+    pipeline.run_compensate(str(src), str(grams), str(keep_path), {"method": "none"}, 0, 1,
                      str(none_file), device="cpu")
-    P.run_compensate(str(src), str(grams), str(keep_path),
+    pipeline.run_compensate(str(src), str(grams), str(keep_path),
                      {"method": "coec", "alpha": 0.9, "max_rounds": 2}, 0, 1,
                      str(coec_file), device="cpu")
 
     ids = torch.randint(0, 320, (2, 20), generator=torch.Generator().manual_seed(3))
-    pruned, _ = P.build_model(str(src), "float64", "cpu", str(keep_path), [str(none_file)])
+    pruned, _ = pipeline.build_model(str(src), "float64", "cpu", str(keep_path), [str(none_file)])
     with torch.no_grad():
         torch.testing.assert_close(pruned(input_ids=ids).logits, _masked_logits(src, keep, ids),
                                    rtol=1e-9, atol=1e-9)
 
-    comp, _ = P.build_model(str(src), "float64", "cpu", str(keep_path), [str(coec_file)])
+    comp, _ = pipeline.build_model(str(src), "float64", "cpu", str(keep_path), [str(coec_file)])
     a, b = pruned.state_dict(), comp.state_dict()
     changed = {n for n in a if not torch.equal(a[n], b[n])}
     assert changed and all(n.split(".")[-2] in MODULES for n in changed), changed
 
-    res = P.run_ppl(str(src), text_dataset, 32, 4, 2, "float64", "cpu", str(tmp_path / "ppl.json"),
+    res = pipeline.run_ppl(str(src), text_dataset, 32, 4, 2, "float64", "cpu", str(tmp_path / "ppl.json"),
                     str(keep_path), [str(coec_file)])
     assert res["ppl"] > 1 and res["params"] == sum(p.numel() for p in comp.parameters())
 

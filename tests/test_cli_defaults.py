@@ -7,7 +7,6 @@ config that reaches every rule."""
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import subprocess
 import sys

@@ -137,18 +137,18 @@ def test_module_overrides_checked():
 
 
 def test_options_resolve_keeps_values_and_defaults():
-    from coec.compensate import options as O
+    from coec.compensate import options
 
-    o = O.resolve("coec", {"alpha": 1, "gcv_grid": [1e-3, 1e4, 50]})
+    o = options.resolve("coec", {"alpha": 1, "gcv_grid": [1e-3, 1e4, 50]})
     assert o.alpha == 1 and isinstance(o.alpha, int)  # no coercion: the solver sees what was given
     assert o.gcv_grid == (1e-3, 1e4, 50) and o.max_rounds == 50 and o.kappa == 10.0  # a YAML list -> tuple
-    assert O.defaults("lstsq") == {"compute_dtype": None, "ridge": 1e-2}
+    assert options.defaults("lstsq") == {"compute_dtype": None, "ridge": 1e-2}
     for method in METHODS:
-        for f in O.option_fields(method):
+        for f in options.option_fields(method):
             assert f.metadata["group"] in ("paper", "method", "solver") and f.metadata["doc"], f.name
             f.metadata["check"](f.name, f.default)  # every default passes its own check
     with pytest.raises(ValueError, match="did you mean 'max_rounds'"):
-        O.resolve("coec", {"max_round": 3})
+        options.resolve("coec", {"max_round": 3})
     from coec.config import SCHEMA
 
     schema = registry_schema(SCHEMA)
@@ -158,14 +158,14 @@ def test_options_resolve_keeps_values_and_defaults():
 
 def test_doc_matches_the_dataclasses():
     """docs/compensation-options.md is generated from the dataclasses and lists exactly their fields."""
-    from coec.compensate import options as O
+    from coec.compensate import options
 
     doc = (REPO / "docs/compensation-options.md").read_text()
     assert doc == markdown(), "regenerate it: python -m coec.compensate.options_doc > docs/compensation-options.md"
     for method in METHODS:
         section = doc.split(f"## `{method}`")[1].split("\n## ")[0]
         listed = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
-        assert sorted(listed) == sorted(f.name for f in O.option_fields(method))
+        assert sorted(listed) == sorted(f.name for f in options.option_fields(method))
 
 
 # ----------------------------------------------------------------------------- model geometry

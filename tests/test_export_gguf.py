@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from coec import data as D
+from coec import data
 from coec.cli import GGUF_TYPES as CLI_GGUF_TYPES
 from coec.cli import main
 from coec.evaluate.llamacpp import gguf_logits, gguf_perplexity, unavailable
@@ -79,7 +79,7 @@ def random_windows(n: int = 3, seqlen: int = 48, seed: int = 7) -> torch.Tensor:
 
 
 def text_windows(tok, seqlen: int = 64, n: int = 4) -> torch.Tensor:
-    return D.eval_windows(D.tokenize_text(tok, CORPUS), seqlen, n)
+    return data.eval_windows(data.tokenize_text(tok, CORPUS), seqlen, n)
 
 
 def hf_logits(model, windows: torch.Tensor) -> np.ndarray:

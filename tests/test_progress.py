@@ -97,19 +97,19 @@ def test_routed_third_party_tqdm_follows_the_mode(monkeypatch, caplog):
 
 @pytest.fixture(scope="module")
 def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
-    from coec import pipeline as P
+    from coec import pipeline
 
     d = tmp_path_factory.mktemp("cell")
-    P.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu",
+    pipeline.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu",
                     "float32")
-    P.run_select(str(llama_dir), str(d / "grams"), "wanda_sp", 0.5, "ceil", str(d / "keep.json"))
+    pipeline.run_select(str(llama_dir), str(d / "grams"), "wanda_sp", 0.5, "ceil", str(d / "keep.json"))
     return d
 
 
 def _compensate(llama_dir, d):
-    from coec import pipeline as P
+    from coec import pipeline
 
-    P.run_compensate(str(llama_dir), str(d / "grams"), str(d / "keep.json"), {"method": "bias"},
+    pipeline.run_compensate(str(llama_dir), str(d / "grams"), str(d / "keep.json"), {"method": "bias"},
                      0, 1, str(d / "block0-1.safetensors"), device="cpu")
 
 

@@ -172,16 +172,16 @@ def test_gguf_load_dequantises_explicitly(monkeypatch, tmp_path):
     refuses a model that still holds packed (non-float) parameters."""
     import transformers
 
-    from coec import models as M
+    from coec import models
 
-    kw = M.gguf_dequantize_kwargs()
+    kw = models.gguf_dequantize_kwargs()
     assert kw["quantization_config"].dequantize is True
 
     packed = torch.nn.Linear(2, 2)
     packed.weight = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.uint8), requires_grad=False)
-    with pytest.raises(M.ModelError, match="not dequantised"):
-        M.check_dense(packed, torch.float32)
-    M.check_dense(torch.nn.Linear(2, 2), torch.float32)
+    with pytest.raises(models.ModelError, match="not dequantised"):
+        models.check_dense(packed, torch.float32)
+    models.check_dense(torch.nn.Linear(2, 2), torch.float32)
 
     seen = {}
 
@@ -193,7 +193,7 @@ def test_gguf_load_dequantises_explicitly(monkeypatch, tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     with pytest.raises(RuntimeError, match="stop after recording"):
-        M.convert_gguf(gguf, tmp_path / "out")
+        models.convert_gguf(gguf, tmp_path / "out")
     assert seen["gguf_file"] == "m.gguf"
     assert seen["quantization_config"].dequantize is True
 

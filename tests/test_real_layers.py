@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
     from coec.models import load_model
-    from coec.resources import prepare_embedded_model
+    from coec.embedded import prepare_embedded_model
 
     path = Path(os.environ.get("COEC_EMBEDDED_MODEL", REPO / "resources/models/smollm2-135m"))
     if not (path / "config.json").is_file():
@@ -27,7 +27,7 @@ def embedded(tmp_path_factory):
 def wiki_ids(embedded, tmp_path_factory):
     """8 calibration windows of 256 tokens of the embedded Wikipedia text."""
     from coec.data import load_split, sample_windows, tokenize_text
-    from coec.resources import prepare_embedded_text
+    from coec.embedded import prepare_embedded_text
 
     text_dir = REPO / "resources/text/enwiki"
     if not (text_dir / "calib.txt").is_file():
@@ -42,13 +42,13 @@ def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
     o_proj layers (the paper: median 7.2x lower)."""
     from coec.calibrate import run_layerwise
     from coec.compensate import compensate
-    from coec.arch import attention_geometry
+    from coec.arch import attention_shape
     from coec.arch import pruned_value_proj
     from coec.arch import o_proj_columns
     from coec.selection import select_layer
 
     model, _ = embedded
-    geom = attention_geometry(model.config)
+    geom = attention_shape(model.config)
     layers = (0, 5, 10, 20)
     stats = {}
     run_layerwise(model, wiki_ids, batch_size=4, progress=False,

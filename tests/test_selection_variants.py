@@ -8,7 +8,7 @@ import torch
 
 from coec.calibrate import GramAccumulator, gram_tensors
 from coec.config import SCHEMA, ConfigError, validate_config
-from coec.arch import AttnGeometry
+from coec.arch import AttnShape
 from coec.selection import (ScoreSpec, column_scores, group_scores, select_layer, selection_registry,
                          selection_spec, top_k_sorted)
 
@@ -39,7 +39,7 @@ def test_column_score_closed_forms(spec, want):
 
 
 def test_group_aggregation_closed_form():
-    geom = AttnGeometry(n_heads=2, n_kv=2, head_dim=2)
+    geom = AttnShape(n_heads=2, n_kv=2, head_dim=2)
     s = torch.tensor([1.0, 2.0, 3.0, 0.5], dtype=torch.float64)
     torch.testing.assert_close(group_scores(s, geom), torch.tensor([3.0, 3.5], dtype=torch.float64))
     torch.testing.assert_close(group_scores(s, geom, "sum_squared"),
@@ -69,7 +69,7 @@ def _old_scores(method, weight, gd, total, count):
 @pytest.mark.parametrize("method", ["wanda_sp", "flap", "rcpu"])
 def test_paper_defaults_bit_for_bit(method):
     g = torch.Generator().manual_seed(0)
-    geom = AttnGeometry(n_heads=6, n_kv=3, head_dim=4)
+    geom = AttnShape(n_heads=6, n_kv=3, head_dim=4)
     ow, dw = torch.randn(16, 24, generator=g), torch.randn(16, 40, generator=g)
     stats = []
     for d in (24, 40):

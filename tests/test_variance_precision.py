@@ -7,8 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from coec.iterative.stats import finalize_stats, mix_stats
-from coec.calibrate import GramAccumulator, channel_sumsq, gram_tensors, load_layer_stats
-from coec.arch import AttnGeometry
+from coec.artifacts import read_gram_layer
+from coec.calibrate import GramAccumulator, channel_sumsq, gram_tensors
+from coec.arch import AttnShape
 from coec.selection import channel_variance, column_scores, select_layer
 
 
@@ -27,7 +28,7 @@ def _write(tmp_path, x, drop_sumsq=False):
     if drop_sumsq:  # a Gram file written before Σx² was stored
         del t["o_proj.sumsq"]
     save_file(t, str(tmp_path / "layer0.safetensors"))
-    return load_layer_stats(tmp_path, 0, "o_proj")
+    return read_gram_layer(tmp_path, 0, "o_proj")
 
 
 def test_float64_sumsq_keeps_the_variance_of_offset_channels(tmp_path):
@@ -50,7 +51,7 @@ def test_selection_scores_use_the_float64_sumsq(tmp_path):
     st = _write(tmp_path, x)
     w = torch.randn(5, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     exact = column_scores("flap", w, (x**2).sum(0), x.sum(0), x.shape[0])
-    geom = AttnGeometry(n_heads=2, n_kv=2, head_dim=4)
+    geom = AttnShape(n_heads=2, n_kv=2, head_dim=4)
     keep = select_layer("flap", w, st, w, st, geom, 0.5)
     want = sorted(torch.argsort(-exact)[:4].tolist())
     assert keep["channels"] == want

@@ -25,7 +25,8 @@ venv = Path(sys.argv[1]).resolve()
 for p in (coec.__file__, cfg.SCHEMA, zs.__file__):
     assert venv in Path(p).resolve().parents, f"not from the wheel: {p}"
 assert cfg.SCHEMA.is_file(), f"no schema at {cfg.SCHEMA}"
-assert all(zs.builtin_yaml_path(s).is_file() for s in zs.TASKS.values()), "lm-eval task YAMLs missing"
+import coec.evaluate.tasks as zt
+assert all(zt.builtin_yaml_path(s).is_file() for s in zt.TASKS.values()), "lm-eval task YAMLs missing"
 import yaml
 cfg.validate_config(yaml.safe_load(Path(sys.argv[2]).read_text()))
 # the dry run runs in this process, so the workflow's `import coec` is the wheel's

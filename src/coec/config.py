@@ -176,7 +176,7 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
     _check_references(config)
     _check_selections(config)
     _check_compensations(config)
-    _check_geometry(config)
+    _check_model_shapes(config)
     return config
 
 
@@ -263,14 +263,14 @@ def _model_calibrations(cfg: dict) -> dict[str, set]:
     return used
 
 
-def _check_geometry(cfg: dict) -> None:
+def _check_model_shapes(cfg: dict) -> None:
     """Layer counts and sequence lengths against the model's own config, where it is readable
     now (local folders, embedded models); hub models are checked when their stage starts."""
-    from .modelcheck import ModelMismatch, check_expected, config_geometry
+    from .modelcheck import ModelMismatch, check_expected, config_shape
 
     used = _model_calibrations(cfg)
     for name, model in cfg["models"].items():
-        geom, what = config_geometry(model, name)
+        geom, what = config_shape(model, name)
         if geom is None:
             continue
         seqlen = {}
@@ -332,7 +332,7 @@ def _check_references(cfg: dict) -> None:
             ext.check_config(cfg, need)
     for name, m in cfg["models"].items():
         if m["source"] == "embedded":
-            from .resources import EMBEDDED_MODELS
+            from .embedded import EMBEDDED_MODELS
 
             emb = m.get("embedded", name)
             if emb not in EMBEDDED_MODELS:

@@ -112,6 +112,8 @@ def split_articles(articles: list[tuple[str, str]], eval_every: int) -> tuple[li
 def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int = 5) -> dict:
     """Extract the Wikipedia dump from the gensim wheel and write calib.txt / eval.txt and a
     manifest (article and word counts, sha256) into ``out_dir``."""
+    from .artifacts import write_text
+
     import io
     import zipfile
 
@@ -128,10 +130,10 @@ def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int 
                 "sha256_source": hashlib.sha256(raw).hexdigest()}
     for name, docs in (("calib", calib), ("eval", evals)):
         text = "\n\n".join(docs)
-        atomic_write_text(out_dir / f"{name}.txt", text)
+        write_text(out_dir / f"{name}.txt", text)
         manifest[name] = {"articles": len(docs), "words": len(text.split()),
                           "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2))
+    write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2))
     return manifest
 
 
@@ -221,11 +223,3 @@ def calibration_ids(tokenizer, dataset: dict, nsamples: int, seqlen: int, seed: 
     held-out set's, disjoint from another set's windows)."""
     tokens = tokenize_text(tokenizer, load_split(dataset, "calib"))
     return sample_windows(tokens, nsamples, seqlen, seed, dataset.get("exclude_windows"))
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write to a temp name next to ``path`` and rename, so no half-written file is left
-    (``artifacts.write_text``: fsynced, UTF-8, mode following the umask)."""
-    from .artifacts import write_text
-
-    write_text(path, text)

@@ -2,7 +2,7 @@
 lengths, and the weights the workflow planned the job for.
 
 Checked twice: when the config is validated (``coec.config``), for models whose config.json is
-readable then (a local folder, or an embedded model whose geometry the package knows), and at
+readable then (a local folder, or an embedded model whose shape the package knows), and at
 the start of every stage that loads a model (``--expect``), before any work. Each mismatch is
 one line naming the config key and both values, e.g.
 ``models.tiny.num_layers = 1 but the model's config.json has num_hidden_layers = 2``.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["ModelMismatch", "geometry_of", "read_geometry", "embedded_geometry", "config_geometry",
+__all__ = ["ModelMismatch", "shape_of", "read_shape", "config_shape",
            "check_expected", "check_keep", "check_identity", "check_stage"]
 
 
@@ -21,7 +21,7 @@ class ModelMismatch(ValueError):
     """The model disagrees with the config / the stage's arguments / the plan."""
 
 
-def geometry_of(cfg: dict) -> dict:
+def shape_of(cfg: dict) -> dict:
     """The checked keys of an HF config dict (num_key_value_heads defaults to the heads)."""
     heads = cfg.get("num_attention_heads")
     return {"num_hidden_layers": cfg.get("num_hidden_layers"), "num_attention_heads": heads,
@@ -29,31 +29,28 @@ def geometry_of(cfg: dict) -> dict:
             "max_position_embeddings": cfg.get("max_position_embeddings")}
 
 
-def read_geometry(model_dir: str | Path) -> dict | None:
-    """The geometry of a model folder's config.json, or None when it cannot be read."""
+def read_shape(model_dir: str | Path) -> dict | None:
+    """The shape of a model folder's config.json (layers, heads, sequence length), or None when it cannot be read."""
     path = Path(model_dir).expanduser() / "config.json"
     try:
-        return geometry_of(json.loads(path.read_text()))
+        return shape_of(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
 
 
-def embedded_geometry(name: str) -> dict | None:
-    from .resources import EMBEDDED_GEOMETRY
 
-    return EMBEDDED_GEOMETRY.get(name)
-
-
-def config_geometry(model: dict, name: str) -> tuple[dict | None, str]:
-    """(geometry, where it came from) of a config ``models.<name>`` entry, when known without
+def config_shape(model: dict, name: str) -> tuple[dict | None, str]:
+    """(shape, where it came from) of a config ``models.<name>`` entry, when known without
     loading anything: an embedded model's (package data) or a local folder's config.json.
     Hub ids give (None, "")."""
     if model["source"] == "embedded":
         emb = model.get("embedded", name)
-        return embedded_geometry(emb), f"the embedded model {emb!r}"
+        from .embedded import EMBEDDED_SHAPES
+
+        return EMBEDDED_SHAPES.get(emb), f"the embedded model {emb!r}"
     path = Path(model["source"]).expanduser()
     if path.is_dir():
-        return read_geometry(path), f"the model's config.json ({path})"
+        return read_shape(path), f"the model's config.json ({path})"
     return None, ""
 
 
@@ -116,12 +113,12 @@ def check_stage(model_src: str, expect: dict | None = None, seqlen: int | None =
                 keep_path: str | None = None) -> dict:
     """Stage start: the model's config.json against ``expect`` (from the workflow), the stage's
     sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
-    Returns the geometry. Reads config.json and, where the plan recorded the weights, their
+    Returns the shape. Reads config.json and, where the plan recorded the weights, their
     cached digests (a hub id is resolved as the stage would)."""
     from .models import resolve_model_dir
 
     model_dir = resolve_model_dir(str(model_src))
-    geom = read_geometry(model_dir)
+    geom = read_shape(model_dir)
     if geom is None:
         raise FileNotFoundError(f"no readable config.json in model folder {model_dir}")
     what = f"the model's config.json ({model_dir})"

@@ -6,9 +6,7 @@ What a family looks like (layer paths, module names, geometry) lives in its adap
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -100,7 +98,7 @@ def load_model(source: str | Path, dtype: str | torch.dtype = "float32", device:
     model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
     hub = hub_kwargs(revision, trust_remote_code)
     config = load_config(model_dir, revision, trust_remote_code)
-    adapter_for(config).attention_geometry(config)
+    adapter_for(config).attention_shape(config)
     kwargs = dict(dtype=torch_dtype(dtype), attn_implementation="sdpa", **hub)
     if device_map:
         kwargs["device_map"] = device_map
@@ -168,14 +166,6 @@ def layer_tensor_names(layer: int, config=None) -> dict[str, str]:
 
     return (Adapter() if config is None else adapter_for(config)).layer_tensor_names(layer)
 
-
-def read_tensors(model_dir: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """Read only the named tensors from a safetensors checkpoint (single file or sharded),
-    without loading the rest of the model: a 70B compensation job needs one layer's weights.
-    A truncated or damaged shard raises ``ArtifactError`` naming it (``artifacts``)."""
-    from .artifacts import read_model_tensors
-
-    return read_model_tensors(model_dir, names)
 
 
 def model_config_dict(model_dir: str | Path) -> dict:

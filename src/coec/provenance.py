@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from .artifacts import write_text
-from .resources import file_sha256
+from .embedded import file_sha256
 
 log = logging.getLogger(__name__)
 

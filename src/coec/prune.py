@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from .arch import EXPORT_FALLBACKS, STOCK, adapter_for, sliced_linear, stock_class
-from .arch import AttnGeometry, ModelError
+from .arch import AttnShape, ModelError
 from .models import decoder_layers
 
 _sliced_linear = sliced_linear  # historical name
 
 
-def prune_layer_(layer: nn.Module, geom: AttnGeometry, kv_groups: list[int],
+def prune_layer_(layer: nn.Module, geom: AttnShape, kv_groups: list[int],
                  channels: list[int]) -> None:
     """Remove the pruned KV groups (with their query heads) and MLP channels of one decoder
     layer in place (the family's surgery: ``Adapter.prune_layer_``)."""
@@ -63,7 +63,7 @@ def prune_model_(model, keep: dict) -> None:
     """Prune every layer of ``model`` by a keep.json dict and rewrite its config (left alone
     when per-layer widths differ, e.g. FLAP's adaptive structure)."""
     adapter = adapter_for(model.config)
-    geom = adapter.attention_geometry(model.config)
+    geom = adapter.attention_shape(model.config)
     layers = adapter.decoder_layers(model)
     if len(keep["layers"]) != len(layers):
         raise ValueError(f"keep set has {len(keep['layers'])} layers, model has {len(layers)}")
@@ -81,7 +81,7 @@ def rewrite_config_(model, strict: bool = True) -> bool:
     """
     cfg = model.config
     adapter = adapter_for(cfg)
-    geom = adapter.attention_geometry(cfg)
+    geom = adapter.attention_shape(cfg)
     layers = adapter.decoder_layers(model)
     kv = {adapter.kv_width(l) // geom.head_dim for l in layers}
     ff = {adapter.ffn_width(l) for l in layers}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import artifacts as A
+from . import artifacts
 
 DISPLAY = {"wanda_sp": "Wanda-sp", "flap": "FLAP", "rcpu": "RCPU", "dense": "dense",
            "none": "–", "bias": "bias", "coec": "COEC", "lstsq": "lstsq"}
@@ -25,7 +25,7 @@ FIGURE_DISPLAY = dict(DISPLAY, none="prune-only", lstsq="ridge (lstsq)")  # a le
 def metric_value(path: str | Path, metric: str) -> float:
     """The metric of one cell's JSON file (nested keys with dots, e.g. 'tasks.arc_easy.value');
     the file is checked by ``artifacts.read_result`` (format version, parse errors name it)."""
-    obj = A.read_result(path)
+    obj = artifacts.read_result(path)
     for part in metric.split("."):
         if not isinstance(obj, dict) or part not in obj:
             return math.nan
@@ -52,7 +52,7 @@ def build_table(spec: dict) -> pd.DataFrame:
 def cell_stderr(path: str | Path, tasks: list[str]) -> float:
     """Standard error of a zero-shot cell's mean over ``tasks``: its tasks' standard errors
     (lm-eval's, in ``zeroshot.json``) combined as independent, ``sqrt(sum SE_t^2) / T``."""
-    obj = A.read_result(path)
+    obj = artifacts.read_result(path)
     try:
         ses = [float(obj["tasks"][t]["stderr"]) for t in tasks]
     except (KeyError, TypeError):
@@ -83,7 +83,7 @@ def zeroshot_table(spec: dict) -> pd.DataFrame:
     rows = spec["rows"]
     cols = list(spec["label_columns"]) + ["vs"]
     for m in spec["models"]:
-        cols += [m] + [m + suffix for suffix in A.NOISE_COLUMNS]
+        cols += [m] + [m + suffix for suffix in artifacts.NOISE_COLUMNS]
     records = []
     for row in rows:
         rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()}
@@ -137,15 +137,15 @@ def to_markdown(df: pd.DataFrame, digits: int = 2, caption: str = "") -> str:
 def write_table(df: pd.DataFrame, out: str | Path, digits: int = 2, caption: str = "") -> None:
     """``out`` (CSV) and its Markdown twin (same stem, .md)."""
     out = Path(out)
-    A.write_csv(out, df, float_format="%.4f")
-    A.write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
+    artifacts.write_csv(out, df, float_format="%.4f")
+    artifacts.write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
 
 
 def appc_summary(spec: dict) -> pd.DataFrame:
     """App. C summary (one row per key) from a cell's geometry.csv."""
     from .geometry import summarize_geometry
 
-    rows = A.read_csv_rows(spec["geometry"], A.GEOMETRY_COLUMNS)
+    rows = artifacts.read_csv_rows(spec["geometry"], artifacts.GEOMETRY_COLUMNS)
     summary = summarize_geometry(rows)
     return pd.DataFrame({"quantity": list(summary), "value": [float(v) for v in summary.values()]})
 
@@ -162,7 +162,7 @@ def table4(spec: dict) -> pd.DataFrame:
                              f"known: {', '.join(PUBLISHED_ARCHS)}")
         archs[name] = PUBLISHED_ARCHS[name]
     for name, folder in spec.get("local", {}).items():
-        archs[name] = A.read_json(Path(folder) / "config.json")
+        archs[name] = artifacts.read_json(Path(folder) / "config.json")
     rows = cost_table(archs, spec["ratio"], spec.get("group_rounding", "ceil"))
     return pd.DataFrame(rows)
 
@@ -175,7 +175,7 @@ def plot_geometry(spec: dict, out: str | Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    df = pd.DataFrame(A.read_csv_rows(spec["geometry"], A.GEOMETRY_COLUMNS))
+    df = pd.DataFrame(artifacts.read_csv_rows(spec["geometry"], artifacts.GEOMETRY_COLUMNS))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, module in zip(axes, ("o_proj", "down_proj")):
         d = df[df.module == module]
@@ -243,7 +243,7 @@ def _caption(fig, text: str, width: int = 150) -> None:
 
 def _save_fig(fig, out: str | Path) -> None:
     out = Path(out)
-    with A.atomic_path(out) as tmp:
+    with artifacts.atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format=out.suffix.lstrip(".") or "png")
 
 
@@ -272,8 +272,8 @@ def write_report(kind: str, spec: dict, out: str | Path):
         df = build_table(spec)
         if spec.get("zeroshot_tasks"):
             out = Path(out)
-            A.write_csv(out, df, float_format="%.4f")
-            A.write_text(out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", "")))
+            artifacts.write_csv(out, df, float_format="%.4f")
+            artifacts.write_text(out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", "")))
             return df
         write_table(df, out, spec.get("digits", 2), spec.get("caption", ""))
         return df
@@ -295,7 +295,7 @@ def write_report(kind: str, spec: dict, out: str | Path):
         return write_claims(spec, out)
     if kind == "readme":
         text = browsable_report(spec)
-        A.write_text(out, text)
+        artifacts.write_text(out, text)
         return text
     raise ValueError(f"unknown report kind {kind!r}; expected table, appc, table4, "
                      "geometry-figure, lines-figure, claims or readme")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .calibrate import channel_sumsq
-from .arch import AttnGeometry
+from .arch import AttnShape
 from .registry import Registry
 
 ROUNDINGS = ("ceil", "nearest")
@@ -208,7 +208,7 @@ def top_k_sorted(scores: torch.Tensor, k: int) -> list[int]:
     return sorted(order.tolist())
 
 
-def group_scores(col_scores: torch.Tensor, geom: AttnGeometry, aggregation: str = "sum") -> torch.Tensor:
+def group_scores(col_scores: torch.Tensor, geom: AttnShape, aggregation: str = "sum") -> torch.Tensor:
     """Sum the o_proj column scores (``sum``) or their squares (``sum_squared``) over each KV
     group's query heads: (n_kv,)."""
     if aggregation not in SCORE_OPTIONS["group_aggregation"]:
@@ -219,7 +219,7 @@ def group_scores(col_scores: torch.Tensor, geom: AttnGeometry, aggregation: str 
 
 
 def layer_scores(method, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor,
-                 down_stats: dict, geom: AttnGeometry) -> dict:
+                 down_stats: dict, geom: AttnShape) -> dict:
     """``o_proj`` and ``down_proj`` column scores and the KV ``groups`` scores of one layer."""
     spec = selection_spec(method)
     o_scores = column_scores(spec, o_weight, channel_sumsq(o_stats), o_stats["sum"], o_stats["count"],
@@ -231,7 +231,7 @@ def layer_scores(method, o_weight: torch.Tensor, o_stats: dict, down_weight: tor
 
 
 def select_layer(method, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor,
-                 down_stats: dict, geom: AttnGeometry, ratio: float,
+                 down_stats: dict, geom: AttnShape, ratio: float,
                  group_rounding: str = "ceil", channel_rounding: str = "ceil") -> dict:
     """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists).
     ``method``: a paper name or a variant (``selection_spec``)."""

@@ -8,7 +8,7 @@ names a family.
 
 from __future__ import annotations
 
-from .base import (MODULES, Adapter, AttnGeometry, ModelError, StockClass, attention_geometry, expand_kv_rows,
+from .base import (MODULES, Adapter, AttnShape, ModelError, StockClass, attention_shape, expand_kv_rows,
                    head_indices, kv_rows, o_proj_columns, pruned_value_proj, sliced_linear)
 from ..registry import Registry
 from .granite import GraniteAdapter
@@ -17,8 +17,8 @@ from .qwen2 import Qwen2Adapter
 from .qwen3 import Qwen3Adapter
 from .stock import HyV3Class, SeedOssClass
 
-__all__ = ["MODULES", "Adapter", "AttnGeometry", "ModelError", "StockClass", "ADAPTERS",
-           "STOCK", "EXPORT_FALLBACKS", "adapter_for", "attention_geometry",
+__all__ = ["MODULES", "Adapter", "AttnShape", "ModelError", "StockClass", "ADAPTERS",
+           "STOCK", "EXPORT_FALLBACKS", "adapter_for", "attention_shape",
            "head_indices", "kv_rows", "expand_kv_rows", "pruned_value_proj", "o_proj_columns", "sliced_linear",
            "stock_class"]
 

@@ -2,7 +2,7 @@
 
 An :class:`Adapter` describes where a family keeps its decoder blocks, which modules are the
 compensated outputs (the inputs of ``o_proj`` and ``down_proj``), the grouped-query attention
-geometry, the structured-pruning surgery (which sibling tensors are sliced with a KV group or an
+shape, the structured-pruning surgery (which sibling tensors are sliced with a KV group or an
 MLP channel), what its stock transformers class can hold on export, and its parameter count.
 The defaults below are the common Hugging Face decoder layout; a family file overrides only what
 differs. Method code reaches a family only through :func:`coec.arch.adapter_for`.
@@ -11,7 +11,11 @@ differs. Method code reaches a family only through :func:`coec.arch.adapter_for`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 # The compensated output modules, by role: the attention output projection (its input columns
 # are the query heads' values) and the MLP output projection (its input columns are channels).
@@ -23,7 +27,7 @@ class ModelError(ValueError):
 
 
 @dataclass(frozen=True)
-class AttnGeometry:
+class AttnShape:
     """Grouped-query attention shape: query heads, KV heads, head dim; groups = heads per KV head."""
 
     n_heads: int
@@ -35,7 +39,7 @@ class AttnGeometry:
         return self.n_heads // self.n_kv
 
 
-def attention_geometry(config) -> AttnGeometry:
+def attention_shape(config) -> AttnShape:
     """Heads, KV heads and head_dim from an HF config (head_dim explicit or hidden/heads)."""
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
@@ -43,15 +47,15 @@ def attention_geometry(config) -> AttnGeometry:
         raise ModelError(f"num_attention_heads={n_heads} is not divisible by "
                          f"num_key_value_heads={n_kv}")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-    return AttnGeometry(n_heads, n_kv, head_dim)
+    return AttnShape(n_heads, n_kv, head_dim)
 
 
-def head_indices(kv_groups: list[int], geom: AttnGeometry) -> list[int]:
+def head_indices(kv_groups: list[int], geom: AttnShape) -> list[int]:
     """Query heads of the kept KV groups (head h belongs to KV head h // groups)."""
     return [g * geom.groups + j for g in kv_groups for j in range(geom.groups)]
 
 
-def o_proj_columns(kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
+def o_proj_columns(kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
     """Input columns of o_proj kept with ``kv_groups`` (ascending), LongTensor."""
     import torch
 
@@ -59,7 +63,7 @@ def o_proj_columns(kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
     return (heads[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
 
 
-def kv_rows(kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
+def kv_rows(kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
     """Output rows of k_proj / v_proj kept with ``kv_groups`` (ascending), LongTensor."""
     import torch
 
@@ -80,7 +84,7 @@ def expand_kv_rows(v_weight: torch.Tensor, n_rep: int, head_dim: int) -> torch.T
     return v.repeat_interleave(n_rep, dim=0).reshape(-1, d)
 
 
-def pruned_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom: AttnGeometry) -> torch.Tensor:
+def pruned_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
     """The pruned v_proj in the query-head layout: each kept KV head's rows repeated for its
     query heads, (k, d_model) with k = kept query heads x head_dim (the o_proj input order)."""
     rows = v_weight.index_select(0, kv_rows(kv_groups, geom))
@@ -206,9 +210,9 @@ class Adapter(StockClass):
                       for r, a in zip(("gate_proj", "up_proj", "down_proj"), (self.gate, self.up, self.down))})
         return names
 
-    # ------------------------------------------------------------------ geometry
-    def attention_geometry(self, config) -> AttnGeometry:
-        return attention_geometry(config)
+    # ------------------------------------------------------------------ attention shape
+    def attention_shape(self, config) -> AttnShape:
+        return attention_shape(config)
 
     def sliding(self, config) -> bool:
         """Whether some layer masks with a sliding window shorter than the context."""
@@ -217,7 +221,7 @@ class Adapter(StockClass):
             self.always_sliding or "sliding_attention" in (getattr(config, "layer_types", None) or []))
 
     # ------------------------------------------------------------------ surgery
-    def prune_layer_(self, layer, geom: AttnGeometry, kv_groups: list[int],
+    def prune_layer_(self, layer, geom: AttnShape, kv_groups: list[int],
                      channels: list[int]) -> None:
         """Remove the pruned KV groups (with their query heads) and MLP channels in place:
         q rows and o_proj columns per query head, k/v rows per KV group (biases follow their

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from . import (CLAIMS, Claim, NotTestable, Results, all_hold, count_better, every, as_float, fmt, lower, most, never,
-               not_lower, pair_claim, selection_label)
+from . import (CLAIMS, Claim, NotTestable, Results, all_hold, count_better, every, as_float, lower, most, never,
+               pair_claim)
 
 COEC = "COEC"
 

@@ -125,9 +125,9 @@ class OtherCalibration:
     def for_module(self, handle: str | None, module: Module, options: Any) -> dict[str, Any]:
         if handle is None:
             return {}
-        from ..calibrate import load_layer_stats
+        from ..artifacts import read_gram_layer
 
-        st = load_layer_stats(handle, module.layer, module.name)
+        st = read_gram_layer(handle, module.layer, module.name)
         return {f"{self.prefix}gram": st["gram"].to(module.device), f"{self.prefix}mean": st["mean"].to(module.device),
                 f"{self.prefix}count": st["count"]}
 

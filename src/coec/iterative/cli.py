@@ -126,6 +126,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _dispatch(a) -> None:
     """Run one ``coec iterative <cmd>`` (``coec.iterative.stages``)."""
     from . import stages
+    from .domains import build_domain
 
     hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
     if a.cmd in MODEL_STAGES:  # the model against the config, before any work
@@ -148,7 +149,7 @@ def _dispatch(a) -> None:
         if a.block:
             stages.copy_block(a.block, a.first, a.last, a.block_out)
     elif a.cmd == "prepare-domain":
-        stages.prepare_domain(a.spec, a.out, a.datasets)
+        build_domain(a.spec, a.out, a.datasets)
     elif a.cmd == "ppl":  # per-layer widths may differ (AL-AM): build_model prunes them as they are
         from ..pipeline import run_ppl
 

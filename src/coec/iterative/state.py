@@ -13,7 +13,7 @@ import torch
 
 from ..arch import MODULES, adapter_for
 from ..compensate.methods.bias import flap_bias
-from ..arch import AttnGeometry, attention_geometry
+from ..arch import AttnShape, attention_shape
 from ..models import decoder_layers
 from ..prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
 from ..arch import o_proj_columns
@@ -24,7 +24,7 @@ def output_module(layer, name: str):
     return adapter_for(layer).output_module(layer, name)
 
 
-def unit_params(geom: AttnGeometry, d_model: int) -> tuple[int, int]:
+def unit_params(geom: AttnShape, d_model: int) -> tuple[int, int]:
     """Parameters of one KV group (its q/k/v rows and o_proj columns) and of one MLP channel
     (gate/up rows, down column): (2 hd (groups + 1) d, 3 d)."""
     return 2 * geom.head_dim * (geom.groups + 1) * d_model, 3 * d_model
@@ -34,7 +34,7 @@ def unit_params(geom: AttnGeometry, d_model: int) -> tuple[int, int]:
 class PruneState:
     """Kept units (ORIGINAL indices) and accumulated float64 bias of every layer."""
 
-    geom: AttnGeometry
+    geom: AttnShape
     d_ff: int
     kv_groups: list[list[int]]
     channels: list[list[int]]
@@ -44,7 +44,7 @@ class PruneState:
     @classmethod
     def fresh(cls, model) -> "PruneState":
         adapter = adapter_for(model.config)
-        geom = attention_geometry(model.config)
+        geom = attention_shape(model.config)
         layers = decoder_layers(model)
         d_ff = adapter.ffn_width(layers[0])
         base = [{m: (None if output_module(l, m).bias is None
@@ -62,10 +62,10 @@ class PruneState:
         return 1.0 - kept / total
 
 
-def current_geometry(layer, geom0: AttnGeometry) -> AttnGeometry:
+def current_shape(layer, geom0: AttnShape) -> AttnShape:
     """The attention geometry of a (partially pruned) layer: same head_dim and groups."""
     n_kv = adapter_for(layer).kv_width(layer) // geom0.head_dim
-    return AttnGeometry(n_kv * geom0.groups, n_kv, geom0.head_dim)
+    return AttnShape(n_kv * geom0.groups, n_kv, geom0.head_dim)
 
 
 def install_bias_(layer, module: str, base: torch.Tensor | None, total: torch.Tensor) -> None:
@@ -81,7 +81,7 @@ def apply_layer_step_(layer, state: PruneState, i: int, groups_local: list[int],
                       channels_local: list[int], means: dict) -> None:
     """Prune layer ``i`` to the kept local groups/channels and add this step's bias
     b = W[:, P] mean[P] (eq. 3, W the current weight, mean from this step's statistics)."""
-    geom = current_geometry(layer, state.geom)
+    geom = current_shape(layer, state.geom)
     keeps = {"o_proj": o_proj_columns(groups_local, geom),
              "down_proj": torch.tensor(channels_local, dtype=torch.long)}
     for m in MODULES:  # float64 where the weight lives, accumulated on the CPU

@@ -82,7 +82,7 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
 
 
 def finalize_stats(per_domain: list[dict], alphas, variance_mix: str, gram_dtype: str) -> dict:
-    """Mixed statistics in the form ``calibrate.load_layer_stats`` returns (gram cast to the
+    """Mixed statistics in the form ``artifacts.read_gram_layer`` returns (gram cast to the
     stored ``gram_dtype`` exactly as a Gram file would hold it, float64 sum, count, mean)."""
     mixed = mix_stats(per_domain, alphas, variance_mix)
     t = gram_tensors({"m": SimpleNamespace(**mixed)}, torch_dtype(gram_dtype))

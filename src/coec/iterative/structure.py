@@ -8,7 +8,7 @@ import torch
 
 from ..arch import MODULES
 from ..calibrate import channel_sumsq
-from ..arch import AttnGeometry
+from ..arch import AttnShape
 from ..selection import column_scores, group_scores, top_k_sorted
 from .state import PruneState, output_module, unit_params
 
@@ -26,7 +26,7 @@ def layer_scores(layer, stats: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return out[0], out[1]
 
 
-def uniform_keep(o_scores, d_scores, geom: AttnGeometry, n_groups: int, n_channels: int):
+def uniform_keep(o_scores, d_scores, geom: AttnShape, n_groups: int, n_channels: int):
     """Local keep sets of one layer: the ``n_groups`` best KV groups (group score = sum of its
     o_proj column scores, as ``select.select_layer``) and the ``n_channels`` best channels."""
     if n_groups > geom.n_kv or n_channels > d_scores.numel():
@@ -47,7 +47,7 @@ def standardise(x: torch.Tensor) -> torch.Tensor:
     return (x - x.mean()) / sd
 
 
-def alam_keep(scores: list[tuple], geoms: list[AttnGeometry], state: PruneState, d_model: int,
+def alam_keep(scores: list[tuple], geoms: list[AttnShape], state: PruneState, d_model: int,
               ratio: float) -> list[tuple[list[int], list[int]]]:
     """FLAP AL-AM: KV groups and channels of all layers ranked together.
 

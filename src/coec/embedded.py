@@ -25,7 +25,7 @@ EMBEDDED_MODELS = {
 }
 # the converted config.json of each embedded model (its GGUF header: block_count, head_count,
 # head_count_kv, context_length), so a config can be checked before the model is prepared
-EMBEDDED_GEOMETRY = {
+EMBEDDED_SHAPES = {
     "smollm2-135m": {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
                      "max_position_embeddings": 8192},
 }
