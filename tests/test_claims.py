@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from coec.claims import CLAIMS, VERDICTS, claims_markdown, evaluate, table4_beside_paper
+from coec.claims import VERDICTS, claims_markdown, evaluate, registered_claims
+from coec.claims.paper import table4_beside_paper
 
 HEAD = "ratio,selection,compensation,m1,m2\n"
 
@@ -64,7 +65,7 @@ def test_each_verdict_kind(spec):
     assert rows["coec-wanda-zs"]["verdict"].startswith("not testable here: missing result file")
     assert rows["coec-cost-time"]["verdict"].startswith("not testable here: needs a 7-8B model")
     assert all(r["verdict"].startswith(VERDICTS) for r in rows.values())
-    assert len(rows) == len(CLAIMS)
+    assert len(rows) == len(registered_claims())
 
 
 def test_gap_that_shrinks_does_not_hold(spec, tmp_path):
@@ -118,7 +119,7 @@ def test_coec_against_ridge(spec, tmp_path):
 
 def test_markdown_and_table4_beside_paper(spec):
     text = claims_markdown(spec)
-    assert text.count("\n| coec-") + text.count("\n| iter-") == len(CLAIMS)
+    assert text.count("\n| coec-") + text.count("\n| iter-") == len(registered_claims())
     assert "## Table 4 beside the paper" in text
     t4 = {(r["model"], r["quantity"]): r for r in table4_beside_paper(spec)}
     r = t4[("Llama-3-70B", "params (dense)")]

@@ -202,7 +202,7 @@ use rule table as table_iterative with:
     input:
         lambda wc: targets.spec_inputs(iterative_targets.table_spec(config)),
     output:
-        csv=report(paths.table_file("table_iterative"), caption="../report/table.rst", category="Iterative",
+        main=report(paths.table_file("table_iterative"), caption="../report/table.rst", category="Iterative",
                    labels=lambda wc: targets.report_label(config, paths.table_file("table_iterative"))),
         md=paths.table_file("table_iterative", "md"),
     params:
@@ -218,7 +218,7 @@ use rule table as table_iterative_zeroshot with:
     input:
         lambda wc: targets.spec_inputs(iterative_targets.zeroshot_table_spec(config)),
     output:
-        csv=report(paths.table_file("table_iterative_zeroshot"), caption="../report/table.rst", category="Iterative",
+        main=report(paths.table_file("table_iterative_zeroshot"), caption="../report/table.rst", category="Iterative",
                    labels=lambda wc: targets.report_label(config, paths.table_file("table_iterative_zeroshot"))),
         md=paths.table_file("table_iterative_zeroshot", "md"),
     params:
@@ -234,7 +234,7 @@ use rule table as iterative_calibration_size with:
     input:
         lambda wc: targets.figure_inputs(iterative_targets.size_spec(config)),
     output:
-        report(paths.figure_file("iterative_calibration_size"), caption="../report/iterative_size.rst",
+        main=report(paths.figure_file("iterative_calibration_size"), caption="../report/iterative_size.rst",
                category="Iterative",
                labels=lambda wc: targets.report_label(config, paths.figure_file("iterative_calibration_size"))),
     params:

@@ -9,7 +9,7 @@ rule table:
     input:
         lambda wc: targets.table_inputs(config, wc.table),
     output:
-        csv=report(paths.table_file("{table}"), caption="../report/table.rst", category="Tables",
+        main=report(paths.table_file("{table}"), caption="../report/table.rst", category="Tables",
                    subcategory=lambda wc: targets.report_table_kind(config, wc.table),
                    labels=lambda wc: targets.report_label(config, paths.table_file(wc.table))),
         md=paths.table_file("{table}", "md"),
@@ -26,14 +26,14 @@ rule table:
     resources:
         **W.rule_resources("report"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} report --kind {params.kind:q} --spec {params.spec:q} --out {output[0]:q} > {log:q} 2>&1"
+        "OMP_NUM_THREADS={threads} {PY} report --kind {params.kind:q} --spec {params.spec:q} --out {output.main:q} > {log:q} 2>&1"
 
 
 use rule table as table4 with:
     input:
         lambda wc: targets.table4_inputs(config),
     output:
-        csv=report(paths.table_file("table4"), caption="../report/table4.rst", category="Tables",
+        main=report(paths.table_file("table4"), caption="../report/table4.rst", category="Tables",
                    subcategory="Deployment cost", labels=lambda wc: targets.report_label(config, paths.table_file("table4"))),
         md=paths.table_file("table4", "md"),
     params:
@@ -49,7 +49,7 @@ use rule table as fig2 with:
     input:
         lambda wc: targets.figure_inputs(targets.fig2_spec(config)),
     output:
-        report(paths.figure_file("fig2_calibration_size"), caption="../report/fig2.rst", category="Figures",
+        main=report(paths.figure_file("fig2_calibration_size"), caption="../report/fig2.rst", category="Figures",
                labels=lambda wc: targets.report_label(config, paths.figure_file("fig2_calibration_size"))),
     params:
         kind="lines-figure",
@@ -66,7 +66,7 @@ use rule table as claims with:
     input:
         lambda wc: targets.claims_inputs(config),
     output:
-        report(f"{paths.RESULTS}/claims.md", caption="../report/claims.rst", category="Tables",
+        main=report(f"{paths.RESULTS}/claims.md", caption="../report/claims.rst", category="Tables",
                subcategory="Claims", labels={"artifact": "Claims of the papers: verdicts"}),
     params:
         kind="claims",
@@ -84,7 +84,7 @@ use rule table as report_readme with:
     input:
         lambda wc: [p for p, _, _ in targets.report_items(config)],
     output:
-        f"{paths.RESULTS}/README.md",
+        main=f"{paths.RESULTS}/README.md",
     params:
         kind="readme",
         spec=lambda wc: json.dumps(targets.readme_spec(
