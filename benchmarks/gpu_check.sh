@@ -39,8 +39,8 @@ step "device"
 } 2>&1 | tee "$OUT/gpu.txt"
 
 step "CUDA-only tests"
-timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_foundation.py tests/test_compensate_methods.py \
-    tests/test_compensate_safeguards.py -k "gram_product or cuda" 2>&1 | tail -5 | tee "$OUT/tests.txt"
+timeout 60 $py -m pytest -q -p no:cacheprovider tests/integration/test_foundation.py tests/unit/test_compensate_methods.py \
+    tests/unit/test_compensate_safeguards.py -k "gram_product or cuda" 2>&1 | tail -5 | tee "$OUT/tests.txt"
 
 step "calibration and perplexity (8B shape, 4 layers, bf16)"
 timeout 150 $py benchmarks/bench_foundation.py --random-arch Llama-3.1-8B --layers 4 --dtype bfloat16 \

@@ -4,7 +4,12 @@ saved to temp folders exactly as a hub checkpoint would be."""
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,3 +213,46 @@ def method_kwargs(method: str, W0, G, mean, keep, n_tokens=1) -> dict:
     k = torch.as_tensor(keep).long()
     return {"n_tokens": n_tokens, "inputs": {"base_weight": W0[:, k].float(), "holdout_gram": G,
                                              "holdout_mean": mean, "holdout_count": n_tokens}}
+
+
+# ----------------------------------------------------------------------------- markers by folder
+#: tests/<folder>/ -> the marker every test in it carries: unit (math, parsers and specs; no model),
+#: integration (tiny random models through the package API and CLI), workflow (Snakemake runs:
+#: dry, trimmed, SLURM, faults). Slow tests (a real embedded model, several whole runs) live in
+#: files of their own, ``*_slow.py`` or whole suites, marked ``slow`` for the file.
+FOLDER_MARKERS = ("unit", "integration", "workflow")
+
+
+def pytest_itemcollected(item):
+    folder = Path(str(item.fspath)).parent.name
+    if folder in FOLDER_MARKERS:
+        item.add_marker(folder)
+
+
+# ----------------------------------------------------------------------------- shared helpers
+REPO = Path(__file__).resolve().parents[1]
+REV = "0123456789abcdef0123456789abcdef01234567"
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+           "--directory", str(workdir), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if check and res.returncode:
+        raise AssertionError(f"snakemake failed ({res.returncode}):\n{res.stdout[-4000:]}\n"
+                             f"{res.stderr[-4000:]}")
+    return res
+
+
+def fake_hub_snapshot(src: Path, root: Path, commit: str = REV) -> Path:
+    """``src`` laid out like the HF cache: snapshots/<commit>/<file> -> ../../blobs/<sha256>."""
+    repo = root / "models--org--tiny"
+    snap = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        sha = hashlib.sha256(f.read_bytes()).hexdigest()
+        blob = repo / "blobs" / sha
+        shutil.copyfile(f, blob)
+        os.symlink(os.path.relpath(blob, snap), snap / f.name)
+    return snap

@@ -31,7 +31,7 @@ def optional_int(s: str):
 def config_arg(s: argparse.ArgumentParser, flag: str, key: str, **kw) -> argparse.Action:
     """An option whose default is the config schema's default of ``key`` (``coec.config.
     schema_default``), so a stage run by hand and the same stage run by the workflow agree.
-    The action records ``config_key`` (tests/test_cli_defaults.py checks every option the rules
+    The action records ``config_key`` (tests/workflow/test_cli_defaults.py checks every option the rules
     pass is required, has one, or defaults to nothing)."""
     from .config import schema_default
 

@@ -35,7 +35,7 @@ def markdown() -> str:
         "",
         "<!-- generated from the registered methods by `python -m coec.compensate.options_doc >"
         " docs/compensation-options.md`;"
-        " tests/test_config_validation.py checks that this file matches -->",
+        " tests/integration/test_config_validation.py checks that this file matches -->",
         "",
         "A `compensations:` entry of the config names a `method` and any of its options; an",
         "`o_proj:` or `down_proj:` sub-mapping overrides options for that module only, e.g.",

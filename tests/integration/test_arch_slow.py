@@ -1,0 +1,64 @@
+"""The slow tests of test_arch.py (a real embedded model, a Snakemake run of the whole chain or
+several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slow`)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tokenize
+from pathlib import Path
+import pytest
+import torch
+from conftest import make_model_dir, tiny_config
+from coec.arch import ADAPTERS, MODULES, STOCK, ModelError, adapter_for
+
+from test_arch import _masked_logits  # noqa: F401  (helpers and fixtures)
+
+pytestmark = pytest.mark.slow
+
+
+def test_granite_end_to_end(tmp_path, text_dataset):
+    """Granite through the workflow's stages: calibrate -> select -> compensate (none, coec) ->
+    perplexity in memory -> export into the stock Granite class with equal logits."""
+    from transformers import AutoModelForCausalLM
+
+    from coec import pipeline
+    from coec.prune import build_export_model
+
+    src = make_model_dir(tmp_path / "granite", "granite", attention_bias=True)
+    grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"
+    pipeline.run_calibrate(str(src), text_dataset, str(grams), 8, 32, 0, 4, "float64", "cpu", "float64")
+    keep = pipeline.run_select(str(src), str(grams), "wanda_sp", 0.5, "ceil", str(keep_path))
+    assert all(len(k["kv_groups"]) == 1 for k in keep["layers"])
+    none_file, coec_file = tmp_path / "none.safetensors", tmp_path / "coec.safetensors"
+    pipeline.run_compensate(str(src), str(grams), str(keep_path), {"method": "none"}, 0, 1,
+                     str(none_file), device="cpu")
+    pipeline.run_compensate(str(src), str(grams), str(keep_path),
+                     {"method": "coec", "alpha": 0.9, "max_rounds": 2}, 0, 1,
+                     str(coec_file), device="cpu")
+
+    ids = torch.randint(0, 320, (2, 20), generator=torch.Generator().manual_seed(3))
+    pruned, _ = pipeline.build_model(str(src), "float64", "cpu", str(keep_path), [str(none_file)])
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(input_ids=ids).logits, _masked_logits(src, keep, ids),
+                                   rtol=1e-9, atol=1e-9)
+
+    comp, _ = pipeline.build_model(str(src), "float64", "cpu", str(keep_path), [str(coec_file)])
+    a, b = pruned.state_dict(), comp.state_dict()
+    changed = {n for n in a if not torch.equal(a[n], b[n])}
+    assert changed and all(n.split(".")[-2] in MODULES for n in changed), changed
+
+    res = pipeline.run_ppl(str(src), text_dataset, 32, 4, 2, "float64", "cpu", str(tmp_path / "ppl.json"),
+                    str(keep_path), [str(coec_file)])
+    assert res["ppl"] > 1 and res["params"] == sum(p.numel() for p in comp.parameters())
+
+    target, info = build_export_model(comp)
+    assert info["model_type"] == "granite" and info["max_abs_logit_diff"] < 1e-8
+    target.save_pretrained(tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["embedding_multiplier"] == 4.0 and saved["num_key_value_heads"] == 1
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, comp(input_ids=ids).logits,
+                                   rtol=1e-9, atol=1e-9)

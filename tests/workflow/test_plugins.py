@@ -1,0 +1,136 @@
+"""Plug-ins: a compensation method in one file outside the package (tests/plugins/global_scale.py),
+named in a config's ``plugins``, reaches the schema, the option checks, the compensate stage and
+a Table 1 row of the trimmed workflow, with no other file edited; bad plug-ins are refused in
+one line."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import write_trimmed_workflow
+
+from coec.compensate import compensate
+from coec.compensate.method import METHODS
+from coec.config import ConfigError, validate_config
+from coec.registry import PLUGINS_ENV, Registry, UnknownName, forget_plugins, load_plugins
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "global_scale.py"
+
+
+@pytest.fixture
+def plugin():
+    """global_scale registered for the test only."""
+    with METHODS.restored():
+        load_plugins([str(PLUGIN)])
+        yield METHODS["global_scale"]
+    forget_plugins()
+    os.environ.pop(PLUGINS_ENV, None)
+
+
+def _problem(seed=0, d_out=10, d_in=16, k=11, n=80):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d_in, generator=g, dtype=torch.float64) @ torch.randn(d_in, d_in, generator=g,
+                                                                            dtype=torch.float64)
+    W0 = torch.randn(d_out, d_in, generator=g, dtype=torch.float64)
+    keep = torch.sort(torch.randperm(d_in, generator=g)[:k]).values
+    return W0, X.T @ X, X.mean(0), keep, X
+
+
+def test_registry_names_unknown_entries_and_refuses_a_second_definition():
+    reg: Registry = Registry("widget")
+
+    class W:
+        def __init__(self, name, v):
+            self.name, self.v = name, v
+
+    reg.register(W("alpha", 1))
+    with pytest.raises(UnknownName, match=r"unknown widget 'alpah'; did you mean 'alpha'\? \(available: alpha\)"):
+        reg["alpah"]
+    with pytest.raises(ValueError, match="registered twice"):
+        reg.register(W("alpha", 2))
+    assert list(reg) == ["alpha"] and "alpha" in reg
+
+
+def test_plugin_method_is_optimal_in_its_family(plugin):
+    """s* minimises the output error over the scale (a scan of s never does better), shrink 1 is
+    prune-only bit for bit, and the shared diagnostics report it."""
+    W0, G, mean, keep, X = _problem()
+    out = compensate(W0, G, mean, keep, "global_scale")
+    s = out.info["scale"]
+    assert torch.equal(out.weight, s * W0[:, keep])
+
+    def err(scale):
+        return float(((X @ W0.T - X[:, keep] @ (scale * W0[:, keep]).T) ** 2).sum())
+
+    assert all(err(s) <= err(s + d) + 1e-9 for d in (-0.1, -0.01, 0.01, 0.1, 1.0 - s))
+    assert out.info["relerr_after"] <= out.info["relerr_before"]
+    assert out.info["method"] == "global_scale" and out.info["rounds"] == 0
+    same = compensate(W0, G, mean, keep, "global_scale", shrink=1.0)
+    assert torch.equal(same.weight, W0[:, keep])
+    with pytest.raises(ValueError, match="option shrink must be <= 1"):
+        compensate(W0, G, mean, keep, "global_scale", shrink=2.0)
+
+
+def test_config_knows_the_method_only_with_its_plugin(plugin, tmp_path):
+    cfg, _ = write_trimmed_workflow(tmp_path)
+    cfg["compensations"].update({m: {"method": m} for m in ("none", "bias", "rcpu")})  # config.yaml's
+    cfg["compensations"]["gs"] = {"method": "global_scale", "shrink": 0.5}
+    with METHODS.restored():  # without the plug-in in this config the name is unknown
+        del METHODS._entries["global_scale"]
+        with pytest.raises(ConfigError, match=r"compensations\.gs\.method"):
+            validate_config(copy.deepcopy(cfg))
+    cfg["plugins"] = [str(PLUGIN)]
+    validate_config(copy.deepcopy(cfg))
+    cfg["compensations"]["gs"]["shrnk"] = 0.5
+    with pytest.raises(ConfigError, match=r"compensations\.gs\.shrnk: unknown option 'shrnk' for method "
+                                          r"'global_scale'; did you mean 'shrink'\?"):
+        validate_config(copy.deepcopy(cfg))
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("no_such_file.py", r"plugins\[0\]: plug-in 'no_such_file.py' could not be loaded: FileNotFoundError"),
+    ("no_such_module_xyz", r"plugins\[0\]: plug-in 'no_such_module_xyz' could not be loaded: ModuleNotFoundError"),
+])
+def test_a_bad_plugin_is_refused_in_one_line(tmp_path, spec, needle):
+    cfg, _ = write_trimmed_workflow(tmp_path)
+    cfg["compensations"].update({m: {"method": m} for m in ("none", "bias", "rcpu")})  # config.yaml's
+    cfg["plugins"] = [spec]
+    with pytest.raises(ConfigError, match=needle):
+        validate_config(cfg)
+    env = {**os.environ, PLUGINS_ENV: spec}
+    res = subprocess.run([sys.executable, "-m", "coec", "select", "--help"], capture_output=True, text=True,
+                         env=env)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "COEC_PLUGINS[0]: plug-in" in res.stderr
+
+
+def test_plugin_method_runs_through_the_trimmed_workflow_to_a_table1_row(tmp_path):
+    """The plug-in file is the only addition: the config names it and a row uses it."""
+    work = tmp_path
+    cfg, cfg_path = write_trimmed_workflow(work)
+    cfg["plugins"] = [str(PLUGIN)]
+    cfg["compensations"] = {"coec": cfg["compensations"]["coec"], "scaled": {"method": "global_scale"}}
+    cfg["table1"]["rows"] = [{"selection": "wanda_sp", "compensation": "none"},
+                             {"selection": "wanda_sp", "compensation": "scaled"}]
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
+           "--cores", "2", "results/table1.csv", "--configfile", str(cfg_path)]
+    env = {k: v for k, v in os.environ.items() if k != PLUGINS_ENV}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["compensation"]: float(r["tiny"]) for r in csv.DictReader((work / "results/table1.csv").open())}
+    assert set(rows) == {"dense", "–", "scaled"} and all(v > 1.0 for v in rows.values())
+    info = json.loads((work / "results/tiny/c8/wanda_sp-0.5/scaled/block0-0.json").read_text())
+    assert info["layer0.o_proj"]["method"] == "global_scale" and "scale" in info["layer0.down_proj"]
+    assert info["layer0.down_proj"]["relerr_after"] <= info["layer0.down_proj"]["relerr_before"]

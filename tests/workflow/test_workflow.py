@@ -1,0 +1,239 @@
+"""The Snakemake workflow: config validation, a dry run of the paper grid, and a trimmed real
+run on a tiny random model (calibrate -> select -> compensate -> ppl -> table1)."""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, job_counts, snakemake, write_trimmed_workflow
+
+
+def planned_threads(output: str) -> list[tuple[str, int, dict]]:
+    """(rule, OMP_NUM_THREADS of its shell command, resources) of every job a dry run with -p printed."""
+    jobs = []
+    for block in output.split("\nrule ")[1:]:
+        omp = re.search(r"OMP_NUM_THREADS=(\d+) ", block)
+        res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if omp and res:
+            jobs.append((block.split(":", 1)[0].strip(), int(omp.group(1)),
+                         dict(kv.split("=", 1) for kv in res.group(1).split(", "))))
+    return jobs
+
+
+def test_paper_grid_dry_run(tmp_path):
+    res = snakemake(tmp_path, "-n", "-p", "--cores", "64", "results/table1.csv", "results/appA_ppl.csv",
+                    "--configfile", str(REPO / "workflow/configs/paper.yaml"))
+    counts = job_counts(res.stdout)
+    # threads (OMP_NUM_THREADS) = the CPUs each job asks SLURM for: cpus_per_task on CPU jobs,
+    # gpu x cpus_per_gpu on GPU jobs (a 4-GPU 70B evaluation gets 16 threads)
+    jobs = planned_threads(res.stdout)
+    assert len(jobs) == counts["total"]
+    for rule, omp, r in jobs:
+        want = int(r["gpu"]) * int(r["cpus_per_gpu"]) if int(r["gpu"]) else int(r["cpus_per_task"])
+        assert omp == want, (rule, omp, r)
+    assert {omp for rule, omp, _ in jobs if rule == "ppl_cell"} == {4, 8, 16}
+    # an explicit compute.threads wins over the resources (calibrate_threads 0: as threads)
+    fixed = tmp_path / "threads.yaml"
+    fixed.write_text("compute: {threads: 3}\n")
+    res = snakemake(tmp_path, "-n", "-p", "--cores", "64", "results/table1.csv", "--configfile",
+                    str(REPO / "workflow/configs/paper.yaml"), str(fixed))
+    assert {omp for _, omp, _ in planned_threads(res.stdout)} == {3}
+    # 6 models x (1 dense + 3 ratios x 11 rows: the paper's 6 plus bias and ridge under every
+    # selection) evaluations
+    assert counts["calibrate"] == 6
+    assert counts["select"] == 6 * 3 * 3
+    assert counts["ppl_dense"] == 6
+    assert counts["ppl_cell"] == 6 * 3 * 11
+    # one GPU job per (cell, layer) for every non-trivial compensation
+    layers = 32 + 80 + 28 + 48 + 64 + 80
+    assert counts["compensate"] == layers * 3 * 10  # 10 non-"none" cells per ratio
+    assert "prepare_model" not in counts  # hub models are not workflow outputs
+
+
+def test_bad_config_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("group_rounding: sideways\n")
+    res = snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(bad), check=False)
+    assert res.returncode != 0
+    assert "bad value at group_rounding" in res.stderr + res.stdout
+    bad.write_text("evaluation: {ppl_seqlen: 128, ppl_dataset: enwiki, ppl_sequence: 3}\n")
+    res = snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(bad), check=False)
+    assert "unknown key under evaluation" in res.stderr + res.stdout
+
+
+@pytest.fixture(scope="module")
+def trimmed_run(tmp_path_factory):
+    """A real run of the whole chain on a tiny Llama and local text, then table1."""
+    work = tmp_path_factory.mktemp("wf")
+    cfg, cfg_path = write_trimmed_workflow(work)
+    # the local profile runs the same DAG (one job per (cell, layer)) the SLURM profile submits
+    snakemake(work, "results/table1.csv", "--workflow-profile", str(REPO / "workflow/profiles/default"),
+              "--cores", "2", "--configfile", str(cfg_path))
+    return work, cfg, cfg_path
+
+
+def planned_jobs(output: str) -> list[tuple[str, str, dict]]:
+    """(rule, wildcards, resources) of every job a dry run printed."""
+    jobs = []
+    for block in output.split("\nrule ")[1:]:
+        name = block.split(":", 1)[0].strip()
+        wc = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+        res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
+        jobs.append((name, wc.group(1) if wc else "", resources))
+    return jobs
+
+
+def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path):
+    """The SLURM profile (executor plugin) plans, job for job, the DAG the local profile ran,
+    with the per-model GPU resources of the config on every job."""
+    work, _, cfg_path = trimmed_run
+    plans = {}
+    res = snakemake(tmp_path / "default", "-n", "results/table1.csv", "--workflow-profile",
+                    str(REPO / "workflow/profiles/default"), "--configfile", str(cfg_path))
+    plans["default"] = res.stdout
+    # the SLURM command in the README's second form: `--` ends --configfile's list of files
+    res = snakemake(tmp_path / "slurm", "-n", "--workflow-profile", str(REPO / "workflow/profiles/slurm"),
+                    "--configfile", str(cfg_path), "--", "results/table1.csv")
+    plans["slurm"] = res.stdout
+    local = sorted((r, w) for r, w, _ in planned_jobs(plans["default"]))
+    slurm_jobs = planned_jobs(plans["slurm"])
+    assert sorted((r, w) for r, w, _ in slurm_jobs) == local
+    comp = [(w, res) for r, w, res in slurm_jobs if r == "compensate"]
+    assert len(comp) == 3 * 2  # COEC, bias and RCPU cells x two layers, one job each
+    for _, res in comp:
+        assert (res["gpu"], res["mem_mb"], res["runtime"]) == ("1", "3000", "7")
+        assert (res["cpus_per_gpu"], res["cpus_per_task"], res["slurm_partition"]) == ("3", "0", "gpu")
+    calib = [res for r, _, res in slurm_jobs if r == "calibrate"]
+    assert calib and all((c["gpu"], c["mem_mb"]) == ("1", "5000") for c in calib)
+    # the executor turns them into --cpus-per-gpu on GPU jobs, --cpus-per-task on CPU jobs
+    from snakemake_executor_plugin_slurm_jobstep import get_cpu_setting
+
+    class Res(dict):
+        __getattr__ = dict.__getitem__
+
+    def sbatch_cpus(res):
+        r = Res({k: int(v) if v.isdigit() else v for k, v in res.items()})
+        return get_cpu_setting(type("Job", (), {"threads": 1, "resources": r})(), r.get("gpu", 0) > 0)
+
+    assert sbatch_cpus(comp[0][1]) == "--cpus-per-gpu=3"
+    # ... and the gpu resource into --gpus (the executor's own gres helper)
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    def sbatch_gpus(res):
+        r = Res({k: int(v) if v.isdigit() else v for k, v in res.items()})
+        r.setdefault("gres", None)
+        r.setdefault("gpu_model", None)
+        return set_gres_string(type("Job", (), {"resources": r})()).strip()
+
+    assert sbatch_gpus(comp[0][1]) == "--gpus=1"
+    assert sbatch_gpus(dict(comp[0][1], gpu_model="h100")) == "--gpus=h100:1"
+    select = [res for r, _, res in slurm_jobs if r == "select"]
+    n_task = select[0]["cpus_per_task"]
+    assert select and sbatch_cpus(select[0]) == f"--cpus-per-task={n_task}"
+    assert sbatch_gpus(select[0]) == ""
+    assert select[0].get("slurm_partition", "") == ""  # not configured: the profile's default
+    # no cpus_per_gpu configured for calibrate: the GPU job asks for cpus_per_task CPUs per GPU
+    assert sbatch_cpus(calib[0]) == f"--cpus-per-gpu={n_task}"
+    # every planned job is one the local run produced
+    for rule, wc, _ in planned_jobs(plans["default"]):
+        if rule == "compensate":
+            w = dict(kv.split("=", 1) for kv in wc.split(", "))
+            assert (work / f"results/{w['model']}/{w['calib']}/{w['select']}-{w['ratio']}/"
+                    f"{w['comp']}/block{w['first']}-{w['last']}.safetensors").is_file()
+
+
+def test_trimmed_run_table1(trimmed_run):
+    work, _, _ = trimmed_run
+    rows = list(csv.DictReader((work / "results/table1.csv").open()))
+    assert [(r["selection"], r["compensation"]) for r in rows] == [
+        ("dense", "dense"), ("Wanda-sp", "–"), ("Wanda-sp", "COEC"), ("FLAP", "bias"),
+        ("RCPU", "RCPU")]
+    for r in rows:
+        assert float(r["tiny"]) > 1.0
+    assert (work / "results/table1.md").read_text().count("|") > 10
+    keep = yaml.safe_load((work / "results/tiny/c8/wanda_sp-0.5/keep.json").read_text())
+    assert all(len(l["kv_groups"]) == 1 and len(l["channels"]) == 24 for l in keep["layers"])
+    assert (work / "results/tiny/c8/wanda_sp-0.5/coec/block1-1.safetensors").is_file()
+    ppl = yaml.safe_load((work / "results/tiny/c8/wanda_sp-0.5/coec/ppl.json").read_text())
+    assert ppl["seqlen"] == 32 and ppl["tokens_scored"] == ppl["windows"] * 31
+    assert not list((work / "results").rglob("*.tmp"))
+
+
+def test_trimmed_run_logs_have_no_logging_errors(trimmed_run):
+    """No job of the real run hit a logging error (a message that failed to format)."""
+    work, _, _ = trimmed_run
+    logs = sorted((work / "results/logs").rglob("*.log"))
+    assert len(logs) >= 8
+    bad = [str(p.relative_to(work)) for p in logs if "--- Logging error ---" in p.read_text(errors="replace")]
+    assert not bad, bad
+    assert "relerr" in (work / "results/logs/compensate/tiny/c8/wanda_sp-0.5/coec/block0-0.log").read_text()
+
+
+def test_changing_ppl_seqlen_replans_only_evaluation(trimmed_run):
+    work, cfg, cfg_path = trimmed_run
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(cfg_path))
+    assert "Nothing to be done" in res.stdout + res.stderr
+    cfg = dict(cfg, evaluation=dict(cfg["evaluation"], ppl_seqlen=16))
+    changed = work / "changed.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
+    counts = job_counts(res.stdout)
+    assert set(counts) == {"ppl_dense", "ppl_cell", "table", "total"}
+    assert counts["ppl_cell"] == 4 and counts["ppl_dense"] == 1
+
+
+def test_changing_a_coec_option_replans_only_coec_cells(trimmed_run):
+    work, cfg, _ = trimmed_run
+    comps = dict(cfg["compensations"])
+    comps["coec"] = dict(comps["coec"], max_rounds=2)
+    changed = work / "coec_changed.yaml"
+    changed.write_text(yaml.safe_dump(dict(cfg, compensations=comps)))
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
+    counts = job_counts(res.stdout)
+    assert counts == {"compensate": 2, "ppl_cell": 1, "table": 1, "total": 4}  # 2 layer jobs
+
+
+def test_calibration_size_figures_share_the_base_cells(tmp_path):
+    """Fig. 2 and the iterative calibration-size figure resize the base calibration to each N;
+    at N = the base size they reuse the table cells instead of recalibrating."""
+    res = snakemake(tmp_path, "-n", "results/table1.csv",
+                    "results/figures/fig2_calibration_size.png",
+                    "results/figures/iterative_calibration_size.png")
+    counts = job_counts(res.stdout)
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    base = cfg["calibration"][cfg["fig2"]["calibration"]]["nsamples"]
+    sizes = set(cfg["fig2"]["nsamples"]) | set(cfg["iterative"]["calibration_size"]["nsamples"])
+    assert base in sizes
+    holdouts = {cfg["compensations"][r["compensation"]].get("holdout") for r in cfg["table1"]["rows"]} - {None}
+    # the base set once, never as "-n<base>", and the blend cells' held-out set
+    assert counts["calibrate"] == len(sizes) + len(holdouts)
+    assert f"-n{base}" not in res.stdout
+    mixes = {r["calibration"] for r in cfg["iterative"]["calibration_size"]["rows"]
+             if r.get("calibration") in cfg["iterative"]["mixes"]}
+    for n in sizes - {base}:
+        assert f"calib=enwiki-32x512-n{n}" in res.stdout
+        for mix in mixes:
+            assert f"calib={mix}-n{n}" in res.stdout
+    f2 = cfg["fig2"]
+    fig2_cells = len(f2["nsamples"]) * len(f2["ratios"]) * len(f2["compensations"])
+    shared_fig2 = sum(1 for row in cfg["table1"]["rows"] if row["selection"] == f2["selection"]
+                      and row["compensation"] in f2["compensations"]) * len(
+        set(f2["ratios"]) & set(cfg["table1"]["ratios"]))
+    it = cfg["iterative"]["calibration_size"]
+    flap_rows = [r for r in it["rows"] if "selection" in r]
+    it_cells = len(flap_rows) * len(it["nsamples"]) * len(it["ratios"])
+    shared_it = sum(1 for r in flap_rows for t in cfg["table1"]["rows"]
+                    if (t["selection"], t["compensation"]) == (r["selection"], r["compensation"])) \
+        * len(set(it["ratios"]) & set(cfg["table1"]["ratios"]))
+    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) + fig2_cells - shared_fig2 \
+        + it_cells - shared_it
+    variant_rows = [r for r in it["rows"] if "variant" in r]
+    assert counts["iterative_ppl"] == len(variant_rows) * len(it["nsamples"]) * len(it["ratios"])
