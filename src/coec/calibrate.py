@@ -299,14 +299,15 @@ def gram_tensors(stats: dict, dtype=torch.float32) -> dict[str, torch.Tensor]:
 
 def write_gram_dir(out_dir: str | Path, gram_dtype: str,
                    fill: Callable[[Callable[[int, dict], None]], dict]) -> dict:
-    """A Gram folder, atomically (``artifacts.atomic_dir``): ``fill(write)`` produces the
+    """A Gram folder, atomically (``atomic.atomic_dir``): ``fill(write)`` produces the
     statistics, calling ``write(i, stats)`` once per layer (``layer{i}.safetensors``,
     :func:`gram_tensors` with the Gram in ``gram_dtype``), and returns ``meta.json``'s dict."""
+    from . import atomic
     from . import artifacts
     from .models import torch_dtype
 
     dt = torch_dtype(gram_dtype)
-    with artifacts.atomic_dir(out_dir) as tmp:
+    with atomic.atomic_dir(out_dir) as tmp:
         meta = fill(lambda i, stats: artifacts.write_gram_layer(artifacts.gram_path(tmp, i), gram_tensors(stats, dt)))
         artifacts.write_json(tmp / "meta.json", meta, "gram-meta")
     return meta

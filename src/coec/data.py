@@ -112,7 +112,7 @@ def split_articles(articles: list[tuple[str, str]], eval_every: int) -> tuple[li
 def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int = 5) -> dict:
     """Extract the Wikipedia dump from the gensim wheel and write calib.txt / eval.txt and a
     manifest (article and word counts, sha256) into ``out_dir``."""
-    from .artifacts import write_text
+    from .atomic import write_text
 
     import io
     import zipfile

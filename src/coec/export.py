@@ -111,7 +111,7 @@ def write_export_dir(out: str | Path, write, protected: list[str | Path], force:
         write(tmp)
         listing = {"format": FORMAT, "version": 1, **(marker or {}), "files": _files(tmp)}
         (tmp / MARKER).write_text(json.dumps(listing, indent=2) + "\n")
-        from .artifacts import umask_modes
+        from .atomic import umask_modes
 
         umask_modes(tmp)  # mkdtemp makes 0700, save_pretrained 0600 files: follow the umask
         state = check_out_dir(out, protected, force)  # again: the folder may have changed

@@ -151,7 +151,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    from .artifacts import atomic_dir
+    from .atomic import atomic_dir
 
     with atomic_dir(out_dir) as tmp:  # a temp folder renamed on success; modes follow the umask
         model.save_pretrained(tmp)

@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from .artifacts import write_text
+from .atomic import write_text
 from .embedded import file_sha256
 
 log = logging.getLogger(__name__)

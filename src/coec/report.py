@@ -15,11 +15,22 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import atomic
 from . import artifacts
 
 DISPLAY = {"wanda_sp": "Wanda-sp", "flap": "FLAP", "rcpu": "RCPU", "dense": "dense",
            "none": "–", "bias": "bias", "coec": "COEC", "lstsq": "lstsq"}
 FIGURE_DISPLAY = dict(DISPLAY, none="prune-only", lstsq="ridge (lstsq)")  # a legend needs a word, not a dash
+
+
+#: the columns a zero-shot table has beside each model's metric (``report.zeroshot_table``): its
+#: standard error, its difference to the row named under ``vs`` and that difference's paired SE
+NOISE_COLUMNS = (" se", " diff", " diff se")
+
+
+def is_model_column(name: str, label_columns) -> bool:
+    """Whether a table column holds a model's metric (not a label, ``vs`` or a noise column)."""
+    return name not in label_columns and name != "vs" and not name.endswith(NOISE_COLUMNS)
 
 
 def metric_value(path: str | Path, metric: str) -> float:
@@ -83,7 +94,7 @@ def zeroshot_table(spec: dict) -> pd.DataFrame:
     rows = spec["rows"]
     cols = list(spec["label_columns"]) + ["vs"]
     for m in spec["models"]:
-        cols += [m] + [m + suffix for suffix in artifacts.NOISE_COLUMNS]
+        cols += [m] + [m + suffix for suffix in NOISE_COLUMNS]
     records = []
     for row in rows:
         rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()}
@@ -138,7 +149,7 @@ def write_table(df: pd.DataFrame, out: str | Path, digits: int = 2, caption: str
     """``out`` (CSV) and its Markdown twin (same stem, .md)."""
     out = Path(out)
     artifacts.write_csv(out, df, float_format="%.4f")
-    artifacts.write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
+    atomic.write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
 
 
 def appc_summary(spec: dict) -> pd.DataFrame:
@@ -243,7 +254,7 @@ def _caption(fig, text: str, width: int = 150) -> None:
 
 def _save_fig(fig, out: str | Path) -> None:
     out = Path(out)
-    with artifacts.atomic_path(out) as tmp:
+    with atomic.atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format=out.suffix.lstrip(".") or "png")
 
 
@@ -273,7 +284,7 @@ def write_report(kind: str, spec: dict, out: str | Path):
         if spec.get("zeroshot_tasks"):
             out = Path(out)
             artifacts.write_csv(out, df, float_format="%.4f")
-            artifacts.write_text(out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", "")))
+            atomic.write_text(out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", "")))
             return df
         write_table(df, out, spec.get("digits", 2), spec.get("caption", ""))
         return df
@@ -295,7 +306,7 @@ def write_report(kind: str, spec: dict, out: str | Path):
         return write_claims(spec, out)
     if kind == "readme":
         text = browsable_report(spec)
-        artifacts.write_text(out, text)
+        atomic.write_text(out, text)
         return text
     raise ValueError(f"unknown report kind {kind!r}; expected table, appc, table4, "
                      "geometry-figure, lines-figure, claims or readme")

@@ -4,14 +4,13 @@ the Granite family end to end (calibrate -> select -> compensate -> ppl -> expor
 from __future__ import annotations
 
 import io
-import json
 import re
 import tokenize
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model_dir, tiny_config
+from conftest import tiny_config
 
 from coec.arch import ADAPTERS, MODULES, STOCK, ModelError, adapter_for
 

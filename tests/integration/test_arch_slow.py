@@ -3,15 +3,11 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 
 from __future__ import annotations
 
-import io
 import json
-import re
-import tokenize
-from pathlib import Path
 import pytest
 import torch
-from conftest import make_model_dir, tiny_config
-from coec.arch import ADAPTERS, MODULES, STOCK, ModelError, adapter_for
+from conftest import make_model_dir
+from coec.arch import MODULES
 
 from test_arch import _masked_logits  # noqa: F401  (helpers and fixtures)
 

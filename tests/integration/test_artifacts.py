@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from coec import atomic
 from coec import artifacts
-from conftest import make_model_dir, write_trimmed_workflow
+from conftest import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -174,7 +175,7 @@ def test_failing_write_leaves_neither_target_nor_temp(tmp_path):
         raise RuntimeError("disk gone")
 
     with pytest.raises(RuntimeError):
-        artifacts.write_chunks(target, chunks())
+        atomic.write_chunks(target, chunks())
     assert list(tmp_path.iterdir()) == []
     # a previous file survives a failed rewrite untouched
     artifacts.write_tensors(target, {"a": torch.ones(3)}, "comp-block")
@@ -191,14 +192,14 @@ def test_failing_write_leaves_neither_target_nor_temp(tmp_path):
 def test_failing_folder_write_leaves_nothing(tmp_path):
     out = tmp_path / "grams"
     with pytest.raises(RuntimeError):
-        with artifacts.atomic_dir(out) as tmp:
+        with atomic.atomic_dir(out) as tmp:
             artifacts.write_tensors(tmp / "layer0.safetensors", {"a": torch.ones(1)}, "gram")
             raise RuntimeError("killed mid-calibration")
     assert list(tmp_path.iterdir()) == []
-    with artifacts.atomic_dir(out) as tmp:
+    with atomic.atomic_dir(out) as tmp:
         artifacts.write_json(tmp / "meta.json", {"n_layers": 1}, "gram-meta")
     with pytest.raises(RuntimeError):
-        with artifacts.atomic_dir(out) as tmp:
+        with atomic.atomic_dir(out) as tmp:
             raise RuntimeError
     assert [p.name for p in tmp_path.iterdir()] == ["grams"]
     assert artifacts.read_gram_meta(out)["n_layers"] == 1
@@ -210,10 +211,10 @@ def test_modes_follow_the_umask(tmp_path, umask):
     try:
         artifacts.write_tensors(tmp_path / "a.safetensors", {"a": torch.ones(1)}, "gram")
         artifacts.write_json(tmp_path / "a.json", {"x": 1})
-        with artifacts.atomic_dir(tmp_path / "d") as d:
+        with atomic.atomic_dir(tmp_path / "d") as d:
             fd = os.open(d / "third_party.bin", os.O_WRONLY | os.O_CREAT, 0o600)  # like save_pretrained
             os.close(fd)
-        with artifacts.atomic_path(tmp_path / "fig.png") as p:
+        with atomic.atomic_path(tmp_path / "fig.png") as p:
             p.write_bytes(b"png")
             os.chmod(p, 0o600)
     finally:

@@ -3,16 +3,10 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 import pytest
-import torch
-from coec import artifacts
-from conftest import make_model_dir, write_trimmed_workflow
+from conftest import write_trimmed_workflow
 
 from test_artifacts import REPO, _digests  # noqa: F401  (helpers and fixtures)
 

@@ -3,17 +3,10 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
 import pytest
 import torch
-from coec.cli import main
-from coec.export import MARKER, ExportRefused, check_out_dir
-from coec.arch import ModelError
-from coec.pipeline import build_model, run_export
-from coec.prune import ExportNeeds, choose_export_class
-from conftest import make_model_dir
+from coec.pipeline import build_model
 
 from test_export import _export_workflow, _snakemake, cell, logits, reload_plain  # noqa: F401  (helpers and fixtures)
 

@@ -4,21 +4,7 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 import pytest
-import torch
-from safetensors.torch import load_file
-from coec.arch import MODULES
-from coec.iterative.method import Options, global_pass, run_iterative
-from coec.iterative.schedule import check_schedule, make_schedule
-from coec.iterative.state import PruneState, apply_keep_, block_tensors, unit_params
-from coec.iterative.stats import calib_set, finalize_stats, mix_stats
-from coec.iterative.structure import alam_keep
-from coec.iterative import stages
-from coec.cli import main as coec_main
-from coec.calibrate import GramAccumulator, run_layerwise
-from coec.selection import channel_variance
 
 pytestmark = pytest.mark.slow
 

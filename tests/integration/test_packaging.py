@@ -99,7 +99,6 @@ def test_pins_satisfy_pyproject_ranges():
 # --- environments: every rule deploys envs/coec.yaml and runs the environment's own `coec` ---
 
 import os  # noqa: E402
-import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 

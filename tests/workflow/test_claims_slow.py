@@ -3,11 +3,7 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 import pytest
-from coec.claims import VERDICTS, claims_markdown, evaluate, registered_claims
-from coec.claims.paper import table4_beside_paper
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
-import signal
 import subprocess
 import sys
 import time

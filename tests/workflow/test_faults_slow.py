@@ -3,19 +3,14 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 import pytest
-import torch
-from conftest import CORPUS, make_model_dir, write_trimmed_workflow
 
 from test_faults import _mount_tmpfs, file_digests, fresh_copy, reference, run_workflow, snakemake_cmd  # noqa: F401  (helpers and fixtures)
 

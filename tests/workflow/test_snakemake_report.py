@@ -6,7 +6,6 @@ report of a real tiny-model run."""
 from __future__ import annotations
 
 import copy
-import html
 import json
 import re
 import types

@@ -3,16 +3,11 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 
 from __future__ import annotations
 
-import copy
 import html
 import json
 import re
-import types
 from pathlib import Path
 import pytest
-import yaml
-from conftest import REPO, snakemake
-from test_workflow import trimmed_run
 
 from test_snakemake_report import _results, report_html  # noqa: F401  (helpers and fixtures)
 from test_workflow import trimmed_run  # noqa: F401  (the fixture report_html needs)

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import csv
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml

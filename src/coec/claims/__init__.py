@@ -48,7 +48,7 @@ def _csv(path) -> list[dict]:
 def _long(paths, label_columns) -> list[dict]:
     """Tables (label columns, then one column per model; a zero-shot table's noise columns
     are skipped) as long rows: labels, model, value."""
-    from ..artifacts import is_model_column
+    from ..report import is_model_column
 
     out = []
     for p in paths or []:
@@ -262,7 +262,7 @@ def claims_markdown(spec: dict) -> str:
 
 
 def write_claims(spec: dict, out: str | Path) -> str:
-    from ..artifacts import write_text
+    from ..atomic import write_text
 
     text = claims_markdown(spec)
     write_text(out, text)

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..artifacts import write_bytes
+from ..atomic import write_bytes
 from ..progress import routed_tqdm
 from .tasks import PAPER_TASKS, TASKS, TaskSpec, builtin_yaml_source, data_file, render_task_dir, task_spec
 

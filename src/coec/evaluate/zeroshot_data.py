@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Iterable
 
 
-from ..artifacts import write_bytes
+from ..atomic import write_bytes
 from ..progress import bar as progress_bar
 from .tasks import HF_DATASETS, TASKS, TaskSpec, task_spec
 

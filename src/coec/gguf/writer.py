@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..arch import adapter_for
-from ..artifacts import atomic_path
+from ..atomic import atomic_path
 from ..progress import bar as progress_bar
 from ..arch.gguf import ARCHS, GgufArch, GgufNeeds, choose_arch
 from .layout import (LayerWidths, check_gguf_type, encode, encoded_nbytes, file_type,

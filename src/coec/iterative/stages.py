@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .. import atomic
 from .. import artifacts
 from ..arch import MODULES
 from ..artifacts import read_gram_layer
@@ -168,5 +169,5 @@ def copy_block(src: str, first: int, last: int, out: str) -> None:
     """``iterative collect --block``: a step's bias block file copied to a cell's
     ``block{first}-{last}.safetensors`` after checking that it holds exactly layers first..last."""
     artifacts.read_comp_block(src, first, last)
-    with artifacts.atomic_path(out) as tmp:
+    with atomic.atomic_path(out) as tmp:
         shutil.copyfile(src, tmp)
