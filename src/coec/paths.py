@@ -91,10 +91,10 @@ def figure_file(name: str) -> str:
 
 
 def log_file(stage: str, *parts: str, suffix: str = ".log") -> str:
-    """``results/logs/<stage>/<parts...><suffix>``."""
-    return f"{RESULTS}/logs/{stage}/{'/'.join(parts)}{suffix}"
+    """``results/logs/<stage>/<parts...><suffix>`` (``results/logs/<stage><suffix>`` without parts)."""
+    return f"{RESULTS}/logs/{'/'.join((stage, *parts))}{suffix}"
 
 
 def benchmark_file(stage: str, *parts: str) -> str:
     """``results/benchmarks/<stage>/<parts...>.tsv`` (Snakemake's per-job timings)."""
-    return f"{RESULTS}/benchmarks/{stage}/{'/'.join(parts)}.tsv"
+    return log_file(stage, *parts, suffix=".tsv").replace(f"{RESULTS}/logs/", f"{RESULTS}/benchmarks/", 1)

