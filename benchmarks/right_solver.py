@@ -29,7 +29,7 @@ import torch
 
 from coec.calibrate import load_layer_stats
 from coec.compensate import compensate
-from coec.compensate.linalg import OutputError
+from coec.compensate.errors import OutputError
 from coec.arch import attention_geometry
 from coec.models import layer_tensor_names, load_config, read_tensors
 from coec.arch import pruned_value_proj

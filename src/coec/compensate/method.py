@@ -22,7 +22,7 @@ import torch
 
 from ..registry import Registry
 from .inputs import MethodInput
-from .linalg import gram_psd, gram_scale, normalize_gram
+from .gram import gram_psd, gram_scale, normalize_gram
 from .validators import float_dtype, opt
 
 __all__ = ["CommonOptions", "Problem", "Metric", "Compensation", "Method", "METHODS", "MODULES"]
@@ -101,7 +101,7 @@ class Problem:
     def mean_gram(self) -> torch.Tensor:
         """``E[x x^T]`` in float64 (the Gram over ``n_tokens``, symmetrised), with the metric's PSD
         projection when the Gram was indefinite."""
-        from .linalg import psd_project
+        from .gram import psd_project
 
         if self.n_tokens is None:
             raise ValueError("the mean Gram needs n_tokens")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..inputs import OtherCalibration, OtherCell
-from ..linalg import OutputError
+from ..errors import OutputError
 from ..method import METHODS, CommonOptions, Compensation, Method, Problem
 from ..problem_checks import check_tensor
 from ..validators import boolean, choice, name_or_none, number, opt

@@ -136,9 +136,8 @@ def check_data(problem: Problem, o: CoecOptions) -> None:
 
 
 def solve(problem: Problem, options: CoecOptions) -> Compensation:
-    W, info = coec(problem.W0, problem.gram, problem.keep, options, value_proj=problem.inputs.get("value_proj"),
-                   device=problem.device, compute_dtype=problem.dtype)
-    return Compensation(weight=W, info=info)
+    return coec(problem.W0, problem.gram, problem.keep, options, value_proj=problem.inputs.get("value_proj"),
+                device=problem.device, compute_dtype=problem.dtype)
 
 
 METHOD = METHODS.register(Method(
