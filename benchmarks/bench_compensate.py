@@ -336,7 +336,7 @@ def main(argv=None):
                     if a.temper_dtype:
                         opts["temper_dtype"] = a.temper_dtype
                     if module == "o_proj" and a.align_lambda > 0:
-                        opts.update(align_lambda=a.align_lambda, value_proj=vp)
+                        opts.update(align_lambda=a.align_lambda, inputs={"value_proj": vp})
                     if a.coec_opts:
                         opts.update(json.loads(a.coec_opts))
                 device_sync(device)

@@ -89,7 +89,7 @@ def main():
                 opts = {"max_rounds": a.max_rounds, **a.coec_opts} if m == "coec" else {}
                 opts["n_tokens"] = c["count"]
                 if m == "coec" and mod == "o_proj":
-                    opts.update(align_lambda=50.0, value_proj=vp)
+                    opts.update(align_lambda=50.0, inputs={"value_proj": vp})
                 t1 = time.time()
                 res = compensate(W[mod], c["gram"], c["mean"], cols[mod], m, **opts)
                 sec = time.time() - t1

@@ -125,7 +125,7 @@ def synthetic(a):
         W0, G, mean, keep, vp, _ = synth_problem(module, d_out, d_in, k, extra, DEFAULT_TOKENS[a.shapes], 0, dev)
         opts = dict(max_rounds=a.max_rounds, tol=0.0, left_polar=a.polar)
         if module == "o_proj":
-            opts.update(align_lambda=50.0, value_proj=vp)
+            opts.update(align_lambda=50.0, inputs={"value_proj": vp})
         with observed() as log:
             compensate(W0, G, mean, keep, "coec", **opts)
         print(f"[{name}] {summary(log, a.polar)}", flush=True)
@@ -154,7 +154,7 @@ def real_layers(a):
             opts = dict(alpha=0.9, max_rounds=a.max_rounds, n_tokens=st["count"])
             if module == "o_proj":
                 opts.update(align_lambda=50.0,
-                            value_proj=pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom))
+                            inputs={"value_proj": pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom)})
             ref = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar="svd", **opts)
             with observed() as log:
                 out = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar=a.polar, **opts)

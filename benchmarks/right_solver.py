@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             extra = {}
             if module == "o_proj":
                 extra = {"align_lambda": 50.0,
-                         "value_proj": pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom)}
+                         "inputs": {"value_proj": pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom)}}
             W0 = w[names[module]]
             for v in variants:
                 t0 = time.perf_counter()

@@ -128,7 +128,7 @@ def main(argv=None):
                                                     n_test=a.test_tokens)
         opts = {"max_rounds": a.max_rounds}
         if module == "o_proj" and a.align_lambda > 0:
-            opts.update(align_lambda=a.align_lambda, value_proj=vp)
+            opts.update(align_lambda=a.align_lambda, inputs={"value_proj": vp})
         for mode in MODES:
             out, count = run_mode(mode, W0, G, mean, keep, "coec", **opts)
             i = out.info
