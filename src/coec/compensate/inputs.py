@@ -54,7 +54,8 @@ class Module:
 class MethodInput(Protocol):
     """One kind of extra data (see the module docstring)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def workflow_path(self, options: Any, job: Job) -> str | None: ...
 

@@ -139,7 +139,7 @@ class Method:
     metric); otherwise ``compensate`` computes them on ``Problem.metric``.
     default_dtype: the solve dtype when ``compute_dtype`` is null, per device.
     check_options: cross-option rules a value check cannot express, per module (``None`` for a
-    call outside a config): returns a problem (``"<option>: <why>"``) or None.
+    call outside a config): returns a problem ``(option, why)`` or None.
     check_data: checks of the problem's data against the options (raises ValueError).
     """
 
@@ -152,7 +152,7 @@ class Method:
     needs_n_tokens: bool = False
     reports_errors: bool = False
     default_dtype: Callable[[torch.device], torch.dtype] = _float64_on_cpu
-    check_options: Callable[[Any, str | None], str | None] | None = None
+    check_options: Callable[[Any, str | None], tuple[str, str] | None] | None = None
     check_data: Callable[[Problem, Any], None] | None = None
 
     def dtype(self, options: CommonOptions, device: torch.device) -> torch.dtype:
