@@ -48,7 +48,8 @@ from ..profiling import span, traced
 from .newton_schulz import ns_polar
 from .objective import Evaluation, ProfiledObjective
 
-__all__ = ["RightSolveSettings", "RightResult", "Direction", "Tangent", "Space", "matmul_precision", "descend"]
+__all__ = ["RightSolveSettings", "RightResult", "Direction", "Tangent", "Space", "matmul_precision", "Counts",
+           "Descent", "descend", "finish"]
 
 
 @dataclass(frozen=True)

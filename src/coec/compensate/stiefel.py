@@ -26,7 +26,8 @@ from .descent import Direction, RightResult, RightSolveSettings, Tangent, descen
 from .objective import ProfiledObjective
 from .retraction import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
 
-__all__ = ["Preconditioner", "RightProblem", "make_preconditioner", "solve_reduced", "solve_full"]
+__all__ = ["Preconditioner", "RightProblem", "make_preconditioner", "PolarDirection", "CayleyDirection",
+           "PolarTangent", "CayleyTangent", "solve_reduced", "solve_full"]
 
 
 def make_preconditioner(Gxx: torch.Tensor, damping: float) -> torch.Tensor:
@@ -177,13 +178,13 @@ class _ReducedSpace:
 
 
 def solve_reduced(U: torch.Tensor, S: torch.Tensor, Vt: torch.Tensor, problem: RightProblem,
-                  settings: RightSolveSettings = RightSolveSettings(), RG0: torch.Tensor | None = None,
+                  settings: RightSolveSettings | None = None, RG0: torch.Tensor | None = None,
                   rg_age: int = 0) -> RightResult:
     """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
 
     U (d_out, r), S (r,), Vt (r, k) the thin SVD of the current weight (S descending); the
-    metric, alignment term and preconditioner in ``problem``. Polar retraction when r < k,
-    Cayley when r = k.
+    metric, alignment term and preconditioner in ``problem``; ``settings`` (None: the defaults).
+    Polar retraction when r < k, Cayley when r = k.
 
     ``settings.rg_update``: how a trial's ``R_new Gxx`` is formed for its evaluation. "product":
     one (r, k, k) product per trial. "carry" (polar retraction only):
@@ -202,6 +203,7 @@ def solve_reduced(U: torch.Tensor, S: torch.Tensor, Vt: torch.Tensor, problem: R
     direction that is no descent direction falls back to the gradient (counted in ``restarts``).
     Steps then need ``eta_scale="rayleigh"``, the exact line search along the direction.
     """
+    settings = settings or RightSolveSettings()
     obj = problem.objective(U, S)
     r, k = Vt.shape
     square = r == k
@@ -242,7 +244,7 @@ class _FullSpace:
 
 
 def solve_full(U: torch.Tensor, S: torch.Tensor, Vt: torch.Tensor, problem: RightProblem,
-               settings: RightSolveSettings = RightSolveSettings(), RG0: torch.Tensor | None = None,
+               settings: RightSolveSettings | None = None, RG0: torch.Tensor | None = None,
                rg_age: int = 0) -> RightResult:
     """Full right solve over ``Q_r in O(k)`` from ``Q = I`` with Cayley steps (ablation "converged
     two-sided rotation"; Sec. 4.1). Same objective as ``solve_reduced`` through ``R = Vt Q``; the
@@ -253,6 +255,7 @@ def solve_full(U: torch.Tensor, S: torch.Tensor, Vt: torch.Tensor, problem: Righ
     """
     if problem.preconditioner is not None:
         raise ValueError("the full right solve takes no preconditioner (right: stiefel only)")
+    settings = settings or RightSolveSettings()
     obj = problem.objective(U, S)
     k = Vt.shape[1]
     Q0 = torch.eye(k, dtype=Vt.dtype, device=Vt.device)
