@@ -24,7 +24,7 @@ Stopping (App. B / Alg. 1): ``max_rounds`` or a change of the objective below ``
 first rounds, so in practice the loop is an early-stopped descent that runs to ``max_rounds``;
 ``info["seconds_per_round"]`` gives the cost of raising or lowering the cap.
 
-The steps of a call: its set-up (``algorithm1_setup``: what the options mean on this device, the
+The steps of a call: its set-up (``algorithm1_setup``: what the settings mean on this device, the
 metric's slices, the alignment data), the pruned point's factors (``_start``) and first left
 rotation, the round loop (``_round_loop``, one ``_round`` each) and the reported result
 (``_result``).
@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -43,24 +43,22 @@ from ..profiling import span, traced
 from ..progress import bar as progress_bar
 from . import gcv as _gcv
 from .algorithm1_setup import (
+    CoecSettings,
     Plan,
+    RescaleSettings,
     Slices,
     make_plan,
     right_problem,
-    right_settings,
     setup_alignment,
     setup_info,
     slices,
 )
 from .alignment import Alignment, alignment_value
-from .descent import RightResult, RightSolveSettings
+from .descent import RightResult
 from .errors import relerr
 from .linalg import polar, polar_eigh, polar_newton, svd, svd_eigh
 from .method import Compensation
 from .stiefel import RightProblem, solve_full, solve_reduced
-
-if TYPE_CHECKING:
-    from .methods.coec import CoecOptions
 
 __all__ = ["coec"]
 
@@ -141,7 +139,7 @@ class _Objective:
 
 
 @traced("coec.rescale")
-def _rescale(st: _State, options: CoecOptions, run: _Run, objective: _Objective) -> _State:
+def _rescale(st: _State, rescale: RescaleSettings, run: _Run, objective: _Objective) -> _State:
     """Alg. 1 "GCV-rescale" of the current factors.
 
     The rescale never increases the error (gcv.rescale), but it can re-order the modes, and the
@@ -150,11 +148,11 @@ def _rescale(st: _State, options: CoecOptions, run: _Run, objective: _Objective)
     (round-off), the weight is left as is; both are counted in ``rescale_fallbacks``.
     """
     rho = st.rho()
-    res = _gcv.rescale(st.S, rho, st.e, mode=options.rescale, grid=options.gcv_grid, kappa=options.kappa)
+    res = _gcv.rescale(st.S, rho, st.e, mode=rescale.mode, grid=rescale.grid, kappa=rescale.kappa)
     run.rescales += 1
     if not res.scale_ok:
         run.scale_skipped += 1
-    if options.rescale == "gcv" and res.lam is not None:
+    if rescale.mode == "gcv" and res.lam is not None:
         run.gcv_lambdas.append(res.lam)
         run.gcv_lambdas_rel.append(res.lam_rel)
         if res.grid_end:
@@ -165,7 +163,7 @@ def _rescale(st: _State, options: CoecOptions, run: _Run, objective: _Objective)
     if objective(new) <= L0:
         return new
     run.rescale_fallbacks += 1
-    if options.rescale == "gcv":
+    if rescale.mode == "gcv":
         new = _apply_sigma(st, _gcv.rescale(st.S, rho, st.e, mode="global").sigma)
         if objective(new) <= L0:
             return new
@@ -254,16 +252,16 @@ def _start(WK: torch.Tensor, m: Slices, plan: Plan, run: _Run) -> _State:
     return _frames(U, S, Vt, m.Gxx, m.Gyx)
 
 
-def _round(rec: _Rounds, problem: RightProblem, settings: RightSolveSettings, options: CoecOptions, plan: Plan,
-           run: _Run, objective: _Objective) -> _State:
+def _round(rec: _Rounds, problem: RightProblem, settings: CoecSettings, plan: Plan, run: _Run,
+           objective: _Objective) -> _State:
     """One round from ``rec.state``: lines 6-7, the right rotation (scale recomputed inside),
     W^ <- s W^ Q_r, rescale; line 8, the left rotation (the conditional minimiser; kept only if
     round-off did not make it worse), rescale."""
     st = rec.state
-    solver = {"stiefel": solve_reduced, "full": solve_full}.get(options.right)
+    solver = {"stiefel": solve_reduced, "full": solve_full}.get(settings.right)
     if solver is not None:
         with span("coec.right"):
-            res = solver(st.U, st.S, st.Vt, problem, settings, st.RG, rec.rg_age)
+            res = solver(st.U, st.S, st.Vt, problem, plan.right_solve, st.RG, rec.rg_age)
         rec.rg_age = res.rg_age
         rec.steps_per_round.append(res.steps)
         rec.right.add(res)
@@ -271,7 +269,7 @@ def _round(rec: _Rounds, problem: RightProblem, settings: RightSolveSettings, op
         s = res.s if res.scale_ok else 1.0
         nxt = _frames(st.U, st.S, res.R, problem.Gxx, problem.Gyx, res.RG)
         st = _apply_sigma(nxt, nxt.S.to(torch.float64) * s)
-        st = _rescale(st, options, run, objective)
+        st = _rescale(st, settings.rescale, run, objective)
     else:
         rec.steps_per_round.append(0)
     cand = _left(st, run, plan.left_polar)
@@ -279,20 +277,20 @@ def _round(rec: _Rounds, problem: RightProblem, settings: RightSolveSettings, op
         st = cand
     else:
         run.left_rejects += 1
-    return _rescale(st, options, run, objective)
+    return _rescale(st, settings.rescale, run, objective)
 
 
-def _round_loop(rec: _Rounds, problem: RightProblem, options: CoecOptions, plan: Plan, run: _Run,
+def _round_loop(rec: _Rounds, problem: RightProblem, settings: CoecSettings, plan: Plan, run: _Run,
                 objective: _Objective) -> None:
     """Rounds until ``max_rounds``, a change of the objective below ``tol``, or a round that
     raised it (undone: "non_monotone_guard")."""
-    settings = right_settings(options, plan)
+    rounds = settings.rounds
     L_prev = rec.history[0]
     # an inner bar: drawn on a terminal (after 1 s), silent in a log (the module count is there)
-    for _rnd in progress_bar(range(int(options.max_rounds)), desc="coec rounds", unit="round",
+    for _rnd in progress_bar(range(rounds.max_rounds), desc="coec rounds", unit="round",
                              leave=False, delay=1.0):
         t_round = time.perf_counter()
-        st = _round(rec, problem, settings, options, plan, run, objective)
+        st = _round(rec, problem, settings, plan, run, objective)
         L = objective(st)
         rec.round_seconds.append(time.perf_counter() - t_round)
         if not math.isfinite(L) or L > L_prev:  # monotone guard: keep the previous iterate
@@ -301,10 +299,10 @@ def _round_loop(rec: _Rounds, problem: RightProblem, options: CoecOptions, plan:
         rec.state = st
         rec.history.append(L)
         change = L_prev - L
-        if options.tol_mode == "relative":
+        if rounds.tol_mode == "relative":
             change = change / max(abs(L_prev), 1e-300)
         L_prev = L
-        if change < float(options.tol):
+        if change < rounds.tol:
             rec.stop = "tol"
             break
 
@@ -312,23 +310,23 @@ def _round_loop(rec: _Rounds, problem: RightProblem, options: CoecOptions, plan:
 # --------------------------------------------------------------------------- the call
 
 
-def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, options: CoecOptions,
+def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, settings: CoecSettings,
          value_proj: torch.Tensor | None = None, device: torch.device | str | None = None,
          compute_dtype: torch.dtype | str | None = None) -> Compensation:
     """Algorithm 1 for one module. W0 (d_out, d_in), gram (d_in, d_in), keep (k,) sorted;
-    ``options`` the resolved ``CoecOptions`` (checked by the caller); value_proj (k, d_model) the
-    pruned v_proj in query-head layout or None. Returns the weight (d_out, k) in the compute dtype
+    ``settings`` from the checked options (``methods.coec.solver_settings``); value_proj
+    (k, d_model) the pruned v_proj in query-head layout or None. Returns the weight (d_out, k) in the compute dtype
     and the info dict.
     """
     t0 = time.perf_counter()
-    plan = make_plan(options, torch.device(device) if device is not None else W0.device, compute_dtype)
+    plan = make_plan(settings, torch.device(device) if device is not None else W0.device, compute_dtype)
     run = _Run()
     keep = keep.to(plan.device)
-    m = slices(W0, gram, keep, options, plan, run.svd_fallbacks)
+    m = slices(W0, gram, keep, settings.temper, plan, run.svd_fallbacks)
     W0c = W0.to(plan.device, plan.dtype)
     WK = W0c[:, keep]
-    info = setup_info(options, plan, m, WK)
-    al = setup_alignment(W0c, keep, value_proj, options, plan, run.svd_fallbacks)
+    info = setup_info(settings, plan, m, WK)
+    al = setup_alignment(W0c, keep, value_proj, settings.align, plan, run.svd_fallbacks)
     if m.c <= 0 or not math.isfinite(m.c):  # no output energy in this metric: nothing to fit
         info.update(_finish_info(run, None, "zero_output_energy", t0))
         info["relerr_after"] = info["relerr_before"]
@@ -338,15 +336,15 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, options: Coec
     st = _start(WK, m, plan, run)
     if al is not None:
         info.update(_align_info(st, al, "before"))
-    lam_a = float(options.align_lambda)
+    lam_a = settings.align.weight
     objective = _Objective(m.c, lam_a, al if lam_a > 0 else None)
     info["objective_pruned"] = objective(st)
     # Lines 3-4: left rotation, rescale.
-    st = _rescale(_left(st, run, plan.left_polar), options, run, objective)
-    rec = _Rounds(state=st, history=[objective(st)],
-                  right=_RightStats(with_restarts=options.right_solver == "cg" or options.precondition != "none"))
+    st = _rescale(_left(st, run, plan.left_polar), settings.rescale, run, objective)
+    with_restarts = settings.right_solve.method == "cg" or settings.precondition != "none"
+    rec = _Rounds(state=st, history=[objective(st)], right=_RightStats(with_restarts=with_restarts))
     info["seconds_setup"] = time.perf_counter() - t0
-    _round_loop(rec, right_problem(m, options, objective.align), options, plan, run, objective)
+    _round_loop(rec, right_problem(m, settings, objective.align), settings, plan, run, objective)
     return _result(rec, m, al, run, info, t0)
 
 

@@ -54,13 +54,14 @@ __all__ = ["RightSolveSettings", "RightResult", "Direction", "Tangent", "Space",
 
 @dataclass(frozen=True)
 class RightSolveSettings:
-    """How a right solve runs (the module docstring; ``coec`` derives them from its options once
+    """How a right solve runs (the module docstring; ``coec`` takes them from its options once
     per call). eta / eta_scale: the step; delta / delta_norm: the stop on the change of R;
     max_steps: accepted steps; max_backtracks: halvings of a step; method: "gd" (Riemannian
     gradient) or "cg" (Polak–Ribière+ conjugate directions); cayley_inverse: the inverse inside a
     Cayley retraction ("newton_schulz" | "solve"); direction_matmul: "float32" | "tf32";
-    rg_update: "product" | "carry", with rg_refresh the carried updates between fresh products
-    (0: never); track: record F after every accepted step (``RightResult.history``)."""
+    rg_update: "product" | "carry" (a caller resolves the option's "auto" first), with rg_refresh
+    the carried updates between fresh products (0: never); track: record F after every accepted
+    step (``RightResult.history``)."""
 
     eta: float = 1.0
     eta_scale: str = "rayleigh"
