@@ -32,7 +32,7 @@ import time
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.linalg import OutputError
+from coec.compensate.errors import OutputError
 from coec.profiling import device_sync, gemm_rate, span_totals
 
 # name: (module, d_out, d_in, k, extra)   extra: for o_proj (n_heads, n_kv, head_dim, d_model)

@@ -23,7 +23,7 @@ import torch
 
 from coec.calibrate import run_layerwise
 from coec.compensate import compensate
-from coec.compensate.linalg import OutputError
+from coec.compensate.errors import OutputError
 from coec.data import load_split, sample_windows, tokenize_text
 from coec.arch import attention_shape
 from coec.models import load_model

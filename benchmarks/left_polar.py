@@ -46,9 +46,9 @@ def observed():
     """Record (cond(A^T A), fell back?) per eigh/Newton left polar, the first left-rotation
     matrix (``log["A"]``), and the iterations per Cayley inverse."""
     coec_mod = sys.modules["coec.compensate.algorithm1"]
-    stiefel = sys.modules["coec.compensate.stiefel"]
+    retraction = sys.modules["coec.compensate.retraction"]
     saved = {name: getattr(coec_mod, name) for name in ("polar_eigh", "polar_newton")}
-    ns_inverse = stiefel.ns_inverse
+    ns_inverse = retraction.ns_inverse
     log = {"left": [], "ns_iters": [], "A": None}
 
     def logged(fn):
@@ -73,13 +73,13 @@ def observed():
         log["ns_iters"].append(it)
         return X, it
 
-    stiefel.ns_inverse = ns_inverse_logged
+    retraction.ns_inverse = ns_inverse_logged
     try:
         yield log
     finally:
         for name, fn in saved.items():
             setattr(coec_mod, name, fn)
-        stiefel.ns_inverse = ns_inverse
+        retraction.ns_inverse = ns_inverse
 
 
 def summary(log, method: str) -> str:

@@ -29,7 +29,7 @@ import torch
 
 from coec.artifacts import read_gram_layer
 from coec.compensate import compensate
-from coec.compensate.linalg import OutputError
+from coec.compensate.errors import OutputError
 from coec.arch import attention_shape
 from coec.artifacts import read_model_tensors
 from coec.models import layer_tensor_names, load_config

@@ -12,8 +12,8 @@ CUDA), which is what the global switch does; and with the option ``direction_mat
 which puts TF32 only inside the right solve's search direction and step size (the Riemannian
 gradient's two products and the Rayleigh step's ``g Gxx``), the objective's evaluations and the
 retraction staying float32. For that run the option's CUDA-only switch
-(``stiefel.matmul_precision``) is replaced by the emulation and its CUDA check
-(``coec.direction_matmul_used``) is told yes, so the library's own scoping is what is measured.
+(``descent.matmul_precision``) is replaced by the emulation and its CUDA check
+(``algorithm1_setup.direction_matmul_used``) is told yes, so the library's own scoping is what is measured.
 It prints the final calibration and held-out errors, the rounds, the stop reason and how far the
 objective history strays. Speed is not emulated: the GPU check times the option on CUDA
 (``bench_compensate.py --coec-opts '{"direction_matmul": "tf32"}'``); the global switch is not
@@ -34,9 +34,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench_compensate import DEFAULT_TOKENS, SHAPES, heldout_relerr, synth_problem, width_shapes
-from coec.compensate import compensate, stiefel
+from coec.compensate import compensate, descent
 
-coec_module = importlib.import_module("coec.compensate.algorithm1")  # the module (the package exports the function)
+setup_module = importlib.import_module("coec.compensate.algorithm1_setup")
 
 _MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.bmm.default: (0, 1),
        torch.ops.aten.addmm.default: (1, 2), torch.ops.aten.baddbmm.default: (1, 2)}
@@ -73,17 +73,17 @@ class EmulatedTF32(TorchDispatchMode):
 @contextlib.contextmanager
 def emulated_direction_option(mode: EmulatedTF32):
     """Make ``direction_matmul: tf32`` act on this CPU as it does on CUDA, with TF32 emulated."""
-    saved = stiefel.matmul_precision, coec_module.direction_matmul_used
+    saved = descent.matmul_precision, setup_module.direction_matmul_used
 
     def precision(kind="float32"):
         return mode if kind == "tf32" else contextlib.nullcontext()
 
-    stiefel.matmul_precision = precision
-    coec_module.direction_matmul_used = lambda option, device, dtype: option
+    descent.matmul_precision = precision
+    setup_module.direction_matmul_used = lambda option, device, dtype: option
     try:
         yield mode
     finally:
-        stiefel.matmul_precision, coec_module.direction_matmul_used = saved
+        descent.matmul_precision, setup_module.direction_matmul_used = saved
 
 
 def run_mode(mode: str, *args, **kw):

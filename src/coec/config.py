@@ -103,7 +103,7 @@ def _fill_defaults(schema: dict, obj, root: dict) -> None:
 def registries() -> dict:
     """The plug-in registries a schema node names with ``x-registry`` (their built-in entries
     registered): ``methods``, ``scores``, ``tasks``."""
-    from .compensate.options import METHODS
+    from .compensate.method import METHODS
     from .evaluate.tasks import TASKS
     from .selection import SCORES
 
@@ -214,6 +214,7 @@ def _check_selections(cfg: dict) -> None:
 def _check_compensations(cfg: dict) -> None:
     """Every option of every compensation, as each module will see it, and the entries its
     method's inputs name (coec.compensate.options, coec.compensate.inputs)."""
+    from .compensate.method import METHODS
     from .compensate.options import method, resolve, top_level_options, validate_spec
 
     for name, spec in cfg.get("compensations", {}).items():
@@ -225,7 +226,7 @@ def _check_compensations(cfg: dict) -> None:
         m = method(spec["method"])
         options = resolve(m.name, top_level_options(spec))
         for inp in m.inputs:
-            problem = inp.check_reference(m.name, options, cfg, where)
+            problem = inp.check_reference(m.name, options, cfg, where, METHODS)
             if problem:
                 raise ConfigError(f"config: {problem}")
 

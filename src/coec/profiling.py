@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import torch
 from torch.profiler import record_function as span
 
 __all__ = ["span", "traced", "span_totals", "device_sync", "gemm_rate"]
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
-def traced(name: str):
+
+def traced(name: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Decorator: run the function inside a fresh ``span(name)`` on every call (thread- and
     re-entrancy-safe, unlike decorating with one shared ``record_function`` instance)."""
 
-    def wrap(fn):
+    def wrap(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(fn)
-        def inner(*args, **kwargs):
+        def inner(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             with span(name):
                 return fn(*args, **kwargs)
 

@@ -9,8 +9,10 @@ import torch
 from test_compensate_problems import make_oproj, make_problem
 
 from coec.compensate import compensate
-from coec.compensate.linalg import normalize_gram, polar, svd
-from coec.compensate.stiefel import ProfiledObjective, alignment_setup, alignment_value
+from coec.compensate.alignment import alignment_grad, alignment_setup, alignment_value
+from coec.compensate.gram import normalize_gram
+from coec.compensate.linalg import polar, svd
+from coec.compensate.objective import ProfiledObjective
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,24 +30,29 @@ def test_alignment_gradient_matches_finite_differences(kind):
     k = keep.numel()
     R = polar(torch.randn(k, k, generator=g, dtype=torch.float64))
     Rp = R[:4]
-    _, grad = alignment_value(Rp, al)
+    grad = alignment_grad(Rp, al)
     for _ in range(5):
         D = torch.randn(Rp.shape, generator=g, dtype=torch.float64)
-        fd = _fd(lambda X: alignment_value(X, al)[0], Rp, D)
+        fd = _fd(lambda X: alignment_value(X, al), Rp, D)
         assert float((grad * D).sum()) == pytest.approx(fd, rel=1e-6, abs=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["projector", "angle"])
-def test_alignment_value_without_gradient_is_the_same_value(kind):
-    """The objective's evaluations skip the gradient (grad=False); the value must not change."""
+def test_alignment_value_of_either_kind_and_gradient_shape(kind):
+    """One set-up alignment measures either penalty (the reported align_projector_* and
+    align_angle_*), each equal to the value of an alignment set up for that kind; the gradient
+    has Rp's shape and dtype; an unknown kind is refused."""
     W0, G, mean, keep, vp = make_oproj()
     al = alignment_setup(W0, keep, vp, 4, kind)
     Rp = polar(torch.randn(keep.numel(), keep.numel(), generator=torch.Generator().manual_seed(1),
                            dtype=torch.float64))[:4]
-    val, grad = alignment_value(Rp, al)
-    val_only, none = alignment_value(Rp, al, grad=False)
-    assert none is None and grad.shape == Rp.shape
-    assert val_only == val
+    for other in ("projector", "angle"):
+        assert alignment_value(Rp, al, other) == alignment_value(Rp, alignment_setup(W0, keep, vp, 4, other))
+    assert alignment_value(Rp, al) == alignment_value(Rp, al, kind)
+    grad = alignment_grad(Rp, al)
+    assert grad.shape == Rp.shape and grad.dtype == Rp.dtype
+    with pytest.raises(ValueError, match="align kind"):
+        alignment_value(Rp, al, "cosine")
 
 
 def test_alignment_penalty_definition():
@@ -60,11 +67,11 @@ def test_alignment_penalty_definition():
     R = svd(W0[:, keep])[2]
     Rp = R[:rp]
     ref = float(((Uv.mT @ (Rp.mT @ Rp - Q @ Q.mT) @ Uv) ** 2).sum()) / rp**2
-    assert alignment_value(Rp, al)[0] == pytest.approx(ref, rel=1e-10)
+    assert alignment_value(Rp, al) == pytest.approx(ref, rel=1e-10)
     # angle variant = mean sin^2 of the principal angles
     ang = alignment_setup(W0, keep, vp, rp, "angle")
     cos = torch.linalg.svdvals(Rp @ Q)
-    assert alignment_value(Rp, ang)[0] == pytest.approx(float((1 - cos**2).mean()), rel=1e-10)
+    assert alignment_value(Rp, ang) == pytest.approx(float((1 - cos**2).mean()), rel=1e-10)
 
 
 @pytest.mark.parametrize("lam", [0.0, 50.0])
@@ -82,7 +89,7 @@ def test_profiled_objective_gradient_matches_finite_differences(lam):
     grad = obj.grad(R, obj.evaluate(R))
     for _ in range(4):
         D = torch.randn(R.shape, generator=g, dtype=R.dtype)
-        fd = _fd(lambda X: obj.evaluate(X)["F"], R, D)
+        fd = _fd(lambda X: obj.evaluate(X).F, R, D)
         assert float((grad * D).sum()) == pytest.approx(fd, rel=1e-5)
 
 

@@ -5,7 +5,7 @@ import torch
 
 from coec.compensate import compensate
 from coec.compensate.methods.blend import affine_ridge, augmented_gram, blend_weight, intercept
-from coec.compensate.linalg import OutputError
+from coec.compensate.errors import OutputError
 
 F64 = torch.float64
 

@@ -28,11 +28,11 @@ def test_limits_per_mode_and_global():
     assert ok and s_glob == pytest.approx(float((sigma * rho).sum() / (sigma**2 * e).sum()))
     assert torch.allclose(per_mode_scale(1e-12, sigma, rho, e, s_glob), rho / e, rtol=1e-9)
     assert torch.allclose(per_mode_scale(1e12, sigma, rho, e, s_glob), s_glob * sigma, rtol=1e-9)
-    lo, _ = rescale(sigma, rho, e, "gcv", grid=(1e-14, 1e-13, 2), kappa=None)
-    hi, _ = rescale(sigma, rho, e, "gcv", grid=(1e13, 1e14, 2), kappa=None)
+    lo = rescale(sigma, rho, e, "gcv", grid=(1e-14, 1e-13, 2), kappa=None).sigma
+    hi = rescale(sigma, rho, e, "gcv", grid=(1e13, 1e14, 2), kappa=None).sigma
     assert torch.allclose(lo, rho / e, rtol=1e-9) and torch.allclose(hi, s_glob * sigma, rtol=1e-9)
-    glob, info = rescale(sigma, rho, e, "global")
-    assert torch.allclose(glob, s_glob * sigma) and info["scale_ok"]
+    glob = rescale(sigma, rho, e, "global")
+    assert torch.allclose(glob.sigma, s_glob * sigma) and glob.scale_ok and glob.lam is None
 
 
 def test_gcv_curve_matches_paper_form_and_chosen_lambda_is_grid_argmin():
@@ -47,10 +47,11 @@ def test_gcv_curve_matches_paper_form_and_chosen_lambda_is_grid_argmin():
     paper = (e * (s_l - rho / e) ** 2).sum(1) / (1 - df / M) ** 2
     ours = gcv_curve(lams, sigma, rho, e, s_glob)
     assert torch.allclose(ours[:100], paper[:100], rtol=1e-8)  # the paper form loses digits as lam grows
-    new, info = rescale(sigma, rho, e, "gcv", kappa=None)
+    res = rescale(sigma, rho, e, "gcv", kappa=None)
+    new = res.sigma
     j = int(torch.argmin(ours))
-    assert info["lam"] == pytest.approx(float(lams[j]))
-    assert info["lam_rel"] == pytest.approx(float(lams[j]) / float(e.median()))
+    assert res.lam == pytest.approx(float(lams[j]))
+    assert res.lam_rel == pytest.approx(float(lams[j]) / float(e.median()))
     assert float(ours[j]) <= float(ours.min())
     assert torch.allclose(new, per_mode_scale(float(lams[j]), sigma, rho, e, s_glob))
     # GCV(0+) is finite (0/0 of the paper form resolved) and GCV(inf) -> sum e (s* sigma - rho/e)^2
@@ -65,9 +66,9 @@ def test_rescale_never_increases_error(seed):
     sigma, rho, e = _modes(seed=seed)
     base = _err(sigma, rho, e)
     for mode in ("gcv", "global"):
-        new, _ = rescale(sigma, rho, e, mode)
+        new = rescale(sigma, rho, e, mode).sigma
         assert _err(new, rho, e) <= base + 1e-12
-        glob, _ = rescale(sigma, rho, e, "global")
+        glob = rescale(sigma, rho, e, "global").sigma
         assert _err(new, rho, e) <= _err(glob, rho, e) + 1e-12
 
 
@@ -77,12 +78,12 @@ def test_kappa_band_clamps():
     rho[-1] = 1e4 * sigma[-1] * e[-1]  # per-mode optimum 1e4x the uniform value (App. B)
     rho[-2] = -50.0 * sigma[-2] * e[-2]  # wrong sign
     s_glob, _ = global_scale(sigma, rho, e)
-    new, info = rescale(sigma, rho, e, "gcv", grid=(1e-12, 1e-11, 2), kappa=10.0)
-    assert info["n_clamped"] >= 2
-    ratio = new / (s_glob * sigma)
+    res = rescale(sigma, rho, e, "gcv", grid=(1e-12, 1e-11, 2), kappa=10.0)
+    assert res.n_clamped >= 2
+    ratio = res.sigma / (s_glob * sigma)
     assert float(ratio.min()) >= 0.1 - 1e-12 and float(ratio.max()) <= 10.0 + 1e-12
-    unclamped, info2 = rescale(sigma, rho, e, "gcv", grid=(1e-12, 1e-11, 2), kappa=None)
-    assert info2["n_clamped"] == 0 and float((unclamped / (s_glob * sigma)).max()) > 100
+    unclamped = rescale(sigma, rho, e, "gcv", grid=(1e-12, 1e-11, 2), kappa=None)
+    assert unclamped.n_clamped == 0 and float((unclamped.sigma / (s_glob * sigma)).max()) > 100
     vals, n = kappa_clamp(torch.tensor([5.0, -1.0, 0.5], dtype=torch.float64), torch.tensor([-1.0, -1.0, 0.0], dtype=torch.float64), 10.0)
     assert n == 2 and vals.tolist() == [-0.1, -1.0, 0.0]
 
@@ -93,11 +94,12 @@ def test_nonpositive_modes_keep_uniform_value_and_bad_scale_is_skipped():
     e[3] = 0.0
     e[5] = -1.0
     s_glob, _ = global_scale(sigma, rho, e)
-    new, info = rescale(sigma, rho, e, "gcv")
-    assert info["n_modes"] == sigma.numel() - 2
+    res = rescale(sigma, rho, e, "gcv")
+    new = res.sigma
+    assert res.n_modes == sigma.numel() - 2
     assert float(new[3]) == pytest.approx(s_glob * float(sigma[3]))
     assert float(new[5]) == pytest.approx(s_glob * float(sigma[5]))
     s, ok = global_scale(sigma, rho, -e.abs())  # non-positive denominator
     assert (s, ok) == (1.0, False)
-    new, info = rescale(sigma, rho, -e.abs(), "gcv")
-    assert not info["scale_ok"] and torch.equal(new, sigma)
+    res = rescale(sigma, rho, -e.abs(), "gcv")
+    assert not res.scale_ok and torch.equal(res.sigma, sigma) and res.lam is None

@@ -15,8 +15,11 @@ from test_compensate_problems import make_oproj, make_problem
 from coec.compensate import compensate
 from coec.compensate.method import METHODS
 from coec.compensate.methods.rcpu import rotate_and_scale as rcpu
-from coec.compensate.linalg import normalize_gram, relerr, svd
-from coec.compensate.stiefel import solve_full, solve_reduced
+from coec.compensate.descent import RightSolveSettings
+from coec.compensate.errors import relerr
+from coec.compensate.gram import normalize_gram
+from coec.compensate.linalg import svd
+from coec.compensate.stiefel import RightProblem, solve_full, solve_reduced
 
 F64 = {"compute_dtype": "float64"}
 
@@ -147,8 +150,9 @@ def test_right_solver_orthonormal_and_reduced_equals_full(dims):
     Gxx, Gyx, c = _metric(W0, G, keep)
     U, S, Vt = svd(W0[:, keep])
     lam = float(torch.linalg.eigvalsh(Gxx).max())
-    red = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-10, max_steps=3000, track=True)
-    full = solve_full(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-10, max_steps=3000)
+    problem = RightProblem(Gxx, Gyx, c, lam)
+    red = solve_reduced(U, S, Vt, problem, RightSolveSettings(delta=1e-10, max_steps=3000, track=True))
+    full = solve_full(U, S, Vt, problem, RightSolveSettings(delta=1e-10, max_steps=3000))
     assert red.stop != "max_steps" and full.stop != "max_steps"
     r = min(d_out, k)
     for res in (red, full):
@@ -191,12 +195,13 @@ def test_right_solve_carries_R_Gxx_through_the_polar_retraction(refresh):
     Gxx, Gyx, c = _metric(W0, G, keep)
     U, S, Vt = svd(W0[:, keep])
     lam = float(torch.linalg.eigvalsh(Gxx).max())
-    kw = dict(delta=1e-6, max_steps=40, track=True, RG0=Vt @ Gxx)
+    problem, RG0 = RightProblem(Gxx, Gyx, c, lam), Vt @ Gxx
     counts = {}
     for mode in ("product", "carry"):
         n = _GramProducts(d_out, k)
+        settings = RightSolveSettings(delta=1e-6, max_steps=40, track=True, rg_update=mode, rg_refresh=refresh)
         with n.mode:
-            counts[mode] = (solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, rg_update=mode, rg_refresh=refresh, **kw), n.n)
+            counts[mode] = (solve_reduced(U, S, Vt, problem, settings, RG0=RG0), n.n)
     (prod, n_prod), (carry, n_carry) = counts["product"], counts["carry"]
     assert carry.steps == prod.steps >= 10 and carry.trials == prod.trials
     assert torch.allclose(carry.R, prod.R, atol=1e-10)
@@ -211,8 +216,9 @@ def test_right_solve_carries_R_Gxx_through_the_polar_retraction(refresh):
     W0, G, mean, keep, _ = make_problem(12, 16, 12, 200, seed=1, outliers=0)
     Gxx, Gyx, c = _metric(W0, G, keep)
     U, S, Vt = svd(W0[:, keep])
-    a = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5)
-    b = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5, rg_update="carry", rg_refresh=refresh)
+    a = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam), RightSolveSettings(max_steps=5))
+    b = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam),
+                      RightSolveSettings(max_steps=5, rg_update="carry", rg_refresh=refresh))
     assert torch.equal(a.R, b.R) and b.carried == 0
 
 
@@ -249,10 +255,11 @@ def test_delta_norm_measures_the_change_of_R(dims):
     U, S, Vt = svd(W0[:, keep])
     lam = float(torch.linalg.eigvalsh(Gxx).max())
     r = min(d_out, k)
+    problem = RightProblem(Gxx, Gyx, c, lam)
     kw = dict(max_steps=5000, track=True)
-    rms = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-2, **kw)
-    fro = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-2, delta_norm="fro", **kw)
-    same = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-2 / math.sqrt(r), **kw)
+    rms = solve_reduced(U, S, Vt, problem, RightSolveSettings(delta=1e-2, **kw))
+    fro = solve_reduced(U, S, Vt, problem, RightSolveSettings(delta=1e-2, delta_norm="fro", **kw))
+    same = solve_reduced(U, S, Vt, problem, RightSolveSettings(delta=1e-2 / math.sqrt(r), **kw))
     assert rms.stop == fro.stop == "delta"
     assert fro.steps > rms.steps and fro.F_end <= rms.F_end
     assert (fro.steps, fro.F_end) == (same.steps, pytest.approx(same.F_end, rel=1e-12))
@@ -383,7 +390,7 @@ def test_direction_matmul_tf32_is_float32_off_cuda():
 
 
 def test_matmul_precision_sets_and_restores_the_float32_precision():
-    from coec.compensate.stiefel import matmul_precision
+    from coec.compensate.descent import matmul_precision
 
     before = torch.get_float32_matmul_precision()
     with matmul_precision("tf32"):
@@ -405,7 +412,7 @@ def test_direction_matmul_scope_is_the_direction_and_step_size(monkeypatch, dims
     ``rg_update="carry"`` (polar) g Gxx feeds the carried evaluations, so it stays float32."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from coec.compensate import stiefel
+    from coec.compensate import descent
 
     class Products(TorchDispatchMode):
         def __init__(self):
@@ -432,9 +439,11 @@ def test_direction_matmul_scope_is_the_direction_and_step_size(monkeypatch, dims
     Gxx, Gyx, c = _metric(W0, G, keep)
     U, S, Vt = svd(W0[:, keep])
     lam = float(torch.linalg.eigvalsh(Gxx).max())
-    ref = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5, rg_update=rg_update)
-    monkeypatch.setattr(stiefel, "matmul_precision", recording)
-    res = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, max_steps=5, direction_matmul="tf32", rg_update=rg_update)
+    problem = RightProblem(Gxx, Gyx, c, lam)
+    ref = solve_reduced(U, S, Vt, problem, RightSolveSettings(max_steps=5, rg_update=rg_update))
+    monkeypatch.setattr(descent, "matmul_precision", recording)
+    res = solve_reduced(U, S, Vt, problem,
+                        RightSolveSettings(max_steps=5, direction_matmul="tf32", rg_update=rg_update))
     assert res.steps == ref.steps > 0 and torch.equal(res.R, ref.R)  # the recorder does not round
     iterations = seen["entries"] // 2
     assert seen["entries"] == 2 * iterations >= 2 * res.steps  # one direction and one step size each

@@ -30,8 +30,11 @@ import torch
 
 scipy_linalg = pytest.importorskip("scipy.linalg")
 
-from coec.compensate.linalg import ns_polar, polar, polar_eigh, polar_newton  # noqa: E402
-from coec.compensate.stiefel import ProfiledObjective, solve_full, solve_reduced  # noqa: E402
+from coec.compensate.descent import RightSolveSettings  # noqa: E402
+from coec.compensate.linalg import polar, polar_eigh, polar_newton  # noqa: E402
+from coec.compensate.newton_schulz import ns_polar  # noqa: E402
+from coec.compensate.objective import ProfiledObjective  # noqa: E402
+from coec.compensate.stiefel import RightProblem, solve_full, solve_reduced  # noqa: E402
 from coec.geometry import principal_angles  # noqa: E402
 
 F64 = torch.float64
@@ -187,16 +190,17 @@ def test_right_solve_matches_pymanopt(d_out, k):
     F_ref, R_ref = _pymanopt_optimum(U, S, Vt, Gxx, Gyx, c)
     obj = ProfiledObjective(U, S, Gxx, Gyx, c)
     # the two objective formulas agree at pymanopt's optimum
-    assert obj.evaluate(R_ref)["F"] == pytest.approx(F_ref, abs=1e-12)
-    start = obj.evaluate(Vt)["F"]
+    assert obj.evaluate(R_ref).F == pytest.approx(F_ref, abs=1e-12)
+    start = obj.evaluate(Vt).F
     assert start > F_ref + 0.1  # a real descent is needed
 
-    tight = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-9, max_steps=5000)
+    problem = RightProblem(Gxx, Gyx, c, lam)
+    tight = solve_reduced(U, S, Vt, problem, RightSolveSettings(delta=1e-9, max_steps=5000))
     assert abs(tight.F_end - F_ref) < 1e-10, (tight.F_end, F_ref, tight.stop)
-    default = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam)
+    default = solve_reduced(U, S, Vt, problem)
     # the default stopping rule (an inexact inner solve) still takes >= 99.9% of the descent
     assert (start - default.F_end) / (start - F_ref) > 0.999, (default.F_end, F_ref, default.stop)
-    full = solve_full(U, S, Vt, Gxx, Gyx, c, lam, delta=1e-9, max_steps=5000)
+    full = solve_full(U, S, Vt, problem, RightSolveSettings(delta=1e-9, max_steps=5000))
     assert abs(full.F_end - F_ref) < 1e-10, (full.F_end, F_ref, full.stop)
     # the reported scale is the profiled optimum at the final R
     q = float(torch.sum((U * S @ tight.R @ Gxx) * (U * S @ tight.R)))

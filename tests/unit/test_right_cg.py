@@ -5,7 +5,15 @@ import torch
 from test_compensate_problems import make_oproj, make_problem
 
 from coec.compensate import compensate
-from coec.compensate.stiefel import _conjugate, make_preconditioner, riemannian_grad, solve_reduced
+from coec.compensate.descent import RightSolveSettings, _CgMemory, _conjugate
+from coec.compensate.retraction import riemannian_grad
+from coec.compensate.stiefel import (
+    PolarTangent,
+    Preconditioner,
+    RightProblem,
+    make_preconditioner,
+    solve_reduced,
+)
 
 
 def _run(problem, **opts):
@@ -18,14 +26,15 @@ def test_conjugate_direction_is_a_tangent_descent_direction_and_restarts_otherwi
     R = torch.linalg.qr(torch.randn(12, 5, generator=g, dtype=torch.float64)).Q.mT  # (5, 12), R R^T = I
     G = riemannian_grad(R, torch.randn(5, 12, generator=g, dtype=torch.float64))
     Gp = riemannian_grad(R, torch.randn(5, 12, generator=g, dtype=torch.float64))
-    dirn = {"grad": G, "transport": lambda P: riemannian_grad(R, P)}
-    P, restarted = _conjugate(dirn, {"grad": Gp, "dir": Gp})
+    tangent = PolarTangent(R, G, None)  # transport: projection onto the tangent space at R
+    P = _conjugate(tangent, _CgMemory(grad=Gp, pgrad=Gp, dir=Gp)).direction
     sym = P @ R.mT + R @ P.mT
     assert torch.allclose(sym, torch.zeros_like(sym), atol=1e-12)  # tangent at R
     assert float((G * P).sum()) > 0                                # a descent direction (we move along -P)
-    assert _conjugate(dirn, None) == (G, True)                      # first step: the gradient
-    P, restarted = _conjugate(dirn, {"grad": Gp, "dir": -50.0 * G})  # transported direction points uphill
-    assert restarted and torch.equal(P, G)
+    first = _conjugate(tangent, None)                               # first step: the gradient
+    assert first.direction is G and first.restarted
+    uphill = _conjugate(tangent, _CgMemory(grad=Gp, pgrad=Gp, dir=-50.0 * G))  # transported direction points uphill
+    assert uphill.restarted and torch.equal(uphill.direction, G)
 
 
 def test_cg_right_solve_is_monotone_and_ends_below_its_start():
@@ -33,8 +42,8 @@ def test_cg_right_solve_is_monotone_and_ends_below_its_start():
     Gxx, WG = G[keep][:, keep], W0 @ G
     Gyx, c = WG[:, keep], float((WG * W0).sum())
     U, S, Vt = torch.linalg.svd(W0[:, keep], full_matrices=False)
-    res = solve_reduced(U, S, Vt, Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1]), method="cg", track=True,
-                        max_steps=60)
+    res = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1])),
+                        RightSolveSettings(method="cg", track=True, max_steps=60))
     assert all(b <= a for a, b in zip(res.history, res.history[1:]))
     assert res.F_end < res.F_start and res.steps > 1
     assert torch.allclose(res.R @ res.R.mT, torch.eye(res.R.shape[0], dtype=res.R.dtype), atol=1e-10)
@@ -107,13 +116,14 @@ def test_preconditioned_right_solve_is_monotone_orthonormal_and_deterministic(ki
     for problem in (make_problem(d_out=32, d_in=96, k=64, n_tokens=1500),
                     make_oproj(n_heads=12, n_kv=4, hd=16, d_model=160, prune_groups=1, n_tokens=3000)):
         U, S, Vt, Gxx, Gyx, c = _problem_factors(problem)
-        kw = dict(method="cg", track=True, max_steps=60, precond_inv=make_preconditioner(Gxx, 1e-2),
-                  precond_rows=1e-2 if kind == "newton" else None)
-        res = solve_reduced(U, S, Vt, Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1]), **kw)
+        pre = Preconditioner(make_preconditioner(Gxx, 1e-2), rows=1e-2 if kind == "newton" else None)
+        problem = RightProblem(Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1]), preconditioner=pre)
+        settings = RightSolveSettings(method="cg", track=True, max_steps=60)
+        res = solve_reduced(U, S, Vt, problem, settings)
         assert all(b <= a for a, b in zip(res.history, res.history[1:]))
         assert res.F_end < res.F_start
         assert torch.allclose(res.R @ res.R.mT, torch.eye(res.R.shape[0], dtype=res.R.dtype), atol=1e-9)
-        again = solve_reduced(U, S, Vt, Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1]), **kw)
+        again = solve_reduced(U, S, Vt, problem, settings)
         assert again.history == res.history
 
 
@@ -126,9 +136,11 @@ def test_preconditioned_cg_needs_fewer_steps_to_the_same_objective():
     problem = (W0 / scale, G * scale[:, None] * scale[None, :], mean * scale, keep)
     U, S, Vt, Gxx, Gyx, c = _problem_factors(problem)
     lam = float(torch.linalg.eigvalsh(Gxx)[-1])
-    plain = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, method="cg", max_steps=400, delta=1e-7, track=True)
-    pre = solve_reduced(U, S, Vt, Gxx, Gyx, c, lam, method="cg", max_steps=400, delta=1e-7, track=True,
-                        precond_inv=make_preconditioner(Gxx, 1e-2))
+    settings = RightSolveSettings(method="cg", max_steps=400, delta=1e-7, track=True)
+    plain = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam), settings)
+    pre = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam,
+                                               preconditioner=Preconditioner(make_preconditioner(Gxx, 1e-2))),
+                        settings)
     target = plain.F_end + 1e-3 * (plain.F_start - plain.F_end)
     n_plain = next(i for i, f in enumerate(plain.history) if f <= target)
     n_pre = next(i for i, f in enumerate(pre.history) if f <= target)

@@ -18,7 +18,7 @@ device where the solve runs (None: W0's). Options: the method's dataclass
 
 Reported errors (``info``): ``relerr_before`` of the pruned weight W0[:, K], ``relerr_after`` of
 the module as the method returns it (with its bias, if any; then ``relerr_after_weight_only``
-too), all from one float64 product per module (``linalg.OutputError``), unless the method
+too), all from one float64 product per module (``errors.OutputError``), unless the method
 reports its own (coec: in its untempered metric).
 
 Solver watchdog (App. B; not an option, since it does not change results): the device entries of
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .linalg import OutputError
+from .errors import OutputError
 from .method import Compensation, Method, Problem
 from .options import method as _method
 from .options import resolve

@@ -10,6 +10,7 @@ O(r). Inputs are 1-D tensors of length r; computations run in float64.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +21,7 @@ __all__ = [
     "per_mode_scale",
     "gcv_curve",
     "kappa_clamp",
+    "Rescaled",
     "rescale",
 ]
 
@@ -57,7 +59,8 @@ def lambda_grid(e_pos: torch.Tensor, lo: float = 1e-4, hi: float = 1e5, n: int =
     return torch.logspace(math.log10(lo), math.log10(hi), n, dtype=torch.float64, device=e_pos.device) * med
 
 
-def per_mode_scale(lam: torch.Tensor | float, sigma, rho, e, s_glob: float) -> torch.Tensor:
+def per_mode_scale(lam: torch.Tensor | float, sigma: torch.Tensor, rho: torch.Tensor, e: torch.Tensor,
+                   s_glob: float) -> torch.Tensor:
     """Regularised singular values ``s_i(lam) = (rho_i + lam s* sigma_i) / (e_i + lam)`` (Sec. 4.3).
 
     ``lam`` scalar or (L,) -> (r,) or (L, r). lam -> 0 gives ``rho_i / e_i`` (per-mode optimum),
@@ -68,7 +71,8 @@ def per_mode_scale(lam: torch.Tensor | float, sigma, rho, e, s_glob: float) -> t
     return (rho + lam * s_glob * sigma) / (e + lam)
 
 
-def gcv_curve(lams: torch.Tensor, sigma, rho, e, s_glob: float) -> torch.Tensor:
+def gcv_curve(lams: torch.Tensor, sigma: torch.Tensor, rho: torch.Tensor, e: torch.Tensor,
+              s_glob: float) -> torch.Tensor:
     """``GCV(lam) = sum_i e_i (s_i(lam) - rho_i/e_i)^2 / (1 - df(lam)/M)^2``, ``df = sum e_i/(e_i+lam)``.
 
     Evaluated in the algebraically equal, cancellation-free form
@@ -98,6 +102,24 @@ def kappa_clamp(values: torch.Tensor, target: torch.Tensor, kappa: float | None)
     return out, int(((out - values).abs() > tol).sum())
 
 
+@dataclass(frozen=True)
+class Rescaled:
+    """``rescale``'s result: the new singular values ``sigma`` (r,) float64; the global scale
+    ``s_glob`` and whether it applied (``scale_ok``). For GCV also ``lam`` (None when no mode had
+    positive energy), ``lam_rel`` (lam / median e), ``grid_end`` ("low" | "high" | None: the
+    minimiser at an end of the grid), ``n_clamped`` (values moved by the kappa band) and
+    ``n_modes`` (positive modes used); None / 0 for the global rescale."""
+
+    sigma: torch.Tensor
+    s_glob: float
+    scale_ok: bool
+    lam: float | None = None
+    lam_rel: float | None = None
+    grid_end: str | None = None
+    n_clamped: int = 0
+    n_modes: int = 0
+
+
 def rescale(
     sigma: torch.Tensor,
     rho: torch.Tensor,
@@ -106,7 +128,7 @@ def rescale(
     grid: tuple[float, float, int] = (1e-4, 1e5, 120),
     kappa: float | None = 10.0,
     rel_eps: float | None = None,
-) -> tuple[torch.Tensor, dict]:
+) -> Rescaled:
     """New singular values for the fixed frames ``u_i, v_i`` (Alg. 1 "GCV-rescale", Sec. 4.3 / App. B).
 
     mode="global": ``s* sigma`` (Sec. 4.1). mode="gcv": per positive-energy mode ``s_i(lam_hat)``
@@ -114,24 +136,19 @@ def rescale(
     around ``s* sigma_i``; other modes keep ``s* sigma_i``. If the global denominator is not
     positive, s* = 1 (weight left unscaled) and this is reported. Never increases the error in the
     metric the statistics come from (each mode moves toward its own minimiser).
-
-    Returns (new sigma (r,) float64, info) with info keys: ``s_glob``, ``scale_ok``, and for GCV
-    ``lam``, ``lam_rel`` (lam / median e), ``grid_end`` ("low" | "high" | None), ``n_clamped``,
-    ``n_modes`` (positive modes used).
     """
     sigma, rho, e = (t.to(torch.float64) for t in (sigma, rho, e))
     s_glob, ok = global_scale(sigma, rho, e)
     base = s_glob * sigma
-    info: dict = {"s_glob": s_glob, "scale_ok": ok}
     if mode == "global":
-        return base, info
+        return Rescaled(sigma=base, s_glob=s_glob, scale_ok=ok)
     if mode != "gcv":
         raise ValueError(f"unknown rescale mode {mode!r}; expected 'gcv' or 'global'")
     pos = positive_modes(e, rel_eps)
     out = base.clone()
-    info.update(lam=None, lam_rel=None, grid_end=None, n_clamped=0, n_modes=int(pos.sum()))
-    if int(pos.sum()) == 0:
-        return out, info
+    n_modes = int(pos.sum())
+    if n_modes == 0:
+        return Rescaled(sigma=out, s_glob=s_glob, scale_ok=ok)
     sp, rp, ep = sigma[pos], rho[pos], e[pos]
     lams = lambda_grid(ep, *grid)
     g = gcv_curve(lams, sp, rp, ep, s_glob)
@@ -142,10 +159,6 @@ def rescale(
     vals, n_cl = kappa_clamp(vals, base[pos], kappa)
     out[pos] = vals
     med = float(ep.median())
-    info.update(
-        lam=lam,
-        lam_rel=lam / med,
-        grid_end="low" if j == 0 else ("high" if j == len(lams) - 1 else None),
-        n_clamped=n_cl,
-    )
-    return out, info
+    return Rescaled(sigma=out, s_glob=s_glob, scale_ok=ok, lam=lam, lam_rel=lam / med,
+                    grid_end="low" if j == 0 else ("high" if j == len(lams) - 1 else None),
+                    n_clamped=n_cl, n_modes=n_modes)

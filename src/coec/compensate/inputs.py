@@ -4,7 +4,7 @@
 * the workflow side (``workflow_path``): the file or folder the compensate rule takes as an
   input for a job of a cell (None: these options need none), passed to the stage in the
   spec's ``inputs``;
-* the config side (``check_reference``): the entry it names exists;
+* the config side (``check_reference``): the entry it names exists (given the registered methods);
 * the stage side (``open`` once per job, then ``for_module``): the tensors of one module, which
   become entries of ``Problem.inputs``.
 
@@ -13,7 +13,7 @@ Three kinds cover the built-in methods; a plug-in may combine them or define its
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,7 +54,8 @@ class Module:
 class MethodInput(Protocol):
     """One kind of extra data (see the module docstring)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def workflow_path(self, options: Any, job: Job) -> str | None: ...
 
@@ -62,7 +63,8 @@ class MethodInput(Protocol):
 
     def for_module(self, handle: Any, module: Module, options: Any) -> dict[str, Any]: ...
 
-    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str) -> str | None: ...
+    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str,
+                        methods: Mapping[str, Any]) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -90,16 +92,16 @@ class OtherCell:
         return {f"{self.prefix}weight": handle[f"{key}.weight"].to(module.device),
                 f"{self.prefix}bias": handle.get(f"{key}.bias")}
 
-    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str) -> str | None:
-        """The named compensation exists and takes no other cell itself (no chains, no cycles)."""
-        from .method import METHODS
-
+    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str,
+                        methods: Mapping[str, Any]) -> str | None:
+        """The named compensation exists and takes no other cell itself (no chains, no cycles);
+        ``methods`` the registered methods by name."""
         name = getattr(options, self.option)
         comps = config.get("compensations", {})
         if name not in comps:
             return (f"{where}.{self.option} names unknown compensations entry {name!r} "
                     f"(known: {', '.join(comps) or 'none'})")
-        other = METHODS[comps[name]["method"]]
+        other = methods[comps[name]["method"]]
         if any(isinstance(i, OtherCell) for i in other.inputs):
             return (f"{where}.{self.option}: the {self.option} of a {method} cannot be a {other.name} "
                     f"(a method that takes another cell's weights itself)")
@@ -131,7 +133,8 @@ class OtherCalibration:
         return {f"{self.prefix}gram": st["gram"].to(module.device), f"{self.prefix}mean": st["mean"].to(module.device),
                 f"{self.prefix}count": st["count"]}
 
-    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str) -> str | None:
+    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str,
+                        methods: Mapping[str, Any]) -> str | None:
         """The named calibration set exists (or none is named)."""
         name = getattr(options, self.option)
         calibs = config.get("calibration", {})
@@ -163,5 +166,6 @@ class ValueProjection:
         vp = pruned_value_proj(module.tensors["v_proj"], module.keep["kv_groups"], module.geometry)
         return {self.name: vp.to(module.device)}
 
-    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str) -> str | None:
+    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str,
+                        methods: Mapping[str, Any]) -> str | None:
         return None

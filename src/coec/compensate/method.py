@@ -22,7 +22,7 @@ import torch
 
 from ..registry import Registry
 from .inputs import MethodInput
-from .linalg import gram_psd, gram_scale, normalize_gram
+from .gram import gram_psd, gram_scale, normalize_gram
 from .validators import float_dtype, opt
 
 __all__ = ["CommonOptions", "Problem", "Metric", "Compensation", "Method", "METHODS", "MODULES"]
@@ -101,7 +101,7 @@ class Problem:
     def mean_gram(self) -> torch.Tensor:
         """``E[x x^T]`` in float64 (the Gram over ``n_tokens``, symmetrised), with the metric's PSD
         projection when the Gram was indefinite."""
-        from .linalg import psd_project
+        from .gram import psd_project
 
         if self.n_tokens is None:
             raise ValueError("the mean Gram needs n_tokens")
@@ -139,7 +139,7 @@ class Method:
     metric); otherwise ``compensate`` computes them on ``Problem.metric``.
     default_dtype: the solve dtype when ``compute_dtype`` is null, per device.
     check_options: cross-option rules a value check cannot express, per module (``None`` for a
-    call outside a config): returns a problem (``"<option>: <why>"``) or None.
+    call outside a config): returns a problem ``(option, why)`` or None.
     check_data: checks of the problem's data against the options (raises ValueError).
     """
 
@@ -152,7 +152,7 @@ class Method:
     needs_n_tokens: bool = False
     reports_errors: bool = False
     default_dtype: Callable[[torch.device], torch.dtype] = _float64_on_cpu
-    check_options: Callable[[Any, str | None], str | None] | None = None
+    check_options: Callable[[Any, str | None], tuple[str, str] | None] | None = None
     check_data: Callable[[Problem, Any], None] | None = None
 
     def dtype(self, options: CommonOptions, device: torch.device) -> torch.dtype:

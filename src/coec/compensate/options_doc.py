@@ -14,7 +14,7 @@ from .validators import GROUPS
 __all__ = ["markdown"]
 
 
-def _fmt_default(v) -> str:
+def _fmt_default(v: Any) -> str:
     if v is None:
         return "null"
     if isinstance(v, bool):

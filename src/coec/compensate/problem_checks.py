@@ -3,7 +3,7 @@ argument and the problem (shapes, dtypes, NaN/Inf, the kept indices)."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 
@@ -48,7 +48,7 @@ def check_keep(keep: Any, d_in: int) -> torch.Tensor:
         _fail("keep has duplicate indices")
     if bool((d < 0).any()):
         _fail("keep must be sorted ascending")
-    return keep
+    return cast(torch.Tensor, keep)
 
 
 def check_problem(W0: Any, gram: Any, mean: Any, keep: Any, method: str, needs_mean: bool,

@@ -26,6 +26,8 @@ import contextlib
 import math
 import os
 import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -36,7 +38,8 @@ DEFAULT_TIMEOUT: dict[str, float | None] = {"cuda": 600.0, "cpu": None}
 _UNSET = object()
 _override = threading.local()
 _hung_streams: set[int] = set()  # CUDA side streams left with a call that never returned
-_side_streams: dict = {}  # device -> the side stream the watched calls share
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}  # device -> the side stream the watched calls share
+_T = TypeVar("_T")
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -48,7 +51,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     if stream is not None:
         return stream
     for _ in range(256):
-        stream = torch.cuda.Stream(device)
+        stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # (torch's constructor is unannotated)
         if stream.cuda_stream not in _hung_streams:
             _side_streams[device] = stream
             return stream
@@ -64,7 +67,7 @@ class SolverTimeout(RuntimeError):
     """A watched solver call did not return within its limit."""
 
 
-def _seconds(value, source: str) -> float | None:
+def _seconds(value: str | float, source: str) -> float | None:
     try:
         s = float(value)
     except (TypeError, ValueError):
@@ -75,7 +78,7 @@ def _seconds(value, source: str) -> float | None:
 
 
 @contextlib.contextmanager
-def solver_timeout(seconds: float | None):
+def solver_timeout(seconds: float | None) -> Iterator[None]:
     """Set the watchdog limit (seconds; None or 0: off) for the calls made by this thread inside
     the block, whatever the device, overriding the environment and the defaults."""
     value = None if seconds is None else _seconds(seconds, "solver_timeout")
@@ -92,14 +95,14 @@ def timeout_seconds(device: torch.device | str) -> float | None:
     environment variable, else ``DEFAULT_TIMEOUT``. None = no watchdog."""
     value = getattr(_override, "value", _UNSET)
     if value is not _UNSET:
-        return value
+        return cast("float | None", value)
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
         return _seconds(env, ENV_VAR)
     return DEFAULT_TIMEOUT.get(torch.device(device).type)
 
 
-def watched(fn, device: torch.device | str, name: str, record: list | None = None):
+def watched(fn: Callable[[], _T], device: torch.device | str, name: str, record: list[str] | None = None) -> _T:
     """``fn()`` (a solver call on ``device`` returning a tensor or a tuple of tensors) with the
     watchdog's limit; without a limit it is a plain call. When the limit passes it appends
     ``"<name>:timeout"`` to ``record`` and raises ``SolverTimeout``; it re-raises what ``fn``
@@ -114,19 +117,19 @@ def watched(fn, device: torch.device | str, name: str, record: list | None = Non
     limit = timeout_seconds(device)
     if limit is None:
         return fn()
-    cuda = device.type == "cuda"
-    main = torch.cuda.current_stream(device) if cuda else None
-    side = _side_stream(device) if cuda else None
+    # on CUDA: (the caller's stream, the side stream)
+    streams = (torch.cuda.current_stream(device), _side_stream(device)) if device.type == "cuda" else None
     grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
-    box: dict = {}
+    box: dict[str, Any] = {}
 
-    def run():
+    def run() -> None:
         try:
             torch.set_num_threads(threads)
             with torch.set_grad_enabled(grad):
-                if side is None:
+                if streams is None:
                     box["out"] = fn()
                 else:
+                    main, side = streams
                     with torch.cuda.device(device), torch.cuda.stream(side):
                         side.wait_stream(main)
                         box["out"] = fn()
@@ -138,16 +141,17 @@ def watched(fn, device: torch.device | str, name: str, record: list | None = Non
     worker.start()
     worker.join(limit)
     if worker.is_alive():
-        if cuda:
-            _abandon(device, side)
+        if streams is not None:
+            _abandon(device, streams[1])
         if record is not None:
             record.append(f"{name}:timeout")
         raise SolverTimeout(f"solver call {name!r} on {device} did not return within {limit:g} s "
                             "(watchdog, App. B)")
     if "exc" in box:
         raise box["exc"]
-    out = box["out"]
-    if cuda:
+    out: _T = box["out"]
+    if streams is not None:
+        main, side = streams
         main.wait_stream(side)
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.device.type == "cuda":

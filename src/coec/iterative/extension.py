@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import paths
 from ..extension import EXTENSIONS, Extension, Need
-from . import cli, targets
+from . import claims, cli, targets  # noqa: F401  (claims: registers the method's claims)
 
 Config = dict[str, Any]
 
@@ -57,8 +57,6 @@ def seqlen_key(cfg: Config, calib: str) -> tuple[str, int] | None:
 
 def claims_spec(cfg: Config) -> dict[str, Any]:
     """The result files of its claims (``coec.iterative.claims``)."""
-    from . import claims  # noqa: F401  (registers the claims)
-
     it = targets.section(cfg)
     return {"table_iterative": paths.table_file("table_iterative") if "table" in it else None,
             "iterative_size": targets.size_spec(cfg)["panels"] if "calibration_size" in it else None}

@@ -21,16 +21,18 @@ unchanged, ``mix="ridge"`` without intercept is ``lstsq`` bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ..inputs import OtherCalibration, OtherCell
-from ..linalg import OutputError
+from ..errors import OutputError
 from ..method import METHODS, CommonOptions, Compensation, Method, Problem
 from ..problem_checks import check_tensor
 from ..validators import boolean, choice, name_or_none, number, opt
 from .lstsq import ridge_refit
+
+_End = tuple[torch.Tensor, torch.Tensor | None]  # an end of the blend: weight (d_out, k), bias (d_out,) or None
 
 __all__ = ["BlendOptions", "intercept", "affine_ridge", "augmented_gram", "blend_weight", "solve"]
 
@@ -84,8 +86,8 @@ def _stack(W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return torch.cat([W, (b if b is not None else W.new_zeros(W.shape[0]))[:, None]], dim=1)
 
 
-def blend_weight(W0: torch.Tensor, base: tuple, ridge: tuple, gram_mean: torch.Tensor, mean: torch.Tensor,
-                 keep: torch.Tensor) -> tuple[float, dict]:
+def blend_weight(W0: torch.Tensor, base: _End, ridge: _End, gram_mean: torch.Tensor, mean: torch.Tensor,
+                 keep: torch.Tensor) -> tuple[float, dict[str, Any]]:
     """The beta in [0, 1] that minimises the held-out error of ``(1 - beta) base + beta ridge``.
 
     base, ridge: (W (d_out, k), b (d_out,) | None); gram_mean, mean: held-out E[x x^T], E[x].
@@ -108,7 +110,7 @@ def blend_weight(W0: torch.Tensor, base: tuple, ridge: tuple, gram_mean: torch.T
     return min(1.0, max(0.0, beta)), {"unclipped": beta}
 
 
-def _ends(problem: Problem, o: BlendOptions, mean: torch.Tensor) -> tuple[tuple, tuple]:
+def _ends(problem: Problem, o: BlendOptions, mean: torch.Tensor) -> tuple[_End, _End]:
     """The base end (the base cell's weight and bias, or the best intercept) and the ridge end
     ((W, b) of ridge on centred statistics with ``intercept``, else plain ``lstsq``), float64."""
     f64 = torch.float64
@@ -125,7 +127,7 @@ def _ends(problem: Problem, o: BlendOptions, mean: torch.Tensor) -> tuple[tuple,
     return (Wb, bb), (Wr, br)
 
 
-def _heldout(problem: Problem, ends: tuple[tuple, tuple], info: dict[str, Any]) -> tuple[float, OutputError]:
+def _heldout(problem: Problem, ends: tuple[_End, _End], info: dict[str, Any]) -> tuple[float, OutputError]:
     """beta fitted on the held-out statistics, with the ends' held-out errors in ``info``."""
     f64 = torch.float64
     W0_64 = problem.W0.to(problem.dtype).to(f64)
@@ -166,7 +168,7 @@ def solve(problem: Problem, o: BlendOptions) -> Compensation:
     else:
         assert beta is not None  # mix holdout needs the held-out Grams (check_data)
         W = ((1.0 - beta) * Wb + beta * Wr.to(f64)).to(dtype)
-        b = None if bb is None and br is None else (
+        b = None if bb is None and br is None else cast(torch.Tensor,  # one of them is a tensor
             (1.0 - beta) * (bb if bb is not None else 0.0) + beta * (br if br is not None else 0.0))
     if heldout is not None:
         info["heldout_relerr"] = heldout(W.to(f64), b)

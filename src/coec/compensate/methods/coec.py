@@ -32,11 +32,13 @@ Longer notes on a few options:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from ..algorithm1 import coec
+from ..algorithm1_setup import AlignmentSettings, CoecSettings, RescaleSettings, RoundSettings, TemperSettings
+from ..descent import RightSolveSettings
 from ..inputs import ValueProjection
 from ..method import METHODS, CommonOptions, Compensation, Method, Problem
 from ..validators import boolean, choice, float_dtype, gcv_grid, number, opt
@@ -135,10 +137,29 @@ def check_data(problem: Problem, o: CoecOptions) -> None:
             raise ValueError(f"option anchor_rank={o.anchor_rank} exceeds the available rank {avail}")
 
 
+def solver_settings(o: CoecOptions) -> CoecSettings:
+    """What Algorithm 1 takes from the options, grouped by step (once per call)."""
+    common = {f.name for f in fields(CommonOptions)}
+    return CoecSettings(
+        temper=TemperSettings(alpha=float(o.alpha), psd_clip=bool(o.psd_clip), dtype=o.temper_dtype),
+        align=AlignmentSettings(weight=float(o.align_lambda), rank=int(o.anchor_rank), kind=o.align),
+        rescale=RescaleSettings(mode=o.rescale, grid=o.gcv_grid, kappa=o.kappa),
+        rounds=RoundSettings(max_rounds=int(o.max_rounds), tol=float(o.tol), tol_mode=o.tol_mode),
+        right=o.right,
+        right_solve=RightSolveSettings(
+            eta=float(o.eta), eta_scale=o.eta_scale, delta=float(o.delta), delta_norm=o.delta_norm,
+            max_steps=int(o.max_inner_steps), max_backtracks=int(o.max_backtracks), method=o.right_solver,
+            cayley_inverse=o.cayley_inverse, direction_matmul=o.direction_matmul, rg_update=o.rg_update,
+            rg_refresh=int(o.rg_refresh)),
+        precondition=o.precondition, precondition_damping=float(o.precondition_damping),
+        left_polar=o.left_polar, setup_svd=o.setup_svd,
+        reported={f.name: getattr(o, f.name) for f in fields(o) if f.name not in common},
+    )
+
+
 def solve(problem: Problem, options: CoecOptions) -> Compensation:
-    W, info = coec(problem.W0, problem.gram, problem.keep, options, value_proj=problem.inputs.get("value_proj"),
-                   device=problem.device, compute_dtype=problem.dtype)
-    return Compensation(weight=W, info=info)
+    return coec(problem.W0, problem.gram, problem.keep, solver_settings(options),
+                value_proj=problem.inputs.get("value_proj"), device=problem.device, compute_dtype=problem.dtype)
 
 
 METHOD = METHODS.register(Method(
