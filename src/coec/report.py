@@ -16,21 +16,12 @@ from pathlib import Path
 import pandas as pd
 
 from . import atomic
+from .table_columns import NOISE_COLUMNS
 from . import artifacts
 
 DISPLAY = {"wanda_sp": "Wanda-sp", "flap": "FLAP", "rcpu": "RCPU", "dense": "dense",
            "none": "–", "bias": "bias", "coec": "COEC", "lstsq": "lstsq"}
 FIGURE_DISPLAY = dict(DISPLAY, none="prune-only", lstsq="ridge (lstsq)")  # a legend needs a word, not a dash
-
-
-#: the columns a zero-shot table has beside each model's metric (``report.zeroshot_table``): its
-#: standard error, its difference to the row named under ``vs`` and that difference's paired SE
-NOISE_COLUMNS = (" se", " diff", " diff se")
-
-
-def is_model_column(name: str, label_columns) -> bool:
-    """Whether a table column holds a model's metric (not a label, ``vs`` or a noise column)."""
-    return name not in label_columns and name != "vs" and not name.endswith(NOISE_COLUMNS)
 
 
 def metric_value(path: str | Path, metric: str) -> float:
@@ -301,7 +292,7 @@ def write_report(kind: str, spec: dict, out: str | Path):
     if kind == "lines-figure":
         return plot_lines(spec, out)
     if kind == "claims":
-        from .claims import write_claims
+        from .claims.report import write_claims
 
         return write_claims(spec, out)
     if kind == "readme":

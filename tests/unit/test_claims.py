@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from coec.claims import VERDICTS, claims_markdown, evaluate, registered_claims
+from coec.claims.core import VERDICTS
+from coec.claims.report import claims_markdown, evaluate, registered_claims
 from coec.claims.paper import table4_beside_paper
 
 HEAD = "ratio,selection,compensation,m1,m2\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from . import (CLAIMS, Claim, NotTestable, Results, all_hold, count_better, every, as_float, lower, most, never,
+from .core import (CLAIMS, Claim, NotTestable, Results, all_hold, count_better, every, as_float, lower, most, never,
                pair_claim)
 
 COEC = "COEC"

@@ -1,11 +1,11 @@
-"""The iterative multi-domain FLAP paper's claims, registered in ``coec.claims.CLAIMS`` (read
+"""The iterative multi-domain FLAP paper's claims, registered in ``coec.claims.core.CLAIMS`` (read
 from ``table_iterative`` and the iterative calibration-size figure)."""
 
 from __future__ import annotations
 
 import math
 
-from ..claims import CLAIMS, Claim, NotTestable, Results, all_hold, every, as_float, lower
+from ..claims.core import CLAIMS, Claim, NotTestable, Results, all_hold, every, as_float, lower
 
 ITER = "iterative multi-domain FLAP"
 

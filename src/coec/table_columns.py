@@ -1,0 +1,15 @@
+"""The columns of a result table (``results/<table>.csv``): label columns, then one column per
+model, and beside each model's metric in a zero-shot table its noise columns."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+#: the columns a zero-shot table has beside each model's metric (``report.zeroshot_table``): its
+#: standard error, its difference to the row named under ``vs`` and that difference's paired SE
+NOISE_COLUMNS = (" se", " diff", " diff se")
+
+
+def is_model_column(name: str, label_columns: Container[str]) -> bool:
+    """Whether a table column holds a model's metric (not a label, ``vs`` or a noise column)."""
+    return name not in label_columns and name != "vs" and not name.endswith(NOISE_COLUMNS)
