@@ -207,7 +207,7 @@ def module_geometry(
     _check_rank(W0, r)
     # one SVD per matrix (they dominate the cost on 8B-size layers in float64)
     svd_K, svd_C = _svd(W_K), _svd(W_C)
-    O = orth(_svd(W0)[2][keep_t, :r])
+    O = orth(_svd(W0)[2][keep_t, :r])  # noqa: E741  (App. C's frame names: O, P, C)
     P = svd_K[2][:, :r]
     C = svd_C[2][:, :r]
     out: dict[str, float] = {"r": float(r), "k": float(W_K.shape[1])}

@@ -272,7 +272,7 @@ def test_run_guarded_turns_artifact_and_safetensors_errors_into_one_line(capsys)
     err = capsys.readouterr().err
     assert "coec compensate: error: /x/layer0.safetensors: truncated (10 bytes)" in err
     assert run_guarded("ppl", bad_library) == 2
-    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("coec ppl: error:")]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("coec ppl: error:")]
     assert lines == ["coec ppl: error: Error while deserializing header: incomplete metadata"]
 
 

@@ -176,7 +176,8 @@ def test_group_selection_keeps_gqa_structure():
     # a full select_layer on a constructed case: o_proj columns scaled per group
     Wo = torch.diag(torch.tensor([1.0] * 4 + [5.0] * 4 + [2.0] * 4))
     Wd = torch.diag(torch.tensor([1.0, 6, 2, 5, 3, 4]))
-    st = lambda dim: {"gram": torch.eye(dim), "sum": torch.zeros(dim), "count": 10}
+    def st(dim):
+        return {"gram": torch.eye(dim), "sum": torch.zeros(dim), "count": 10}
     keep = select_layer("wanda_sp", Wo, st(12), Wd, st(6), geom, 0.3, group_rounding="nearest")
     assert keep == {"kv_groups": [1, 2], "channels": [1, 2, 3, 4, 5]}  # ceil(0.7*6) = 5 kept
     keep = select_layer("wanda_sp", Wo, st(12), Wd, st(6), geom, 0.3, group_rounding="ceil")

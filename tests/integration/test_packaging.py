@@ -194,6 +194,6 @@ def test_lint_finds_no_missing_conda_directive(tmp_path):
                           "--directory", str(tmp_path), "--lint"], capture_output=True, text=True)
     out = res.stdout + res.stderr
     assert "Lints for" in out or res.returncode == 0, out[-2000:]  # the linter ran
-    assert "conda" not in out.lower(), [l for l in out.splitlines() if "conda" in l.lower()]
+    assert "conda" not in out.lower(), [line for line in out.splitlines() if "conda" in line.lower()]
 
 

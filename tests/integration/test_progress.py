@@ -46,7 +46,7 @@ def test_log_lines_every_tenth_with_count_and_eta(monkeypatch, caplog):
     assert len(lines) == 10
     assert lines[0].startswith("calibrate: 2/20 layers (10%) elapsed ")
     assert lines[-1].startswith("calibrate: 20/20 layers (100%) elapsed ")
-    assert all(re.search(r" eta (\d\d:)?\d\d:\d\d", l) for l in lines)
+    assert all(re.search(r" eta (\d\d:)?\d\d:\d\d", line) for line in lines)
     caplog.clear()
     for _ in PR.bar(range(3), desc="perplexity", unit="batch", stream=io.StringIO()):
         pass
@@ -118,7 +118,7 @@ def test_compensation_reports_count_and_eta_per_module(llama_dir, pruned_cell, m
     caplog.set_level(logging.INFO, logger="coec.progress")
     monkeypatch.setenv(PR.ENV, "lines")  # a job log
     _compensate(llama_dir, pruned_cell)
-    lines = [l for l in _lines(caplog) if l.startswith("compensate")]
+    lines = [line for line in _lines(caplog) if line.startswith("compensate")]
     assert len(lines) == 4, lines  # 2 layers x (o_proj, down_proj)
     assert lines[0].startswith("compensate bias: 1/4 modules (25%) elapsed ")
     assert lines[-1].startswith("compensate bias: 4/4 modules (100%) elapsed ")
@@ -128,8 +128,8 @@ def test_compensation_reports_count_and_eta_per_module(llama_dir, pruned_cell, m
     _compensate(llama_dir, pruned_cell)
     err = capsys.readouterr().err
     assert "compensate bias" in err and "4/4" in err and "module" in err
-    assert not [l for l in _lines(caplog) if l.startswith("compensate")]
+    assert not [line for line in _lines(caplog) if line.startswith("compensate")]
     monkeypatch.setenv(PR.ENV, "0")
     _compensate(llama_dir, pruned_cell)
     assert "compensate bias" not in capsys.readouterr().err
-    assert not [l for l in _lines(caplog) if l.startswith("compensate")]
+    assert not [line for line in _lines(caplog) if line.startswith("compensate")]

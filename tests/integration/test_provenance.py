@@ -196,7 +196,7 @@ def test_paper_config_pins_or_explains_every_hub_revision():
     for name, m in hub.items():
         if m.get("revision"):
             continue
-        line = next(l for l in lines if f"source: {m['source']}" in l)
+        line = next(x for x in lines if f"source: {m['source']}" in x)
         assert "# revision unpinned:" in line, f"models.{name}: no revision and no reason given"
 
 
@@ -214,7 +214,7 @@ def test_workflow_passes_revision_and_trust_remote_code_to_every_model_stage(tmp
                           "--directory", str(tmp_path), "-n", "-p", "results/table1.csv",
                           "--configfile", str(cfg)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    cmds = [l.split("Shell command: ", 1)[1] for l in res.stdout.splitlines() if "Shell command: " in l]
+    cmds = [x.split("Shell command: ", 1)[1] for x in res.stdout.splitlines() if "Shell command: " in x]
     model_jobs = [c for c in cmds if re.search(r"coec (calibrate|select|compensate|ppl|zeroshot|"
                                                 r"geometry|export|iterative (run|grams|ppl)) ", c)]
     assert len(model_jobs) >= 5

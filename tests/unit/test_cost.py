@@ -30,9 +30,9 @@ TABLE4 = {
 
 def test_table4_params_and_flops_as_printed():
     rows = {r["model"]: r for r in cost_table({k: PUBLISHED_ARCHS[k] for k in TABLE4}, 0.3)}
-    q, l = rows["Qwen2.5-7B"], rows["Llama-3-70B"]
-    assert (round(q["params_dense_B"], 2), round(q["params_pruned_B"], 2)) == TABLE4["Qwen2.5-7B"][0]
-    assert (round(l["params_dense_B"], 1), round(l["params_pruned_B"], 1)) == TABLE4["Llama-3-70B"][0]
+    qwen, llama = rows["Qwen2.5-7B"], rows["Llama-3-70B"]
+    assert (round(qwen["params_dense_B"], 2), round(qwen["params_pruned_B"], 2)) == TABLE4["Qwen2.5-7B"][0]
+    assert (round(llama["params_dense_B"], 1), round(llama["params_pruned_B"], 1)) == TABLE4["Llama-3-70B"][0]
     for name, r in rows.items():
         assert (round(r["gflops_dense"], 1), round(r["gflops_pruned"], 1)) == TABLE4[name][2]
 

@@ -8,7 +8,6 @@ import csv
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..registry import Registry
 

@@ -93,7 +93,7 @@ def _ns_inv_sqrt(M: torch.Tensor, scale: float | None, tol: float | None, max_it
     Z = None  # identity
     prev = float("inf")
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007  (it: the iterations, returned)
         T = 1.5 * eye - 0.5 * (Y if Z is None else Z @ Y)
         err = float(torch.linalg.matrix_norm(T - eye))
         if err < tol or (err > 0.5 * prev and err < 1e-2):  # converged / round-off floor

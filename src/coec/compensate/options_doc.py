@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
 from .method import METHODS

@@ -6,7 +6,8 @@ YAML by absolute path (the installed ``lm_eval`` differs per machine, so the fil
 static) and overrides only the data source: ``dataset_path: json`` with the task's local JSONL,
 the split names, the task name (``coec_<name>``) and the tag. Prompts, choices, targets,
 ``process_docs`` and metrics are lm-eval's own. The config schema's
-``evaluation.zeroshot_tasks`` enum is :data:`TASKS` (``x-registry: tasks``); the tables read the metric :attr:`TaskSpec.metric` names. How to add a task: docs/zeroshot.md.
+``evaluation.zeroshot_tasks`` enum is :data:`TASKS` (``x-registry: tasks``); the tables read the
+metric :attr:`TaskSpec.metric` names. How to add a task: docs/zeroshot.md.
 """
 
 from __future__ import annotations

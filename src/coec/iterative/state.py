@@ -47,9 +47,9 @@ class PruneState:
         geom = attention_shape(model.config)
         layers = decoder_layers(model)
         d_ff = adapter.ffn_width(layers[0])
-        base = [{m: (None if output_module(l, m).bias is None
-                     else output_module(l, m).bias.detach().clone()) for m in MODULES}
-                for l in layers]
+        base = [{m: (None if output_module(layer, m).bias is None
+                     else output_module(layer, m).bias.detach().clone()) for m in MODULES}
+                for layer in layers]
         return cls(geom, d_ff, [list(range(geom.n_kv)) for _ in layers],
                    [list(range(d_ff)) for _ in layers], [{m: None for m in MODULES} for _ in layers],
                    base)
