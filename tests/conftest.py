@@ -4,6 +4,7 @@ saved to temp folders exactly as a hub checkpoint would be."""
 from __future__ import annotations
 
 import copy
+import json
 import hashlib
 import os
 import re
@@ -256,3 +257,32 @@ def fake_hub_snapshot(src: Path, root: Path, commit: str = REV) -> Path:
         shutil.copyfile(f, blob)
         os.symlink(os.path.relpath(blob, snap), snap / f.name)
     return snap
+
+
+_RULES_SCRIPT = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+snakefile, workdir, *configfiles = sys.argv[1:]
+with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
+    wf = api.workflow(resource_settings=ResourceSettings(), snakefile=Path(snakefile), workdir=Path(workdir),
+                      config_settings=ConfigSettings(configfiles=[Path(p) for p in configfiles]))._workflow
+    rules = []
+    for r in wf.rules:
+        reports = [{"path": str(f), "caption": str(f.flags["report"].caption), "category": f.flags["report"].category}
+                   for f in r.output if "report" in getattr(f, "flags", {})]
+        rules.append({"name": r.name, "conda": r.conda_env and str(r.conda_env), "shell": bool(r.shellcmd),
+                      "reports": reports})
+print(json.dumps(rules))
+"""
+
+
+def workflow_rules(workdir: Path, *configfiles: Path) -> list[dict]:
+    """Every rule of the workflow as Snakemake itself parses it (``use rule`` resolved): name,
+    conda env, whether it runs a shell command, and its report() outputs (path, caption, category)."""
+    res = subprocess.run([sys.executable, "-c", _RULES_SCRIPT, str(REPO / "Snakefile"), str(workdir),
+                          *map(str, configfiles)], capture_output=True, text=True, timeout=300)
+    if res.returncode:
+        raise AssertionError(f"loading the workflow failed:\n{res.stderr[-4000:]}")
+    return json.loads(res.stdout)

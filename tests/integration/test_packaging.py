@@ -104,7 +104,6 @@ import sys  # noqa: E402
 
 import yaml  # noqa: E402
 
-RULE_FILES = sorted((ROOT / "workflow" / "rules").glob("*.smk"))
 ENV_FILE = ROOT / "envs" / "coec.yaml"
 
 FAKE_CONDA = """#!/bin/sh
@@ -117,17 +116,15 @@ esac
 """
 
 
-def rule_blocks(text: str) -> dict[str, str]:
-    """rule name -> its text (up to the next top-level statement)."""
-    parts = re.split(r"^(?=\S)", text, flags=re.M)
-    return {m.group(1): p for p in parts if (m := re.match(r"rule (\w+):", p))}
+def test_every_rule_has_the_conda_env(tmp_path):
+    """Every rule that runs a command deploys envs/coec.yaml, as Snakemake resolves it (a
+    ``use rule ... with:`` inherits its parent's env)."""
+    from conftest import workflow_rules
 
-
-def test_every_rule_has_the_conda_env():
-    blocks = {n: b for f in RULE_FILES for n, b in rule_blocks(f.read_text()).items()}
-    assert len(blocks) >= 26
-    missing = [n for n, b in blocks.items() if not re.search(r'^    conda:\n        "\.\./\.\./envs/coec\.yaml"',
-                                                                b, flags=re.M)]
+    rules = workflow_rules(tmp_path)
+    jobs = [r for r in rules if r["shell"]]
+    assert len(jobs) >= 26
+    missing = [r["name"] for r in jobs if r["conda"] != "../../envs/coec.yaml"]
     assert not missing, f"rules without conda: envs/coec.yaml: {missing}"
     assert (ROOT / "workflow" / "rules" / "../../envs/coec.yaml").resolve() == ENV_FILE
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, snakemake
+from conftest import REPO, snakemake, workflow_rules
 from test_workflow import trimmed_run  # noqa: F401  (trimmed_run: a fixture)
 
 CAPTIONS = REPO / "workflow/report"
@@ -97,21 +97,26 @@ def test_start_page_lists_and_links_every_result():
     assert body.count('href="javascript:r()"') == 3
 
 
-def test_every_configured_artifact_is_marked_for_the_report():
-    """Each path report_items() lists (the paper order of tables and figures) is a report()
-    output with a caption file and one of the four categories."""
-    text = "\n".join(p.read_text() for p in RULES.glob("*.smk"))
-    marked = re.findall(r'report\(\s*"([^"]+)",\s*caption="\.\./report/([^"]+)",\s*(?:\n\s*)?category="(\w+)"',
-                        text)
-    assert {cat for _, _, cat in marked} == {"Tables", "Figures", "Geometry", "Iterative"}
-    for _, caption, _ in marked:
-        assert (CAPTIONS / caption).is_file(), caption
-    paths = {p for p, _, _ in marked}
-    targets = (REPO / "src/coec/targets.py").read_text()
-    listed = re.findall(r'"(results/[^"{]+\.(?:csv|png))"', targets.split("def report_items")[1].split("\ndef ")[0])
-    listed = {p.replace("{name}", "{table}") for p in listed}
-    assert listed and listed - {"results/table1.csv", "results/table2.csv", "results/table3.csv"} <= paths
-    assert "results/{table}.csv" in paths  # table1-3 and the extra tables
+def test_every_configured_artifact_is_marked_for_the_report(tmp_path):
+    """Each path report_items() lists (the paper order of tables and figures) for the paper config
+    and the iterative extension is a report() output of the workflow as Snakemake parses it, with
+    a caption file and one of the four categories."""
+    from snakemake.io import regex_from_filepattern
+
+    from coec import targets
+    from coec.config import validate_config
+
+    configs = [REPO / "config.yaml", REPO / "workflow/configs/paper.yaml"]
+    marked = [rep for r in workflow_rules(tmp_path, *configs) for rep in r["reports"]]
+    assert {rep["category"] for rep in marked} == {"Tables", "Figures", "Geometry", "Iterative"}
+    for rep in marked:
+        assert Path(rep["caption"]).is_file() and Path(rep["caption"]).parent.resolve() == CAPTIONS, rep
+    cfg = validate_config(merged(*(yaml.safe_load(c.read_text()) for c in configs)))
+    listed = [path for path, _, _ in targets.report_items(cfg)]
+    assert {"results/table1.csv", "results/table2.csv", "results/appC.csv"} <= set(listed)
+    patterns = [re.compile(regex_from_filepattern(rep["path"])) for rep in marked]
+    unmarked = [p for p in listed if not any(rx.match(p) for rx in patterns)]
+    assert not unmarked, f"report items that no report() output produces: {unmarked}"
 
 
 # ----------------------------------------------------------------------------- a real report
