@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("export", help="write a pruned, compensated HF checkpoint or GGUF file")
     s.add_argument("--model", required=True)
-    s.add_argument("--keep", required=True)
+    s.add_argument("--keep", default=None, help="keep.json of the cell (none: the dense model)")
     s.add_argument("--comp", nargs="*", default=[])
     config_arg(s, "--dtype", "models.*.dtype")
     s.add_argument("--cell", type=_json, default={}, help="cell labels recorded in config.json")
