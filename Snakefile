@@ -27,6 +27,7 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/geometry.smk"
 include: "workflow/rules/export.smk"
+include: "workflow/rules/deploy.smk"
 include: "workflow/rules/iterative.smk"
 include: "workflow/rules/claims.smk"
 

@@ -166,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cell", type=_json, default={}, help="cell labels recorded in config.json")
     s.add_argument("--force", action="store_true",
                    help="replace a previous export in --out (never any other folder or file)")
-    s.add_argument("--format", default="hf", choices=("hf", "gguf"),
-                   help="hf: a transformers checkpoint folder; gguf: one file for llama.cpp")
+    s.add_argument("--format", default=None, choices=("hf", "gguf"),
+                   help="hf (the default): a transformers checkpoint folder; gguf: one file for llama.cpp")
     s.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
                    help="GGUF tensor type (default f32); q8_0 falls back to f16 per tensor "
                         "where a row width is not a multiple of 32")
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = build_parser()
     args = p.parse_args(argv)
-    if args.stage == "export" and args.format == "hf" and (args.gguf_type or args.tokenizer_gguf):
+    if args.stage == "export" and args.format != "gguf" and (args.gguf_type or args.tokenizer_gguf):
         p.error("export: --gguf-type and --tokenizer-gguf need --format gguf")
     if args.stage == "iterative":
         if args.cmd == "run" and schedule_args_error(args):
@@ -362,7 +362,7 @@ def _dispatch(a) -> None:
         P.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
     elif a.stage == "export":
         P.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub,
-                     fmt=a.format, gguf_type=a.gguf_type or "f32", tokenizer_gguf=a.tokenizer_gguf)
+                     fmt=a.format or "hf", gguf_type=a.gguf_type or "f32", tokenizer_gguf=a.tokenizer_gguf)
 
 
 def _dispatch_iterative(a) -> None:
