@@ -13,29 +13,12 @@
 from coec.cli import GGUF_TYPES
 from coec.deploy import spec as deploy_spec
 
+# {params.extra}: --keep, --comp and --cell of the cell (common.smk's cell_args), each word quoted
 GGUF_SHELL = (
     "OMP_NUM_THREADS={threads} {PY} export --format gguf --gguf-type {wildcards.gguf_type:q} "
-    "--model {params.model:q} {params.hub} {params.cell_files} --dtype {params.dtype:q} "
-    "--cell {params.cell:q} --expect {params.expect:q} --out {output:q} > {log:q} 2>&1"
+    "--model {params.model:q} {params.hub} --dtype {params.dtype:q} --expect {params.expect:q} "
+    "{params.extra} --out {output:q} > {log:q} 2>&1"
 )
-
-
-def gguf_params(cell_files):
-    """params of a GGUF export job; ``cell_files``: (wildcards, input) -> its --keep/--comp words."""
-    return dict(
-        model=lambda wc: model_path(wc.model),
-        hub=lambda wc: hub_args(wc.model),
-        dtype=lambda wc: model_cfg(wc.model)["dtype"],
-        cell=lambda wc: json.dumps(dict(wc.items())),
-        expect=lambda wc: model_expect(wc.model),
-        cell_files=cell_files,
-    )
-
-
-def keep_comp_args(wc, input):
-    """--keep and --comp of a cell's export job, each word shell-quoted."""
-    comp = [input.comp] if isinstance(input.comp, str) else list(input.comp)
-    return " ".join(["--keep", shlex_quote(input.keep), "--comp", *map(shlex_quote, comp)])
 
 
 wildcard_constraints:
@@ -52,7 +35,11 @@ rule export_gguf:
     output:
         "results/{model}/{calib}/{select}-{ratio}/{comp}/export-{gguf_type}.gguf",
     params:
-        **gguf_params(keep_comp_args),
+        model=lambda wc: model_path(wc.model),
+        hub=lambda wc: hub_args(wc.model),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
+        expect=lambda wc: model_expect(wc.model),
+        extra=cell_args,
     log:
         "results/logs/export/{model}/{calib}/{select}-{ratio}/{comp}-{gguf_type}.log",
     benchmark:
@@ -76,7 +63,11 @@ rule export_gguf_iterative:
     wildcard_constraints:
         variant=it_alternatives(IT_VARIANTS),
     params:
-        **gguf_params(keep_comp_args),
+        model=lambda wc: model_path(wc.model),
+        hub=lambda wc: hub_args(wc.model),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
+        expect=lambda wc: model_expect(wc.model),
+        extra=cell_args,
     log:
         "results/logs/export/{model}/{calib}/iterative/{variant}-{ratio}-{gguf_type}.log",
     benchmark:
@@ -96,7 +87,11 @@ rule export_gguf_dense:
     output:
         "results/{model}/dense/export-{gguf_type}.gguf",
     params:
-        **gguf_params(""),
+        model=lambda wc: model_path(wc.model),
+        hub=lambda wc: hub_args(wc.model),
+        dtype=lambda wc: model_cfg(wc.model)["dtype"],
+        expect=lambda wc: model_expect(wc.model),
+        extra=lambda wc: f"--cell {shlex_quote(json.dumps(dict(wc.items())))}",
     log:
         "results/logs/export/{model}/dense-{gguf_type}.log",
     benchmark:

@@ -132,39 +132,41 @@ def summarize(config: dict, spec: dict) -> dict:
 
 def file_mb(config: dict) -> float:
     """Size on disk of what the configuration loads (an HF folder's weights or the GGUF file);
-    NaN for a cell assembled in memory."""
-    path = config.get("path")
-    if not path:
+    NaN for a cell assembled in memory or a model that is not a local path."""
+    p = Path(config.get("path") or "")
+    if not config.get("path") or not p.exists():
         return float("nan")
-    p = Path(path)
     files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
     return sum(f.stat().st_size for f in files) / 2**20
 
 
+def _ratio(a: float | None, b: float | None) -> float:
+    return a / b if a is not None and b else float("nan")
+
+
 def table_rows(configs: list[dict], spec: dict) -> list[dict]:
-    """One row per configuration: measurements, speedups over the dense cell of the same runtime
-    and type, and their bounds."""
+    """One row per configuration: measurements, speedups over the dense cell (the spec's first)
+    of the same runtime and type, and their bounds."""
     cells = {c["label"]: c for c in spec["cells"]}
+    dense = spec["cells"][0]["label"]
     ctx = prefill_context(spec["prompt_tokens"])
     flops = {k: gguf_flops_per_token(next(iter(c["gguf"].values())), ctx)
              for k, c in cells.items() if c.get("gguf")}
-    dense_label = spec["cells"][0]["label"]
     stats = {(c["cell"], c["name"]): summarize(c, spec) for c in configs}
     rows = []
     for c in configs:
-        s, d = stats[c["cell"], c["name"]], stats.get((dense_label, c["name"]))
+        s, d = stats[c["cell"], c["name"]], stats.get((dense, c["name"]), {})
         row = {"cell": c["cell"], "ratio": cells[c["cell"]]["ratio"], "runtime": c["runtime"],
                "type": c["dtype"], "file_mb": file_mb(c), "read_mb": s["read_mb"],
                "peak_rss_mb": s["peak_rss_mb"], "prefill_tok_s": s["prefill_tok_s"],
-               "decode_tok_s": s["decode_tok_s"]}
-        nan = float("nan")
-        row["prefill_speedup"] = s["prefill_tok_s"] / d["prefill_tok_s"] if d else nan
-        row["flop_bound"] = flops[dense_label] / flops[c["cell"]] if c["cell"] in flops and dense_label in flops else nan
-        row["decode_speedup"] = s["decode_tok_s"] / d["decode_tok_s"] if d else nan
-        row["byte_bound"] = d["read_mb"] / s["read_mb"] if d else nan
-        row["decode_of_bound"] = row["decode_speedup"] / row["byte_bound"] if d else nan
-        row["prefill_speedup_best"] = s["prefill_tok_s_best"] / d["prefill_tok_s_best"] if d else nan
-        row["decode_speedup_best"] = s["decode_tok_s_best"] / d["decode_tok_s_best"] if d else nan
+               "decode_tok_s": s["decode_tok_s"],
+               "prefill_speedup": _ratio(s["prefill_tok_s"], d.get("prefill_tok_s")),
+               "flop_bound": _ratio(flops.get(dense), flops.get(c["cell"])),
+               "decode_speedup": _ratio(s["decode_tok_s"], d.get("decode_tok_s")),
+               "byte_bound": _ratio(d.get("read_mb"), s["read_mb"])}
+        row["decode_of_bound"] = row["decode_speedup"] / row["byte_bound"]
+        row["prefill_speedup_best"] = _ratio(s["prefill_tok_s_best"], d.get("prefill_tok_s_best"))
+        row["decode_speedup_best"] = _ratio(s["decode_tok_s_best"], d.get("decode_tok_s_best"))
         rows.append(row)
     return rows
 
