@@ -110,10 +110,10 @@ def compare(model, windows: torch.Tensor, path: Path) -> dict:
     for w in windows[:2]:
         with torch.no_grad():
             ref = model(input_ids=w[None]).logits[0].double().numpy()
-        got = gguf_logits(path, w[None], n_threads=os.cpu_count())[0]
+        got = gguf_logits(path, w[None], n_threads=1)[0]
         diff, scale = max(diff, float(np.abs(got - ref).max())), max(scale, float(np.abs(ref).max()))
     ppl_hf = perplexity(model, windows, batch_size=4, progress=False)["ppl"]
-    ppl_cpp = gguf_perplexity(path, windows, n_threads=os.cpu_count())["ppl"]
+    ppl_cpp = gguf_perplexity(path, windows, n_threads=1)["ppl"]
     return {"rel": diff / scale, "diff": diff, "scale": scale, "ppl_hf": ppl_hf, "ppl_cpp": ppl_cpp,
             "ppl_rel": abs(ppl_cpp / ppl_hf - 1)}
 

@@ -37,6 +37,16 @@ RUNTIMES = {"transformers-fp32": ("transformers", "float32"),
             "llamacpp-q8_0": ("llama.cpp", "q8_0")}
 
 
+# the Markdown twin's columns (the CSV has every one): name in the CSV -> heading
+MD_COLUMNS = {"cell": "cell", "runtime": "runtime", "type": "type", "file_mb": "file MiB",
+              "peak_rss_mb": "peak RSS MiB", "prefill_tok_s": "prefill tok/s",
+              "decode_tok_s": "decode tok/s", "prefill_speedup": "prefill speedup",
+              "prefill_speedup_cpu": "prefill speedup, CPU s", "flop_bound": "FLOP bound",
+              "decode_speedup": "decode speedup", "decode_speedup_cpu": "decode speedup, CPU s",
+              "byte_bound": "byte bound", "decode_of_bound": "decode / bound",
+              "decode_of_bound_cpu": "decode / bound, CPU s"}
+
+
 def machine_threads(threads: int) -> int:
     """``threads``, or with 0 every core this process may run on."""
     if threads:
@@ -121,13 +131,14 @@ def measure_all(spec: dict) -> tuple[list[dict], dict]:
 def summarize(config: dict, spec: dict) -> dict:
     """Median and best tokens/s, peak RSS and bytes read of one configuration's runs."""
     runs = config["runs"]
-    pre = [r["prefill_s"] for r in runs]
-    dec = [r["decode_s"] for r in runs]
     p, n = spec["prompt_tokens"], spec["new_tokens"]
-    return {"prefill_tok_s": p / statistics.median(pre), "decode_tok_s": n / statistics.median(dec),
-            "prefill_tok_s_best": p / min(pre), "decode_tok_s_best": n / min(dec),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-            "read_mb": runs[0]["read_bytes"] / 2**20}
+    out = {"peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "read_mb": runs[0]["read_bytes"] / 2**20}
+    for key, tokens in (("prefill", p), ("decode", n)):
+        wall = [r[f"{key}_s"] for r in runs]
+        cpu = [r[f"{key}_cpu_s"] for r in runs]
+        out.update({f"{key}_tok_s": tokens / statistics.median(wall), f"{key}_tok_s_best": tokens / min(wall),
+                    f"{key}_tok_cpu_s": tokens / statistics.median(cpu)})
+    return out
 
 
 def file_mb(config: dict) -> float:
@@ -165,8 +176,10 @@ def table_rows(configs: list[dict], spec: dict) -> list[dict]:
                "decode_speedup": _ratio(s["decode_tok_s"], d.get("decode_tok_s")),
                "byte_bound": _ratio(d.get("read_mb"), s["read_mb"])}
         row["decode_of_bound"] = row["decode_speedup"] / row["byte_bound"]
-        row["prefill_speedup_best"] = _ratio(s["prefill_tok_s_best"], d.get("prefill_tok_s_best"))
-        row["decode_speedup_best"] = _ratio(s["decode_tok_s_best"], d.get("decode_tok_s_best"))
+        for key in ("prefill", "decode"):
+            row[f"{key}_speedup_best"] = _ratio(s[f"{key}_tok_s_best"], d.get(f"{key}_tok_s_best"))
+            row[f"{key}_speedup_cpu"] = _ratio(s[f"{key}_tok_cpu_s"], d.get(f"{key}_tok_cpu_s"))
+        row["decode_of_bound_cpu"] = row["decode_speedup_cpu"] / row["byte_bound"]
         rows.append(row)
     return rows
 
@@ -184,11 +197,12 @@ def write_measured(spec: dict, out: str | Path):
     out = Path(out)
     A.write_csv(out, df, float_format="%.4f")
     load = ", ".join(f"{x:.2f}" for x in machine["load_1min"])
-    caption = (f"{spec.get('caption', '')} {spec['repeats']} interleaved repeats, median "
-               f"(speedups from the best runs in the CSV), {machine['threads']} threads, prompt "
+    caption = (f"{spec.get('caption', '')} {spec['repeats']} interleaved repeats, median of wall "
+               f"and of CPU time (best runs in the CSV), {machine['threads']} thread(s), prompt "
                f"{spec['prompt_tokens']} tokens, {spec['new_tokens']} new tokens, batch 1; "
                f"1-min load average before and after each round: {load}.").strip()
-    A.write_text(out.with_suffix(".md"), to_markdown(df, 2, caption))
+    A.write_text(out.with_suffix(".md"), to_markdown(df[list(MD_COLUMNS)].rename(columns=MD_COLUMNS),
+                                                     2, caption))
     A.write_text(out.with_suffix(".runs.json"), json.dumps({"machine": machine, "configs": configs},
                                                            indent=1) + "\n")
     plot_measured(df, spec.get("figure") or str(out.parent / "figures" / f"{out.stem}.png"), caption)

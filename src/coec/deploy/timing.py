@@ -1,12 +1,14 @@
 """Timing one model on one runtime: a prefill of a prompt from an empty cache, then greedy decoding
 of new tokens one at a time with the KV cache, batch 1 (docs/deploy.md).
 
-Both runtimes are timed the same way: wall-clock seconds (``time.perf_counter``) of the prefill
+Both runtimes are timed the same way: wall-clock seconds (``time.perf_counter``), and this
+process's CPU seconds (``time.process_time``, every thread), of the prefill
 forward pass (the prompt's tokens in one batch) and of ``new_tokens`` single-token steps, each
 step's next token the argmax of the previous step's logits (the sampling a runtime does on top is
 the same for a dense and a pruned model and is left out). End-of-sequence tokens are ignored, so
 every run decodes exactly ``new_tokens`` tokens. A short warm-up (first kernels, allocations)
-precedes the timed run.
+precedes the timed run. With one thread the CPU seconds are what the run costs whatever else
+the machine runs (the wall clock then also counts the time other processes held the core).
 """
 
 from __future__ import annotations
@@ -19,39 +21,49 @@ import numpy as np
 WARMUP_PROMPT, WARMUP_STEPS = 16, 4
 
 
+def _clocks() -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds)."""
+    return time.perf_counter(), time.process_time()
+
+
+def _result(t0, t1, t2) -> dict[str, float]:
+    """Wall and CPU seconds of the prefill (t0 -> t1) and of the decode steps (t1 -> t2)."""
+    return {"prefill_s": t1[0] - t0[0], "decode_s": t2[0] - t1[0],
+            "prefill_cpu_s": t1[1] - t0[1], "decode_cpu_s": t2[1] - t1[1]}
+
+
 def _argmax_next(logits) -> int:
     return int(logits[0, -1].argmax())
 
 
 def time_transformers(model, prompt: list[int], new_tokens: int) -> dict[str, float]:
-    """{'prefill_s', 'decode_s'} of a transformers causal LM (on its device) for ``prompt``
-    (token ids) and ``new_tokens`` greedy steps."""
+    """{'prefill_s', 'decode_s', 'prefill_cpu_s', 'decode_cpu_s'} of a transformers causal LM (on
+    its device) for ``prompt`` (token ids) and ``new_tokens`` greedy steps."""
     import torch
 
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def run(ids: list[int], steps: int) -> tuple[float, float]:
+    def run(ids: list[int], steps: int):
         x = torch.tensor([ids], device=device)
         with torch.inference_mode():
             sync()
-            t0 = time.perf_counter()
+            t0 = _clocks()
             out = model(input_ids=x, use_cache=True)
             nxt = _argmax_next(out.logits)
             sync()
-            t1 = time.perf_counter()
+            t1 = _clocks()
             cache = out.cache  # transformers 5: ``cache`` (formerly ``past_key_values``)
             for _ in range(steps):
                 out = model(input_ids=torch.tensor([[nxt]], device=device), cache=cache,
                             use_cache=True)
                 cache, nxt = out.cache, _argmax_next(out.logits)
             sync()
-            t2 = time.perf_counter()
-        return t1 - t0, t2 - t1
+            t2 = _clocks()
+        return t0, t1, t2
 
     run(prompt[:WARMUP_PROMPT], WARMUP_STEPS)
-    prefill, decode = run(prompt, new_tokens)
-    return {"prefill_s": prefill, "decode_s": decode}
+    return _result(*run(prompt, new_tokens))
 
 
 def load_llamacpp(path: str, n_ctx: int, n_batch: int, threads: int):
@@ -73,24 +85,23 @@ def _last_logits(llm) -> np.ndarray:
 
 
 def time_llamacpp(llm, prompt: list[int], new_tokens: int) -> dict[str, float]:
-    """{'prefill_s', 'decode_s'} of a llama.cpp context (``load_llamacpp``), as
+    """Wall and CPU seconds of prefill and decode of a llama.cpp context (``load_llamacpp``), as
     :func:`time_transformers` times a transformers model."""
 
-    def run(ids: list[int], steps: int) -> tuple[float, float]:
+    def run(ids: list[int], steps: int):
         llm.reset()
-        t0 = time.perf_counter()
+        t0 = _clocks()
         llm.eval(ids)
         nxt = int(_last_logits(llm).argmax())
-        t1 = time.perf_counter()
+        t1 = _clocks()
         for _ in range(steps):
             llm.eval([nxt])
             nxt = int(_last_logits(llm).argmax())
-        t2 = time.perf_counter()
-        return t1 - t0, t2 - t1
+        t2 = _clocks()
+        return t0, t1, t2
 
     run(prompt[:WARMUP_PROMPT], WARMUP_STEPS)
-    prefill, decode = run(prompt, new_tokens)
-    return {"prefill_s": prefill, "decode_s": decode}
+    return _result(*run(prompt, new_tokens))
 
 
 def peak_rss_mb() -> float:
