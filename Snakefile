@@ -28,6 +28,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/appc.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/iterative.smk"
+include: "workflow/rules/deploy.smk"
 
 
 rule all:

@@ -5,8 +5,9 @@
 #
 #   OUT=benchmarks/results/gpu bash benchmarks/gpu_check.sh
 #
-# The step time limits add up to 20 min (the expected total is about 9.5): give the device
-# command 600 s. Each step writes its output as it goes, so a step cut short leaves the earlier
+# The step time limits add up to 23 min (the expected total is about 9.5 before the deployment
+# step, which is last and not yet timed on a GPU: estimated 2-3 min): give the device command 600 s,
+# or run the deployment step alone (its command below) where the first run was cut. Each step writes its output as it goes, so a step cut short leaves the earlier
 # files. The steps run in the order the goals need them (the tests, calibration against its FLOP
 # bound, seconds per 8B layer first), so a slow run loses only the optional ones. Writes to $OUT:
 #   gpu.txt            device, versions
@@ -25,6 +26,9 @@
 #   gram_blocks.txt    the calibration Gram by block rows against one dense GEMM, per block size
 #   watchdog.txt       SVD / eigh with the solver watchdog on and off
 #   cayley_solve.txt   o_proj with the LU Cayley inverse
+#   deploy_speed.{txt,json}  dense and pruned (10/20/30 %) Llama-3.1-8B shapes in transformers, bf16:
+#                      prefill and decode tokens/s beside their FLOP and byte bounds (the GPU half
+#                      of results/table4_measured.csv; llama.cpp only where built with GPU offload)
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
@@ -88,5 +92,10 @@ timeout 60 $py benchmarks/watchdog_overhead.py --device cuda --sizes 1024,4096 -
 step "o_proj with the LU Cayley inverse (50 rounds)"
 timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules o_proj --methods coec \
     --test-tokens 0 --coec-opts '{"cayley_inverse": "solve"}' 2>&1 | tee "$OUT/cayley_solve.txt"
+
+step "deployment speed: dense and pruned 8B shapes, transformers bf16 on CUDA, batch 1 (docs/deploy.md)"
+timeout 180 $py benchmarks/deploy_speed.py --random-arch Llama-3.1-8B --dtype bfloat16 --device cuda \
+    --ratios 0.1,0.2,0.3 --prompt 512 --new-tokens 128 --repeat 5 --json "$OUT/deploy_speed.json" \
+    2>&1 | tee "$OUT/deploy_speed.txt"
 
 step "done"

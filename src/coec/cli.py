@@ -162,14 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("export", help="write a pruned, compensated HF checkpoint or GGUF file")
     s.add_argument("--model", required=True)
-    s.add_argument("--keep", required=True)
+    s.add_argument("--keep", default=None, help="keep.json of the cell (none: the dense model)")
     s.add_argument("--comp", nargs="*", default=[])
     config_arg(s, "--dtype", "models.*.dtype")
     s.add_argument("--cell", type=json_arg, default={}, help="cell labels recorded in config.json")
     s.add_argument("--force", action="store_true",
                    help="replace a previous export in --out (never any other folder or file)")
-    s.add_argument("--format", default="hf", choices=("hf", "gguf"),
-                   help="hf: a transformers checkpoint folder; gguf: one file for llama.cpp")
+    s.add_argument("--format", default=None, choices=("hf", "gguf"),
+                   help="hf (the default): a transformers checkpoint folder; gguf: one file for llama.cpp")
     s.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
                    help="GGUF tensor type (default f32); q8_0 falls back to f16 per tensor "
                         "where a row width is not a multiple of 32")
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     p = build_parser()
     args = p.parse_args(argv)
-    if args.stage == "export" and args.format == "hf" and (args.gguf_type or args.tokenizer_gguf):
+    if args.stage == "export" and args.format != "gguf" and (args.gguf_type or args.tokenizer_gguf):
         p.error("export: --gguf-type and --tokenizer-gguf need --format gguf")
     if args.stage in EXTENSIONS:
         run = EXTENSIONS[args.stage].run_cli
@@ -265,7 +265,7 @@ def _dispatch(a) -> None:
         pipeline.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
     elif a.stage == "export":
         pipeline.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub,
-                     fmt=a.format, gguf_type=a.gguf_type or "f32", tokenizer_gguf=a.tokenizer_gguf)
+                     fmt=a.format or "hf", gguf_type=a.gguf_type or "f32", tokenizer_gguf=a.tokenizer_gguf)
 
 
 if __name__ == "__main__":

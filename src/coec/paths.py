@@ -75,6 +75,16 @@ def block_info_file(cell: str, first: int | str, last: int | str) -> str:
     return f"{cell}/block{first}-{last}.json"
 
 
+def export_dir(cell: str) -> str:
+    """A cell's HF checkpoint (``coec export``)."""
+    return f"{cell}/export"
+
+
+def gguf_file(folder: str, gguf_type: str) -> str:
+    """A GGUF export (``coec export --format gguf``) in a cell's folder or the dense model's."""
+    return f"{folder}/export-{gguf_type}.gguf"
+
+
 def dense_dir(model: str) -> str:
     """Folder of the unpruned model's evaluations."""
     return f"{RESULTS}/{model}/dense"

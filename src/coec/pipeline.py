@@ -277,19 +277,22 @@ def run_export(model_src: str, keep_path: str, comp_files: list[str], dtype: str
     from .prune import build_export_model
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    protected = [model_dir, keep_path, *(comp_files or [])]
+    protected = [model_dir, *([keep_path] if keep_path else []), *(comp_files or [])]
     check_out_dir(out, protected, force)  # refuse before the (slow) model build
     model, tok = build_model(model_src, dtype, "cpu", keep_path, comp_files, None, revision,
                              trust_remote_code)
     target, info = build_export_model(model)
-    info.update({"source": str(model_src), "keep": str(keep_path),
+    info.update({"source": str(model_src), "keep": str(keep_path) if keep_path else None,
                  "comp": [str(c) for c in comp_files or []], "dtype": dtype, "cell": cell or {},
                  "model": model_provenance(model_src, revision, trust_remote_code, model_dir)})
     target.config.coec_export = info
 
     def write(folder: Path) -> None:
+        from .deploy.reload import check_reload
+
         target.save_pretrained(folder)
         tok.save_pretrained(folder)
+        info["reload_max_abs_logit_diff"] = check_reload(folder, model)  # recorded in the marker
 
     write_export_dir(out, write, protected, force, marker={"coec_export": info})
     log.info("exported %s as %s (%s) to %s", model_src, info["architecture"], info["reason"], out)
@@ -309,11 +312,12 @@ def run_export_gguf(model_src: str, keep_path: str, comp_files: list[str], dtype
     from .gguf import is_gguf_export, write_gguf
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    protected = [model_dir, keep_path, *(comp_files or []), *([tokenizer_gguf] if tokenizer_gguf else [])]
+    protected = [model_dir, *([keep_path] if keep_path else []), *(comp_files or []),
+                 *([tokenizer_gguf] if tokenizer_gguf else [])]
     check_out_file(out, protected, force, is_gguf_export)  # refuse before the (slow) model build
     model, tok = build_model(model_src, dtype, "cpu", keep_path, comp_files, None, revision,
                              trust_remote_code)
-    prov = {"source": str(model_src), "keep": str(keep_path),
+    prov = {"source": str(model_src), "keep": str(keep_path) if keep_path else None,
             "comp": [str(c) for c in comp_files or []], "dtype": dtype, "cell": cell or {},
             "model": model_provenance(model_src, revision, trust_remote_code, model_dir)}
     check_out_file(out, protected, force, is_gguf_export)  # again: the file may have appeared

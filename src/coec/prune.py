@@ -155,6 +155,7 @@ class ExportNeeds:
     mlp_bias: bool
     divides: bool   # hidden_size % num_attention_heads == 0
     sliding: bool   # the source masks with a sliding window shorter than its context
+    head_implied: bool = True   # head_dim == hidden_size // num_attention_heads
 
 
 def export_needs(model) -> ExportNeeds:
@@ -172,7 +173,8 @@ def export_needs(model) -> ExportNeeds:
         mlp_bias=any(getattr(m, n).bias is not None for m in mlp
                      for n in (ad.gate, ad.up, ad.down)),
         divides=cfg.hidden_size % cfg.num_attention_heads == 0,
-        sliding=ad.sliding(cfg))
+        sliding=ad.sliding(cfg),
+        head_implied=cfg.hidden_size // cfg.num_attention_heads == ad.attention_shape(cfg).head_dim)
 
 
 def _cannot_hold(model_type: str, needs: ExportNeeds) -> str | None:
@@ -192,19 +194,27 @@ def _cannot_hold(model_type: str, needs: ExportNeeds) -> str | None:
 
 
 def choose_export_class(needs: ExportNeeds) -> tuple[str, str]:
-    """The stock model_type to export to, with a one-line reason; raises when none fits."""
-    tried = []
+    """The stock model_type to export to, with a one-line reason; raises when none fits.
+
+    Of the classes transformers holds exactly (the source class, then the fallbacks), the one
+    that vLLM and llama.cpp's converter read correctly, else the one the fewest misread
+    (``coec.arch.runtimes``; ``build_export_model`` records and warns about the rest)."""
+    from .arch import runtimes
+
     fallbacks = EXPORT_FALLBACKS[needs.qk_norm] if adapter_for(needs.family).portable else ()
-    for model_type in dict.fromkeys((needs.family, *fallbacks)):
-        why = _cannot_hold(model_type, needs)
-        if why is None:
-            if model_type == needs.family:
-                return model_type, f"the source class {model_type} expresses the pruned model"
-            return model_type, (f"{'; '.join(tried)}; {model_type} holds it exactly: "
-                                f"{STOCK_NOTES[model_type]} (absent biases are zeros)")
-        tried.append(f"{model_type}: {why}")
-    raise ModelError("no stock transformers class expresses this pruned model exactly ("
-                     + "; ".join(tried) + ")")
+    order = list(dict.fromkeys((needs.family, *fallbacks)))
+    why = {m: _cannot_hold(m, needs) for m in order}
+    held = [m for m in order if why[m] is None]
+    if not held:
+        raise ModelError("no stock transformers class expresses this pruned model exactly ("
+                         + "; ".join(f"{m}: {why[m]}" for m in order) + ")")
+    model_type = runtimes.pick(held, needs)
+    tried = [f"{m}: {why[m] or runtimes.shortfalls(m, needs)}"
+             for m in order[:order.index(model_type)]]
+    if model_type == needs.family and not tried:
+        return model_type, f"the source class {model_type} expresses the pruned model"
+    return model_type, (f"{'; '.join(tried)}; {model_type} holds it exactly: "
+                        f"{STOCK_NOTES[model_type]} (absent biases are zeros)")
 
 
 _COPIED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -283,10 +293,26 @@ def build_export_model(model, check_tokens: int = 8, seed: int = 0):
     info = {"source_architecture": type(model).__name__, "source_model_type": needs.family,
             "architecture": type(target).__name__, "model_type": model_type, "reason": reason,
             "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
-            "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size}
+            "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
+            **runtime_report(model_type, needs)}
     if check_tokens:
         info["max_abs_logit_diff"] = check_same_logits(model, target, check_tokens, seed)
     return target, info
+
+
+def runtime_report(model_type: str, needs: ExportNeeds) -> dict:
+    """{'runtimes': each runtime's verdict on the class, 'warnings': one line per runtime that
+    misreads it or fails to load it}; the warnings are logged."""
+    import logging
+
+    from .arch import runtimes
+
+    warnings = runtimes.warnings_for(model_type, needs)
+    for w in warnings:
+        logging.getLogger(__name__).warning("export: %s", w)
+    report = {"transformers": {"status": "ok", "why": "reloaded and its logits checked"},
+              **runtimes.verdicts(model_type, needs)}
+    return {"runtimes": report, "warnings": warnings}
 
 
 def check_same_logits(model, other, n_tokens: int = 8, seed: int = 0) -> float:

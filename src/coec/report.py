@@ -287,6 +287,10 @@ def write_report(kind: str, spec: dict, out: str | Path):
         df = table4(spec)
         write_table(df, out, 2, spec.get("caption", ""))
         return df
+    if kind == "table4-measured":  # measured deployment cost (coec.deploy.measured)
+        from .deploy.measured import write_measured
+
+        return write_measured(spec, out)
     if kind == "geometry-figure":
         return plot_geometry(spec, out)
     if kind == "lines-figure":

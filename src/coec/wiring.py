@@ -217,6 +217,11 @@ class Wiring:
             shlex_quote(input.keep), " ".join(shlex_quote(c) for c in comp),
             shlex_quote(json.dumps(dict(wc.items()))))
 
+    @staticmethod
+    def cell_label_args(wc: Any) -> str:
+        """--cell of a job without a keep set (the dense model's export), shell-quoted."""
+        return f"--cell {shlex_quote(json.dumps(dict(wc.items())))}"
+
     # ------------------------------------------------------------------------- tables
     def table_names(self) -> str:
         """A regex of the generic table rule's names: table1-3 and the config's extra tables."""

@@ -71,7 +71,7 @@ CASES = [  # family, kept KV groups, FLAP bias, extra config, expected stock cla
     ("llama", [0, 2], True, {}, "LlamaForCausalLM"),
     ("qwen2", [0, 1, 3], True, {}, "SeedOssForCausalLM"),
     ("qwen2", [1, 2], True, {"tie_word_embeddings": True}, "LlamaForCausalLM"),
-    ("qwen2", [0, 1, 3], False, {}, "Qwen2ForCausalLM"),
+    ("qwen2", [0, 1, 3], False, {}, "SeedOssForCausalLM"),  # vLLM's qwen2 takes hidden // heads
     ("qwen3", [0, 1, 3], False, {}, "Qwen3ForCausalLM"),
     ("qwen3", [0, 1, 3], True, {}, "HYV3ForCausalLM"),
     ("mistral", [0, 1, 3], False, {"sliding_window": 16}, "MistralForCausalLM"),
@@ -134,7 +134,7 @@ def _needs(**kw):
     ({"divides": False, "o_bias": True, "mlp_bias": True}, "seed_oss"),
     ({"family": "qwen2", "qkv_bias": True, "o_bias": True, "mlp_bias": True}, "llama"),
     ({"family": "qwen2", "qkv_bias": True, "o_bias": True, "divides": False}, "seed_oss"),
-    ({"family": "qwen3", "qk_norm": True, "o_bias": True}, "qwen3"),
+    ({"family": "qwen3", "qk_norm": True, "o_bias": True}, "hy_v3"),  # vLLM's qwen3 drops it
     ({"family": "qwen3", "qk_norm": True, "o_bias": True, "mlp_bias": True}, "hy_v3"),
 ])
 def test_choose_export_class(kw, expected):

@@ -11,7 +11,7 @@ rule export:
         keep=rules.select.output[0],
         comp=W.comp_files,
     output:
-        directory(f"{CELL}/export"),
+        directory(paths.export_dir(CELL)),
     params:
         model=W.model_path,
         hub=W.hub,

@@ -1,0 +1,79 @@
+"""One measurement in a process of its own, so that its peak resident memory is its own:
+
+    python -m coec.deploy.worker '<json spec>'
+
+Spec: ``runtime`` (``transformers`` | ``llama.cpp``), ``dtype`` (transformers: float32 |
+bfloat16; llama.cpp: the GGUF's type, recorded only), ``path`` (an HF folder or a GGUF file) or,
+for a cell no HF class can hold (per-layer widths), ``build`` = {model, keep, comp} (the cell
+assembled in memory as ``coec ppl`` does), ``prompt`` (token ids), ``new_tokens``, ``threads``
+and ``device`` (transformers). Prints one line ``COEC_TIMING {json}``: prefill_s, decode_s,
+peak_rss_mb, read_bytes (weights read per decoded token), load_s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+MARK = "COEC_TIMING "
+
+
+def _transformers(spec: dict) -> dict:
+    import torch
+
+    from .timing import time_transformers, torch_read_bytes
+
+    torch.set_num_threads(spec["threads"])
+    dtype = getattr(torch, spec["dtype"])
+    device = spec.get("device", "cpu")
+    if spec.get("path"):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=dtype)
+    else:
+        from ..pipeline import build_model
+
+        b = spec["build"]
+        model, _ = build_model(b["model"], spec["dtype"], "cpu", b.get("keep"), b.get("comp") or [])
+    model = model.to(device).eval()
+    out = time_transformers(model, spec["prompt"], spec["new_tokens"])
+    return {**out, "read_bytes": torch_read_bytes(model)}
+
+
+def _llamacpp(spec: dict) -> dict:
+    from .bounds import gguf_read_bytes
+    from .timing import load_llamacpp, time_llamacpp
+
+    n = len(spec["prompt"])
+    llm = load_llamacpp(spec["path"], n + spec["new_tokens"] + 8, n, spec["threads"])
+    try:
+        out = time_llamacpp(llm, spec["prompt"], spec["new_tokens"])
+    finally:
+        llm.close()
+    return {**out, "read_bytes": gguf_read_bytes(spec["path"])}
+
+
+def measure(spec: dict) -> dict:
+    """Run one measurement in this process (load, warm up, time once)."""
+    from .timing import peak_rss_mb
+
+    t0 = time.perf_counter()
+    run = _transformers if spec["runtime"] == "transformers" else _llamacpp
+    out = run(spec)
+    out["peak_rss_mb"] = peak_rss_mb()
+    out["total_s"] = time.perf_counter() - t0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(argv[0])
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
+    print(MARK + json.dumps(measure(spec)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+# The pruned model as a product (docs/deploy.md, docs/export.md "GGUF"): a GGUF file for llama.cpp
+# next to each cell's HF export, for the dense model and for iterative cells too, and the measured
+# deployment cost beside Table 4. Included after iterative.smk (its cells are exported too).
+#
+#   results/{model}/{calib}/{select}-{ratio}/{comp}/export-{gguf_type}.gguf
+#   results/{model}/{calib}/iterative/{variant}-{ratio}/export-{gguf_type}.gguf
+#   results/{model}/dense/export-{gguf_type}.gguf          (the unpruned model, same writer)
+#   results/table4_measured.csv (+ .md, .runs.json), results/figures/table4_measured.png
+#
+# {gguf_type}: f32 | f16 | q8_0 (q8_0 falls back to f16 per tensor where a row width is not a
+# multiple of 32; the file and the log say which).
+from coec.cli import GGUF_TYPES
+from coec.deploy import spec as deploy_spec
+
+
+wildcard_constraints:
+    gguf_type="|".join(GGUF_TYPES),
+
+
+rule export_gguf:
+    conda:
+        "../../envs/coec.yaml"
+    input:
+        model=W.model_input,
+        keep=rules.select.output[0],
+        comp=W.comp_files,
+    output:
+        paths.gguf_file(CELL, "{gguf_type}"),
+    params:
+        model=W.model_path,
+        hub=W.hub,
+        dtype=W.model_dtype,
+        expect=W.expect,
+        cell=W.cell_args,
+    log:
+        paths.log_file("export", f"{CELL_LOG}-{{gguf_type}}"),
+    benchmark:
+        paths.benchmark_file("export", f"{CELL_LOG}-{{gguf_type}}")
+    threads: W.threads("export")
+    resources:
+        **W.export_resources(),
+    shell:
+        "OMP_NUM_THREADS={threads} {PY} export --format gguf --gguf-type {wildcards.gguf_type:q} "
+        "--model {params.model:q} {params.hub} --dtype {params.dtype:q} --expect {params.expect:q} "
+        "{params.cell} --out {output:q} > {log:q} 2>&1"
+
+
+use rule export_gguf as export_gguf_iterative with:
+    input:
+        model=W.model_input,
+        keep=rules.iterative_cell.output.keep,
+        comp=IT.cell_block,
+    output:
+        paths.gguf_file(IT_CELL, "{gguf_type}"),
+    wildcard_constraints:
+        variant=alternatives(IT.variants),
+    log:
+        paths.log_file("export", f"{IT_LOG}-{{gguf_type}}"),
+    benchmark:
+        paths.benchmark_file("export", f"{IT_LOG}-{{gguf_type}}")
+
+
+use rule export_gguf as export_gguf_dense with:
+    input:
+        model=W.model_input,
+    output:
+        paths.gguf_file(paths.dense_dir("{model}"), "{gguf_type}"),
+    params:
+        model=W.model_path,
+        hub=W.hub,
+        dtype=W.model_dtype,
+        expect=W.expect,
+        cell=W.cell_label_args,
+    log:
+        paths.log_file("export", "{model}", "dense-{gguf_type}"),
+    benchmark:
+        paths.benchmark_file("export", "{model}", "dense-{gguf_type}")
+
+
+# Every configuration is measured in processes of its own, interleaved; the job takes every core
+# Snakemake gives it (--cores caps it), so nothing else runs beside the measurement.
+rule table4_measured:
+    conda:
+        "../../envs/coec.yaml"
+    input:
+        lambda wc: deploy_spec.measured_inputs(config),
+    output:
+        csv=paths.table_file(deploy_spec.KEY),
+        md=paths.table_file(deploy_spec.KEY, "md"),
+        runs=paths.table_file(deploy_spec.KEY, "runs.json"),
+        png=paths.figure_file(deploy_spec.KEY),
+    params:
+        spec=lambda wc: json.dumps(deploy_spec.measured_spec(config)),
+    log:
+        paths.log_file("report", deploy_spec.KEY),
+    benchmark:
+        paths.benchmark_file("report", deploy_spec.KEY)
+    threads: os.cpu_count() or 1
+    resources:
+        **W.rule_resources("report"),
+    shell:
+        "{PY} report --kind table4-measured --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
