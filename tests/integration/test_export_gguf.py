@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from coec import data
-from coec.cli import GGUF_TYPES as CLI_GGUF_TYPES
-from coec.cli import main
+from coec.cli import build_parser, main
 from coec.evaluate.llamacpp import gguf_logits, gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
 from coec.gguf import GGUF_TYPES, permute_qk, tensor_type, write_gguf
@@ -246,7 +245,9 @@ def test_tensor_type_falls_back_per_tensor():
     assert tensor_type((64, 48), "f32") == (Q.F32, None)
     with pytest.raises(ValueError, match="unknown GGUF tensor type"):
         tensor_type((4, 4), "q4_0")
-    assert CLI_GGUF_TYPES == GGUF_TYPES
+    export = build_parser()._subparsers._group_actions[0].choices["export"]
+    flag = next(a for a in export._actions if "--gguf-type" in a.option_strings)
+    assert tuple(flag.choices) == GGUF_TYPES  # the CLI offers what the writer writes
 
 
 def test_llama_cpp_tokenises_text_like_the_source_tokenizer(cells, llama_cpp, tmp_path):

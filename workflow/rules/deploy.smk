@@ -9,7 +9,7 @@
 #
 # {gguf_type}: f32 | f16 | q8_0 (q8_0 falls back to f16 per tensor where a row width is not a
 # multiple of 32; the file and the log say which).
-from coec.cli import GGUF_TYPES
+from coec.export_formats import GGUF_TYPES
 from coec.deploy import spec as deploy_spec
 
 

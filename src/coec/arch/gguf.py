@@ -29,6 +29,10 @@ rotate-half (NEOX) form (``src/llama-model.cpp:3177``) and takes the rows as the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _QKV = {f"attn_{t}.{s}" for t in "qkv" for s in ("weight", "bias")}
 _BASE_LAYER = frozenset({"attn_norm.weight", *_QKV, "attn_output.weight", "attn_output.bias",
@@ -136,6 +140,18 @@ SPLIT_REGEX_PRE = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
 }
+
+
+def bindings_last_logits(llm: Any) -> np.ndarray:
+    """The logits of the last evaluated position of a llama-cpp-python model (a view of the
+    context's float32 buffer, ``n_vocab`` long)."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(llm.n_vocab(),))
 
 
 def bindings_model_class():

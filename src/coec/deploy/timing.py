@@ -13,10 +13,8 @@ the machine runs (the wall clock then also counts the time other processes held 
 
 from __future__ import annotations
 
-import ctypes
 import time
 
-import numpy as np
 
 WARMUP_PROMPT, WARMUP_STEPS = 16, 4
 
@@ -76,27 +74,20 @@ def load_llamacpp(path: str, n_ctx: int, n_batch: int, threads: int):
                                   logits_all=False, verbose=False)
 
 
-def _last_logits(llm) -> np.ndarray:
-    import llama_cpp
-
-    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
-                                 shape=(llm.n_vocab(),))
-
-
 def time_llamacpp(llm, prompt: list[int], new_tokens: int) -> dict[str, float]:
     """Wall and CPU seconds of prefill and decode of a llama.cpp context (``load_llamacpp``), as
     :func:`time_transformers` times a transformers model."""
+    from ..arch.gguf import bindings_last_logits
 
     def run(ids: list[int], steps: int):
         llm.reset()
         t0 = _clocks()
         llm.eval(ids)
-        nxt = int(_last_logits(llm).argmax())
+        nxt = int(bindings_last_logits(llm).argmax())
         t1 = _clocks()
         for _ in range(steps):
             llm.eval([nxt])
-            nxt = int(_last_logits(llm).argmax())
+            nxt = int(bindings_last_logits(llm).argmax())
         t2 = _clocks()
         return t0, t1, t2
 

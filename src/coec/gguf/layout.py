@@ -12,8 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, quants
 
 from ..arch.gguf import file_types
-
-GGUF_TYPES = ("f32", "f16", "q8_0")
+from ..export_formats import GGUF_TYPES
 _TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}   # requested type -> 2-D tensor type
 Q8_BLOCK = GGML_QUANT_SIZES[Q.Q8_0][0]  # q8_0 packs 32 consecutive values of a row
 

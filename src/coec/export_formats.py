@@ -1,0 +1,94 @@
+"""Export formats: how ``coec export --format <name>`` writes a pruned, compensated cell. One
+registry entry per format (``EXPORT_FORMATS``); a plug-in registers its own the same way
+(``plugins:`` in the config, or ``COEC_PLUGINS`` for the CLI).
+
+A format is a name, a one-line description, its own CLI options (added to ``coec export`` and
+refused with any other format) and ``write(request) -> dict``: the record of what it wrote. The
+built-in formats are ``hf`` (a transformers checkpoint folder in a stock class, reloaded and
+checked; ``coec.pipeline.run_export_hf``) and ``gguf`` (one file for llama.cpp;
+``coec.pipeline.run_export_gguf``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .registry import Registry
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export: the source model (folder or hub id), the cell's keep set (``None``: the
+    dense model) and compensated blocks, the dtype, the output path, whether a previous export
+    there may be replaced, the cell's labels (recorded in the output), the hub options, and the
+    format's own options (by ``FormatOption.dest``; absent ones take the format's defaults)."""
+
+    model: str
+    keep: str | None
+    comp: tuple[str, ...]
+    dtype: str
+    out: str
+    force: bool = False
+    cell: Mapping[str, Any] = field(default_factory=dict)
+    revision: str | None = None
+    trust_remote_code: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FormatOption:
+    """A CLI option of one format: ``--flag`` stored as ``dest``, with its choices and help."""
+
+    flag: str
+    dest: str
+    help: str
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    name: str
+    description: str
+    write: Callable[[ExportRequest], dict]
+    options: tuple[FormatOption, ...] = ()
+
+
+EXPORT_FORMATS: Registry[ExportFormat] = Registry("export format")
+DEFAULT_FORMAT = "hf"
+
+
+def export(fmt: str | None, request: ExportRequest) -> dict:
+    """Write ``request`` in format ``fmt`` (an unknown name: one line listing the formats); an
+    option that the format does not take is refused. ``None``: :data:`DEFAULT_FORMAT`."""
+    fmt = fmt or DEFAULT_FORMAT
+    entry = EXPORT_FORMATS[fmt]
+    unknown = sorted(set(request.options) - {o.dest for o in entry.options})
+    if unknown:
+        raise ValueError(f"export format {fmt!r} takes no option {', '.join(unknown)}")
+    return entry.write(request)
+
+
+def _write_hf(request: ExportRequest) -> dict:
+    from .pipeline import run_export_hf
+
+    return run_export_hf(request)
+
+
+def _write_gguf(request: ExportRequest) -> dict:
+    from .pipeline import run_export_gguf
+
+    return run_export_gguf(request)
+
+
+GGUF_TYPES = ("f32", "f16", "q8_0")  # the tensor types coec.gguf writes (defined here: gguf loads lazily)
+
+EXPORT_FORMATS.register(ExportFormat(
+    "hf", "a transformers checkpoint folder in a stock class (the default)", _write_hf))
+EXPORT_FORMATS.register(ExportFormat(
+    "gguf", "one GGUF file for llama.cpp (per-layer widths as the deci arch)", _write_gguf,
+    options=(FormatOption("--gguf-type", "gguf_type", "GGUF tensor type (default f32); q8_0 falls back to f16 "
+                          "per tensor where a row width is not a multiple of 32", GGUF_TYPES),
+             FormatOption("--tokenizer-gguf", "tokenizer_gguf",
+                          "GGUF file whose tokenizer keys are copied (e.g. an embedded model's)"))))
