@@ -8,14 +8,31 @@ names a family.
 
 from __future__ import annotations
 
-from .base import (MODULES, Adapter, AttnShape, ModelError, StockClass, attention_shape, expand_kv_rows,
-                   head_indices, kv_rows, o_proj_columns, pruned_value_proj, sliced_linear)
+from typing import TYPE_CHECKING
+
 from ..registry import Registry
+from .base import (
+    MODULES,
+    Adapter,
+    AttnShape,
+    ModelError,
+    StockClass,
+    attention_shape,
+    expand_kv_rows,
+    head_indices,
+    kv_rows,
+    o_proj_columns,
+    pruned_value_proj,
+    sliced_linear,
+)
 from .granite import GraniteAdapter
 from .llama import LlamaAdapter, MistralAdapter
 from .qwen2 import Qwen2Adapter
 from .qwen3 import Qwen3Adapter
 from .stock import HyV3Class, SeedOssClass
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["MODULES", "Adapter", "AttnShape", "ModelError", "StockClass", "ADAPTERS",
            "STOCK", "EXPORT_FALLBACKS", "adapter_for", "attention_shape",
@@ -25,7 +42,8 @@ __all__ = ["MODULES", "Adapter", "AttnShape", "ModelError", "StockClass", "ADAPT
 #: Every supported model family (a transformers ``model_type``) -> its adapter; an adapter may
 #: serve several families. A plug-in registers its own: ``ADAPTERS.register(MyAdapter(), name=...)``
 #: (docs/adding-a-model.md).
-ADAPTERS: Registry[Adapter] = Registry("model family")
+# (an adapter has no ``name``: each is registered under each of its families)
+ADAPTERS: Registry[Adapter] = Registry("model family")  # type: ignore[type-var]
 for _a in (LlamaAdapter(), Qwen2Adapter(), Qwen3Adapter(), MistralAdapter(), GraniteAdapter()):
     for _f in _a.families:
         ADAPTERS.register(_a, name=_f)
@@ -36,15 +54,15 @@ STOCK.update({c.model_type: c for c in (SeedOssClass(), HyV3Class())})
 
 # Stock classes tried, in order, when a portable family's own class cannot hold a pruned model,
 # keyed by whether the model has per-head q/k norms.
-EXPORT_FALLBACKS = {False: ("llama", "mistral", "seed_oss"), True: ("qwen3", "hy_v3")}
+EXPORT_FALLBACKS: dict[bool, tuple[str, ...]] = {False: ("llama", "mistral", "seed_oss"), True: ("qwen3", "hy_v3")}
 
 
-def _model_type(obj) -> str | None:
+def _model_type(obj: object) -> str | None:
     if obj is None or isinstance(obj, str):
         return obj
     if isinstance(obj, dict):
         return obj.get("model_type")
-    cfg = getattr(obj, "config", None)
+    cfg: PretrainedConfig | None = getattr(obj, "config", None)
     if cfg is None and hasattr(obj, "modules"):  # a decoder layer: its attention holds the config
         cfg = next((m.config for m in obj.modules() if getattr(m, "config", None) is not None), None)
     if cfg is not None and hasattr(cfg, "model_type"):
@@ -52,10 +70,10 @@ def _model_type(obj) -> str | None:
     return getattr(obj, "model_type", None)
 
 
-def adapter_for(obj) -> Adapter:
+def adapter_for(obj: object) -> Adapter:
     """The adapter of a model_type string, config (object or dict), model or decoder layer."""
     family = _model_type(obj)
-    if family not in ADAPTERS:
+    if family is None or family not in ADAPTERS:
         raise ModelError(f"model family (model_type) {family!r} is not supported by the pruning "
                          f"surgery; supported: {', '.join(ADAPTERS)}")
     return ADAPTERS[family]

@@ -10,12 +10,14 @@ differs. Method code reaches a family only through :func:`coec.arch.adapter_for`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from transformers import PretrainedConfig, PreTrainedModel
 
 # The compensated output modules, by role: the attention output projection (its input columns
 # are the query heads' values) and the MLP output projection (its input columns are channels).
@@ -24,6 +26,19 @@ MODULES = ("o_proj", "down_proj")
 
 class ModelError(ValueError):
     """A model that the pruning code cannot handle, with a message naming why."""
+
+
+class NeedsView(Protocol):
+    """What the export rules read of the structure a pruned model needs (``prune.ExportNeeds``)."""
+
+    @property
+    def qkv_bias(self) -> bool: ...
+    @property
+    def o_bias(self) -> bool: ...
+    @property
+    def mlp_bias(self) -> bool: ...
+    @property
+    def divides(self) -> bool: ...   # hidden_size % num_attention_heads == 0
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,7 @@ class AttnShape:
         return self.n_heads // self.n_kv
 
 
-def attention_shape(config) -> AttnShape:
+def attention_shape(config: PretrainedConfig) -> AttnShape:
     """Heads, KV heads and head_dim from an HF config (head_dim explicit or hidden/heads)."""
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
@@ -127,7 +142,7 @@ class StockClass:
     any_heads: bool = True      # the config accepts hidden_size % num_attention_heads != 0
     note: str = ""              # one line: how the class holds a pruned model (export reason)
 
-    def export_kwargs(self, needs, src_config) -> dict:
+    def export_kwargs(self, needs: NeedsView, src_config: PretrainedConfig) -> dict[str, Any]:
         """Extra ``AutoConfig.for_model`` arguments when this class is a fallback target."""
         return {}
 
@@ -142,7 +157,7 @@ class Adapter(StockClass):
     """One decoder family (or several with the same layout: ``families``)."""
 
     families: tuple[str, ...] = ()
-    layers_path = ("model", "layers")
+    layers_path: tuple[str, ...] = ("model", "layers")
     attn_attr, mlp_attr = "self_attn", "mlp"
     q, k, v, o = "q_proj", "k_proj", "v_proj", "o_proj"
     gate, up, down = "gate_proj", "up_proj", "down_proj"
@@ -155,33 +170,34 @@ class Adapter(StockClass):
     gguf_archs: tuple[str, ...] = ("llama", "deci")
 
     # ------------------------------------------------------------------ layer access
-    def decoder_layers(self, model) -> nn.ModuleList:
+    # (``nn.Module.__getattr__`` is typed ``Tensor | Module``: a submodule is cast to its class)
+    def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
         obj = model
         for attr in self.layers_path:
             obj = getattr(obj, attr)
-        return obj
+        return cast("nn.ModuleList", obj)
 
-    def backbone(self, model) -> nn.Module:
+    def backbone(self, model: nn.Module) -> nn.Module:
         """The module holding embeddings, rotary embedding and layers (``model.model``)."""
-        return model.model
+        return cast("nn.Module", model.model)
 
-    def embedding(self, model) -> nn.Module:
-        return self.backbone(model).embed_tokens
+    def embedding(self, model: nn.Module) -> nn.Module:
+        return cast("nn.Module", self.backbone(model).embed_tokens)
 
-    def embed_scale(self, config) -> float | None:
+    def embed_scale(self, config: PretrainedConfig) -> float | None:
         """A factor the model's forward applies to the token embeddings (None: none)."""
         return None
 
-    def rotary(self, model) -> nn.Module:
-        return self.backbone(model).rotary_emb
+    def rotary(self, model: nn.Module) -> nn.Module:
+        return cast("nn.Module", self.backbone(model).rotary_emb)
 
-    def attention(self, layer) -> nn.Module:
-        return getattr(layer, self.attn_attr)
+    def attention(self, layer: nn.Module) -> nn.Module:
+        return cast("nn.Module", getattr(layer, self.attn_attr))
 
-    def mlp(self, layer) -> nn.Module:
-        return getattr(layer, self.mlp_attr)
+    def mlp(self, layer: nn.Module) -> nn.Module:
+        return cast("nn.Module", getattr(layer, self.mlp_attr))
 
-    def output_parent(self, layer, role: str) -> tuple[nn.Module, str]:
+    def output_parent(self, layer: nn.Module, role: str) -> tuple[nn.Module, str]:
         """(parent module, attribute) of a compensated output module by role."""
         if role == "o_proj":
             return self.attention(layer), self.o
@@ -189,16 +205,17 @@ class Adapter(StockClass):
             return self.mlp(layer), self.down
         raise ValueError(f"unknown output module {role!r}; expected one of {', '.join(MODULES)}")
 
-    def output_module(self, layer, role: str) -> nn.Linear:
+    def output_module(self, layer: nn.Module, role: str) -> nn.Linear:
         """o_proj or down_proj of a layer: its forward pre-hook sees the input to compensate."""
         parent, attr = self.output_parent(layer, role)
-        return getattr(parent, attr)
+        return cast("nn.Linear", getattr(parent, attr))
 
-    def kv_width(self, layer) -> int:
+    def kv_width(self, layer: nn.Module) -> int:
         """Output width of the key projection (KV heads x head_dim) of a (pruned) layer."""
-        return getattr(self.attention(layer), self.k).out_features
+        k_proj = cast("nn.Linear", getattr(self.attention(layer), self.k))
+        return k_proj.out_features
 
-    def ffn_width(self, layer) -> int:
+    def ffn_width(self, layer: nn.Module) -> int:
         return self.output_module(layer, "down_proj").in_features
 
     def layer_tensor_names(self, layer: int) -> dict[str, str]:
@@ -211,17 +228,17 @@ class Adapter(StockClass):
         return names
 
     # ------------------------------------------------------------------ attention shape
-    def attention_shape(self, config) -> AttnShape:
+    def attention_shape(self, config: PretrainedConfig) -> AttnShape:
         return attention_shape(config)
 
-    def sliding(self, config) -> bool:
+    def sliding(self, config: PretrainedConfig) -> bool:
         """Whether some layer masks with a sliding window shorter than the context."""
         window = getattr(config, "sliding_window", None)  # a window >= the context never acts
         return bool(window) and window < config.max_position_embeddings and (
             self.always_sliding or "sliding_attention" in (getattr(config, "layer_types", None) or []))
 
     # ------------------------------------------------------------------ surgery
-    def prune_layer_(self, layer, geom: AttnShape, kv_groups: list[int],
+    def prune_layer_(self, layer: nn.Module, geom: AttnShape, kv_groups: list[int],
                      channels: list[int]) -> None:
         """Remove the pruned KV groups (with their query heads) and MLP channels in place:
         q rows and o_proj columns per query head, k/v rows per KV group (biases follow their
@@ -248,14 +265,14 @@ class Adapter(StockClass):
         setattr(mlp, self.up, sliced_linear(getattr(mlp, self.up), rows=ch))
         setattr(mlp, self.down, sliced_linear(getattr(mlp, self.down), cols=ch))
 
-    def bias_groups(self) -> tuple[tuple[str, str, bool, tuple[str, ...]], ...]:
+    def bias_groups(self) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
         """(config flag, parent attribute, role, sibling modules) of each bias flag: when a
         compensated output gets a bias, the flag is set and its siblings get zero biases."""
         return (("attention_bias", self.attn_attr, "o_proj", (self.q, self.k, self.v, self.o)),
                 ("mlp_bias", self.mlp_attr, "down_proj", (self.gate, self.up, self.down)))
 
     # ------------------------------------------------------------------ export
-    def own_export_flags(self, cfg, needs) -> None:
+    def own_export_flags(self, cfg: PretrainedConfig, needs: NeedsView) -> None:
         """Set the bias flags of a copy of the source config (export into the own class)."""
         any_attn_bias = needs.qkv_bias or needs.o_bias
         if hasattr(cfg, "attention_bias") and self.o_bias == "flag":
@@ -264,7 +281,7 @@ class Adapter(StockClass):
             cfg.mlp_bias = bool(getattr(cfg, "mlp_bias", False) or needs.mlp_bias)
 
     # ------------------------------------------------------------------ GGUF export
-    def gguf_layer_modules(self, layer) -> dict[str, nn.Module]:
+    def gguf_layer_modules(self, layer: nn.Module) -> dict[str, nn.Module]:
         """A decoder layer's modules under their llama.cpp tensor names (``blk.<i>.<name>``;
         each module's ``weight`` and, where present, ``bias`` are written)."""
         attn, mlp = self.attention(layer), self.mlp(layer)
@@ -279,12 +296,13 @@ class Adapter(StockClass):
                      "ffn_down": getattr(mlp, self.down)})
         return mods
 
-    def gguf_model_modules(self, model) -> dict[str, nn.Module]:
+    def gguf_model_modules(self, model: PreTrainedModel) -> dict[str, nn.Module]:
         """The token embedding, final norm and LM head under their llama.cpp names."""
-        return {"token_embd": self.embedding(model), "output_norm": self.backbone(model).norm,
-                "output": model.get_output_embeddings()}
+        return {"token_embd": self.embedding(model),
+                "output_norm": cast("nn.Module", self.backbone(model).norm),
+                "output": model.get_output_embeddings()}  # type: ignore[no-untyped-call]  # unannotated upstream
 
-    def gguf_scalars(self, config) -> dict[str, float]:
+    def gguf_scalars(self, config: PretrainedConfig) -> dict[str, float]:
         """Scalars of the forward pass beyond the Llama layer, by GGUF key suffix
         (``<arch>.<key>``); an architecture must declare every key it is given."""
         return {}

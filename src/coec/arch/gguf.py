@@ -29,10 +29,13 @@ rotate-half (NEOX) form (``src/llama-model.cpp:3177``) and takes the rows as the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+    from gguf import LlamaFileType, LlamaHfVocab
+    from llama_cpp import Llama
 
 _QKV = {f"attn_{t}.{s}" for t in "qkv" for s in ("weight", "bias")}
 _BASE_LAYER = frozenset({"attn_norm.weight", *_QKV, "attn_output.weight", "attn_output.bias",
@@ -100,7 +103,7 @@ def cannot_hold(arch: GgufArch, needs: GgufNeeds) -> str | None:
 def choose_arch(candidates: tuple[str, ...], needs: GgufNeeds) -> tuple[GgufArch, str]:
     """The first candidate architecture that holds the model, with a one-line reason; ValueError
     naming each candidate and why it cannot, when none does."""
-    tried = []
+    tried: list[str] = []
     for name in candidates:
         arch = ARCHS[name]
         why = cannot_hold(arch, needs)
@@ -112,7 +115,7 @@ def choose_arch(candidates: tuple[str, ...], needs: GgufNeeds) -> tuple[GgufArch
 
 
 # ----------------------------------------------------------------------------- other names
-def file_types() -> dict:
+def file_types() -> dict[str, LlamaFileType]:
     """``general.file_type`` of each requested tensor type (gguf-py's ``LlamaFileType``)."""
     from gguf import LlamaFileType as F
 
@@ -124,7 +127,7 @@ def file_types() -> dict:
 SPM_TOKENIZER_MODEL = "llama"
 
 
-def byte_fallback_vocab(folder):
+def byte_fallback_vocab(folder: Path) -> LlamaHfVocab:
     """gguf-py's reader of a byte-fallback BPE ``tokenizer.json`` (``LlamaHfVocab``: tokens,
     scores and types as the converter's ``_set_vocab_llama_hf`` writes them)."""
     from gguf import LlamaHfVocab
@@ -135,14 +138,15 @@ def byte_fallback_vocab(folder):
 # The split regexes of tokenizers whose llama.cpp pre-tokenizer applies the same one
 # (src/llama-vocab.cpp: "qwen2" -> LLAMA_VOCAB_PRE_TYPE_QWEN2 at :2259, "llama-bpe" ->
 # LLAMA_VOCAB_PRE_TYPE_LLAMA3 at :2176), for a tokenizer whose hash is not in the converter's
-# table (coec.arch.gguf_pre), e.g. a retrained vocabulary with the family's pre-tokenizer.
+# table (coec.arch.gguf_pre), e.g. a retrained vocabulary with the family's pre-tokenizer. Each
+# regex is written out whole, as llama.cpp's converter has it.
 SPLIT_REGEX_PRE = {
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",  # noqa: E501
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",  # noqa: E501
 }
 
 
-def bindings_last_logits(llm: Any) -> np.ndarray:
+def bindings_last_logits(llm: Llama) -> np.ndarray:
     """The logits of the last evaluated position of a llama-cpp-python model (a view of the
     context's float32 buffer, ``n_vocab`` long)."""
     import ctypes
@@ -154,8 +158,9 @@ def bindings_last_logits(llm: Any) -> np.ndarray:
     return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(llm.n_vocab(),))
 
 
-def bindings_model_class():
+def bindings_model_class() -> type[Llama]:
     """llama-cpp-python's model class (``llama_cpp.Llama``); ImportError when it is absent."""
     from llama_cpp import Llama
 
-    return Llama
+    model_class: type[Llama] = Llama  # typed whether or not mypy finds llama_cpp (else Any)
+    return model_class

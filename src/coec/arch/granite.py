@@ -10,7 +10,12 @@ explicit ``head_dim`` from the config, so head counts need not divide hidden_siz
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import Adapter
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class GraniteAdapter(Adapter):
@@ -22,10 +27,10 @@ class GraniteAdapter(Adapter):
 
     gguf_archs = ("granite",)
 
-    def embed_scale(self, config) -> float | None:
+    def embed_scale(self, config: PretrainedConfig) -> float | None:
         return float(config.embedding_multiplier)
 
-    def gguf_scalars(self, config) -> dict[str, float]:
+    def gguf_scalars(self, config: PretrainedConfig) -> dict[str, float]:
         # llama.cpp's granite arch: the embedding and residual scales, the attention score
         # scale (kq_scale) and the logit divisor (src/models/granite.cpp, llama-graph.cpp)
         return {"embedding_scale": float(config.embedding_multiplier),

@@ -4,7 +4,12 @@ no biases, an explicit head_dim and a sliding window in every layer."""
 
 from __future__ import annotations
 
-from .base import Adapter
+from typing import TYPE_CHECKING, Any
+
+from .base import Adapter, NeedsView
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class LlamaAdapter(Adapter):
@@ -14,7 +19,7 @@ class LlamaAdapter(Adapter):
     any_heads = False
     note = "attention_bias carries the q/k/v and o_proj biases, mlp_bias the MLP's"
 
-    def export_kwargs(self, needs, src_config) -> dict:
+    def export_kwargs(self, needs: NeedsView, src_config: PretrainedConfig) -> dict[str, Any]:
         return dict(attention_bias=needs.qkv_bias or needs.o_bias, mlp_bias=needs.mlp_bias)
 
 
@@ -24,5 +29,5 @@ class MistralAdapter(Adapter):
     always_sliding = True
     note = "the Llama layer with an explicit head_dim and no divisibility check, sliding_window off"
 
-    def export_kwargs(self, needs, src_config) -> dict:
+    def export_kwargs(self, needs: NeedsView, src_config: PretrainedConfig) -> dict[str, Any]:
         return dict(sliding_window=None)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .base import NeedsView
+
 OK, MISREAD, FAILS = "ok", "misread", "fails"
 VLLM = "vLLM 0.33.0"
 CONVERTER = "llama.cpp via convert_hf_to_gguf.py (llama-cpp-python 0.3.36)"
@@ -106,7 +108,7 @@ READS: dict[str, dict[str, Reads]] = {
 _ROLES = (("qkv", "qkv_bias", "q/k/v"), ("o", "o_bias", "o_proj"), ("mlp", "mlp_bias", "MLP"))
 
 
-def verdict(runtime: str, model_type: str, needs) -> dict[str, str]:
+def verdict(runtime: str, model_type: str, needs: NeedsView) -> dict[str, str]:
     """{'status': ok | misread | fails, 'why', 'source'} of ``runtime`` reading a cell with
     ``needs`` (``prune.ExportNeeds``) written as ``model_type``."""
     reads = READS[runtime].get(model_type)
@@ -128,31 +130,31 @@ def verdict(runtime: str, model_type: str, needs) -> dict[str, str]:
     return {**out, "status": OK, "why": "head size and every bias as transformers reads them"}
 
 
-def verdicts(model_type: str, needs) -> dict[str, dict[str, str]]:
+def verdicts(model_type: str, needs: NeedsView) -> dict[str, dict[str, str]]:
     """Every runtime's verdict on ``model_type`` for a cell with ``needs``."""
     return {r: verdict(r, model_type, needs) for r in RUNTIMES}
 
 
-def rank(model_type: str, needs) -> tuple[int, int]:
+def rank(model_type: str, needs: NeedsView) -> tuple[int, int]:
     """(misreads, failures) of a class over the runtimes: lower is better, misreads first."""
     got = [v["status"] for v in verdicts(model_type, needs).values()]
     return got.count(MISREAD), got.count(FAILS)
 
 
-def pick(candidates: list[str], needs) -> str:
+def pick(candidates: list[str], needs: NeedsView) -> str:
     """The candidate (classes transformers holds exactly, in preference order) that the fewest
     runtimes misread, then the fewest fail to load; the earliest among equals."""
     return min(candidates, key=lambda m: (*rank(m, needs), candidates.index(m)))
 
 
-def shortfalls(model_type: str, needs) -> str:
+def shortfalls(model_type: str, needs: NeedsView) -> str:
     """The runtimes that do not read ``model_type`` correctly for this cell, in one phrase."""
     bad = [f"{v['status']} in {r} ({v['why']})" for r, v in verdicts(model_type, needs).items()
            if v["status"] != OK]
     return "; ".join(bad) or "read correctly everywhere"
 
 
-def warnings_for(model_type: str, needs) -> list[str]:
+def warnings_for(model_type: str, needs: NeedsView) -> list[str]:
     """One line per runtime that does not read ``model_type`` correctly for this cell."""
     out = []
     for runtime, v in verdicts(model_type, needs).items():
