@@ -148,6 +148,10 @@ class Adapter(StockClass):
         """A factor the model's forward applies to the token embeddings (None: none)."""
         return None
 
+    def logit_divisor(self, config) -> float | None:
+        """A divisor the model's forward applies to the LM head's logits (None: none)."""
+        return None
+
     def rotary(self, model) -> nn.Module:
         return self.backbone(model).rotary_emb
 
