@@ -276,6 +276,16 @@ ZS_LOG_SAMPLES = EV["zeroshot_log_samples"]
 ZS_INPUT = [f"{ZS_DATA}/manifest.json"] if EV["zeroshot_source"] == "local" else []
 
 
+# ----------------------------------------------------------------------------- streaming
+def stream_args(stage):
+    """The streaming options of a calibrate / ppl / zeroshot job (coec.streaming.options), from
+    the config's compute section (docs/streaming.md)."""
+    from coec.streaming.options import OPTIONS, STAGE_OPTIONS
+
+    flags = [OPTIONS[dest] for dest in STAGE_OPTIONS[stage]]
+    return " ".join(f"{flag} {shlex_quote(str(config['compute'][key.split('.')[1]]))}" for flag, key in flags)
+
+
 def ppl_params():
     return dict(
         dataset=json.dumps(dataset_spec(EV["ppl_dataset"])),
@@ -285,6 +295,7 @@ def ppl_params():
         device=config["compute"]["device"],
         expect=lambda wc: model_expect(wc.model, "evaluation.ppl_seqlen"),
         hub=lambda wc: hub_args(wc.model),
+        stream=stream_args("ppl"),
     )
 
 
@@ -300,6 +311,7 @@ def zeroshot_params():
         expect=lambda wc: model_expect(wc.model),
         hub=lambda wc: hub_args(wc.model),
         samples="--log-samples" if ZS_LOG_SAMPLES else "--no-log-samples",
+        stream=stream_args("zeroshot"),
     )
 
 

@@ -1,12 +1,12 @@
 # Perplexity (and zero-shot accuracy) of the dense model and of every pruned/compensated cell.
 # The pruned model is assembled in memory from keep.json and the per-block weights.
 
-# {params.extra}, {params.dmap} and {params.data} hold several words, each shell-quoted where built
+# {params.extra}, {params.dmap}, {params.data} and {params.stream} hold several words, each shell-quoted where built
 PPL_SHELL = (
     "OMP_NUM_THREADS={threads} {PY} ppl --model {params.model:q} --dataset {params.dataset:q} --seqlen {params.seqlen:q} "
     "--max-windows {params.max_windows:q} --batch-size {params.batch:q} --dtype {params.dtype:q} "
     "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} {params.extra} {params.dmap} "
-    "> {log:q} 2>&1"
+    "{params.stream} > {log:q} 2>&1"
 )
 
 
@@ -67,7 +67,7 @@ ZS_SHELL = (
     "{params.data} --limit {params.limit:q} --batch-size {params.batch:q} "
     "--max-length {params.max_length:q} --dtype {params.dtype:q} --device {params.device:q} "
     "--expect {params.expect:q} {params.hub} {params.samples} --out {output[0]:q} {params.extra} {params.dmap} "
-    "> {log:q} 2>&1"
+    "{params.stream} > {log:q} 2>&1"
 )
 
 
