@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from .arch import MODULES, adapter_for
+from .artifacts import all_finite
 from .models import decoder_layers
 from .progress import bar as progress_bar
 
@@ -243,7 +244,7 @@ def layer_statistics(lp, i: int, layer, modules: tuple[str, ...] = MODULES) -> d
         for hd in handles:
             hd.remove()
     for name, acc in stats.items():
-        if not (torch.isfinite(acc.gram).all() and torch.isfinite(acc.sum).all()):
+        if not (all_finite(acc.gram) and torch.isfinite(acc.sum).all()):  # row blocks: no Gram-sized temporaries
             raise NonFiniteActivations(
                 f"NaN/Inf in calibration activations of layer {i} {name} input "
                 f"(check the model dtype and the data)")

@@ -78,6 +78,7 @@ class LayerSequential:
                 for b, h in enumerate(hidden):
                     pos, pe, masks = self._context(h)
                     hidden[b] = layer_call(layer, h.to(dev), masks[i], pos, pe).cpu()
+            del layer, h  # before the next layer is read, not after
         return hidden
 
     def batch_bytes(self, ids: torch.Tensor) -> int:

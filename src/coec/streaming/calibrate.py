@@ -159,6 +159,7 @@ def calibrate_streamed(sm: StreamedModel, input_ids: torch.Tensor, out_dir: str 
         for i in bar:
             with sm.layer(i) as layer:
                 stats = layer_statistics(lp, i, layer)
+            del layer  # before the next layer is read, not after
             store.flip()
             A.write_gram_layer(A.gram_path(work, i), gram_tensors(stats, dt))
             del stats

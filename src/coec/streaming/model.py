@@ -150,6 +150,7 @@ class StreamedModel:
                                                 f"the config implies {tuple(ref.shape)}")
             state[k] = t.to(device=self.device, dtype=ref.dtype if ref.is_floating_point() else None)
         new.load_state_dict(state, strict=True, assign=True)
+        new.requires_grad_(False)  # evaluation only: no autograd graph can hold a released part
         left = [n for n, t in [*new.named_parameters(), *new.named_buffers()] if t.is_meta]
         if left:
             raise ModelError(f"{prefix}: tensors not in the checkpoint's state: {left[:3]}")
@@ -197,7 +198,11 @@ class StreamedModel:
         layer = self.materialise(self.layers[i])
         keep = self.cell.layer_keep(i) if self.cell else None
         if keep is not None:
+            read = {id(p) for p in layer.parameters()}
             self.adapter.prune_layer_(layer, self.geom, keep["kv_groups"], keep["channels"])
+            for p in layer.parameters():  # the norms left: copies, so the layer's mapping is freed
+                if id(p) in read:
+                    p.data = p.data.clone()
         comp = self.cell.layer_tensors(i) if self.cell else {}
         for module in MODULES:
             if f"{module}.weight" in comp:
