@@ -242,3 +242,39 @@ def test_evaluation_groups_reread_the_weights(llama_dir):
     runner = LayerSequential(sm, budget_bytes=2 * 2 * 16 * 32 * 4, progress=False)
     three = list(runner.logits(batches))
     assert runner.groups_run == 3 and all(torch.equal(a, b) for a, b in zip(one, three))
+
+
+# ----------------------------------------------------------------------------- embedded (slow)
+@pytest.mark.slow
+def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
+    """The embedded model (SmolLM2-135M, tied head): streamed Gram files byte-identical to the
+    loaded model's (8 x 256 Wikipedia tokens, float64 Grams), the same perplexity over 8 windows
+    of 256, dense and pruned by the Grams' wanda_sp keep set at 30 %."""
+    import os
+
+    from coec.data import calibration_ids
+    from coec.pipeline import build_model, run_select
+
+    from coec.resources import prepare_embedded_model, prepare_embedded_text
+
+    repo = Path(__file__).resolve().parents[1]
+    model_dir = Path(os.environ.get("COEC_EMBEDDED_MODEL", repo / "resources/models/smollm2-135m"))
+    if not (model_dir / "config.json").is_file():
+        model_dir = prepare_embedded_model("smollm2-135m", tmp_path / "smollm2")
+    text = repo / "resources/text/enwiki"
+    if not (text / "calib.txt").is_file():
+        prepare_embedded_text(text := tmp_path / "enwiki")
+    ds = {"source": "embedded", "dir": str(text)}
+    model, tok = load_model(model_dir)
+    ids = calibration_ids(tok, ds, 8, 256, 0)
+    calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=4, device="cpu", gram_dtype="float64")
+    calibrate_streamed(StreamedModel(model_dir), ids, tmp_path / "st", batch_size=4,
+                       gram_dtype="float64", progress=False)
+    assert digest(tmp_path / "st") == digest(tmp_path / "ref")
+    run_select(str(model_dir), str(tmp_path / "st"), "wanda_sp", 0.3, "nearest", str(tmp_path / "keep.json"))
+    windows = calibration_ids(tok, ds, 8, 256, 1)
+    for keep in (None, str(tmp_path / "keep.json")):
+        ref = perplexity(build_model(str(model_dir), "float32", "cpu", keep)[0], windows, 4, progress=False)
+        sm = StreamedModel(model_dir, cell=CellWeights(keep, [], 30) if keep else None)
+        got = perplexity_streamed(sm, windows, 4, progress=False)
+        assert got["nll"] == ref["nll"], (keep, got["nll"], ref["nll"])
