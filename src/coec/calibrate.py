@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from .arch import MODULES, adapter_for
+from .artifacts import all_finite
 from .models import decoder_layers
 from .progress import bar as progress_bar
 
@@ -140,20 +141,25 @@ class GramAccumulator:
 
 def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list:
     """Per-layer attention masks for full-length causal sequences without padding, built the
-    way the model's own forward builds them (full or sliding-window per ``layer_types``)."""
+    way the model's own forward builds them (full or sliding-window per ``layer_types``; every
+    layer sliding for families that always slide, e.g. Mistral, when a window is set)."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     import inspect
 
     cfg = model.config
-    kw = dict(config=cfg, inputs_embeds=hidden, attention_mask=None, position_ids=position_ids)
+    # built for one sequence, so that a materialised (1, 1, T, T) mask broadcasts over any batch
+    kw = dict(config=cfg, inputs_embeds=hidden[:1], attention_mask=None, position_ids=position_ids)
     # the cache argument was renamed (past_key_values -> cache) in transformers 5.2x
     params = inspect.signature(create_causal_mask).parameters
     kw["cache" if "cache" in params else "past_key_values"] = None
     if "cache_position" in params:
         kw["cache_position"] = torch.arange(hidden.shape[1], device=hidden.device)
     full = create_causal_mask(**kw)
-    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    types = getattr(cfg, "layer_types", None)
+    if not types:  # Mistral: one sliding window in every layer whenever the config sets one
+        slide = adapter_for(cfg).always_sliding and getattr(cfg, "sliding_window", None) is not None
+        types = ["sliding_attention" if slide else "full_attention"] * cfg.num_hidden_layers
     sliding = (create_sliding_window_causal_mask(**kw)
                if "sliding_attention" in types else None)
     return [sliding if t == "sliding_attention" else full for t in types]
@@ -221,6 +227,31 @@ class LayerPass:
 
 
 @torch.no_grad()
+def layer_statistics(lp, i: int, layer, modules: tuple[str, ...] = MODULES) -> dict[str, GramAccumulator]:
+    """:class:`GramAccumulator` statistics of the named module inputs of decoder layer ``i``
+    (on ``lp.device``) over every batch of a layer pass ``lp`` (``lp.run(i, layer)``, whose
+    outputs become the next layer's inputs); NaN/Inf raises :class:`NonFiniteActivations`."""
+    adapter = adapter_for(layer)
+    stats, handles = {}, []
+    for name in modules:
+        mod = adapter.output_module(layer, name)
+        acc = stats[name] = GramAccumulator(mod.in_features, lp.device)
+        handles.append(mod.register_forward_pre_hook(
+            lambda _m, args, acc=acc: acc.update(args[0])))
+    try:
+        lp.run(i, layer)
+    finally:
+        for hd in handles:
+            hd.remove()
+    for name, acc in stats.items():
+        if not (all_finite(acc.gram) and torch.isfinite(acc.sum).all()):  # row blocks: no Gram-sized temporaries
+            raise NonFiniteActivations(
+                f"NaN/Inf in calibration activations of layer {i} {name} input "
+                f"(check the model dtype and the data)")
+    return stats
+
+
+@torch.no_grad()
 def run_layerwise(model, input_ids: torch.Tensor, batch_size: int = 8, device=None,
                   on_layer: Callable[[int, dict[str, GramAccumulator]], None] | None = None,
                   modules: tuple[str, ...] = MODULES, progress: bool = True,
@@ -244,22 +275,7 @@ def run_layerwise(model, input_ids: torch.Tensor, batch_size: int = 8, device=No
             layer.to(lp.device)
             if before_layer is not None:
                 before_layer(i, layer)
-            stats, handles = {}, []
-            for name in modules:
-                mod = adapter.output_module(layer, name)
-                acc = stats[name] = GramAccumulator(mod.in_features, lp.device)
-                handles.append(mod.register_forward_pre_hook(
-                    lambda _m, args, acc=acc: acc.update(args[0])))
-            try:
-                lp.run(i, layer)
-            finally:
-                for hd in handles:
-                    hd.remove()
-            for name, acc in stats.items():
-                if not (torch.isfinite(acc.gram).all() and torch.isfinite(acc.sum).all()):
-                    raise NonFiniteActivations(
-                        f"NaN/Inf in calibration activations of layer {i} {name} input "
-                        f"(check the model dtype and the data)")
+            stats = layer_statistics(lp, i, layer, modules)
             layer.to(home)
             if on_layer is not None:
                 on_layer(i, stats)

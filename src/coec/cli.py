@@ -180,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     for stage in MODEL_STAGES:  # the workflow's expectations, checked before any work
         sub.choices[stage].add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
         add_hub_args(sub.choices[stage])
+    from .streaming.options import STAGE_OPTIONS, add_stream_args
+
+    for stage in STAGE_OPTIONS:  # layer-by-layer streaming (docs/streaming.md)
+        add_stream_args(sub.choices[stage], stage)
 
     for ext in extensions():  # e.g. `coec iterative ...` (coec.iterative.extension)
         if ext.add_cli is not None:
@@ -236,7 +240,10 @@ def run_guarded(stage: str, fn) -> int:
 def _dispatch(a) -> None:
     from . import pipeline
 
+    from .streaming.options import stream_options
+
     hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
+    hub.update(stream_options(a))  # calibrate, ppl, zeroshot: the streaming options
     if a.stage in MODEL_STAGES:
         check_model_stage(a)
     if a.stage == "prepare-model":

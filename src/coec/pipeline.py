@@ -13,13 +13,9 @@ from pathlib import Path
 
 import torch
 
-from . import artifacts
-from . import data
-from .artifacts import read_gram_layer
-from .calibrate import calibrate_to_dir
-from .data import calibration_ids
+from . import artifacts, data
 from .arch import attention_shape
-from .artifacts import read_model_tensors
+from .artifacts import read_gram_layer, read_model_tensors
 from .models import layer_tensor_names, load_config, load_model, resolve_device, resolve_model_dir
 from .progress import bar as progress_bar
 from .provenance import model_provenance
@@ -42,16 +38,15 @@ def log_timings(what: str, obj) -> None:
 def run_calibrate(model_src: str, dataset: dict, out_dir: str, nsamples: int, seqlen: int,
                   seed: int, batch_size: int, dtype: str, device: str | None,
                   gram_dtype: str, revision: str | None = None,
-                  trust_remote_code: bool = False) -> dict:
-    """Grams of every layer's o_proj and down_proj inputs -> ``out_dir/layer{i}.safetensors``."""
-    torch.manual_seed(seed)
-    model, tok = load_model(model_src, dtype=dtype, device="cpu", revision=revision,
-                            trust_remote_code=trust_remote_code)
-    ids = calibration_ids(tok, dataset, nsamples, seqlen, seed)
-    meta = {"model": model_provenance(model_src, revision, trust_remote_code), "dataset": dataset,
-            "nsamples": nsamples, "seed": seed, "dtype": dtype}
-    return calibrate_to_dir(model, ids, out_dir, batch_size=batch_size,
-                            device=resolve_device(device), gram_dtype=gram_dtype, meta=meta)
+                  trust_remote_code: bool = False, **stream) -> dict:
+    """Grams of every layer's o_proj and down_proj inputs -> ``out_dir/layer{i}.safetensors``,
+    each layer read from the checkpoint when the pass reaches it; a killed pass resumes
+    (``streaming.stages.stream_calibrate``; ``stream``: its hidden_budget_gb and
+    checkpoint_minutes). The files are those of ``calibrate_to_dir`` on the loaded model."""
+    from .streaming.stages import stream_calibrate
+
+    return stream_calibrate(model_src, dataset, out_dir, nsamples, seqlen, seed, batch_size,
+                            dtype, device, gram_dtype, revision, trust_remote_code, **stream)
 
 
 def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_rounding: str,
@@ -168,10 +163,17 @@ def run_ppl(model_src: str, dataset: dict, seqlen: int, max_windows: int | None,
             dtype: str, device: str | None, out: str, keep_path: str | None = None,
             comp_files: list[str] | None = None, cell: dict | None = None,
             device_map: str | None = None, revision: str | None = None,
-            trust_remote_code: bool = False) -> dict:
-    """Perplexity of the (pruned, compensated) model -> ppl.json."""
+            trust_remote_code: bool = False, hidden_budget_gb: float | None = None,
+            stream_eval_above_gb: float | None = None) -> dict:
+    """Perplexity of the (pruned, compensated) model -> ppl.json; layer by layer when the model
+    streams (``streaming.stages.streams``: the same ppl.json)."""
     from .evaluate.ppl import perplexity
+    from .streaming import stages as S
 
+    if S.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
+        return S.stream_ppl(model_src, dataset, seqlen, max_windows, batch_size, dtype, device,
+                            out, keep_path, comp_files, cell, revision, trust_remote_code,
+                            hidden_budget_gb)
     t0 = time.time()
     model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map,
                              revision, trust_remote_code)
@@ -230,12 +232,19 @@ def run_zeroshot(model_src: str, tasks: list[str], data_dir: str | None, limit: 
                  keep_path: str | None = None, comp_files: list[str] | None = None,
                  cell: dict | None = None, device_map: str | None = None,
                  log_samples: bool = True, revision: str | None = None,
-                 trust_remote_code: bool = False) -> dict:
+                 trust_remote_code: bool = False, hidden_budget_gb: float | None = None,
+                 stream_eval_above_gb: float | None = None) -> dict:
     """Zero-shot accuracy (lm-eval) of the in-memory (pruned, compensated) model: the summary
     in ``out`` (zeroshot.json), lm-eval's own records next to it (``zeroshot_lm_eval.json``;
-    ``zeroshot_samples/<task>.jsonl`` with ``log_samples``; docs/zeroshot.md)."""
+    ``zeroshot_samples/<task>.jsonl`` with ``log_samples``; docs/zeroshot.md). A model that
+    streams (``streaming.stages.streams``) is scored layer by layer instead (``LayerwiseLM``)."""
     from .evaluate.zeroshot import write_records, zeroshot_with_records
+    from .streaming import stages as S
 
+    if S.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
+        return S.stream_zeroshot(model_src, tasks, data_dir, limit, batch_size, max_length, dtype,
+                                 device, out, keep_path, comp_files, cell, log_samples, revision,
+                                 trust_remote_code, hidden_budget_gb)
     t0 = time.time()
     model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map,
                              revision, trust_remote_code)

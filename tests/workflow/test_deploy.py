@@ -5,7 +5,6 @@ script, run here at tiny size on the CPU."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shlex

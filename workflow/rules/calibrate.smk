@@ -1,5 +1,6 @@
 # One layer-by-layer pass per (model, calibration set): Grams, channel sums, token counts of
-# every layer's o_proj and down_proj inputs. Shared by every selection and compensation.
+# every layer's o_proj and down_proj inputs. Shared by every selection and compensation. Each layer is
+# read from the checkpoint when the pass reaches it; a killed job resumes (docs/streaming.md).
 
 
 rule calibrate:
@@ -29,8 +30,10 @@ rule calibrate:
     threads: W.threads("calibrate", ("calibrate_threads", "threads"))
     resources:
         **W.rule_resources("calibrate"),
+        **W.stream_resources("calibrate"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} calibrate --model {params.model:q} --dataset {params.dataset:q} "
         "--nsamples {params.nsamples:q} --seqlen {params.seqlen:q} --seed {params.seed:q} "
         "--batch-size {params.batch:q} --dtype {params.dtype:q} --gram-dtype {params.gram_dtype:q} "
-        "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} > {log:q} 2>&1"
+        "--device {params.device:q} --expect {params.expect:q} {params.hub} " + W.stream_flags("calibrate") + " "
+        "--out {output:q} > {log:q} 2>&1"

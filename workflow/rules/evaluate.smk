@@ -1,6 +1,7 @@
 # Perplexity (and zero-shot accuracy) of the dense model and of every pruned/compensated cell: one
 # rule per stage for the dense model, its variants for a cell (`use rule ... with:`) add the keep
-# set and the compensated blocks. The pruned model is assembled in memory.
+# set and the compensated blocks. The model streams one layer at a time (docs/streaming.md): the
+# streaming options are resources, not params, since they change memory, never a result.
 
 # {params.command}, {params.extra}, {params.dmap} and {params.data} hold several words, each
 # shell-quoted where built
@@ -28,11 +29,12 @@ rule ppl_dense:
     threads: W.threads("ppl")
     resources:
         **W.rule_resources("ppl"),
+        **W.stream_resources("ppl"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} {params.command} --model {params.model:q} --dataset {params.dataset:q} --seqlen {params.seqlen:q} "
         "--max-windows {params.max_windows:q} --batch-size {params.batch:q} --dtype {params.dtype:q} "
         "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} {params.extra} {params.dmap} "
-        "> {log:q} 2>&1"
+        + W.stream_flags("ppl") + " > {log:q} 2>&1"
 
 
 use rule ppl_dense as ppl_cell with:
@@ -72,12 +74,13 @@ rule zeroshot_dense:
     threads: W.threads("zeroshot")
     resources:
         **W.rule_resources("zeroshot"),
+        **W.stream_resources("zeroshot"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} zeroshot --model {params.model:q} --tasks {params.tasks:q} "
         "{params.data} --limit {params.limit:q} --batch-size {params.batch:q} "
         "--max-length {params.max_length:q} --dtype {params.dtype:q} --device {params.device:q} "
         "--expect {params.expect:q} {params.hub} {params.samples} --out {output[0]:q} {params.extra} {params.dmap} "
-        "> {log:q} 2>&1"
+        + W.stream_flags("zeroshot") + " > {log:q} 2>&1"
 
 
 use rule zeroshot_dense as zeroshot_cell with:

@@ -188,6 +188,10 @@ class Adapter(StockClass):
         """A factor the model's forward applies to the token embeddings (None: none)."""
         return None
 
+    def logit_divisor(self, config: PretrainedConfig) -> float | None:
+        """A divisor the model's forward applies to the LM head's logits (None: none)."""
+        return None
+
     def rotary(self, model: nn.Module) -> nn.Module:
         return cast("nn.Module", self.backbone(model).rotary_emb)
 

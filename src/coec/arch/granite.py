@@ -30,6 +30,9 @@ class GraniteAdapter(Adapter):
     def embed_scale(self, config: PretrainedConfig) -> float | None:
         return float(config.embedding_multiplier)
 
+    def logit_divisor(self, config: PretrainedConfig) -> float | None:
+        return float(config.logits_scaling)
+
     def gguf_scalars(self, config: PretrainedConfig) -> dict[str, float]:
         # llama.cpp's granite arch: the embedding and residual scales, the attention score
         # scale (kq_scale) and the logit divisor (src/models/granite.cpp, llama-graph.cpp)

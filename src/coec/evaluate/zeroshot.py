@@ -219,10 +219,11 @@ def _gold_index(row: dict) -> int:
 def zeroshot_with_records(model, tokenizer, tasks: Iterable[str], *,
                           data_dir: str | Path | None = None, limit: int | None = None,
                           batch_size: int = 8, max_length: int = 2048,
-                          device: str | None = None, log_samples: bool = True
+                          device: str | None = None, log_samples: bool = True, lm=None
                           ) -> tuple[dict, dict]:
     """:func:`run_zeroshot` that also returns lm-eval's own records (:func:`lm_eval_records`;
-    per-sample JSONL when ``log_samples``): ``(summary, records)``."""
+    per-sample JSONL when ``log_samples``): ``(summary, records)``. ``lm``: an lm-eval ``LM``
+    to score with instead of ``HFLM`` around ``model`` (e.g. ``layerwise_lm.LayerwiseLM``)."""
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
@@ -233,11 +234,12 @@ def zeroshot_with_records(model, tokenizer, tasks: Iterable[str], *,
     if data_dir is not None:
         for spec in specs:  # fail before touching the model
             data_file(spec, data_dir)
-    if device is not None:
-        model.to(device)
-    model.eval()
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
-              max_length=max_length)
+    if lm is None:
+        if device is not None:
+            model.to(device)
+        model.eval()
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+                  max_length=max_length)
     t0 = time.time()
     extra = {"log_samples": True} if log_samples else {}
     if data_dir is None:

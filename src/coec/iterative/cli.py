@@ -7,6 +7,7 @@ import argparse
 
 from ..cli import EXPECT_HELP, json_arg, optional_int, add_hub_args, check_model_stage, config_arg, hub_options, run_guarded
 from ..selection import ROUNDINGS
+from ..streaming.options import add_stream_args, stream_options
 from .method import MODES
 from .schedule import make_schedule
 from .stats import VARIANCE_MIXES
@@ -96,6 +97,7 @@ def add_parser(sub) -> None:
     s.add_argument("--device-map", default=None, help="accelerate device map (e.g. auto)")
     s.add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
     add_hub_args(s)
+    add_stream_args(s, "ppl")  # streamed as `coec ppl` is, each layer pruned to its own widths
     s.add_argument("--out", required=True)
 
 
@@ -154,4 +156,4 @@ def _dispatch(a) -> None:
         from ..pipeline import run_ppl
 
         run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
-                a.out, a.keep, a.comp, a.cell, device_map=a.device_map, **hub)
+                a.out, a.keep, a.comp, a.cell, device_map=a.device_map, **hub, **stream_options(a))
