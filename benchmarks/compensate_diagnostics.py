@@ -21,8 +21,11 @@ import torch
 from coec.compensate import compensate
 
 # (name, d_out, d_in, kept columns): the embedded SmolLM2-135M at 30 % and a Qwen2.5-0.5B down_proj
-SHAPES = [("smollm2 o_proj", 576, 576, 384), ("smollm2 down_proj", 576, 1536, 1076),
-          ("qwen2.5-0.5b down_proj", 896, 4864, 3405)]
+SHAPES = [
+    ("smollm2 o_proj", 576, 576, 384),
+    ("smollm2 down_proj", 576, 1536, 1076),
+    ("qwen2.5-0.5b down_proj", 896, 4864, 3405),
+]
 
 
 def problem(d_out: int, d_in: int, k: int, seed: int = 0):

@@ -27,8 +27,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
-        "num_key_value_heads": 4, "head_dim": 8, "intermediate_size": 96, "vocab_size": 320}
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 8,
+    "intermediate_size": 96,
+    "vocab_size": 320,
+}
 
 
 def build(arch: str, layers: int | None, dtype: str, device: str, ratio: float):
@@ -64,8 +72,13 @@ def bounds(cfg: dict, ratio: float, prompt: int) -> tuple[float, float]:
     shape = pruned_shape(cfg, ratio) if ratio else None
     ctx = (prompt + 1) / 2
     tied = bool(cfg.get("tie_word_embeddings"))  # a tied embedding is counted once, as the head
-    read = lambda s: count_params(cfg, s) - (0 if tied else cfg["vocab_size"] * cfg["hidden_size"])
-    flops = lambda s: flops_per_token(cfg, s, include_embedding=tied, context_len=ctx)
+
+    def read(s):
+        return count_params(cfg, s) - (0 if tied else cfg["vocab_size"] * cfg["hidden_size"])
+
+    def flops(s):
+        return flops_per_token(cfg, s, include_embedding=tied, context_len=ctx)
+
     return read(None) / read(shape), flops(None) / flops(shape)
 
 
@@ -95,12 +108,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ratios = [0.0] + [float(r) for r in a.ratios.split(",") if r]
     models = {r: build(a.random_arch, a.layers, a.dtype, a.device, r) for r in ratios}
-    prompt = torch.randint(0, models[0.0][1]["vocab_size"], (a.prompt,),
-                           generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(
+        0, models[0.0][1]["vocab_size"], (a.prompt,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
     runs = {r: [] for r in ratios}
     peak = {}
     for rep in range(a.repeat):
-        for r in ratios[rep % len(ratios):] + ratios[:rep % len(ratios)]:
+        for r in ratios[rep % len(ratios) :] + ratios[: rep % len(ratios)]:
             if a.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
             runs[r].append(time_transformers(models[r][0], prompt, a.new_tokens))
@@ -110,29 +124,46 @@ def main(argv: list[str] | None = None) -> int:
     for r in ratios:
         pre = [x["prefill_s"] for x in runs[r]]
         dec = [x["decode_s"] for x in runs[r]]
-        rows.append({"ratio": r, "prefill_tok_s": a.prompt / statistics.median(pre),
-                     "decode_tok_s": a.new_tokens / statistics.median(dec),
-                     "prefill_tok_s_best": a.prompt / min(pre), "decode_tok_s_best": a.new_tokens / min(dec),
-                     "peak_gib": peak.get(r)})
+        rows.append(
+            {
+                "ratio": r,
+                "prefill_tok_s": a.prompt / statistics.median(pre),
+                "decode_tok_s": a.new_tokens / statistics.median(dec),
+                "prefill_tok_s_best": a.prompt / min(pre),
+                "decode_tok_s_best": a.new_tokens / min(dec),
+                "peak_gib": peak.get(r),
+            }
+        )
     dense = rows[0]
-    print(f"{a.random_arch} ({a.layers or 'all'} layers), {a.dtype} on {a.device}, prompt {a.prompt}, "
-          f"{a.new_tokens} new tokens, batch 1, {a.repeat} interleaved repeats (median; best in the JSON)")
-    print("| ratio | prefill tok/s | decode tok/s | peak GiB | prefill speedup | FLOP bound "
-          "| decode speedup | byte bound | decode / bound |")
+    print(
+        f"{a.random_arch} ({a.layers or 'all'} layers), {a.dtype} on {a.device}, prompt {a.prompt}, "
+        f"{a.new_tokens} new tokens, batch 1, {a.repeat} interleaved repeats (median; best in the JSON)"
+    )
+    print(
+        "| ratio | prefill tok/s | decode tok/s | peak GiB | prefill speedup | FLOP bound "
+        "| decode speedup | byte bound | decode / bound |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         byte_b, flop_b = bounds(models[0.0][1], row["ratio"], a.prompt)
-        row.update(prefill_speedup=row["prefill_tok_s"] / dense["prefill_tok_s"], flop_bound=flop_b,
-                   decode_speedup=row["decode_tok_s"] / dense["decode_tok_s"], byte_bound=byte_b)
+        row.update(
+            prefill_speedup=row["prefill_tok_s"] / dense["prefill_tok_s"],
+            flop_bound=flop_b,
+            decode_speedup=row["decode_tok_s"] / dense["decode_tok_s"],
+            byte_bound=byte_b,
+        )
         peak_s = f"{row['peak_gib']:.2f}" if row["peak_gib"] is not None else "–"
-        print(f"| {row['ratio']:g} | {row['prefill_tok_s']:.1f} | {row['decode_tok_s']:.2f} | {peak_s} "
-              f"| {row['prefill_speedup']:.3f} | {flop_b:.3f} | {row['decode_speedup']:.3f} | {byte_b:.3f} "
-              f"| {row['decode_speedup'] / byte_b:.3f} |")
+        print(
+            f"| {row['ratio']:g} | {row['prefill_tok_s']:.1f} | {row['decode_tok_s']:.2f} | {peak_s} "
+            f"| {row['prefill_speedup']:.3f} | {flop_b:.3f} | {row['decode_speedup']:.3f} | {byte_b:.3f} "
+            f"| {row['decode_speedup'] / byte_b:.3f} |"
+        )
     note = llamacpp_note()
     print(note)
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows, "runs": runs,
-                                            "llama_cpp": note}, indent=1) + "\n")
+        Path(a.json).write_text(
+            json.dumps({"args": vars(a), "rows": rows, "runs": runs, "llama_cpp": note}, indent=1) + "\n"
+        )
     return 0
 
 

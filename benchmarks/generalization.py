@@ -21,14 +21,12 @@ import time
 
 import torch
 
+from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
 from coec.calibrate import run_layerwise
 from coec.compensate import compensate
 from coec.compensate.errors import OutputError
 from coec.data import load_split, sample_windows, tokenize_text
-from coec.arch import attention_shape
 from coec.models import load_model
-from coec.arch import pruned_value_proj
-from coec.arch import o_proj_columns
 from coec.selection import select_layer
 
 METHODS = ("none", "bias", "lstsq", "rcpu", "coec")
@@ -38,8 +36,10 @@ def layer_stats(model, ids, batch):
     out = {}
 
     def keep(i, stats):
-        out[i] = {m: {"gram": a.gram.cpu(), "sum": a.sum.cpu(), "count": a.count,
-                      "mean": (a.sum / a.count).cpu()} for m, a in stats.items()}
+        out[i] = {
+            m: {"gram": a.gram.cpu(), "sum": a.sum.cpu(), "count": a.count, "mean": (a.sum / a.count).cpu()}
+            for m, a in stats.items()
+        }
 
     run_layerwise(model, ids, batch_size=batch, on_layer=keep, progress=True)
     return out
@@ -60,7 +60,9 @@ def main():
     ap.add_argument("--max-rounds", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--methods", default=",".join(METHODS), help="comma list of compensation methods")
-    ap.add_argument("--coec-opts", type=json.loads, default={}, help='extra coec options as JSON, e.g. \'{"delta_norm": "fro"}\'')
+    ap.add_argument(
+        "--coec-opts", type=json.loads, default={}, help='extra coec options as JSON, e.g. \'{"delta_norm": "fro"}\''
+    )
     a = ap.parse_args()
     model, tok = load_model(a.model, dtype="float32")
     geom = attention_shape(model.config)
@@ -69,8 +71,10 @@ def main():
     held_ids = sample_windows(tokenize_text(tok, load_split(spec, "eval")), a.heldout, a.seqlen, 1)
     t0 = time.time()
     cal, held = layer_stats(model, calib_ids, a.batch), layer_stats(model, held_ids, a.batch)
-    print(f"statistics: {a.calib} calibration and {a.heldout} held-out sequences x {a.seqlen} "
-          f"tokens in {time.time() - t0:.0f}s")
+    print(
+        f"statistics: {a.calib} calibration and {a.heldout} held-out sequences x {a.seqlen} "
+        f"tokens in {time.time() - t0:.0f}s"
+    )
     layers = [int(x) for x in a.layers.split(",")]
     methods = a.methods.split(",")
     sums = {(m, mod): {"calib": [], "held": [], "sec": []} for m in methods for mod in ("o_proj", "down_proj")}
@@ -78,10 +82,20 @@ def main():
     for i in layers:
         L = model.model.layers[i]
         W = {"o_proj": L.self_attn.o_proj.weight.data, "down_proj": L.mlp.down_proj.weight.data}
-        k = select_layer(a.selection, W["o_proj"], cal[i]["o_proj"], W["down_proj"],
-                         cal[i]["down_proj"], geom, a.ratio, group_rounding=a.group_rounding)
-        cols = {"o_proj": o_proj_columns(k["kv_groups"], geom),
-                "down_proj": torch.tensor(k["channels"], dtype=torch.long)}
+        k = select_layer(
+            a.selection,
+            W["o_proj"],
+            cal[i]["o_proj"],
+            W["down_proj"],
+            cal[i]["down_proj"],
+            geom,
+            a.ratio,
+            group_rounding=a.group_rounding,
+        )
+        cols = {
+            "o_proj": o_proj_columns(k["kv_groups"], geom),
+            "down_proj": torch.tensor(k["channels"], dtype=torch.long),
+        }
         vp = pruned_value_proj(L.self_attn.v_proj.weight.data, k["kv_groups"], geom)
         for mod in ("o_proj", "down_proj"):
             c, h = cal[i][mod], held[i][mod]
@@ -94,8 +108,9 @@ def main():
                 res = compensate(W[mod], c["gram"], c["mean"], cols[mod], m, **opts)
                 sec = time.time() - t1
                 for name, st in (("calib", c), ("held", h)):
-                    err = OutputError(W[mod].double(), st["gram"] / st["count"], cols[mod], st["mean"],
-                                      scale=1.0)(res.weight.double(), res.bias)
+                    err = OutputError(W[mod].double(), st["gram"] / st["count"], cols[mod], st["mean"], scale=1.0)(
+                        res.weight.double(), res.bias
+                    )
                     sums[(m, mod)][name].append(err)
                 sums[(m, mod)]["sec"].append(sec)
                 if m == "coec":
@@ -110,8 +125,10 @@ def main():
                         reductions.append(pb / pa if pa > 0 else float("inf"))
         print(f"layer {i} done")
     rows = []
-    print(f"\n{a.selection} selection at {a.ratio}, layers {a.layers}; mean relative error "
-          f"(bias included), {a.calib} calibration vs {a.heldout} held-out sequences")
+    print(
+        f"\n{a.selection} selection at {a.ratio}, layers {a.layers}; mean relative error "
+        f"(bias included), {a.calib} calibration vs {a.heldout} held-out sequences"
+    )
     print("| module | method | calibration | held-out | held-out / calibration | s per module |")
     print("|---|---|---|---|---|---|")
     for (m, mod), v in sums.items():
@@ -119,15 +136,26 @@ def main():
         rows.append({"module": mod, "method": m, "calib": c, "heldout": h, "seconds": s})
         print(f"| {mod} | {m} | {c:.5f} | {h:.5f} | {h / c:.2f} | {s:.2f} |")
     if lambdas:
-        print(f"GCV lambda / median(e): median {statistics.median(lambdas):.3g}, "
-              f"min {min(lambdas):.3g}, max {max(lambdas):.3g}")
-    summary = {"rows": rows, "gcv_lambda_rel": lambdas, "gcv_calls": at_end[2], "gcv_bottom": at_end[0], "gcv_top": at_end[1],
-               "align_reduction_median": statistics.median(reductions) if reductions else None,
-               "align_reduction_max": max(reductions) if reductions else None, "args": vars(a)}
+        print(
+            f"GCV lambda / median(e): median {statistics.median(lambdas):.3g}, "
+            f"min {min(lambdas):.3g}, max {max(lambdas):.3g}"
+        )
+    summary = {
+        "rows": rows,
+        "gcv_lambda_rel": lambdas,
+        "gcv_calls": at_end[2],
+        "gcv_bottom": at_end[0],
+        "gcv_top": at_end[1],
+        "align_reduction_median": statistics.median(reductions) if reductions else None,
+        "align_reduction_max": max(reductions) if reductions else None,
+        "args": vars(a),
+    }
     print(f"\nGCV on real layers: {at_end[2]} calls, {at_end[0]} at the grid bottom, {at_end[1]} at the top")
     if reductions:
-        print(f"alignment penalty reduction on o_proj (lambda_a 50): median {summary['align_reduction_median']:.2f}x, "
-              f"max {summary['align_reduction_max']:.2f}x over {len(reductions)} layers")
+        print(
+            f"alignment penalty reduction on o_proj (lambda_a 50): median {summary['align_reduction_median']:.2f}x, "
+            f"max {summary['align_reduction_max']:.2f}x over {len(reductions)} layers"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=2)

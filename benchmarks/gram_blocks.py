@@ -61,8 +61,10 @@ def main():
     dev = resolve_device(a.device)
     dt = torch_dtype(a.dtype)
     blocks = [int(b) for b in a.blocks.split(",")]
-    print(f"device {dev} dtype {a.dtype} tokens per batch {a.tokens} threads {torch.get_num_threads()} "
-          f"(GRAM_BLOCK here: {gram_block(dev)})")
+    print(
+        f"device {dev} dtype {a.dtype} tokens per batch {a.tokens} threads {torch.get_num_threads()} "
+        f"(GRAM_BLOCK here: {gram_block(dev)})"
+    )
     print("| d | dense GEMM s | " + " | ".join(f"block {b}" for b in blocks) + " |")
     print("|---:|---:|" + "---:|" * len(blocks))
     for d in (int(x) for x in a.dims.split(",")):

@@ -63,6 +63,7 @@ def observed():
             if log["A"] is None:
                 log["A"] = A.detach().clone()
             return out
+
         return wrapper
 
     for name, fn in saved.items():
@@ -86,8 +87,10 @@ def summary(log, method: str) -> str:
     conds = [c for c, _ in log["left"]]
     fb = sum(f for _, f in log["left"])
     old_fb = sum(c >= OLD_MAX_COND_ATA for c in conds)
-    txt = (f"{len(conds)} left polars, cond(A^T A) median {statistics.median(conds):.2e} max {max(conds):.2e}; "
-           f"SVD fallbacks of {method}: {fb} (earlier eigh rule: {old_fb})")
+    txt = (
+        f"{len(conds)} left polars, cond(A^T A) median {statistics.median(conds):.2e} max {max(conds):.2e}; "
+        f"SVD fallbacks of {method}: {fb} (earlier eigh rule: {old_fb})"
+    )
     if log["ns_iters"]:
         txt += f"; Newton-Schulz iterations per Cayley inverse: {sorted(set(log['ns_iters']))}"
     return txt
@@ -134,13 +137,11 @@ def synthetic(a):
 
 
 def real_layers(a):
-    from coec.artifacts import read_gram_layer
-    from coec.arch import attention_shape
-    from coec.artifacts import read_model_tensors
-    from coec.models import layer_tensor_names, resolve_model_dir
-    from coec.arch import pruned_value_proj
-    from coec.arch import o_proj_columns
     from transformers import AutoConfig
+
+    from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
+    from coec.artifacts import read_gram_layer
+    from coec.models import layer_tensor_names, read_model_tensors, resolve_model_dir
 
     md = resolve_model_dir(a.model)
     geom = attention_shape(AutoConfig.from_pretrained(md))
@@ -149,13 +150,17 @@ def real_layers(a):
     for i, k in enumerate(keep["layers"]):
         names = layer_tensor_names(i)
         w = read_model_tensors(md, [names["o_proj"], names["down_proj"], names["v_proj"]])
-        for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
-                             ("down_proj", torch.tensor(k["channels"]))):
+        for module, cols in (
+            ("o_proj", o_proj_columns(k["kv_groups"], geom)),
+            ("down_proj", torch.tensor(k["channels"])),
+        ):
             st = read_gram_layer(a.grams, i, module)
             opts = dict(alpha=0.9, max_rounds=a.max_rounds, n_tokens=st["count"])
             if module == "o_proj":
-                opts.update(align_lambda=50.0,
-                            inputs={"value_proj": pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom)})
+                opts.update(
+                    align_lambda=50.0,
+                    inputs={"value_proj": pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom)},
+                )
             ref = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar="svd", **opts)
             with observed() as log:
                 out = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar=a.polar, **opts)
@@ -166,8 +171,10 @@ def real_layers(a):
     print(f"{a.cell}: {len(rows)} modules, {a.max_rounds} rounds; {summary(logs, a.polar)}")
     for module in ("o_proj", "down_proj"):
         d = [abs(r) for _, m, r in rows if m == module]
-        print(f"  {module}: |relerr({a.polar}) - relerr(svd)| / relerr(svd): median {statistics.median(d):.1e}, "
-              f"max {max(d):.1e}")
+        print(
+            f"  {module}: |relerr({a.polar}) - relerr(svd)| / relerr(svd): median {statistics.median(d):.1e}, "
+            f"max {max(d):.1e}"
+        )
     print(f"  {a.polar} lower in {sum(r < 0 for *_, r in rows)} of {len(rows)} modules")
 
 
@@ -179,8 +186,13 @@ def main(argv=None):
     ap.add_argument("--model", default="resources/models/smollm2-135m")
     ap.add_argument("--max-rounds", type=int, default=2)
     ap.add_argument("--polar", default="eigh", choices=["eigh", "newton"], help="the left polar under test")
-    ap.add_argument("--time", type=int, default=0, metavar="N",
-                    help="synthetic: time svd / eigh / newton polars on the first left-rotation matrix, best of N")
+    ap.add_argument(
+        "--time",
+        type=int,
+        default=0,
+        metavar="N",
+        help="synthetic: time svd / eigh / newton polars on the first left-rotation matrix, best of N",
+    )
     ap.add_argument("--device", default="cpu", help="synthetic problems' device (cpu, cuda)")
     ap.add_argument("--modules", default=None, help="synthetic: only these modules (o_proj,down_proj)")
     ap.add_argument("--threads", type=int, default=None)

@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from bench_compensate import DEFAULT_TOKENS, SHAPES, heldout_relerr, synth_problem, width_shapes
+
 from coec.compensate import compensate
 
 coec_module = importlib.import_module("coec.compensate.algorithm1")  # the module (the package exports the function)
@@ -84,27 +84,35 @@ def run(problem, opts: dict, threads: int, max_rounds: int, n_test: int) -> dict
     i = out.info
     qa = [abs(v) for v in q.values] or [0.0]
     return {
-        "seconds": sec, "relerr": i["relerr_after"], "heldout": heldout_relerr(out, W0, test, keep, n_test),
-        "rounds": i["rounds"], "steps": i["inner_steps"], "trials": i["right"]["trials"],
+        "seconds": sec,
+        "relerr": i["relerr_after"],
+        "heldout": heldout_relerr(out, W0, test, keep, n_test),
+        "rounds": i["rounds"],
+        "steps": i["inner_steps"],
+        "trials": i["right"]["trials"],
         "refreshes": i["right"]["rg_refreshes"],
-        "q_mean": sum(qa) / len(qa), "q_max": max(qa),
+        "q_mean": sum(qa) / len(qa),
+        "q_max": max(qa),
     }
 
 
 def real_layers(a) -> None:
     """Every down_proj of a results cell: product (two thread counts) against carry."""
     from coec.artifacts import read_gram_layer
-    from coec.artifacts import read_model_tensors
-    from coec.models import layer_tensor_names, resolve_model_dir
+    from coec.models import layer_tensor_names, read_model_tensors, resolve_model_dir
 
     md = resolve_model_dir(a.model)
     keep = json.loads((Path(a.cell) / "keep.json").read_text())
     refresh = int(a.refresh.split(",")[0])
-    variants = (("product", {"rg_update": "product"}, a.threads),
-                ("product-other", {"rg_update": "product"}, a.other_threads),
-                ("carry", {"rg_update": "carry", "rg_refresh": refresh}, a.threads))
-    print(f"{a.cell}: down_proj, COEC alpha 0.9, {a.max_rounds} rounds; product at {a.threads} and "
-          f"{a.other_threads} thread(s), carry (refresh {refresh}) at {a.threads}")
+    variants = (
+        ("product", {"rg_update": "product"}, a.threads),
+        ("product-other", {"rg_update": "product"}, a.other_threads),
+        ("carry", {"rg_update": "carry", "rg_refresh": refresh}, a.threads),
+    )
+    print(
+        f"{a.cell}: down_proj, COEC alpha 0.9, {a.max_rounds} rounds; product at {a.threads} and "
+        f"{a.other_threads} thread(s), carry (refresh {refresh}) at {a.threads}"
+    )
     print("| layer | product relerr | s | other threads: rel. diff | carry: rel. diff | s | carried | refreshes |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     diffs = {"product-other": [], "carry": []}
@@ -118,8 +126,17 @@ def real_layers(a) -> None:
         for label, opts, threads in variants:
             torch.set_num_threads(threads)
             t = time.perf_counter()
-            out = compensate(W0, st["gram"], st["mean"], cols, "coec", alpha=0.9, max_rounds=a.max_rounds,
-                             n_tokens=st["count"], **opts)
+            out = compensate(
+                W0,
+                st["gram"],
+                st["mean"],
+                cols,
+                "coec",
+                alpha=0.9,
+                max_rounds=a.max_rounds,
+                n_tokens=st["count"],
+                **opts,
+            )
             res[label] = (out.info, time.perf_counter() - t)
         ref = res["product"][0]["relerr_after"]
         for label in diffs:
@@ -127,15 +144,22 @@ def real_layers(a) -> None:
         secs["product"] += res["product"][1]
         secs["carry"] += res["carry"][1]
         ci = res["carry"][0]
-        print(f"| {i} | {ref:.6f} | {res['product'][1]:.2f} | {diffs['product-other'][-1]:+.1e} | "
-              f"{diffs['carry'][-1]:+.1e} | {res['carry'][1]:.2f} | {ci['right']['carried']} | "
-              f"{ci['right']['rg_refreshes']} |", flush=True)
+        print(
+            f"| {i} | {ref:.6f} | {res['product'][1]:.2f} | {diffs['product-other'][-1]:+.1e} | "
+            f"{diffs['carry'][-1]:+.1e} | {res['carry'][1]:.2f} | {ci['right']['carried']} | "
+            f"{ci['right']['rg_refreshes']} |",
+            flush=True,
+        )
     for label, d in diffs.items():
         m = [abs(x) for x in d]
-        print(f"{label}: |relerr - relerr(product)| / relerr(product) median {statistics.median(m):.1e}, "
-              f"max {max(m):.1e}; lower in {sum(x < 0 for x in d)} of {len(d)}")
-    print(f"seconds: product {secs['product']:.1f}, carry {secs['carry']:.1f} "
-          f"(ratio {secs['carry'] / secs['product']:.3f})")
+        print(
+            f"{label}: |relerr - relerr(product)| / relerr(product) median {statistics.median(m):.1e}, "
+            f"max {max(m):.1e}; lower in {sum(x < 0 for x in d)} of {len(d)}"
+        )
+    print(
+        f"seconds: product {secs['product']:.1f}, carry {secs['carry']:.1f} "
+        f"(ratio {secs['carry'] / secs['product']:.3f})"
+    )
 
 
 def main(argv=None):
@@ -164,25 +188,36 @@ def main(argv=None):
     if a.other_threads:
         variants.append((f"product, {a.other_threads} thread(s)", {"rg_update": "product"}, a.other_threads))
     variants.append(("carry, no refresh", {"rg_update": "carry", "rg_refresh": 0}, a.threads))
-    variants += [(f"carry, refresh {n}", {"rg_update": "carry", "rg_refresh": int(n)}, a.threads)
-                 for n in a.refresh.split(",") if n]
-    print(f"COEC defaults but rg_update, {a.max_rounds} rounds, {a.tokens} calibration + {a.test_tokens} held-out "
-          f"tokens, float32 on the CPU, {a.threads} thread(s) unless said")
-    print("| problem | rg_update | s | ratio | relerr after | held-out | rounds | steps | trials | refreshes "
-          "| q rel. err. vs float64: mean | max |")
+    variants += [
+        (f"carry, refresh {n}", {"rg_update": "carry", "rg_refresh": int(n)}, a.threads)
+        for n in a.refresh.split(",")
+        if n
+    ]
+    print(
+        f"COEC defaults but rg_update, {a.max_rounds} rounds, {a.tokens} calibration + {a.test_tokens} held-out "
+        f"tokens, float32 on the CPU, {a.threads} thread(s) unless said"
+    )
+    print(
+        "| problem | rg_update | s | ratio | relerr after | held-out | rounds | steps | trials | refreshes "
+        "| q rel. err. vs float64: mean | max |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, module, d_out, d_in, k, extra in shapes:
-        W0, G, mean, keep, _vp, test = synth_problem(module, d_out, d_in, k, extra, a.tokens, 0,
-                                                     torch.device("cpu"), n_test=a.test_tokens)
+        W0, G, mean, keep, _vp, test = synth_problem(
+            module, d_out, d_in, k, extra, a.tokens, 0, torch.device("cpu"), n_test=a.test_tokens
+        )
         problem = (W0, G, mean, keep, test)
         run(problem, {}, a.threads, 1, a.test_tokens)  # warm-up: first calls pay one-off costs
         base = None
         for label, opts, threads in variants:
             r = run(problem, opts, threads, a.max_rounds, a.test_tokens)
             base = base or r["seconds"]
-            print(f"| {name} {d_out}x{k} | {label} | {r['seconds']:.2f} | {r['seconds'] / base:.3f} | "
-                  f"{r['relerr']:.6f} | {r['heldout']:.6f} | {r['rounds']} | {r['steps']} | {r['trials']} | "
-                  f"{r['refreshes']} | {r['q_mean']:.1e} | {r['q_max']:.1e} |", flush=True)
+            print(
+                f"| {name} {d_out}x{k} | {label} | {r['seconds']:.2f} | {r['seconds'] / base:.3f} | "
+                f"{r['relerr']:.6f} | {r['heldout']:.6f} | {r['rounds']} | {r['steps']} | {r['trials']} | "
+                f"{r['refreshes']} | {r['q_mean']:.1e} | {r['q_max']:.1e} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,13 @@ def child(argv: list[str]) -> None:
         torch.manual_seed(0)
         m, tok = load_model(model, dtype="float32", device="cpu")
         ids = calibration_ids(tok, dataset, nsamples, seqlen, 0)
-        meta = {"model": model_provenance(model), "dataset": dataset, "nsamples": nsamples,
-                "seed": 0, "dtype": "float32"}
+        meta = {
+            "model": model_provenance(model),
+            "dataset": dataset,
+            "nsamples": nsamples,
+            "seed": 0,
+            "dtype": "float32",
+        }
         calibrate_to_dir(m, ids, out, batch_size=batch, device="cpu", gram_dtype=gram_dtype, meta=meta)
         rc = 0
     else:
@@ -62,9 +67,8 @@ def run(label: str, argv: list[str], log: Path) -> dict:
     with open(log, "a") as fh:
         fh.write(f"\n=== {label}: coec {' '.join(argv)}\n")
         fh.flush()
-        res = subprocess.run([sys.executable, __file__, "--child", *argv], stdout=subprocess.PIPE,
-                             stderr=fh, text=True)
-    line = [l for l in res.stdout.splitlines() if l.startswith("STAGE ")]
+        res = subprocess.run([sys.executable, __file__, "--child", *argv], stdout=subprocess.PIPE, stderr=fh, text=True)
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("STAGE ")]
     if res.returncode or not line:
         raise SystemExit(f"{label} failed (exit {res.returncode}); see {log}")
     out = json.loads(line[-1][6:])
@@ -73,8 +77,7 @@ def run(label: str, argv: list[str], log: Path) -> dict:
 
 
 def digest_dir(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.is_file()}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 def same_json(a: Path, b: Path, drop=("total_seconds", "seconds")) -> bool:
@@ -90,9 +93,11 @@ def request_tokens(model: Path, samples: Path) -> tuple[int, int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    lens = [len(tok(arg["arg_0"] + arg["arg_1"], add_special_tokens=False)["input_ids"])
-            for line in samples.read_text().splitlines()
-            for arg in json.loads(line)["arguments"].values()]
+    lens = [
+        len(tok(arg["arg_0"] + arg["arg_1"], add_special_tokens=False)["input_ids"])
+        for line in samples.read_text().splitlines()
+        for arg in json.loads(line)["arguments"].values()
+    ]
     return sum(lens), max(lens)
 
 
@@ -134,64 +139,179 @@ def main() -> None:
     cell = ["--keep", str(work / "keep.json"), "--comp", str(block)]
     common = ["--dtype", "float32", "--device", "cpu"]
     stages = {
-        "calibrate": ["calibrate", "--model", str(model), "--dataset", ds, "--nsamples", str(a.nsamples),
-                      "--seqlen", str(a.seqlen), "--batch-size", str(a.batch), "--gram-dtype", a.gram_dtype,
-                      *common, "--out", str(work / "grams")],
-        "select": ["select", "--model", str(model), "--grams", str(work / "grams"), "--method", "wanda_sp",
-                   "--ratio", str(a.ratio), "--out", str(work / "keep.json")],
-        "compensate": ["compensate", "--model", str(model), "--grams", str(work / "grams"), "--keep",
-                       str(work / "keep.json"), "--spec", a.comp, "--first", str(L), "--last", str(L),
-                       "--device", "cpu", "--out", str(block)],
-        "ppl": ["ppl", "--model", str(model), "--dataset", ds, "--seqlen", str(a.ppl_seqlen),
-                "--max-windows", str(a.windows), "--batch-size", str(a.ppl_batch), *common, *cell,
-                "--out", str(work / "ppl.json")],
-        "zeroshot": ["zeroshot", "--model", str(model), "--tasks", a.task, "--data-dir", a.zeroshot_data,
-                     "--limit", str(a.limit), "--batch-size", str(a.zs_batch), *common, *cell,
-                     "--out", str(work / "zs" / "zeroshot.json")],
+        "calibrate": [
+            "calibrate",
+            "--model",
+            str(model),
+            "--dataset",
+            ds,
+            "--nsamples",
+            str(a.nsamples),
+            "--seqlen",
+            str(a.seqlen),
+            "--batch-size",
+            str(a.batch),
+            "--gram-dtype",
+            a.gram_dtype,
+            *common,
+            "--out",
+            str(work / "grams"),
+        ],
+        "select": [
+            "select",
+            "--model",
+            str(model),
+            "--grams",
+            str(work / "grams"),
+            "--method",
+            "wanda_sp",
+            "--ratio",
+            str(a.ratio),
+            "--out",
+            str(work / "keep.json"),
+        ],
+        "compensate": [
+            "compensate",
+            "--model",
+            str(model),
+            "--grams",
+            str(work / "grams"),
+            "--keep",
+            str(work / "keep.json"),
+            "--spec",
+            a.comp,
+            "--first",
+            str(L),
+            "--last",
+            str(L),
+            "--device",
+            "cpu",
+            "--out",
+            str(block),
+        ],
+        "ppl": [
+            "ppl",
+            "--model",
+            str(model),
+            "--dataset",
+            ds,
+            "--seqlen",
+            str(a.ppl_seqlen),
+            "--max-windows",
+            str(a.windows),
+            "--batch-size",
+            str(a.ppl_batch),
+            *common,
+            *cell,
+            "--out",
+            str(work / "ppl.json"),
+        ],
+        "zeroshot": [
+            "zeroshot",
+            "--model",
+            str(model),
+            "--tasks",
+            a.task,
+            "--data-dir",
+            a.zeroshot_data,
+            "--limit",
+            str(a.limit),
+            "--batch-size",
+            str(a.zs_batch),
+            *common,
+            *cell,
+            "--out",
+            str(work / "zs" / "zeroshot.json"),
+        ],
     }
     rows = []
     for name in a.stages.split(","):
         rows.append(run(name, stages[name], log))
-        print(f"{name:<11} {rows[-1]['seconds']:>8.1f} s  peak {rows[-1]['peak'] / GIB:6.2f} GiB "
-              f"({100 * rows[-1]['peak'] / size:5.1f} % of {size / GIB:.2f} GiB)", flush=True)
+        print(
+            f"{name:<11} {rows[-1]['seconds']:>8.1f} s  peak {rows[-1]['peak'] / GIB:6.2f} GiB "
+            f"({100 * rows[-1]['peak'] / size:5.1f} % of {size / GIB:.2f} GiB)",
+            flush=True,
+        )
         if name == "compensate" and a.drop_grams:
             import shutil
 
             shutil.rmtree(work / "grams")
     checks = {}
     if a.compare:
-        rows.append(run("calibrate (in memory)", ["inmem-calibrate", str(model), ds, str(a.nsamples),
-                                                  str(a.seqlen), str(a.batch), a.gram_dtype,
-                                                  str(work / "grams-inmem")], log))
+        rows.append(
+            run(
+                "calibrate (in memory)",
+                [
+                    "inmem-calibrate",
+                    str(model),
+                    ds,
+                    str(a.nsamples),
+                    str(a.seqlen),
+                    str(a.batch),
+                    a.gram_dtype,
+                    str(work / "grams-inmem"),
+                ],
+                log,
+            )
+        )
         checks["Grams byte-identical"] = digest_dir(work / "grams") == digest_dir(work / "grams-inmem")
         inmem = ["--stream-eval-above-gb", "1e9"]
         rows.append(run("ppl (in memory)", [*stages["ppl"][:-1], str(work / "ppl-inmem.json"), *inmem], log))
         checks["ppl.json equal"] = same_json(work / "ppl.json", work / "ppl-inmem.json")
-        rows.append(run("zeroshot (in memory)", [*stages["zeroshot"][:-1], str(work / "zs-inmem" / "zeroshot.json"),
-                                                 *inmem], log))
+        rows.append(
+            run(
+                "zeroshot (in memory)",
+                [*stages["zeroshot"][:-1], str(work / "zs-inmem" / "zeroshot.json"), *inmem],
+                log,
+            )
+        )
         checks["zeroshot.json equal"] = same_json(work / "zs" / "zeroshot.json", work / "zs-inmem" / "zeroshot.json")
         samples = sorted((work / "zs" / "zeroshot_samples").glob("*.jsonl"))
         checks["per-sample records equal"] = all(
-            s.read_bytes() == (work / "zs-inmem" / "zeroshot_samples" / s.name).read_bytes() for s in samples)
+            s.read_bytes() == (work / "zs-inmem" / "zeroshot_samples" / s.name).read_bytes() for s in samples
+        )
     print(f"\ncheckpoint {model}: {size / GIB:.2f} GiB ({size / 1e9:.2f} GB)")
     print("| stage | path | seconds | peak RSS (GiB) | % of checkpoint |")
     print("|---|---|---:|---:|---:|")
     for r in rows:
         path = "in memory" if "in memory" in r["label"] else "streamed"
-        print(f"| {r['label'].replace(' (in memory)', '')} | {path} | {r['seconds']:.1f} | "
-              f"{r['peak'] / GIB:.2f} | {100 * r['peak'] / size:.1f} |")
+        print(
+            f"| {r['label'].replace(' (in memory)', '')} | {path} | {r['seconds']:.1f} | "
+            f"{r['peak'] / GIB:.2f} | {100 * r['peak'] / size:.1f} |"
+        )
     for k, v in checks.items():
         print(f"{k}: {v}")
     zs_total, zs_longest = request_tokens(model, work / "zs" / "zeroshot_samples" / f"{a.task}.jsonl")
-    settings = {"dtype": "float32", "gram_dtype": a.gram_dtype, "nsamples": a.nsamples,
-                "seqlen": a.seqlen, "batch": a.batch, "ratio": a.ratio,
-                "ppl_tokens": a.windows * a.ppl_seqlen, "ppl_seqlen": a.ppl_seqlen,
-                "ppl_batch": a.ppl_batch, "zs_tokens": zs_total, "zs_max_length": 2048,
-                "zs_longest": zs_longest, "zs_batch": a.zs_batch, "budget_gib": 16}
+    settings = {
+        "dtype": "float32",
+        "gram_dtype": a.gram_dtype,
+        "nsamples": a.nsamples,
+        "seqlen": a.seqlen,
+        "batch": a.batch,
+        "ratio": a.ratio,
+        "ppl_tokens": a.windows * a.ppl_seqlen,
+        "ppl_seqlen": a.ppl_seqlen,
+        "ppl_batch": a.ppl_batch,
+        "zs_tokens": zs_total,
+        "zs_max_length": 2048,
+        "zs_longest": zs_longest,
+        "zs_batch": a.zs_batch,
+        "budget_gib": 16,
+    }
     config = json.loads((model / "config.json").read_text())
-    (work / "stream_memory.json").write_text(json.dumps(
-        {"model": str(model), "checkpoint_bytes": size, "config": config, "settings": settings,
-         "rows": rows, "checks": checks}, indent=2))
+    (work / "stream_memory.json").write_text(
+        json.dumps(
+            {
+                "model": str(model),
+                "checkpoint_bytes": size,
+                "config": config,
+                "settings": settings,
+                "rows": rows,
+                "checks": checks,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

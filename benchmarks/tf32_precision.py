@@ -31,15 +31,19 @@ import importlib
 import json
 
 import torch
+from bench_compensate import DEFAULT_TOKENS, SHAPES, heldout_relerr, synth_problem, width_shapes
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench_compensate import DEFAULT_TOKENS, SHAPES, heldout_relerr, synth_problem, width_shapes
 from coec.compensate import compensate, descent
 
 setup_module = importlib.import_module("coec.compensate.algorithm1_setup")
 
-_MM = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.bmm.default: (0, 1),
-       torch.ops.aten.addmm.default: (1, 2), torch.ops.aten.baddbmm.default: (1, 2)}
+_MM = {
+    torch.ops.aten.mm.default: (0, 1),
+    torch.ops.aten.bmm.default: (0, 1),
+    torch.ops.aten.addmm.default: (1, 2),
+    torch.ops.aten.baddbmm.default: (1, 2),
+}
 
 
 def round_tf32(x: torch.Tensor) -> torch.Tensor:
@@ -61,8 +65,9 @@ class EmulatedTF32(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         slots = _MM.get(func)
-        if slots is not None and all(isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32
-                                     for i in slots):
+        if slots is not None and all(
+            isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32 for i in slots
+        ):
             args = list(args)
             for i in slots:
                 args[i] = round_tf32(args[i])
@@ -118,37 +123,51 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    shapes = ([s for w in a.widths.split(",") for s in width_shapes(int(w))] if a.widths else SHAPES[a.shapes])
+    shapes = [s for w in a.widths.split(",") for s in width_shapes(int(w))] if a.widths else SHAPES[a.shapes]
     n_tok = a.tokens or (4096 if a.widths else DEFAULT_TOKENS[a.shapes])
     rows = []
     for name, module, d_out, d_in, k, extra in shapes:
         if module not in a.modules.split(","):
             continue
-        W0, G, mean, keep, vp, test = synth_problem(module, d_out, d_in, k, extra, n_tok, a.seed, torch.device("cpu"),
-                                                    n_test=a.test_tokens)
+        W0, G, mean, keep, vp, test = synth_problem(
+            module, d_out, d_in, k, extra, n_tok, a.seed, torch.device("cpu"), n_test=a.test_tokens
+        )
         opts = {"max_rounds": a.max_rounds}
         if module == "o_proj" and a.align_lambda > 0:
             opts.update(align_lambda=a.align_lambda, inputs={"value_proj": vp})
         for mode in MODES:
             out, count = run_mode(mode, W0, G, mean, keep, "coec", **opts)
             i = out.info
-            row = {"shape": name, "mode": mode, "relerr_before": i["relerr_before"], "relerr_after": i["relerr_after"],
-                   "heldout": heldout_relerr(out, W0, test, keep, a.test_tokens) if test else None,
-                   "rounds": i["rounds"], "inner_steps": i["inner_steps"], "stop": i["stop_reason"],
-                   "objective_history": i["objective_history"], "products_rounded": count,
-                   "align_after": i.get("align_after")}
+            row = {
+                "shape": name,
+                "mode": mode,
+                "relerr_before": i["relerr_before"],
+                "relerr_after": i["relerr_after"],
+                "heldout": heldout_relerr(out, W0, test, keep, a.test_tokens) if test else None,
+                "rounds": i["rounds"],
+                "inner_steps": i["inner_steps"],
+                "stop": i["stop_reason"],
+                "objective_history": i["objective_history"],
+                "products_rounded": count,
+                "align_after": i.get("align_after"),
+            }
             rows.append(row)
             ho = "" if row["heldout"] is None else f" held-out {row['heldout']:.6f}"
-            print(f"[{name}] {mode:16s} relerr {row['relerr_before']:.6f} -> {row['relerr_after']:.6f}{ho} "
-                  f"rounds {row['rounds']} steps {row['inner_steps']} stop {row['stop']}"
-                  + (f" ({count} products rounded)" if count else ""), flush=True)
+            print(
+                f"[{name}] {mode:16s} relerr {row['relerr_before']:.6f} -> {row['relerr_after']:.6f}{ho} "
+                f"rounds {row['rounds']} steps {row['inner_steps']} stop {row['stop']}"
+                + (f" ({count} products rounded)" if count else ""),
+                flush=True,
+            )
         ref = rows[-len(MODES)]
-        for emu in rows[-len(MODES) + 1:]:
+        for emu in rows[-len(MODES) + 1 :]:
             rel = (emu["relerr_after"] - ref["relerr_after"]) / ref["relerr_after"]
             n = min(len(ref["objective_history"]), len(emu["objective_history"]))
             worst = max(abs(e - f) / abs(f) for e, f in zip(emu["objective_history"][:n], ref["objective_history"][:n]))
-            print(f"[{name}] {emu['mode']}: final error {1 + rel:.4f}x float32's ({100 * rel:+.2f} %), objective "
-                  f"history within {worst:.1e} of float32's over its first {n} entries")
+            print(
+                f"[{name}] {emu['mode']}: final error {1 + rel:.4f}x float32's ({100 * rel:+.2f} %), objective "
+                f"history within {worst:.1e} of float32's over its first {n} entries"
+            )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"rows": rows}, fh, indent=1)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 
 import torch
+from gram_blocks import device_args, timed
 
 from coec.compensate import linalg
 from coec.compensate.watchdog import solver_timeout
 from coec.models import resolve_device, torch_dtype
-
-from gram_blocks import device_args, timed
 
 
 def main():

@@ -64,8 +64,9 @@ def write_model(arch: dict, out: Path, dtype: torch.dtype, shard_bytes: int, see
         save_file(shard, str(out / fname), metadata={"format": "pt"})
         del shard
         print(f"  {fname}: {len(group)} tensors", flush=True)
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
     return total
 
 
@@ -93,8 +94,10 @@ def main() -> None:
     for f in Path(a.tokenizer).iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template")) or f.suffix == ".model":
             shutil.copy(f, out / f.name)
-    print(f"{a.arch} ({arch['num_hidden_layers']} layers, {a.dtype}): {total / 2**30:.2f} GiB "
-          f"({total / 1e9:.2f} GB) in {time.time() - t0:.0f} s -> {out}")
+    print(
+        f"{a.arch} ({arch['num_hidden_layers']} layers, {a.dtype}): {total / 2**30:.2f} GiB "
+        f"({total / 1e9:.2f} GB) in {time.time() - t0:.0f} s -> {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -24,17 +24,23 @@ ALLOWED = {
     "Shell command directly uses variable PY from outside of the rule": None,
     # {output[0]} is the zero-shot summary (zs_outputs lists it first); the shell text is a rerun
     # trigger (Snakemake's `code`), so renaming it would rerun every zero-shot job already done.
-    "Do not access input and output files individually by index in shell commands":
-        {"zeroshot_dense", "zeroshot_cell", "iterative_zeroshot"},
+    "Do not access input and output files individually by index in shell commands": {
+        "zeroshot_dense",
+        "zeroshot_cell",
+        "iterative_zeroshot",
+    },
 }
 
 
 def lint_report(python: str = sys.executable) -> subprocess.CompletedProcess:
     """Run `snakemake --lint` on the repository's Snakefile (embedded default config)."""
     with tempfile.TemporaryDirectory(prefix="coec-lint-") as work:
-        return subprocess.run([python, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-                               "--directory", work, "--lint"],
-                              capture_output=True, text=True, cwd=REPO)
+        return subprocess.run(
+            [python, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", work, "--lint"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
 
 
 def findings(text: str) -> list[tuple[str, str]]:
@@ -54,8 +60,7 @@ def findings(text: str) -> list[tuple[str, str]]:
 
 def unjustified(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The findings the allow-list does not cover."""
-    return [(w, t) for w, t in found
-            if t not in ALLOWED or (ALLOWED[t] is not None and w not in ALLOWED[t])]
+    return [(w, t) for w, t in found if t not in ALLOWED or (ALLOWED[t] is not None and w not in ALLOWED[t])]
 
 
 def main() -> int:
@@ -68,8 +73,7 @@ def main() -> int:
     bad = unjustified(found)
     for where, title in bad:
         print(f"lint: {where}: {title}", file=sys.stderr)
-    print(f"snakemake --lint: {len(found)} findings, {len(found) - len(bad)} justified, "
-          f"{len(bad)} new")
+    print(f"snakemake --lint: {len(found)} findings, {len(found) - len(bad)} justified, {len(bad)} new")
     return 1 if bad else 0
 
 

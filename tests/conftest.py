@@ -4,8 +4,8 @@ saved to temp folders exactly as a hub checkpoint would be."""
 from __future__ import annotations
 
 import copy
-import json
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -31,8 +31,12 @@ def make_tokenizer(path: Path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<eos>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([CORPUS], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
     fast.save_pretrained(path)
@@ -43,12 +47,19 @@ def tiny_config(family: str, **over):
     """A 2-layer GQA config of the given family (4 query heads, 2 KV heads, head_dim 8)."""
     from transformers import AutoConfig
 
-    kw = dict(vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-              max_position_embeddings=256, tie_word_embeddings=False)
+    kw = dict(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     if family == "granite":  # non-trivial multipliers, so that forgetting one shows
-        kw.update(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.25,
-                  logits_scaling=2.0)
+        kw.update(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.25, logits_scaling=2.0)
     kw.update(over)
     return AutoConfig.for_model(family, **kw)
 
@@ -137,53 +148,93 @@ def full_workflow_config(work: Path) -> dict:
     (work / "calib.txt").write_text(CORPUS)
     (work / "eval.txt").write_text(CORPUS[1000:4000])
     (work / "code.txt").write_text("def f(x):\n    return [i * x for i in range(10)]\n\n" * 80)
-    rows = [{"selection": s, "compensation": c}
-            for s in ("wanda_sp", "flap", "rcpu") for c in ("none", "bias", "lstsq", "rcpu", "coec")]
+    rows = [
+        {"selection": s, "compensation": c}
+        for s in ("wanda_sp", "flap", "rcpu")
+        for c in ("none", "bias", "lstsq", "rcpu", "coec")
+    ]
     return {
         "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32"}},
-        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
-                               "eval": str(work / "eval.txt")},
-                     "code": {"source": "files", "calib": str(work / "code.txt"),
-                              "eval": str(work / "code.txt")}},
-        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
-                               "batch_size": 4}},
-        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 6,
-                       "ppl_batch_size": 2},
+        "datasets": {
+            "local": {"source": "files", "calib": str(work / "calib.txt"), "eval": str(work / "eval.txt")},
+            "code": {"source": "files", "calib": str(work / "code.txt"), "eval": str(work / "code.txt")},
+        },
+        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0, "batch_size": 4}},
+        "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 6, "ppl_batch_size": 2},
         "compensations": {
-            "none": {"method": "none"}, "bias": {"method": "bias"},
-            "lstsq": {"method": "lstsq", "ridge": 0.01}, "rcpu": {"method": "rcpu"},
-            "coec": {"method": "coec", "alpha": 0.9, "max_rounds": 3,
-                     "o_proj": {"align_lambda": 50.0, "anchor_rank": 4}},
-            "coec-gcv": {"method": "coec", "alpha": 1.0, "rescale": "gcv", "right": "none",
-                         "max_rounds": 3}},
+            "none": {"method": "none"},
+            "bias": {"method": "bias"},
+            "lstsq": {"method": "lstsq", "ridge": 0.01},
+            "rcpu": {"method": "rcpu"},
+            "coec": {
+                "method": "coec",
+                "alpha": 0.9,
+                "max_rounds": 3,
+                "o_proj": {"align_lambda": 50.0, "anchor_rank": 4},
+            },
+            "coec-gcv": {"method": "coec", "alpha": 1.0, "rescale": "gcv", "right": "none", "max_rounds": 3},
+        },
         "compute": {"device": "cpu", "compensate_block": 1},
         "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5], "rows": rows},
-        "table3": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
-                   "rows": [{"selection": "rcpu", "compensation": "rcpu", "label": "RCPU"},
-                            {"selection": "rcpu", "compensation": "coec-gcv", "label": "+ GCV"}]},
-        "fig2": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8], "ratios": [0.5],
-                 "selection": "rcpu", "compensations": ["none", "coec"]},
-        "domains": {"nl": {"source": "dataset", "dataset": "local"},
-                    "code": {"source": "dataset", "dataset": "code"}},
+        "table3": {
+            "calibration": "c8",
+            "models": ["tiny"],
+            "ratios": [0.5],
+            "rows": [
+                {"selection": "rcpu", "compensation": "rcpu", "label": "RCPU"},
+                {"selection": "rcpu", "compensation": "coec-gcv", "label": "+ GCV"},
+            ],
+        },
+        "fig2": {
+            "model": "tiny",
+            "calibration": "c8",
+            "nsamples": [4, 8],
+            "ratios": [0.5],
+            "selection": "rcpu",
+            "compensations": ["none", "coec"],
+        },
+        "domains": {"nl": {"source": "dataset", "dataset": "local"}, "code": {"source": "dataset", "dataset": "code"}},
         "iterative": {
-            "mixes": {"mix8": {"domains": {"nl": 1, "code": 1}, "nsamples": 8, "seqlen": 32,
-                               "batch_size": 4},
-                      "mix8-eq8": {"domains": {"nl": 2, "code": 1}, "nsamples": 8, "seqlen": 32,
-                                   "batch_size": 4, "variance_mix": "eq8"}},
-            "variants": {"flap": {"steps": 1}, "iflap": {"step": 0.25},
-                         "seq": {"steps": 2, "mode": "sequential"},
-                         "alam": {"steps": 2, "structure": "al-am"}},
-            "table": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
-                      "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
-                               {"label": "iterative", "variant": "iflap"},
-                               {"label": "sequential", "variant": "seq"},
-                               {"label": "al-am", "variant": "alam"},
-                               {"label": "multi-domain", "variant": "flap", "calibration": "mix8"},
-                               {"label": "eq8", "variant": "iflap", "calibration": "mix8-eq8"}]},
-            "calibration_size": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8],
-                                 "ratios": [0.5],
-                                 "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
-                                          {"label": "iterative", "variant": "iflap"}]}},
+            "mixes": {
+                "mix8": {"domains": {"nl": 1, "code": 1}, "nsamples": 8, "seqlen": 32, "batch_size": 4},
+                "mix8-eq8": {
+                    "domains": {"nl": 2, "code": 1},
+                    "nsamples": 8,
+                    "seqlen": 32,
+                    "batch_size": 4,
+                    "variance_mix": "eq8",
+                },
+            },
+            "variants": {
+                "flap": {"steps": 1},
+                "iflap": {"step": 0.25},
+                "seq": {"steps": 2, "mode": "sequential"},
+                "alam": {"steps": 2, "structure": "al-am"},
+            },
+            "table": {
+                "calibration": "c8",
+                "models": ["tiny"],
+                "ratios": [0.5],
+                "rows": [
+                    {"label": "FLAP", "selection": "flap", "compensation": "bias"},
+                    {"label": "iterative", "variant": "iflap"},
+                    {"label": "sequential", "variant": "seq"},
+                    {"label": "al-am", "variant": "alam"},
+                    {"label": "multi-domain", "variant": "flap", "calibration": "mix8"},
+                    {"label": "eq8", "variant": "iflap", "calibration": "mix8-eq8"},
+                ],
+            },
+            "calibration_size": {
+                "model": "tiny",
+                "calibration": "c8",
+                "nsamples": [4, 8],
+                "ratios": [0.5],
+                "rows": [
+                    {"label": "FLAP", "selection": "flap", "compensation": "bias"},
+                    {"label": "iterative", "variant": "iflap"},
+                ],
+            },
+        },
     }
 
 
@@ -212,8 +263,10 @@ def method_kwargs(method: str, W0, G, mean, keep, n_tokens=1) -> dict:
     if method != "blend":
         return {}
     k = torch.as_tensor(keep).long()
-    return {"n_tokens": n_tokens, "inputs": {"base_weight": W0[:, k].float(), "holdout_gram": G,
-                                             "holdout_mean": mean, "holdout_count": n_tokens}}
+    return {
+        "n_tokens": n_tokens,
+        "inputs": {"base_weight": W0[:, k].float(), "holdout_gram": G, "holdout_mean": mean, "holdout_count": n_tokens},
+    }
 
 
 # ----------------------------------------------------------------------------- markers by folder
@@ -236,12 +289,19 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(workdir), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        *args,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if check and res.returncode:
-        raise AssertionError(f"snakemake failed ({res.returncode}):\n{res.stdout[-4000:]}\n"
-                             f"{res.stderr[-4000:]}")
+        raise AssertionError(f"snakemake failed ({res.returncode}):\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
     return res
 
 
@@ -281,8 +341,12 @@ print(json.dumps(rules))
 def workflow_rules(workdir: Path, *configfiles: Path) -> list[dict]:
     """Every rule of the workflow as Snakemake itself parses it (``use rule`` resolved): name,
     conda env, whether it runs a shell command, and its report() outputs (path, caption, category)."""
-    res = subprocess.run([sys.executable, "-c", _RULES_SCRIPT, str(REPO / "Snakefile"), str(workdir),
-                          *map(str, configfiles)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", _RULES_SCRIPT, str(REPO / "Snakefile"), str(workdir), *map(str, configfiles)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if res.returncode:
         raise AssertionError(f"loading the workflow failed:\n{res.stderr[-4000:]}")
     return json.loads(res.stdout)

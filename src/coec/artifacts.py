@@ -16,6 +16,7 @@ version 1, which is the same layout.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import struct
 from collections.abc import Iterable
@@ -30,26 +31,45 @@ VERSION_KEY = "coec_format_version"
 
 #: Format name -> current version. A reader accepts exactly this version (or no version: 1).
 FORMATS = {
-    "gram": 1,             # results/{model}/grams/{calib}/layer{i}.safetensors
-    "gram-meta": 1,        # results/{model}/grams/{calib}/meta.json
-    "keep": 1,             # results/{model}/{calib}/{select}-{ratio}/keep.json
-    "comp-block": 1,       # .../{comp}/block{a}-{b}.safetensors (also the iterative block file)
-    "comp-info": 1,        # .../{comp}/block{a}-{b}.json
-    "ppl": 1,              # .../ppl.json
-    "zeroshot": 1,         # .../zeroshot.json
+    "gram": 1,  # results/{model}/grams/{calib}/layer{i}.safetensors
+    "gram-meta": 1,  # results/{model}/grams/{calib}/meta.json
+    "keep": 1,  # results/{model}/{calib}/{select}-{ratio}/keep.json
+    "comp-block": 1,  # .../{comp}/block{a}-{b}.safetensors (also the iterative block file)
+    "comp-info": 1,  # .../{comp}/block{a}-{b}.json
+    "ppl": 1,  # .../ppl.json
+    "zeroshot": 1,  # .../zeroshot.json
     "iterative-state": 1,  # iterative step folder: state.safetensors
-    "iterative-info": 1,   # iterative step folder / cell: iterative.json
+    "iterative-info": 1,  # iterative step folder / cell: iterative.json
 }
 
 #: Columns a geometry.csv must have (CSV files carry no version; their header is checked).
 GEOMETRY_COLUMNS = ("layer", "module", "r")
 
-_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
-              torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
-              torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
-_ST_DTYPES.update({getattr(torch, n): code for n, code in (
-    ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
-    ("uint32", "U32"), ("uint64", "U64")) if hasattr(torch, n)})
+_ST_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_ST_DTYPES.update(
+    {
+        getattr(torch, n): code
+        for n, code in (
+            ("float8_e4m3fn", "F8_E4M3"),
+            ("float8_e5m2", "F8_E5M2"),
+            ("uint16", "U16"),
+            ("uint32", "U32"),
+            ("uint64", "U64"),
+        )
+        if hasattr(torch, n)
+    }
+)
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
 _TIMING = re.compile(r"(^|_)(seconds|secs|elapsed|duration|date|time|timestamp|hostname|host)(_|$)")
 
@@ -99,8 +119,7 @@ def without_timings(obj):
     ``seconds_per_round``, ``date``, ``start_time``, ``hostname``, ...), recursively: such values
     differ from run to run and go to the job's log (and Snakemake's benchmark file) instead."""
     if isinstance(obj, dict):
-        return {k: without_timings(v) for k, v in obj.items()
-                if not (isinstance(k, str) and _TIMING.search(k))}
+        return {k: without_timings(v) for k, v in obj.items() if not (isinstance(k, str) and _TIMING.search(k))}
     if isinstance(obj, list):
         return [without_timings(v) for v in obj]
     return obj
@@ -120,6 +139,13 @@ def timings(obj, prefix: str = "") -> dict:
         for i, v in enumerate(obj):
             out.update(timings(v, f"{prefix.rstrip('.')}[{i}]."))
     return out
+
+
+def log_timings(what: str, obj) -> None:
+    """Wall-clock values kept out of result files (:func:`without_timings`) go to the log."""
+    t = timings(obj)
+    if t:
+        logging.getLogger(__name__).info("timings of %s: %s", what, json.dumps(t))
 
 
 def _version(fmt: str) -> int:
@@ -148,8 +174,7 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None =
     header, offset = {}, 0
     for name, t in items:
         n = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + n]}
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
         offset += n
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in sorted(metadata.items())}
@@ -161,13 +186,13 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None =
             yield memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
-def write_tensors(path: str | Path, tensors: dict[str, torch.Tensor], fmt: str | None = None,
-                  metadata: dict | None = None) -> None:
+def write_tensors(
+    path: str | Path, tensors: dict[str, torch.Tensor], fmt: str | None = None, metadata: dict | None = None
+) -> None:
     """Atomic, byte-deterministic safetensors write; with ``fmt`` its name and version are
     recorded in the header's ``__metadata__`` next to ``metadata`` (values stored as strings,
     non-strings as sorted JSON)."""
-    meta = {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-            for k, v in (metadata or {}).items()}
+    meta = {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in (metadata or {}).items()}
     if fmt is not None:
         meta.update({FORMAT_KEY: fmt, VERSION_KEY: str(_version(fmt))})
     write_chunks(path, safetensors_chunks(tensors, meta))
@@ -226,8 +251,7 @@ def safetensors_header(path: str | Path) -> dict:
     if size < 8 + n + end:
         raise ArtifactError(path, f"truncated ({size} bytes, the header describes {8 + n + end})")
     if size > 8 + n + end:
-        raise ArtifactError(path, f"{size - 8 - n - end} bytes after the last tensor "
-                                  "(not a safetensors file?)")
+        raise ArtifactError(path, f"{size - 8 - n - end} bytes after the last tensor (not a safetensors file?)")
     return header
 
 
@@ -240,10 +264,14 @@ def _shape_ok(shape, want) -> bool:
     return len(shape) == len(want) and all(w is None or s == w for s, w in zip(shape, want))
 
 
-def read_tensors(path: str | Path, keys: Iterable[str] | None = None, fmt: str | None = None,
-                 expect_keys: Iterable[str] | None = None,
-                 expect_shapes: dict[str, tuple] | None = None,
-                 check_finite: bool = True) -> dict[str, torch.Tensor]:
+def read_tensors(
+    path: str | Path,
+    keys: Iterable[str] | None = None,
+    fmt: str | None = None,
+    expect_keys: Iterable[str] | None = None,
+    expect_shapes: dict[str, tuple] | None = None,
+    check_finite: bool = True,
+) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file (only ``keys`` when given), checked: complete file,
     ``fmt``'s version, ``expect_keys`` present, ``expect_shapes`` (None = any size in that
     dimension), finite floating values. Raises :class:`ArtifactError` naming the file."""
@@ -261,8 +289,9 @@ def read_tensors(path: str | Path, keys: Iterable[str] | None = None, fmt: str |
     for k, want in (expect_shapes or {}).items():
         shape = tuple(header[k]["shape"]) if k in header else None
         if shape is not None and not _shape_ok(shape, want):
-            raise ArtifactError(path, f"tensor {k} has shape {shape}, expected "
-                                      f"{tuple('*' if w is None else w for w in want)}")
+            raise ArtifactError(
+                path, f"tensor {k} has shape {shape}, expected {tuple('*' if w is None else w for w in want)}"
+            )
     out = {}
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -282,7 +311,7 @@ def all_finite(t: torch.Tensor, rows: int = 1024) -> bool:
     whole matrix makes temporaries of its size (a float64 d_ff = 14336 Gram: +2 GiB)."""
     if t.dim() < 2:
         return bool(torch.isfinite(t).all())
-    return all(bool(torch.isfinite(t[s:s + rows]).all()) for s in range(0, t.shape[0], rows))
+    return all(bool(torch.isfinite(t[s : s + rows]).all()) for s in range(0, t.shape[0], rows))
 
 
 def read_json(path: str | Path, fmt: str | None = None):
@@ -377,8 +406,7 @@ def read_keep(path: str | Path, n_layers: int | None = None) -> dict:
 _COMP_KEY = re.compile(r"^layer(\d+)\.(o_proj|down_proj)\.(weight|bias)$")
 
 
-def read_comp_block(path: str | Path, first: int | None = None,
-                    last: int | None = None) -> dict[str, torch.Tensor]:
+def read_comp_block(path: str | Path, first: int | None = None, last: int | None = None) -> dict[str, torch.Tensor]:
     """A compensation block file: ``layer{i}.{o_proj|down_proj}.weight|bias``, finite; with
     ``first``/``last`` exactly those layers."""
     path = Path(path)
@@ -413,8 +441,12 @@ def read_result(path: str | Path, fmt: str | None = None) -> dict:
     obj = read_json(path)
     if not isinstance(obj, dict):
         raise ArtifactError(path, f"expected a JSON object, found {type(obj).__name__}")
-    _check_format(path, obj.get(FORMAT_KEY), obj.get(VERSION_KEY),
-                  fmt or (obj.get(FORMAT_KEY) if obj.get(FORMAT_KEY) in FORMATS else None))
+    _check_format(
+        path,
+        obj.get(FORMAT_KEY),
+        obj.get(VERSION_KEY),
+        fmt or (obj.get(FORMAT_KEY) if obj.get(FORMAT_KEY) in FORMATS else None),
+    )
     return obj
 
 
@@ -444,58 +476,3 @@ def read_csv_rows(path: str | Path, columns: Iterable[str] = ()) -> list[dict]:
 def write_csv(path: str | Path, df, **kwargs) -> None:
     """A pandas DataFrame as CSV, atomically (``to_csv`` keyword arguments pass through)."""
     write_text(path, df.to_csv(index=False, **kwargs))
-
-
-def check_model_dir(folder: str | Path) -> Path:
-    """A local model folder: config.json present and readable, every safetensors file (and the
-    shard index) complete. One-line :class:`ArtifactError` naming the file otherwise."""
-    folder = Path(folder)
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        raise ArtifactError(folder, "missing config.json (not a model folder)")
-    obj = read_json(cfg)
-    if not isinstance(obj, dict) or "model_type" not in obj:
-        raise ArtifactError(cfg, "no model_type key")
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        wm = read_json(index).get("weight_map")
-        if not isinstance(wm, dict):
-            raise ArtifactError(index, "missing weight_map")
-        for shard in sorted(set(wm.values())):
-            safetensors_header(folder / shard)
-    for shard in sorted(folder.glob("*.safetensors")):
-        safetensors_header(shard)
-    return folder
-
-
-def read_model_tensors(model_dir: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """Only the named tensors of a (sharded) safetensors checkpoint, each shard checked."""
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ArtifactError(index, "missing weight_map")
-    elif (model_dir / "model.safetensors").is_file():
-        weight_map = {n: "model.safetensors" for n in names}
-    else:
-        raise MissingArtifact(model_dir, "no safetensors checkpoint (model.safetensors or its index)")
-    missing = [n for n in names if n not in weight_map]
-    if missing:
-        raise ArtifactError(model_dir, f"tensors not in the checkpoint: {missing[:3]}")
-    by_file: dict[str, list[str]] = {}
-    for n in names:
-        by_file.setdefault(weight_map[n], []).append(n)
-    out = {}
-    for fname, ns in by_file.items():
-        out.update(read_tensors(model_dir / fname, ns))
-    return out
-
-
-__all__ = ["ArtifactError", "MissingArtifact", "FORMATS", "FORMAT_KEY", "VERSION_KEY",
-           "write_json", "write_tensors", "write_result", "write_csv", "without_timings", "timings",
-           "safetensors_header", "tensors_metadata", "read_tensors", "read_json", "read_result",
-           "read_gram_layer", "write_gram_layer", "read_gram_meta", "read_keep",
-           "read_comp_block", "read_comp_blocks", "write_comp_block", "read_csv_rows",
-           "check_model_dir", "read_model_tensors", "strip_format", "json_text", "with_format",
-           "all_finite"]

@@ -86,7 +86,7 @@ def write_chunks(path: str | Path, chunks: Iterable) -> None:
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 while len(view):
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
 

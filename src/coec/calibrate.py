@@ -81,7 +81,7 @@ def symmetrize_upper_(G: torch.Tensor, edges: list[int]) -> torch.Tensor:
     for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
         D = G[lo:hi, lo:hi]
         D.copy_(torch.triu(D) + torch.triu(D, 1).mT)
-        for lo2, hi2 in zip(edges[i + 1:-1], edges[i + 2:]):
+        for lo2, hi2 in zip(edges[i + 1 : -1], edges[i + 2 :]):
             G[lo2:hi2, lo:hi] = G[lo:hi, lo2:hi2].mT
     return G
 
@@ -143,9 +143,9 @@ def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list
     """Per-layer attention masks for full-length causal sequences without padding, built the
     way the model's own forward builds them (full or sliding-window per ``layer_types``; every
     layer sliding for families that always slide, e.g. Mistral, when a window is set)."""
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
     import inspect
+
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     cfg = model.config
     # built for one sequence, so that a materialised (1, 1, T, T) mask broadcasts over any batch
@@ -160,21 +160,20 @@ def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list
     if not types:  # Mistral: one sliding window in every layer whenever the config sets one
         slide = adapter_for(cfg).always_sliding and getattr(cfg, "sliding_window", None) is not None
         types = ["sliding_attention" if slide else "full_attention"] * cfg.num_hidden_layers
-    sliding = (create_sliding_window_causal_mask(**kw)
-               if "sliding_attention" in types else None)
+    sliding = create_sliding_window_causal_mask(**kw) if "sliding_attention" in types else None
     return [sliding if t == "sliding_attention" else full for t in types]
 
 
 def layer_call(layer, hidden, mask, position_ids, position_embeddings) -> torch.Tensor:
     """One decoder layer on a batch of hidden states (B, T, d) -> (B, T, d)."""
-    out = layer(hidden, attention_mask=mask, position_ids=position_ids,
-                position_embeddings=position_embeddings)
+    out = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings)
     return out[0] if isinstance(out, tuple) else out
 
 
 @torch.no_grad()
-def embed_batches(model, input_ids: torch.Tensor, batch_size: int, device: torch.device,
-                  store_device: torch.device) -> list[torch.Tensor]:
+def embed_batches(
+    model, input_ids: torch.Tensor, batch_size: int, device: torch.device, store_device: torch.device
+) -> list[torch.Tensor]:
     """Token embeddings of the calibration sequences, in batches kept on ``store_device``."""
     adapter = adapter_for(model.config)
     emb = adapter.embedding(model)
@@ -183,7 +182,7 @@ def embed_batches(model, input_ids: torch.Tensor, batch_size: int, device: torch
     emb.to(device)
     hidden = []
     for i in range(0, input_ids.shape[0], batch_size):
-        h = emb(input_ids[i:i + batch_size].to(device))
+        h = emb(input_ids[i : i + batch_size].to(device))
         hidden.append((h if scale is None else h * scale).to(store_device))
     emb.to(emb_dev)
     return hidden
@@ -210,7 +209,7 @@ class LayerPass:
         self.pe = self.rotary(self.hidden[0].to(self.device), self.pos)
         self.masks = layer_masks(model, self.hidden[0].to(self.device), self.pos)
 
-    def __enter__(self) -> "LayerPass":
+    def __enter__(self) -> LayerPass:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -236,8 +235,7 @@ def layer_statistics(lp, i: int, layer, modules: tuple[str, ...] = MODULES) -> d
     for name in modules:
         mod = adapter.output_module(layer, name)
         acc = stats[name] = GramAccumulator(mod.in_features, lp.device)
-        handles.append(mod.register_forward_pre_hook(
-            lambda _m, args, acc=acc: acc.update(args[0])))
+        handles.append(mod.register_forward_pre_hook(lambda _m, args, acc=acc: acc.update(args[0])))
     try:
         lp.run(i, layer)
     finally:
@@ -246,16 +244,22 @@ def layer_statistics(lp, i: int, layer, modules: tuple[str, ...] = MODULES) -> d
     for name, acc in stats.items():
         if not (all_finite(acc.gram) and torch.isfinite(acc.sum).all()):  # row blocks: no Gram-sized temporaries
             raise NonFiniteActivations(
-                f"NaN/Inf in calibration activations of layer {i} {name} input "
-                f"(check the model dtype and the data)")
+                f"NaN/Inf in calibration activations of layer {i} {name} input (check the model dtype and the data)"
+            )
     return stats
 
 
 @torch.no_grad()
-def run_layerwise(model, input_ids: torch.Tensor, batch_size: int = 8, device=None,
-                  on_layer: Callable[[int, dict[str, GramAccumulator]], None] | None = None,
-                  modules: tuple[str, ...] = MODULES, progress: bool = True,
-                  before_layer: Callable[[int, torch.nn.Module], None] | None = None) -> None:
+def run_layerwise(
+    model,
+    input_ids: torch.Tensor,
+    batch_size: int = 8,
+    device=None,
+    on_layer: Callable[[int, dict[str, GramAccumulator]], None] | None = None,
+    modules: tuple[str, ...] = MODULES,
+    progress: bool = True,
+    before_layer: Callable[[int, torch.nn.Module], None] | None = None,
+) -> None:
     """Run the calibration sequences through the decoder layer by layer (:class:`LayerPass`),
     accumulating :class:`GramAccumulator` statistics of the named module inputs;
     ``on_layer(i, stats)`` is called after layer ``i`` (e.g. to write its file).
@@ -313,13 +317,11 @@ def gram_tensors(stats: dict, dtype=torch.float32) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gram_dir(out_dir: str | Path, gram_dtype: str,
-                   fill: Callable[[Callable[[int, dict], None]], dict]) -> dict:
+def write_gram_dir(out_dir: str | Path, gram_dtype: str, fill: Callable[[Callable[[int, dict], None]], dict]) -> dict:
     """A Gram folder, atomically (``atomic.atomic_dir``): ``fill(write)`` produces the
     statistics, calling ``write(i, stats)`` once per layer (``layer{i}.safetensors``,
     :func:`gram_tensors` with the Gram in ``gram_dtype``), and returns ``meta.json``'s dict."""
-    from . import atomic
-    from . import artifacts
+    from . import artifacts, atomic
     from .models import torch_dtype
 
     dt = torch_dtype(gram_dtype)
@@ -331,13 +333,25 @@ def write_gram_dir(out_dir: str | Path, gram_dtype: str,
 
 def gram_meta(n_layers: int, input_ids: torch.Tensor, gram_dtype: str, meta: dict | None = None) -> dict:
     """``meta.json`` of a calibration pass over ``input_ids`` (n_seq, seqlen), then ``meta``."""
-    return {"n_layers": n_layers, "n_sequences": int(input_ids.shape[0]),
-            "seqlen": int(input_ids.shape[1]), "tokens": int(input_ids.numel()),
-            "gram_dtype": gram_dtype, **(meta or {})}
+    return {
+        "n_layers": n_layers,
+        "n_sequences": int(input_ids.shape[0]),
+        "seqlen": int(input_ids.shape[1]),
+        "tokens": int(input_ids.numel()),
+        "gram_dtype": gram_dtype,
+        **(meta or {}),
+    }
 
 
-def calibrate_to_dir(model, input_ids: torch.Tensor, out_dir: str | Path, batch_size: int = 8,
-                     device=None, gram_dtype: str = "float32", meta: dict | None = None) -> dict:
+def calibrate_to_dir(
+    model,
+    input_ids: torch.Tensor,
+    out_dir: str | Path,
+    batch_size: int = 8,
+    device=None,
+    gram_dtype: str = "float32",
+    meta: dict | None = None,
+) -> dict:
     """Write ``layer{i}.safetensors`` (Grams, sums, counts of o_proj and down_proj inputs) for
     every layer plus ``meta.json`` into ``out_dir`` (:func:`write_gram_dir`). The returned info
     also holds ``seconds``, which is logged, not written."""
@@ -349,6 +363,5 @@ def calibrate_to_dir(model, input_ids: torch.Tensor, out_dir: str | Path, batch_
 
     info = write_gram_dir(out_dir, gram_dtype, fill)
     info["seconds"] = round(time.time() - t0, 3)
-    log.info("calibrated %d layers on %d tokens in %.1fs", info["n_layers"], info["tokens"],
-             info["seconds"])
+    log.info("calibrated %d layers on %d tokens in %.1fs", info["n_layers"], info["tokens"], info["seconds"])
     return info

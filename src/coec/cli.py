@@ -12,9 +12,9 @@ import logging
 import sys
 import time
 
+from .export import run_export  # registers the built-in formats (hf, gguf)
 from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS
 from .extension import EXTENSIONS, extensions
-
 
 
 def json_arg(s: str):
@@ -54,8 +54,10 @@ def _cell_args(s: argparse.ArgumentParser) -> None:
 
 
 MODEL_STAGES = ("calibrate", "select", "compensate", "ppl", "zeroshot", "geometry", "export")
-EXPECT_HELP = ('JSON of what the config says of the model, e.g. {"model": "models.tiny", "num_layers": 2, '
-               '"seqlen_key": "evaluation.ppl_seqlen"}; checked against its config.json first')
+EXPECT_HELP = (
+    'JSON of what the config says of the model, e.g. {"model": "models.tiny", "num_layers": 2, '
+    '"seqlen_key": "evaluation.ppl_seqlen"}; checked against its config.json first'
+)
 
 
 def hub_options(a) -> tuple[str | None, bool]:
@@ -65,10 +67,12 @@ def hub_options(a) -> tuple[str | None, bool]:
 
 def add_hub_args(s: argparse.ArgumentParser) -> None:
     """--revision / --trust-remote-code: passed to every load of the model and tokenizer."""
-    s.add_argument("--revision", default=None,
-                   help="hub revision (commit, tag or branch) of a hub-id --model")
-    s.add_argument("--trust-remote-code", action="store_true",
-                   help="allow the model repository's own code (transformers trust_remote_code)")
+    s.add_argument("--revision", default=None, help="hub revision (commit, tag or branch) of a hub-id --model")
+    s.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow the model repository's own code (transformers trust_remote_code)",
+    )
 
 
 def check_model_stage(a) -> None:
@@ -79,6 +83,22 @@ def check_model_stage(a) -> None:
 
     model_dir = resolve_model_dir(a.model, *hub_options(a))  # at --revision, as the stage loads it
     check_stage(model_dir, getattr(a, "expect", None), getattr(a, "seqlen", None), getattr(a, "keep", None))
+
+
+def add_stream_args(parser: argparse.ArgumentParser, stage: str) -> None:
+    """Add the streaming options of ``stage`` (``STAGE_OPTIONS``) to its subparser."""
+    from .streaming.options import OPTIONS, STAGE_OPTIONS
+
+    for dest in STAGE_OPTIONS[stage]:
+        flag, key = OPTIONS[dest]
+        config_arg(parser, flag, key, type=float, dest=dest)
+
+
+def stream_options(args: argparse.Namespace) -> dict:
+    """The parsed streaming options of a stage, as keyword arguments of its pipeline function."""
+    from .streaming.options import OPTIONS
+
+    return {dest: getattr(args, dest) for dest in OPTIONS if hasattr(args, dest)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,9 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True)
     s.add_argument("--grams", required=True)
     s.add_argument("--method", required=True, help="score: wanda_sp | flap | rcpu")
-    s.add_argument("--options", default="{}",
-                   help="JSON of score options (weight_norm, activation_scale, group_aggregation); "
-                        "{} = the paper's formula")
+    s.add_argument(
+        "--options",
+        default="{}",
+        help="JSON of score options (weight_norm, activation_scale, group_aggregation); {} = the paper's formula",
+    )
     s.add_argument("--ratio", type=float, required=True)
     config_arg(s, "--group-rounding", "group_rounding")
     s.add_argument("--out", required=True)
@@ -142,8 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=optional_int, default=None)
     config_arg(s, "--batch-size", "evaluation.zeroshot_batch_size", type=int)
     config_arg(s, "--max-length", "evaluation.zeroshot_max_length", type=int)
-    config_arg(s, "--log-samples", "evaluation.zeroshot_log_samples", action=argparse.BooleanOptionalAction,
-               help="also save lm-eval's per-sample records (<out stem>_samples/<task>.jsonl)")
+    config_arg(
+        s,
+        "--log-samples",
+        "evaluation.zeroshot_log_samples",
+        action=argparse.BooleanOptionalAction,
+        help="also save lm-eval's per-sample records (<out stem>_samples/<task>.jsonl)",
+    )
     _cell_args(s)
 
     s = sub.add_parser("prepare-zeroshot", help="extract the offline zero-shot task data")
@@ -166,21 +193,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--comp", nargs="*", default=[])
     config_arg(s, "--dtype", "models.*.dtype")
     s.add_argument("--cell", type=json_arg, default={}, help="cell labels recorded in config.json")
-    s.add_argument("--force", action="store_true",
-                   help="replace a previous export in --out (never any other folder or file)")
-    s.add_argument("--format", default=None, choices=EXPORT_FORMATS.names(),
-                   help="; ".join(f"{f.name}: {f.description}" for f in EXPORT_FORMATS.values()))
+    s.add_argument(
+        "--force", action="store_true", help="replace a previous export in --out (never any other folder or file)"
+    )
+    s.add_argument(
+        "--format",
+        default=None,
+        choices=EXPORT_FORMATS.names(),
+        help="; ".join(f"{f.name}: {f.description}" for f in EXPORT_FORMATS.values()),
+    )
     for fmt in EXPORT_FORMATS.values():  # each format's own options
         group = s.add_argument_group(f"--format {fmt.name}")
         for o in fmt.options:
             group.add_argument(o.flag, dest=o.dest, default=None, choices=o.choices, help=o.help)
-    s.add_argument("--out", required=True,
-                   help="hf: absent or empty folder; gguf: a file name (never inside the source model)")
+    s.add_argument(
+        "--out", required=True, help="hf: absent or empty folder; gguf: a file name (never inside the source model)"
+    )
 
     for stage in MODEL_STAGES:  # the workflow's expectations, checked before any work
         sub.choices[stage].add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
         add_hub_args(sub.choices[stage])
-    from .streaming.options import STAGE_OPTIONS, add_stream_args
+    from .streaming.options import STAGE_OPTIONS
 
     for stage in STAGE_OPTIONS:  # layer-by-layer streaming (docs/streaming.md)
         add_stream_args(sub.choices[stage], stage)
@@ -213,14 +246,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def export_options_of_other_formats(args) -> list[str]:
     """The flags given to ``coec export`` that belong to formats other than ``--format``."""
-    return [o.flag for f in EXPORT_FORMATS.values() if f.name != (args.format or DEFAULT_FORMAT) for o in f.options
-            if getattr(args, o.dest) is not None]
+    return [
+        o.flag
+        for f in EXPORT_FORMATS.values()
+        if f.name != (args.format or DEFAULT_FORMAT)
+        for o in f.options
+        if getattr(args, o.dest) is not None
+    ]
 
 
 def run_guarded(stage: str, fn) -> int:
     """Run one stage with logging; a bad input ends it with one error line and exit code 2."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     log = logging.getLogger("coec")
     from safetensors import SafetensorError
 
@@ -240,8 +277,6 @@ def run_guarded(stage: str, fn) -> int:
 def _dispatch(a) -> None:
     from . import pipeline
 
-    from .streaming.options import stream_options
-
     hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
     hub.update(stream_options(a))  # calibrate, ppl, zeroshot: the streaming options
     if a.stage in MODEL_STAGES:
@@ -253,20 +288,59 @@ def _dispatch(a) -> None:
 
         prepare_embedded_text(a.out, a.eval_every)
     elif a.stage == "calibrate":
-        pipeline.run_calibrate(a.model, a.dataset, a.out, a.nsamples, a.seqlen, a.seed, a.batch_size,
-                        a.dtype, a.device, a.gram_dtype, **hub)
+        pipeline.run_calibrate(
+            a.model,
+            a.dataset,
+            a.out,
+            a.nsamples,
+            a.seqlen,
+            a.seed,
+            a.batch_size,
+            a.dtype,
+            a.device,
+            a.gram_dtype,
+            **hub,
+        )
     elif a.stage == "select":
-        pipeline.run_select(a.model, a.grams, a.method, a.ratio, a.group_rounding, a.out,
-                     options=json.loads(a.options), **hub)
+        pipeline.run_select(
+            a.model, a.grams, a.method, a.ratio, a.group_rounding, a.out, options=json.loads(a.options), **hub
+        )
     elif a.stage == "compensate":
         pipeline.run_compensate(a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device, **hub)
     elif a.stage == "ppl":
-        pipeline.run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
-                  a.out, a.keep, a.comp, a.cell, a.device_map, **hub)
+        pipeline.run_ppl(
+            a.model,
+            a.dataset,
+            a.seqlen,
+            a.max_windows,
+            a.batch_size,
+            a.dtype,
+            a.device,
+            a.out,
+            a.keep,
+            a.comp,
+            a.cell,
+            a.device_map,
+            **hub,
+        )
     elif a.stage == "zeroshot":
-        pipeline.run_zeroshot(a.model, a.tasks, a.data_dir, a.limit, a.batch_size, a.max_length,
-                       a.dtype, a.device, a.out, a.keep, a.comp, a.cell, a.device_map,
-                       log_samples=a.log_samples, **hub)
+        pipeline.run_zeroshot(
+            a.model,
+            a.tasks,
+            a.data_dir,
+            a.limit,
+            a.batch_size,
+            a.max_length,
+            a.dtype,
+            a.device,
+            a.out,
+            a.keep,
+            a.comp,
+            a.cell,
+            a.device_map,
+            log_samples=a.log_samples,
+            **hub,
+        )
     elif a.stage == "prepare-zeroshot":
         pipeline.prepare_zeroshot(a.out)
     elif a.stage == "report":
@@ -276,10 +350,12 @@ def _dispatch(a) -> None:
     elif a.stage == "geometry":
         pipeline.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
     elif a.stage == "export":
-        options = {o.dest: getattr(a, o.dest) for o in EXPORT_FORMATS[a.format or DEFAULT_FORMAT].options
-                   if getattr(a, o.dest) is not None}
-        pipeline.run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub,
-                            fmt=a.format, **options)
+        options = {
+            o.dest: getattr(a, o.dest)
+            for o in EXPORT_FORMATS[a.format or DEFAULT_FORMAT].options
+            if getattr(a, o.dest) is not None
+        }
+        run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub, fmt=a.format, **options)
 
 
 if __name__ == "__main__":

@@ -166,9 +166,11 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
     if error is not None:
         where = _path(error.absolute_path)
         if "propertyNames" in error.absolute_schema_path:
-            raise ConfigError(f"config: bad name {error.instance!r} under {where}: names become paths and "
-                              f"shell words, so they must match {NAME_PATTERN} (letters, digits, '.', "
-                              f"'_', '-'; starting with a letter or digit)")
+            raise ConfigError(
+                f"config: bad name {error.instance!r} under {where}: names become paths and "
+                f"shell words, so they must match {NAME_PATTERN} (letters, digits, '.', "
+                f"'_', '-'; starting with a letter or digit)"
+            )
         if error.validator == "additionalProperties":
             raise ConfigError(f"config: unknown key under {where}: {error.message}")
         raise ConfigError(f"config: bad value at {where}: {error.message}")
@@ -207,8 +209,7 @@ def _check_selections(cfg: dict) -> None:
         raise ConfigError(f"config: {exc}") from None
     for where, name in _selection_refs(cfg):
         if name not in known:
-            raise ConfigError(f"config: {where} names unknown selection {name!r} "
-                              f"(known: {', '.join(known)})")
+            raise ConfigError(f"config: {where} names unknown selection {name!r} (known: {', '.join(known)})")
 
 
 def _check_compensations(cfg: dict) -> None:
@@ -259,7 +260,7 @@ def _model_calibrations(cfg: dict) -> dict[str, set]:
         if key in cfg:
             add([cfg[key]["model"]], [cfg[key]["calibration"]])
     for ext in extensions():
-        for models, calibs in (ext.model_calibrations(cfg) if ext.model_calibrations else ()):
+        for models, calibs in ext.model_calibrations(cfg) if ext.model_calibrations else ():
             add(models, calibs)
     return used
 
@@ -282,8 +283,7 @@ def _check_model_shapes(cfg: dict) -> None:
                 if ks:
                     seqlen[ks[0]] = ks[1]
         try:
-            check_expected(geom, {"model": f"models.{name}", "num_layers": model["num_layers"],
-                                  "seqlen": seqlen}, what)
+            check_expected(geom, {"model": f"models.{name}", "num_layers": model["num_layers"], "seqlen": seqlen}, what)
         except ModelMismatch as exc:
             raise ConfigError(f"config: {exc}") from None
 
@@ -291,8 +291,9 @@ def _check_model_shapes(cfg: dict) -> None:
 def _check_references(cfg: dict) -> None:
     def need(kind: str, name: str, where: str):
         if name not in cfg.get(kind, {}):
-            raise ConfigError(f"config: {where} names unknown {kind} entry {name!r} "
-                              f"(known: {', '.join(cfg.get(kind, {})) or 'none'})")
+            raise ConfigError(
+                f"config: {where} names unknown {kind} entry {name!r} (known: {', '.join(cfg.get(kind, {})) or 'none'})"
+            )
 
     for name, cal in cfg["calibration"].items():
         need("datasets", cal["dataset"], f"calibration.{name}.dataset")
@@ -300,8 +301,10 @@ def _check_references(cfg: dict) -> None:
             other = cal["disjoint_from"]
             need("calibration", other, f"calibration.{name}.disjoint_from")
             if cfg["calibration"][other]["dataset"] != cal["dataset"] or other == name:
-                raise ConfigError(f"config: calibration.{name}.disjoint_from: {other!r} must be another "
-                                  f"calibration set of the same dataset ({cal['dataset']!r})")
+                raise ConfigError(
+                    f"config: calibration.{name}.disjoint_from: {other!r} must be another "
+                    f"calibration set of the same dataset ({cal['dataset']!r})"
+                )
     need("datasets", cfg["evaluation"]["ppl_dataset"], "evaluation.ppl_dataset")
     tables = {k: cfg[k] for k in ("table1", "table2", "table3") if k in cfg}
     tables.update(cfg.get("extra_tables", {}))
@@ -311,10 +314,13 @@ def _check_references(cfg: dict) -> None:
             need("models", m, f"{tname}.models")
         for i, row in enumerate(t["rows"]):
             need("compensations", row["compensation"], f"{tname}.rows[{i}].compensation")
-            if "compare" in row and not any(r["selection"] == row["selection"] and
-                                            r["compensation"] == row["compare"] for r in t["rows"]):
-                raise ConfigError(f"config: {tname}.rows[{i}].compare: no row of selection "
-                                  f"{row['selection']!r} has compensation {row['compare']!r}")
+            if "compare" in row and not any(
+                r["selection"] == row["selection"] and r["compensation"] == row["compare"] for r in t["rows"]
+            ):
+                raise ConfigError(
+                    f"config: {tname}.rows[{i}].compare: no row of selection "
+                    f"{row['selection']!r} has compensation {row['compare']!r}"
+                )
     if "appC" in cfg:
         a = cfg["appC"]
         need("calibration", a["calibration"], "appC.calibration")
@@ -337,5 +343,6 @@ def _check_references(cfg: dict) -> None:
 
             emb = m.get("embedded", name)
             if emb not in EMBEDDED_MODELS:
-                raise ConfigError(f"config: models.{name}: unknown embedded model {emb!r} "
-                                  f"(known: {', '.join(EMBEDDED_MODELS)})")
+                raise ConfigError(
+                    f"config: models.{name}: unknown embedded model {emb!r} (known: {', '.join(EMBEDDED_MODELS)})"
+                )

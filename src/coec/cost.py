@@ -47,7 +47,7 @@ __all__ = [
 GIB = 2**30
 
 
-def _as_dict(config: Any) -> dict[str, Any]:
+def config_dict(config: Any) -> dict[str, Any]:
     if hasattr(config, "to_dict"):
         config = config.to_dict()
     if not isinstance(config, Mapping):
@@ -61,7 +61,7 @@ def _get(cfg: Mapping[str, Any], key: str) -> Any:
     return cfg[key]
 
 
-def _dims(cfg: Mapping[str, Any], shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def arch_dims(cfg: Mapping[str, Any], shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Architecture numbers with the pruned ``shape`` (if any) overriding the config."""
     cfg = dict(cfg) | dict(shape or {})
     mt = str(_get(cfg, "model_type"))
@@ -105,7 +105,7 @@ def pruned_shape(config: Any, ratio: float, group_rounding: str = "ceil") -> dic
     to KV groups only). ``head_dim`` is returned explicitly because ``hidden / heads`` no longer
     equals it after pruning.
     """
-    d = _dims(_as_dict(config))
+    d = arch_dims(config_dict(config))
     g = d["heads"] // d["kv_heads"]
     kv = kept_count(d["kv_heads"], ratio, group_rounding)
     return {
@@ -118,10 +118,10 @@ def pruned_shape(config: Any, ratio: float, group_rounding: str = "ceil") -> dic
 
 def pruned_config(config: Any, ratio: float, group_rounding: str = "ceil") -> dict[str, Any]:
     """The config dict with the ``pruned_shape`` fields substituted."""
-    return _as_dict(config) | pruned_shape(config, ratio, group_rounding)
+    return config_dict(config) | pruned_shape(config, ratio, group_rounding)
 
 
-def _param_breakdown(d: Mapping[str, Any]) -> dict[str, int]:
+def param_breakdown(d: Mapping[str, Any]) -> dict[str, int]:
     h = d["hidden"]
     attn, mlp = adapter_for(d["model_type"]).layer_params(d)  # biases and norms per family
     L = d["layers"]
@@ -136,7 +136,7 @@ def _param_breakdown(d: Mapping[str, Any]) -> dict[str, int]:
 
 def count_params(config: Any, shape: Mapping[str, Any] | None = None) -> int:
     """Exact parameter count from the architecture numbers (``shape`` overrides, e.g. pruned)."""
-    return sum(_param_breakdown(_dims(_as_dict(config), shape)).values())
+    return sum(param_breakdown(arch_dims(config_dict(config), shape)).values())
 
 
 def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> int:
@@ -151,12 +151,13 @@ def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> in
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = _as_dict(config) | dict(shape or {})
-    d = _dims(cfg)
+    cfg = config_dict(config) | dict(shape or {})
+    d = arch_dims(cfg)
     heads = {"num_attention_heads": d["heads"], "num_key_value_heads": d["kv_heads"], "head_dim": d["head_dim"]}
     kwargs = {k: v for k, v in cfg.items() if k not in heads and k != "model_type"}
-    hf_cfg = AutoConfig.for_model(d["model_type"], num_attention_heads=1, num_key_value_heads=1,
-                                  head_dim=d["head_dim"], **kwargs)
+    hf_cfg = AutoConfig.for_model(
+        d["model_type"], num_attention_heads=1, num_key_value_heads=1, head_dim=d["head_dim"], **kwargs
+    )
     for k, v in heads.items():
         setattr(hf_cfg, k, v)
     with torch.device("meta"):
@@ -165,11 +166,7 @@ def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> in
 
 
 def flops_per_token(
-    config: Any,
-    shape: Mapping[str, Any] | None = None,
-    *,
-    include_embedding: bool = True,
-    context_len: int = 0,
+    config: Any, shape: Mapping[str, Any] | None = None, *, include_embedding: bool = True, context_len: int = 0
 ) -> float:
     """Dense GFLOPs per token of a forward pass.
 
@@ -178,18 +175,24 @@ def flops_per_token(
     scores). ``include_embedding=False`` drops the input-embedding term; ``context_len > 0``
     adds ``QK^T`` and ``AV`` against that many cached tokens: ``4 L heads head_dim context_len``.
     """
-    d = _dims(_as_dict(config), shape)
-    n = sum(_param_breakdown(d).values())
+    d = arch_dims(config_dict(config), shape)
+    n = sum(param_breakdown(d).values())
     if not include_embedding:
         n -= d["vocab"] * d["hidden"]
     flops = 2.0 * n + 4.0 * d["layers"] * d["heads"] * d["head_dim"] * context_len
     return flops / 1e9
 
 
-def kv_cache_bytes(config: Any, shape: Mapping[str, Any] | None = None, *, seq_len: int = 4096,
-                   batch_size: int = 1, bytes_per_value: int = 2) -> int:
+def kv_cache_bytes(
+    config: Any,
+    shape: Mapping[str, Any] | None = None,
+    *,
+    seq_len: int = 4096,
+    batch_size: int = 1,
+    bytes_per_value: int = 2,
+) -> int:
     """K and V for every layer: ``2 L n_kv head_dim seq_len batch bytes``."""
-    d = _dims(_as_dict(config), shape)
+    d = arch_dims(config_dict(config), shape)
     return 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * seq_len * batch_size * bytes_per_value
 
 
@@ -230,7 +233,7 @@ def peak_memory_gb(
     0.82 / 0.88 GiB (Qwen dense / 30 %) and 1.08 / 1.41 GiB (Llama), larger after pruning,
     whereas every activation and KV term shrinks with pruning.
     """
-    d = _dims(_as_dict(config), shape)
+    d = arch_dims(config_dict(config), shape)
     weights = count_params(config, shape) * bytes_per_param
     kv = kv_cache_bytes(config, shape, seq_len=seq_len, batch_size=batch_size, bytes_per_value=2)
     act = _layer_activation_bytes(d, batch_size * seq_len, 2)
@@ -238,8 +241,9 @@ def peak_memory_gb(
     return (weights + kv + act + logits) / GIB + overhead_gib
 
 
-def cost_table(archs: Mapping[str, Any], ratio: float, group_rounding: str = "ceil",
-               **memory_kwargs: Any) -> list[dict[str, Any]]:
+def cost_table(
+    archs: Mapping[str, Any], ratio: float, group_rounding: str = "ceil", **memory_kwargs: Any
+) -> list[dict[str, Any]]:
     """Table 4 rows for each ``name -> config`` at pruning ``ratio``.
 
     Keys: ``model``, ``params_dense_B``, ``params_pruned_B`` (1e9 parameters), ``mem_dense_GB``,
@@ -249,24 +253,35 @@ def cost_table(archs: Mapping[str, Any], ratio: float, group_rounding: str = "ce
     rows = []
     for name, cfg in archs.items():
         shape = pruned_shape(cfg, ratio, group_rounding)
-        rows.append({
-            "model": name,
-            "ratio": ratio,
-            "params_dense_B": count_params(cfg) / 1e9,
-            "params_pruned_B": count_params(cfg, shape) / 1e9,
-            "mem_dense_GB": peak_memory_gb(cfg, **memory_kwargs),
-            "mem_pruned_GB": peak_memory_gb(cfg, shape, **memory_kwargs),
-            "gflops_dense": flops_per_token(cfg),
-            "gflops_pruned": flops_per_token(cfg, shape),
-            "kv_heads_pruned": shape["num_key_value_heads"],
-            "ffn_pruned": shape["intermediate_size"],
-        })
+        rows.append(
+            {
+                "model": name,
+                "ratio": ratio,
+                "params_dense_B": count_params(cfg) / 1e9,
+                "params_pruned_B": count_params(cfg, shape) / 1e9,
+                "mem_dense_GB": peak_memory_gb(cfg, **memory_kwargs),
+                "mem_pruned_GB": peak_memory_gb(cfg, shape, **memory_kwargs),
+                "gflops_dense": flops_per_token(cfg),
+                "gflops_pruned": flops_per_token(cfg, shape),
+                "kv_heads_pruned": shape["num_key_value_heads"],
+                "ffn_pruned": shape["intermediate_size"],
+            }
+        )
     return rows
 
 
-def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: int = 2048,
-                act_bytes: int = 2, gram_bytes: int = 4, ppl_seqlen: int = 4096, ppl_batch: int = 1,
-                loss_chunk: int = 1024, gram_block: int = 1024) -> dict[str, float]:
+def memory_plan(
+    config: Any,
+    ratio: float = 0.3,
+    nsamples: int = 128,
+    seqlen: int = 2048,
+    act_bytes: int = 2,
+    gram_bytes: int = 4,
+    ppl_seqlen: int = 4096,
+    ppl_batch: int = 1,
+    loss_chunk: int = 1024,
+    gram_block: int = 1024,
+) -> dict[str, float]:
     """Memory of each workflow stage for one model, in GiB (2^30 bytes).
 
     - ``gram_layer_gb`` / ``gram_total_gb``: stored Grams of one layer / all layers (o_proj input
@@ -288,12 +303,12 @@ def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: in
       (``ppl_batch x ppl_seqlen x vocab``) and the float32 loss chunk (upcast + log-softmax of
       ``loss_chunk`` positions, ``evaluate.ppl.LOSS_CHUNK_TOKENS``).
     """
-    d = _dims(_as_dict(config))
+    d = arch_dims(config_dict(config))
     h, L, ff = d["hidden"], d["layers"], d["ffn"]
     d_attn = d["heads"] * d["head_dim"]
-    GiB = 2.0 ** 30
+    GiB = 2.0**30
     gram_entries = d_attn**2 + ff**2
-    parts = _param_breakdown(d)
+    parts = param_breakdown(d)
     layer_params = (parts["attention"] + parts["mlp"] + parts["norms"]) // L
     k_ff = kept_count(ff, ratio, "ceil")
     batch = 8 * seqlen
@@ -302,12 +317,21 @@ def memory_plan(config: Any, ratio: float = 0.3, nsamples: int = 128, seqlen: in
         "gram_total_gb": L * gram_entries * gram_bytes / GiB,
         "gram_layer_sym_gb": (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
         "gram_total_sym_gb": L * (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
-        "calib_peak_gb": (layer_params * 2 + gram_entries * 8 + nsamples * seqlen * h * act_bytes
-                          + _layer_activation_bytes(d, batch, 4) + min(gram_block, ff) * ff * 4) / GiB,
-        "comp_down_peak_gb": (3 * ff * ff * 8 + 2 * k_ff * k_ff * 4 + 2 * h * ff * 4
-                              + 2 * min(h, k_ff) * k_ff * 4) / GiB,
+        "calib_peak_gb": (
+            layer_params * 2
+            + gram_entries * 8
+            + nsamples * seqlen * h * act_bytes
+            + _layer_activation_bytes(d, batch, 4)
+            + min(gram_block, ff) * ff * 4
+        )
+        / GiB,
+        "comp_down_peak_gb": (3 * ff * ff * 8 + 2 * k_ff * k_ff * 4 + 2 * h * ff * 4 + 2 * min(h, k_ff) * k_ff * 4)
+        / GiB,
         "weights_bf16_gb": count_params(config) * 2 / GiB,
-        "ppl_batch_gb": (_layer_activation_bytes(d, ppl_batch * ppl_seqlen, act_bytes)
-                         + ppl_batch * ppl_seqlen * d["vocab"] * act_bytes
-                         + 2 * min(loss_chunk, ppl_seqlen) * d["vocab"] * 4) / GiB,
+        "ppl_batch_gb": (
+            _layer_activation_bytes(d, ppl_batch * ppl_seqlen, act_bytes)
+            + ppl_batch * ppl_seqlen * d["vocab"] * act_bytes
+            + 2 * min(loss_chunk, ppl_seqlen) * d["vocab"] * 4
+        )
+        / GiB,
     }

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-WIKI_MEMBER = ("gensim/test/test_data/"
-               "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+WIKI_MEMBER = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 
 # ----------------------------------------------------------------------------- wiki markup
@@ -32,8 +31,11 @@ _COMMENT = re.compile(r"<!--.*?-->", re.S)
 _REF = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.S | re.I)
 _TAG = re.compile(r"<[^>]+>")
 _TABLE = re.compile(r"\{\|.*?\|\}", re.S)
-_FILE_LINK = re.compile(r"\[\[(?:File|Image|Category|[a-z]{2,3}(?:-[a-z]+)?):[^\[\]]*"
-                        r"(?:\[\[[^\[\]]*\]\][^\[\]]*)*\]\]", re.I)
+_FILE_LINK = re.compile(
+    r"\[\[(?:File|Image|Category|[a-z]{2,3}(?:-[a-z]+)?):[^\[\]]*"
+    r"(?:\[\[[^\[\]]*\]\][^\[\]]*)*\]\]",
+    re.I,
+)
 _LINK = re.compile(r"\[\[(?:[^\[\]|]*\|)?([^\[\]]*)\]\]")
 _EXT_LINK = re.compile(r"\[(?:https?|ftp)://[^\s\]]+\s*([^\]]*)\]")
 _BOLD_ITALIC = re.compile(r"'{2,}")
@@ -46,7 +48,7 @@ def _strip_templates(text: str) -> str:
     """Remove (nested) ``{{...}}`` templates by a depth scan, linear in the text length."""
     out, depth, i, n = [], 0, 0, len(text)
     while i < n:
-        two = text[i:i + 2]
+        two = text[i : i + 2]
         if two == "{{":
             depth += 1
             i += 2
@@ -112,10 +114,10 @@ def split_articles(articles: list[tuple[str, str]], eval_every: int) -> tuple[li
 def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int = 5) -> dict:
     """Extract the Wikipedia dump from the gensim wheel and write calib.txt / eval.txt and a
     manifest (article and word counts, sha256) into ``out_dir``."""
-    from .atomic import write_text
-
     import io
     import zipfile
+
+    from .atomic import write_text
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,13 +128,20 @@ def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int 
             raise FileNotFoundError(f"{wheel} does not contain {WIKI_MEMBER}") from None
     articles = read_wiki_articles(io.BytesIO(raw))
     calib, evals = split_articles(articles, eval_every)
-    manifest = {"source": Path(wheel).name, "member": WIKI_MEMBER, "eval_every": eval_every,
-                "sha256_source": hashlib.sha256(raw).hexdigest()}
+    manifest = {
+        "source": Path(wheel).name,
+        "member": WIKI_MEMBER,
+        "eval_every": eval_every,
+        "sha256_source": hashlib.sha256(raw).hexdigest(),
+    }
     for name, docs in (("calib", calib), ("eval", evals)):
         text = "\n\n".join(docs)
         write_text(out_dir / f"{name}.txt", text)
-        manifest[name] = {"articles": len(docs), "words": len(text.split()),
-                          "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        manifest[name] = {
+            "articles": len(docs),
+            "words": len(text.split()),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
     write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2))
     return manifest
 
@@ -146,8 +155,7 @@ def load_split(spec: dict, split: str) -> str:
     if kind in ("embedded", "files"):
         path = Path(spec["dir"]) / f"{split}.txt" if kind == "embedded" else Path(spec[split])
         if not path.is_file():
-            hint = (" (built by the resources rule: snakemake --cores 1 " + str(path) + ")"
-                    if kind == "embedded" else "")
+            hint = " (built by the resources rule: snakemake --cores 1 " + str(path) + ")" if kind == "embedded" else ""
             raise FileNotFoundError(f"text file not found: {path}{hint}")
         return path.read_text()
     if kind == "hub":
@@ -166,8 +174,9 @@ def tokenize_text(tokenizer, text: str) -> torch.Tensor:
     return ids.long()
 
 
-def sample_windows(tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int,
-                   exclude: dict | None = None) -> torch.Tensor:
+def sample_windows(
+    tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int, exclude: dict | None = None
+) -> torch.Tensor:
     """``nsamples`` random windows of ``seqlen`` tokens from a token stream, (nsamples, seqlen).
 
     Start offsets are uniform in ``[0, len - seqlen]`` from a ``torch.Generator`` seeded with
@@ -177,9 +186,12 @@ def sample_windows(tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int,
     """
     if tokens.numel() <= seqlen:
         raise ValueError(f"calibration text has {tokens.numel()} tokens, fewer than seqlen={seqlen}")
-    starts = (disjoint_starts(tokens.numel(), nsamples, seqlen, seed, exclude) if exclude
-              else window_starts(tokens.numel(), nsamples, seqlen, seed))
-    return torch.stack([tokens[s:s + seqlen] for s in starts.tolist()])
+    starts = (
+        disjoint_starts(tokens.numel(), nsamples, seqlen, seed, exclude)
+        if exclude
+        else window_starts(tokens.numel(), nsamples, seqlen, seed)
+    )
+    return torch.stack([tokens[s : s + seqlen] for s in starts.tolist()])
 
 
 def window_starts(n_tokens: int, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
@@ -203,8 +215,10 @@ def disjoint_starts(n_tokens: int, nsamples: int, seqlen: int, seed: int, exclud
         kept += cand[ok].tolist()
         if len(kept) >= nsamples:
             return torch.tensor(kept[:nsamples])
-    raise ValueError(f"cannot draw {nsamples} windows of {seqlen} tokens disjoint from the excluded set: "
-                     f"the text ({n_tokens} tokens) is too short")
+    raise ValueError(
+        f"cannot draw {nsamples} windows of {seqlen} tokens disjoint from the excluded set: "
+        f"the text ({n_tokens} tokens) is too short"
+    )
 
 
 def eval_windows(tokens: torch.Tensor, seqlen: int, max_windows: int | None = None) -> torch.Tensor:

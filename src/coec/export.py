@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .export_formats import EXPORT_FORMATS, GGUF_TYPES, ExportFormat, ExportRequest, FormatOption, export
+
 log = logging.getLogger(__name__)
 
 MARKER = "coec_export.json"
@@ -63,8 +65,10 @@ def check_out_dir(out: str | Path, protected: list[str | Path], force: bool = Fa
     target = out.resolve()
     for p in protected:
         if _overlaps(target, Path(p).resolve()):
-            raise ExportRefused(f"--out {out} overlaps the export's input {p}; "
-                                "choose a folder outside the source model and the cell's files")
+            raise ExportRefused(
+                f"--out {out} overlaps the export's input {p}; "
+                "choose a folder outside the source model and the cell's files"
+            )
     if not out.exists():
         return "new"
     if not out.is_dir():
@@ -73,16 +77,22 @@ def check_out_dir(out: str | Path, protected: list[str | Path], force: bool = Fa
     if not present and not any(out.iterdir()):
         return "empty"
     if not force:
-        raise ExportRefused(f"--out {out} exists and is not empty; pass --force to replace a "
-                            "previous export (a folder holding coec_export.json)")
+        raise ExportRefused(
+            f"--out {out} exists and is not empty; pass --force to replace a "
+            "previous export (a folder holding coec_export.json)"
+        )
     marker = read_marker(out)
     if marker is None:
-        raise ExportRefused(f"--out {out} is not a previous export ({MARKER} missing or not "
-                            "ours); refusing to replace it even with --force")
+        raise ExportRefused(
+            f"--out {out} is not a previous export ({MARKER} missing or not "
+            "ours); refusing to replace it even with --force"
+        )
     foreign = sorted(set(present) - set(marker.get("files", [])) - {MARKER})
     if foreign:
-        raise ExportRefused(f"--out {out} holds files the previous export did not write "
-                            f"({', '.join(foreign[:3])}); refusing to replace it")
+        raise ExportRefused(
+            f"--out {out} holds files the previous export did not write "
+            f"({', '.join(foreign[:3])}); refusing to replace it"
+        )
     return "replace"
 
 
@@ -99,8 +109,9 @@ def _delete_listed(folder: Path, files: list[str]) -> None:
             log.warning("kept %s: it is not empty", root)
 
 
-def write_export_dir(out: str | Path, write, protected: list[str | Path], force: bool = False,
-                     marker: dict | None = None) -> Path:
+def write_export_dir(
+    out: str | Path, write, protected: list[str | Path], force: bool = False, marker: dict | None = None
+) -> Path:
     """Call ``write(tmp_folder)`` on a fresh temporary sibling of ``out``, add the marker
     (listing every file written) and move the folder into place by the rules above."""
     out = Path(out)
@@ -136,8 +147,7 @@ def write_export_dir(out: str | Path, write, protected: list[str | Path], force:
     return out
 
 
-def check_out_file(out: str | Path, protected: list[str | Path], force: bool = False,
-                   is_ours=None) -> str:
+def check_out_file(out: str | Path, protected: list[str | Path], force: bool = False, is_ours=None) -> str:
     """Validate a single-file export target (a GGUF file); returns 'new' or 'replace'.
 
     The same rules as a folder: never a link, never the source model folder or a file inside it,
@@ -149,8 +159,10 @@ def check_out_file(out: str | Path, protected: list[str | Path], force: bool = F
     target = out.resolve()
     for p in protected:
         if _overlaps(target, Path(p).resolve()):
-            raise ExportRefused(f"--out {out} overlaps the export's input {p}; "
-                                "choose a file outside the source model and the cell's files")
+            raise ExportRefused(
+                f"--out {out} overlaps the export's input {p}; "
+                "choose a file outside the source model and the cell's files"
+            )
     if not out.exists():
         return "new"
     if not out.is_file():
@@ -158,7 +170,160 @@ def check_out_file(out: str | Path, protected: list[str | Path], force: bool = F
     if not force:
         raise ExportRefused(f"--out {out} exists; pass --force to replace a previous export")
     if is_ours is None or not is_ours(out):
-        raise ExportRefused(f"--out {out} is not a previous export of ours; refusing to replace "
-                            "it even with --force")
+        raise ExportRefused(f"--out {out} is not a previous export of ours; refusing to replace it even with --force")
     return "replace"
 
+
+# ----------------------------------------------------------------------------- the export stage
+def run_export(
+    model_src: str,
+    keep_path: str | None,
+    comp_files: list[str],
+    dtype: str,
+    out: str,
+    force: bool = False,
+    cell: dict | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    fmt: str | None = None,
+    **options,
+) -> dict:
+    """Export a cell (``keep_path=None``: the dense model) in the registered format ``fmt``
+    (``coec.export_formats``: ``hf`` a checkpoint folder, the default; ``gguf`` a file for
+    llama.cpp; or a plug-in's), ``options`` being the format's own (e.g. ``gguf_type``). Returns its record."""
+    return export(
+        fmt,
+        ExportRequest(
+            model_src,
+            keep_path,
+            tuple(comp_files or ()),
+            dtype,
+            out,
+            force,
+            cell or {},
+            revision,
+            trust_remote_code,
+            options,
+        ),
+    )
+
+
+def _export_provenance(request, model_dir) -> dict:
+    from .provenance import model_provenance
+
+    return {
+        "source": str(request.model),
+        "keep": str(request.keep) if request.keep else None,
+        "comp": [str(c) for c in request.comp],
+        "dtype": request.dtype,
+        "cell": dict(request.cell),
+        "model": model_provenance(request.model, request.revision, request.trust_remote_code, model_dir),
+    }
+
+
+def run_export_hf(request) -> dict:
+    """Write a pruned, compensated checkpoint that a vanilla ``AutoModelForCausalLM.from_pretrained``
+    reloads (stock class chosen by ``prune.build_export_model``; see docs/export.md), reloaded
+    from disk and its logits checked. ``request.out`` must be absent or empty; with ``force`` a
+    previous export there is replaced. Returns the provenance recorded as ``coec_export`` in
+    config.json."""
+    from .models import resolve_model_dir
+    from .pipeline import build_model
+    from .prune import build_export_model
+
+    model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
+    protected = [model_dir, *([request.keep] if request.keep else []), *request.comp]
+    check_out_dir(request.out, protected, request.force)  # refuse before the (slow) model build
+    model, tok = build_model(
+        request.model,
+        request.dtype,
+        "cpu",
+        request.keep,
+        list(request.comp),
+        None,
+        request.revision,
+        request.trust_remote_code,
+    )
+    target, info = build_export_model(model)
+    info.update(_export_provenance(request, model_dir))
+    target.config.coec_export = info
+
+    def write(folder: Path) -> None:
+        from .deploy.reload import check_reload
+
+        target.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        info["reload_max_abs_logit_diff"] = check_reload(folder, model)  # recorded in the marker
+
+    write_export_dir(request.out, write, protected, request.force, marker={"coec_export": info})
+    log.info("exported %s as %s (%s) to %s", request.model, info["architecture"], info["reason"], request.out)
+    return info
+
+
+def run_export_gguf(request) -> dict:
+    """Write a pruned, compensated cell as one GGUF file for llama.cpp (``coec.gguf.write_gguf``:
+    llama arch for uniform widths, deci for per-layer widths; docs/export.md "GGUF"). ``out`` is a
+    file: absent, or with ``force`` a previous GGUF export of ours. Options: ``gguf_type`` (f32),
+    ``tokenizer_gguf``: take the tokenizer keys from that GGUF file (an embedded model's source)
+    instead of converting the HF tokenizer. Returns the writer's report with the provenance (also
+    stored in the file)."""
+    from .gguf import is_gguf_export, write_gguf
+    from .pipeline import build_model
+
+    gguf_type = request.options.get("gguf_type") or "f32"
+    tokenizer_gguf = request.options.get("tokenizer_gguf")
+    from .models import resolve_model_dir
+
+    model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
+    protected = [
+        model_dir,
+        *([request.keep] if request.keep else []),
+        *request.comp,
+        *([tokenizer_gguf] if tokenizer_gguf else []),
+    ]
+    check_out_file(request.out, protected, request.force, is_gguf_export)  # refuse before the model build
+    model, tok = build_model(
+        request.model,
+        request.dtype,
+        "cpu",
+        request.keep,
+        list(request.comp),
+        None,
+        request.revision,
+        request.trust_remote_code,
+    )
+    prov = _export_provenance(request, model_dir)
+    check_out_file(request.out, protected, request.force, is_gguf_export)  # again: the file may have appeared
+    report = write_gguf(
+        model, tok, request.out, gguf_type, tokenizer_gguf=tokenizer_gguf, name=Path(model_dir).name, provenance=prov
+    )
+    log.info(
+        "exported %s as GGUF %s (%s, %s) to %s", request.model, report["arch"], gguf_type, report["reason"], request.out
+    )
+    return {**report, **prov}
+
+
+EXPORT_FORMATS.register(
+    ExportFormat("hf", "a transformers checkpoint folder in a stock class (the default)", run_export_hf)
+)
+EXPORT_FORMATS.register(
+    ExportFormat(
+        "gguf",
+        "one GGUF file for llama.cpp (per-layer widths as the deci arch)",
+        run_export_gguf,
+        options=(
+            FormatOption(
+                "--gguf-type",
+                "gguf_type",
+                "GGUF tensor type (default f32); q8_0 falls back to f16 per tensor where a row width is "
+                "not a multiple of 32",
+                GGUF_TYPES,
+            ),
+            FormatOption(
+                "--tokenizer-gguf",
+                "tokenizer_gguf",
+                "GGUF file whose tokenizer keys are copied (e.g. an embedded model's)",
+            ),
+        ),
+    )
+)

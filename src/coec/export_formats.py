@@ -4,9 +4,9 @@ registry entry per format (``EXPORT_FORMATS``); a plug-in registers its own the 
 
 A format is a name, a one-line description, its own CLI options (added to ``coec export`` and
 refused with any other format) and ``write(request) -> dict``: the record of what it wrote. The
-built-in formats are ``hf`` (a transformers checkpoint folder in a stock class, reloaded and
-checked; ``coec.pipeline.run_export_hf``) and ``gguf`` (one file for llama.cpp;
-``coec.pipeline.run_export_gguf``).
+built-in formats, registered by ``coec.export`` (which implements them), are ``hf`` (a
+transformers checkpoint folder in a stock class, reloaded and checked) and ``gguf`` (one file for
+llama.cpp).
 """
 
 from __future__ import annotations
@@ -70,25 +70,4 @@ def export(fmt: str | None, request: ExportRequest) -> dict:
     return entry.write(request)
 
 
-def _write_hf(request: ExportRequest) -> dict:
-    from .pipeline import run_export_hf
-
-    return run_export_hf(request)
-
-
-def _write_gguf(request: ExportRequest) -> dict:
-    from .pipeline import run_export_gguf
-
-    return run_export_gguf(request)
-
-
 GGUF_TYPES = ("f32", "f16", "q8_0")  # the tensor types coec.gguf writes (defined here: gguf loads lazily)
-
-EXPORT_FORMATS.register(ExportFormat(
-    "hf", "a transformers checkpoint folder in a stock class (the default)", _write_hf))
-EXPORT_FORMATS.register(ExportFormat(
-    "gguf", "one GGUF file for llama.cpp (per-layer widths as the deci arch)", _write_gguf,
-    options=(FormatOption("--gguf-type", "gguf_type", "GGUF tensor type (default f32); q8_0 falls back to f16 "
-                          "per tensor where a row width is not a multiple of 32", GGUF_TYPES),
-             FormatOption("--tokenizer-gguf", "tokenizer_gguf",
-                          "GGUF file whose tokenizer keys are copied (e.g. an embedded model's)"))))

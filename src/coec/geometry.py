@@ -128,9 +128,7 @@ def projector_penalty(R_frame: Tensor, anchor_frame: Tensor, U_v: Tensor) -> flo
     """
     R, A, U = _f64(R_frame), _f64(anchor_frame), _f64(U_v)
     if not (R.shape[0] == A.shape[0] == U.shape[0]):
-        raise ValueError(
-            f"frames must share the row dimension k: {tuple(R.shape)}, {tuple(A.shape)}, {tuple(U.shape)}"
-        )
+        raise ValueError(f"frames must share the row dimension k: {tuple(R.shape)}, {tuple(A.shape)}, {tuple(U.shape)}")
     UR, UA = U.T @ R, U.T @ A
     D = UR @ UR.T - UA @ UA.T
     r_p = U.shape[1]
@@ -179,11 +177,7 @@ def _angle_stats(prefix: str, angles: Tensor) -> dict[str, float]:
 
 
 def module_geometry(
-    W0: Tensor,
-    keep: Tensor | Sequence[int],
-    W_comp: Tensor,
-    r: int,
-    value_proj: Tensor | None = None,
+    W0: Tensor, keep: Tensor | Sequence[int], W_comp: Tensor, r: int, value_proj: Tensor | None = None
 ) -> dict[str, float]:
     """App. C measurements for one pruned module.
 
@@ -217,9 +211,7 @@ def module_geometry(
     if value_proj is not None:
         V = _f64(value_proj)
         if V.shape[0] != W_K.shape[1]:
-            raise ValueError(
-                f"value_proj has {V.shape[0]} rows, expected k={W_K.shape[1]} (query-head layout)"
-            )
+            raise ValueError(f"value_proj has {V.shape[0]} rows, expected k={W_K.shape[1]} (query-head layout)")
         U_v = top_left_frame(V, r)
         out["penalty_P"] = projector_penalty(P, O, U_v)
         out["penalty_C"] = projector_penalty(C, O, U_v)

@@ -13,8 +13,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["ModelMismatch", "shape_of", "read_shape", "config_shape",
-           "check_expected", "check_keep", "check_identity", "check_stage"]
+__all__ = [
+    "ModelMismatch",
+    "shape_of",
+    "read_shape",
+    "config_shape",
+    "check_expected",
+    "check_keep",
+    "check_identity",
+    "check_stage",
+]
 
 
 class ModelMismatch(ValueError):
@@ -24,9 +32,12 @@ class ModelMismatch(ValueError):
 def shape_of(cfg: dict) -> dict:
     """The checked keys of an HF config dict (num_key_value_heads defaults to the heads)."""
     heads = cfg.get("num_attention_heads")
-    return {"num_hidden_layers": cfg.get("num_hidden_layers"), "num_attention_heads": heads,
-            "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
-            "max_position_embeddings": cfg.get("max_position_embeddings")}
+    return {
+        "num_hidden_layers": cfg.get("num_hidden_layers"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
+        "max_position_embeddings": cfg.get("max_position_embeddings"),
+    }
 
 
 def read_shape(model_dir: str | Path) -> dict | None:
@@ -36,7 +47,6 @@ def read_shape(model_dir: str | Path) -> dict | None:
         return shape_of(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
-
 
 
 def config_shape(model: dict, name: str) -> tuple[dict | None, str]:
@@ -76,9 +86,11 @@ def check_expected(geom: dict, expect: dict, what: str = "the model's config.jso
 
 def check_keep(geom: dict, keep: dict, keep_path: str, what: str = "the model's config.json") -> None:
     """A keep.json against the model it will prune: layer count and head counts."""
-    pairs = (("layers", len(keep.get("layers", [])), "num_hidden_layers"),
-             ("n_heads", keep.get("n_heads"), "num_attention_heads"),
-             ("n_kv", keep.get("n_kv"), "num_key_value_heads"))
+    pairs = (
+        ("layers", len(keep.get("layers", [])), "num_hidden_layers"),
+        ("n_heads", keep.get("n_heads"), "num_attention_heads"),
+        ("n_kv", keep.get("n_kv"), "num_key_value_heads"),
+    )
     for key, value, field in pairs:
         actual = geom.get(field)
         if value is not None and actual is not None and int(value) != int(actual):
@@ -100,17 +112,22 @@ def check_identity(model_dir: str | Path, expect: dict) -> None:
         diff += [f"{n} added" for n in sorted(now.keys() - planned.keys())]
         diff += [f"{n} removed" for n in sorted(planned.keys() - now.keys())]
         if diff:
-            raise ModelMismatch(f"{where}: the weights in {model_dir} changed since the workflow planned "
-                                f"this job ({', '.join(diff)}); run snakemake again to re-plan")
+            raise ModelMismatch(
+                f"{where}: the weights in {model_dir} changed since the workflow planned "
+                f"this job ({', '.join(diff)}); run snakemake again to re-plan"
+            )
     commit = expect.get("commit")
     if commit is not None and resolved_commit(model_dir) != commit:
-        raise ModelMismatch(f"{where}: the hub revision now resolves to commit {resolved_commit(model_dir)} "
-                            f"({model_dir}), but the workflow planned this job for {commit}; run "
-                            f"snakemake again to re-plan")
+        raise ModelMismatch(
+            f"{where}: the hub revision now resolves to commit {resolved_commit(model_dir)} "
+            f"({model_dir}), but the workflow planned this job for {commit}; run "
+            f"snakemake again to re-plan"
+        )
 
 
-def check_stage(model_src: str, expect: dict | None = None, seqlen: int | None = None,
-                keep_path: str | None = None) -> dict:
+def check_stage(
+    model_src: str, expect: dict | None = None, seqlen: int | None = None, keep_path: str | None = None
+) -> dict:
     """Stage start: the model's config.json against ``expect`` (from the workflow), the stage's
     sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
     Returns the shape. Reads config.json and, where the plan recorded the weights, their

@@ -13,12 +13,20 @@ from pathlib import Path
 import torch
 
 from .arch import ModelError, adapter_for
+from .artifacts import ArtifactError, MissingArtifact, read_json, read_tensors, safetensors_header
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-          "float64": torch.float64, "fp64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+}
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -49,15 +57,12 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     return adapter_for(model.config).decoder_layers(model)
 
 
-def resolve_model_dir(source: str, revision: str | None = None,
-                      trust_remote_code: bool = False) -> Path:
+def resolve_model_dir(source: str, revision: str | None = None, trust_remote_code: bool = False) -> Path:
     """A local directory for ``source``: an existing folder, or a hub id resolved through the
     local HF cache / hub at ``revision`` (``snapshot_download`` of the safetensors, configs and
     tokenizer; with ``trust_remote_code`` also the repository's ``*.py`` model code)."""
     path = Path(source).expanduser()
     if path.is_dir():  # config.json present, every safetensors file complete (one-line error)
-        from .artifacts import check_model_dir
-
         return check_model_dir(path)
     if path.exists():
         raise ModelError(f"model source {source!r} is a file; expected a directory or hub id")
@@ -67,9 +72,11 @@ def resolve_model_dir(source: str, revision: str | None = None,
 
     patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
     try:
-        return Path(snapshot_download(
-            source, revision=revision,
-            allow_patterns=patterns + (["*.py"] if trust_remote_code else [])))
+        return Path(
+            snapshot_download(
+                source, revision=revision, allow_patterns=patterns + (["*.py"] if trust_remote_code else [])
+            )
+        )
     except Exception as exc:  # network / auth / missing repo
         raise ModelError(f"cannot resolve model {source!r} locally or on the hub: {exc}") from exc
 
@@ -86,9 +93,14 @@ def load_config(model_dir: str | Path, revision: str | None = None, trust_remote
     return AutoConfig.from_pretrained(model_dir, **hub_kwargs(revision, trust_remote_code))
 
 
-def load_model(source: str | Path, dtype: str | torch.dtype = "float32", device: str | None = "cpu",
-               trust_remote_code: bool = False, revision: str | None = None,
-               device_map: str | None = None):
+def load_model(
+    source: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str | None = "cpu",
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    device_map: str | None = None,
+):
     """Load (model, tokenizer) from a local directory or a hub id (at ``revision``), in eval
     mode, with SDPA attention; ``revision`` and ``trust_remote_code`` reach every loader.
     Raises :class:`ModelError` for unsupported families."""
@@ -143,8 +155,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     out_dir = Path(out_dir)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                 dtype=torch_dtype(dtype), **gguf_dequantize_kwargs())
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch_dtype(dtype), **gguf_dequantize_kwargs()
+    )
     check_family(model.config)
     check_dense(model, torch_dtype(dtype))
     model.hf_quantizer = None
@@ -167,9 +180,54 @@ def layer_tensor_names(layer: int, config=None) -> dict[str, str]:
     return (Adapter() if config is None else adapter_for(config)).layer_tensor_names(layer)
 
 
-
 def model_config_dict(model_dir: str | Path) -> dict:
     """The raw config.json of a model folder."""
     from .artifacts import read_json
 
     return read_json(Path(model_dir) / "config.json")
+
+
+def check_model_dir(folder: str | Path) -> Path:
+    """A local model folder: config.json present and readable, every safetensors file (and the
+    shard index) complete. One-line :class:`ArtifactError` naming the file otherwise."""
+    folder = Path(folder)
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise ArtifactError(folder, "missing config.json (not a model folder)")
+    obj = read_json(cfg)
+    if not isinstance(obj, dict) or "model_type" not in obj:
+        raise ArtifactError(cfg, "no model_type key")
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        wm = read_json(index).get("weight_map")
+        if not isinstance(wm, dict):
+            raise ArtifactError(index, "missing weight_map")
+        for shard in sorted(set(wm.values())):
+            safetensors_header(folder / shard)
+    for shard in sorted(folder.glob("*.safetensors")):
+        safetensors_header(shard)
+    return folder
+
+
+def read_model_tensors(model_dir: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Only the named tensors of a (sharded) safetensors checkpoint, each shard checked."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ArtifactError(index, "missing weight_map")
+    elif (model_dir / "model.safetensors").is_file():
+        weight_map = {n: "model.safetensors" for n in names}
+    else:
+        raise MissingArtifact(model_dir, "no safetensors checkpoint (model.safetensors or its index)")
+    missing = [n for n in names if n not in weight_map]
+    if missing:
+        raise ArtifactError(model_dir, f"tensors not in the checkpoint: {missing[:3]}")
+    by_file: dict[str, list[str]] = {}
+    for n in names:
+        by_file.setdefault(weight_map[n], []).append(n)
+    out = {}
+    for fname, ns in by_file.items():
+        out.update(read_tensors(model_dir / fname, ns))
+    return out

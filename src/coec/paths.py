@@ -21,9 +21,26 @@ RESOURCES = "resources"
 ZEROSHOT_DATA = f"{RESOURCES}/zeroshot"
 ZEROSHOT_MANIFEST = f"{ZEROSHOT_DATA}/manifest.json"
 
-__all__ = ["RESULTS", "RESOURCES", "ZEROSHOT_DATA", "ZEROSHOT_MANIFEST", "fmt_ratio", "model_dir", "text_dir",
-           "grams_dir", "selection_dir", "keep_file", "cell_dir", "block_file", "block_info_file", "dense_dir",
-           "table_file", "figure_file", "log_file", "benchmark_file"]
+__all__ = [
+    "RESULTS",
+    "RESOURCES",
+    "ZEROSHOT_DATA",
+    "ZEROSHOT_MANIFEST",
+    "fmt_ratio",
+    "model_dir",
+    "text_dir",
+    "grams_dir",
+    "selection_dir",
+    "keep_file",
+    "cell_dir",
+    "block_file",
+    "block_info_file",
+    "dense_dir",
+    "table_file",
+    "figure_file",
+    "log_file",
+    "benchmark_file",
+]
 
 
 def fmt_ratio(r: float | str) -> str:

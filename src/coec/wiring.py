@@ -138,8 +138,7 @@ class Wiring:
     def selection_args(self, wc: Any) -> str:
         """`select`'s --method and --options of a selection name (options {} for the paper's)."""
         spec = self.selections[wc.select]
-        return (f"--method {shlex_quote(spec.score)} "
-                f"--options {shlex_quote(json.dumps(spec.options(), sort_keys=True))}")
+        return f"--method {shlex_quote(spec.score)} --options {shlex_quote(json.dumps(spec.options(), sort_keys=True))}"
 
     def compensation(self, name: str) -> dict[str, Any]:
         return self.config["compensations"][name]
@@ -160,8 +159,7 @@ class Wiring:
     def method_inputs(self, wc: Any) -> dict[str, str]:
         """The extra inputs of a compensate job's method (``Method.inputs``; none for most),
         name -> path: e.g. blend's base cell block of the same layers and held-out Grams."""
-        return targets.method_inputs(self.config, wc.comp, wc.model, wc.calib, wc.select, wc.ratio,
-                                     wc.first, wc.last)
+        return targets.method_inputs(self.config, wc.comp, wc.model, wc.calib, wc.select, wc.ratio, wc.first, wc.last)
 
     def compensate_spec(self, wc: Any) -> str:
         """--spec of a compensation job: the config entry, plus its method's input paths."""
@@ -205,8 +203,9 @@ class Wiring:
         lm-eval's own records next to it: zeroshot_lm_eval.json, zeroshot_samples/<task>.jsonl."""
         out: dict[str, Any] = dict(summary=f"{folder}/zeroshot.json", lm_eval=f"{folder}/zeroshot_lm_eval.json")
         if self.evaluation["zeroshot_log_samples"]:
-            out["samples"] = [f"{folder}/zeroshot_samples/{t}.jsonl"
-                              for t in dict.fromkeys(self.evaluation.get("zeroshot_tasks", []))]
+            out["samples"] = [
+                f"{folder}/zeroshot_samples/{t}.jsonl" for t in dict.fromkeys(self.evaluation.get("zeroshot_tasks", []))
+            ]
         return out
 
     @staticmethod
@@ -214,8 +213,8 @@ class Wiring:
         """--keep, --comp and --cell of an evaluation job, each word shell-quoted."""
         comp = [input.comp] if isinstance(input.comp, str) else list(input.comp)
         return "--keep {} --comp {} --cell {}".format(
-            shlex_quote(input.keep), " ".join(shlex_quote(c) for c in comp),
-            shlex_quote(json.dumps(dict(wc.items()))))
+            shlex_quote(input.keep), " ".join(shlex_quote(c) for c in comp), shlex_quote(json.dumps(dict(wc.items())))
+        )
 
     @staticmethod
     def cell_label_args(wc: Any) -> str:
@@ -274,9 +273,13 @@ class Wiring:
         def cpus_per_gpu(wc: Any) -> int:
             return (per_gpu(wc) or per_task(wc)) if gpu(wc) > 0 else 0
 
-        out: dict[str, Any] = dict(gpu=gpu, mem_mb=self.resource(rule_name, "mem_mb", 8000),
-                                   runtime=self.resource(rule_name, "runtime", 60),
-                                   cpus_per_task=cpus_per_task, cpus_per_gpu=cpus_per_gpu)
+        out: dict[str, Any] = dict(
+            gpu=gpu,
+            mem_mb=self.resource(rule_name, "mem_mb", 8000),
+            runtime=self.resource(rule_name, "runtime", 60),
+            cpus_per_task=cpus_per_task,
+            cpus_per_gpu=cpus_per_gpu,
+        )
         for key in SLURM_STRING_RESOURCES:
             if self.configured(rule_name, key):
                 out[key] = self.resource(rule_name, key, "")

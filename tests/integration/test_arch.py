@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
 
 from coec.arch import ADAPTERS, MODULES, STOCK, ModelError, adapter_for
+from conftest import tiny_config
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "coec"
 
@@ -26,8 +26,9 @@ def _code_strings(path: Path) -> list[tuple[int, str]]:
         if t.type == tokenize.NAME:
             out.append((t.start[0], t.string, True))
         elif t.type == tokenize.STRING:
-            prev = next((p for p in reversed(toks[:i])
-                         if p.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)), None)
+            prev = next(
+                (p for p in reversed(toks[:i]) if p.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)), None
+            )
             is_doc = prev is None or prev.type in (tokenize.INDENT, tokenize.DEDENT)
             if not is_doc:
                 out.append((t.start[0], t.string, False))
@@ -41,16 +42,18 @@ def _family_hits(path: Path, names: list[str]) -> list[tuple[int, str]]:
     alts = "|".join(re.escape(n) for n in names)
     ident = re.compile(rf"(?:{alts})(?!_?cpp)", re.IGNORECASE)  # llama_cpp: the runtime, not the family
     literal = re.compile(rf"(?<![\w.-])(?:{alts})(?![\w.-])", re.IGNORECASE)
-    return [(line, text) for line, text, is_name in _code_strings(path)
-            if (ident if is_name else literal).search(text)]
+    return [(line, text) for line, text, is_name in _code_strings(path) if (ident if is_name else literal).search(text)]
 
 
 def test_method_code_names_no_family():
     """No identifier or string literal outside coec/arch names a family or stock class."""
     names = sorted(set(STOCK) | set(ADAPTERS))
-    hits = [f"{p.relative_to(SRC)}:{line}: {text}"
-            for p in sorted(SRC.rglob("*.py")) if "arch" not in p.relative_to(SRC).parts
-            for line, text in _family_hits(p, names)]
+    hits = [
+        f"{p.relative_to(SRC)}:{line}: {text}"
+        for p in sorted(SRC.rglob("*.py"))
+        if "arch" not in p.relative_to(SRC).parts
+        for line, text in _family_hits(p, names)
+    ]
     assert not hits, "family names outside coec/arch:\n" + "\n".join(hits)
 
 
@@ -58,12 +61,13 @@ def test_name_scan_finds_a_family_literal(tmp_path):
     """The scan above can fail: a family identifier or literal in code is found; docstrings,
     comments and published checkpoint names are not."""
     f = tmp_path / "m.py"
-    f.write_text('"""Llama docs."""\n\ndef f(c):\n    """qwen3 here too."""\n'
-                 '    x = LlamaConfig, "Qwen2.5-7B"  # llama\n'
-                 '    return c.model_type == "qwen2" or {"a": "qwen3"}\n'
-                 '    import llama_cpp; t = time_llamacpp()\n')
-    assert [t for _, t in _family_hits(f, ["llama", "qwen2", "qwen3"])] == [
-        "LlamaConfig", '"qwen2"', '"qwen3"']
+    f.write_text(
+        '"""Llama docs."""\n\ndef f(c):\n    """qwen3 here too."""\n'
+        '    x = LlamaConfig, "Qwen2.5-7B"  # llama\n'
+        '    return c.model_type == "qwen2" or {"a": "qwen3"}\n'
+        "    import llama_cpp; t = time_llamacpp()\n"
+    )
+    assert [t for _, t in _family_hits(f, ["llama", "qwen2", "qwen3"])] == ["LlamaConfig", '"qwen2"', '"qwen3"']
 
 
 def test_unknown_family_lists_known():
@@ -90,8 +94,7 @@ def test_adapter_for_config_model_layer_and_name():
     names = a.layer_tensor_names(3)
     assert names["o_proj"] == "model.layers.3.self_attn.o_proj.weight"
     assert set(names) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    assert set(dict(model.named_parameters())) >= {
-        n.replace(".3.", ".0.") for n in names.values()}
+    assert set(dict(model.named_parameters())) >= {n.replace(".3.", ".0.") for n in names.values()}
     assert MODULES == ("o_proj", "down_proj")
 
 
@@ -122,8 +125,9 @@ def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
 
     def grams():
         out = {}
-        run_layerwise(model, ids, batch_size=2, on_layer=lambda i, s: out.update(
-            {i: s["o_proj"].gram.clone()}), progress=False)
+        run_layerwise(
+            model, ids, batch_size=2, on_layer=lambda i, s: out.update({i: s["o_proj"].gram.clone()}), progress=False
+        )
         return out
 
     right = grams()
@@ -134,16 +138,18 @@ def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
 
 def _masked_logits(src: Path, keep: dict, ids: torch.Tensor) -> torch.Tensor:
     """Logits of the dense model with the pruned o_proj / down_proj input columns zeroed."""
-    from coec.arch import attention_shape
+    from coec.arch import attention_shape, o_proj_columns
     from coec.models import load_model
-    from coec.arch import o_proj_columns
 
     model, _ = load_model(src, dtype="float64")
     geom = attention_shape(model.config)
     with torch.no_grad():
         for layer, k in zip(model.model.layers, keep["layers"]):
-            drop_o = [c for c in range(geom.n_heads * geom.head_dim)
-                      if c not in set(o_proj_columns(k["kv_groups"], geom).tolist())]
+            drop_o = [
+                c
+                for c in range(geom.n_heads * geom.head_dim)
+                if c not in set(o_proj_columns(k["kv_groups"], geom).tolist())
+            ]
             drop_d = [c for c in range(model.config.intermediate_size) if c not in k["channels"]]
             layer.self_attn.o_proj.weight[:, drop_o] = 0
             layer.mlp.down_proj.weight[:, drop_d] = 0
@@ -156,9 +162,11 @@ def test_granite_exports_only_as_granite():
 
     assert not adapter_for("granite").portable and adapter_for("llama").portable
 
-    needs = ExportNeeds(family="granite", qk_norm=False, qkv_bias=True, o_bias=True,
-                        mlp_bias=True, divides=False, sliding=False)
+    needs = ExportNeeds(
+        family="granite", qk_norm=False, qkv_bias=True, o_bias=True, mlp_bias=True, divides=False, sliding=False
+    )
     assert choose_export_class(needs)[0] == "granite"
-    needs_llama = ExportNeeds(family="llama", qk_norm=False, qkv_bias=True, o_bias=True,
-                              mlp_bias=True, divides=False, sliding=False)
+    needs_llama = ExportNeeds(
+        family="llama", qk_norm=False, qkv_bias=True, o_bias=True, mlp_bias=True, divides=False, sliding=False
+    )
     assert choose_export_class(needs_llama)[0] == "seed_oss"

@@ -4,11 +4,12 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 from __future__ import annotations
 
 import json
+
 import pytest
 import torch
-from conftest import make_model_dir
-from coec.arch import MODULES
 
+from coec.arch import MODULES
+from conftest import make_model_dir
 from test_arch import _masked_logits  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
@@ -28,25 +29,33 @@ def test_granite_end_to_end(tmp_path, text_dataset):
     keep = pipeline.run_select(str(src), str(grams), "wanda_sp", 0.5, "ceil", str(keep_path))
     assert all(len(k["kv_groups"]) == 1 for k in keep["layers"])
     none_file, coec_file = tmp_path / "none.safetensors", tmp_path / "coec.safetensors"
-    pipeline.run_compensate(str(src), str(grams), str(keep_path), {"method": "none"}, 0, 1,
-                     str(none_file), device="cpu")
-    pipeline.run_compensate(str(src), str(grams), str(keep_path),
-                     {"method": "coec", "alpha": 0.9, "max_rounds": 2}, 0, 1,
-                     str(coec_file), device="cpu")
+    pipeline.run_compensate(
+        str(src), str(grams), str(keep_path), {"method": "none"}, 0, 1, str(none_file), device="cpu"
+    )
+    pipeline.run_compensate(
+        str(src),
+        str(grams),
+        str(keep_path),
+        {"method": "coec", "alpha": 0.9, "max_rounds": 2},
+        0,
+        1,
+        str(coec_file),
+        device="cpu",
+    )
 
     ids = torch.randint(0, 320, (2, 20), generator=torch.Generator().manual_seed(3))
     pruned, _ = pipeline.build_model(str(src), "float64", "cpu", str(keep_path), [str(none_file)])
     with torch.no_grad():
-        torch.testing.assert_close(pruned(input_ids=ids).logits, _masked_logits(src, keep, ids),
-                                   rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(pruned(input_ids=ids).logits, _masked_logits(src, keep, ids), rtol=1e-9, atol=1e-9)
 
     comp, _ = pipeline.build_model(str(src), "float64", "cpu", str(keep_path), [str(coec_file)])
     a, b = pruned.state_dict(), comp.state_dict()
     changed = {n for n in a if not torch.equal(a[n], b[n])}
     assert changed and all(n.split(".")[-2] in MODULES for n in changed), changed
 
-    res = pipeline.run_ppl(str(src), text_dataset, 32, 4, 2, "float64", "cpu", str(tmp_path / "ppl.json"),
-                    str(keep_path), [str(coec_file)])
+    res = pipeline.run_ppl(
+        str(src), text_dataset, 32, 4, 2, "float64", "cpu", str(tmp_path / "ppl.json"), str(keep_path), [str(coec_file)]
+    )
     assert res["ppl"] > 1 and res["params"] == sum(p.numel() for p in comp.parameters())
 
     target, info = build_export_model(comp)
@@ -56,5 +65,4 @@ def test_granite_end_to_end(tmp_path, text_dataset):
     assert saved["embedding_multiplier"] == 4.0 and saved["num_key_value_heads"] == 1
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(input_ids=ids).logits, comp(input_ids=ids).logits,
-                                   rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, comp(input_ids=ids).logits, rtol=1e-9, atol=1e-9)

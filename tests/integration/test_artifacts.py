@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec import atomic
-from coec import artifacts
+from coec import artifacts, atomic
 from conftest import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,8 +21,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 def gram_file(path: Path, d: int = 6, **over) -> Path:
     g = torch.randn(d, d, dtype=torch.float64)
-    t = {"o_proj.gram": (g @ g.T).float(), "o_proj.sum": torch.randn(d, dtype=torch.float64),
-         "o_proj.sumsq": torch.rand(d, dtype=torch.float64), "o_proj.count": torch.tensor([40])}
+    t = {
+        "o_proj.gram": (g @ g.T).float(),
+        "o_proj.sum": torch.randn(d, dtype=torch.float64),
+        "o_proj.sumsq": torch.rand(d, dtype=torch.float64),
+        "o_proj.count": torch.tensor([40]),
+    }
     t.update(over)
     artifacts.write_tensors(path, t, "gram")
     return path
@@ -42,11 +45,18 @@ def test_tensor_round_trip_every_dtype(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    t = {"w": torch.randn(3, 5), "d": torch.randn(4, dtype=torch.float64),
-         "h": torch.randn(3, dtype=torch.bfloat16), "f": torch.randn(2, 2, dtype=torch.float16),
-         "n": torch.tensor([7], dtype=torch.int64), "i": torch.arange(3, dtype=torch.int32),
-         "b": torch.tensor([True, False]), "e": torch.zeros(0), "s": torch.tensor(2.5),
-         "nc": torch.randn(4, 3).T}  # non-contiguous
+    t = {
+        "w": torch.randn(3, 5),
+        "d": torch.randn(4, dtype=torch.float64),
+        "h": torch.randn(3, dtype=torch.bfloat16),
+        "f": torch.randn(2, 2, dtype=torch.float16),
+        "n": torch.tensor([7], dtype=torch.int64),
+        "i": torch.arange(3, dtype=torch.int32),
+        "b": torch.tensor([True, False]),
+        "e": torch.zeros(0),
+        "s": torch.tensor(2.5),
+        "nc": torch.randn(4, 3).T,
+    }  # non-contiguous
     p = tmp_path / "x.safetensors"
     artifacts.write_tensors(p, t, "comp-block", {"spec": {"b": 1, "a": [1, 2]}, "method": "coec"})
     for got in (artifacts.read_tensors(p, fmt="comp-block"), load_file(p)):  # ours and the library's
@@ -55,8 +65,12 @@ def test_tensor_round_trip_every_dtype(tmp_path):
             assert got[k].dtype == t[k].dtype and torch.equal(got[k], t[k]), k
     with safe_open(str(p), "pt") as f:
         meta = f.metadata()
-    assert meta == {"coec_format": "comp-block", "coec_format_version": "1", "method": "coec",
-                    "spec": '{"a": [1, 2], "b": 1}'}
+    assert meta == {
+        "coec_format": "comp-block",
+        "coec_format_version": "1",
+        "method": "coec",
+        "spec": '{"a": [1, 2], "b": 1}',
+    }
 
 
 def test_safetensors_bytes_do_not_depend_on_insertion_order_or_process(tmp_path):
@@ -64,16 +78,16 @@ def test_safetensors_bytes_do_not_depend_on_insertion_order_or_process(tmp_path)
     meta = {k: str(i) for i, k in enumerate("zyxwvutsrq")}
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     artifacts.write_tensors(a, t, "comp-block", meta)
-    artifacts.write_tensors(b, dict(reversed(list(t.items()))), "comp-block",
-                    dict(reversed(list(meta.items()))))
+    artifacts.write_tensors(b, dict(reversed(list(t.items()))), "comp-block", dict(reversed(list(meta.items()))))
     assert a.read_bytes() == b.read_bytes()
-    code = ("import sys, torch; from coec import artifacts\n"
-            "t = {f'layer{i}.o_proj.weight': torch.full((2, 3), float(i)) for i in range(5)}\n"
-            "artifacts.write_tensors(sys.argv[1], t, 'comp-block', {k: str(i) for i, k in enumerate('zyxwvutsrq')})")
+    code = (
+        "import sys, torch; from coec import artifacts\n"
+        "t = {f'layer{i}.o_proj.weight': torch.full((2, 3), float(i)) for i in range(5)}\n"
+        "artifacts.write_tensors(sys.argv[1], t, 'comp-block', {k: str(i) for i, k in enumerate('zyxwvutsrq')})"
+    )
     for seed in ("1", "2"):
         c = tmp_path / f"c{seed}.safetensors"
-        subprocess.run([sys.executable, "-c", code, str(c)], check=True,
-                       env=dict(os.environ, PYTHONHASHSEED=seed))
+        subprocess.run([sys.executable, "-c", code, str(c)], check=True, env=dict(os.environ, PYTHONHASHSEED=seed))
         assert c.read_bytes() == a.read_bytes()
 
 
@@ -91,8 +105,10 @@ def test_files_written_before_versions_are_read_as_version_1(tmp_path):
     from safetensors.torch import save_file
 
     g = torch.eye(4)
-    save_file({"o_proj.gram": g, "o_proj.sum": torch.ones(4, dtype=torch.float64),
-               "o_proj.count": torch.tensor([8])}, str(tmp_path / "layer0.safetensors"))
+    save_file(
+        {"o_proj.gram": g, "o_proj.sum": torch.ones(4, dtype=torch.float64), "o_proj.count": torch.tensor([8])},
+        str(tmp_path / "layer0.safetensors"),
+    )
     st = artifacts.read_gram_layer(tmp_path, 0, "o_proj")
     assert st["count"] == 8 and torch.equal(st["sumsq"], torch.ones(4, dtype=torch.float64))
     (tmp_path / "keep.json").write_text(json.dumps({"layers": [{"kv_groups": [1], "channels": [0]}]}))
@@ -123,8 +139,7 @@ def test_garbage_and_empty_files_are_not_safetensors(tmp_path):
 
 def test_wrong_format_version_and_wrong_format(tmp_path):
     p = tmp_path / "layer0.safetensors"
-    artifacts.write_tensors(p, {"a": torch.ones(2)}, metadata={"coec_format": "gram",
-                                                       "coec_format_version": "2"})
+    artifacts.write_tensors(p, {"a": torch.ones(2)}, metadata={"coec_format": "gram", "coec_format_version": "2"})
     raises("wrong format version 2 (expected 1)", artifacts.read_tensors, p, fmt="gram")
     artifacts.write_tensors(p, {"a": torch.ones(2)}, "comp-block")
     raises("is a 'comp-block' file, expected 'gram'", artifacts.read_tensors, p, fmt="gram")
@@ -181,8 +196,7 @@ def test_failing_write_leaves_neither_target_nor_temp(tmp_path):
     artifacts.write_tensors(target, {"a": torch.ones(3)}, "comp-block")
     before = target.read_bytes()
     with pytest.raises(TypeError):
-        artifacts.write_tensors(target, {"a": torch.ones(3), "z": torch.ones(2, dtype=torch.complex64)},
-                        "comp-block")
+        artifacts.write_tensors(target, {"a": torch.ones(3), "z": torch.ones(2, dtype=torch.complex64)}, "comp-block")
     with pytest.raises(TypeError):
         artifacts.write_json(target.with_suffix(".json"), {"x": object()})
     assert target.read_bytes() == before
@@ -226,12 +240,23 @@ def test_modes_follow_the_umask(tmp_path, umask):
 
 
 def test_without_timings():
-    info = {"seconds": 1.0, "total_seconds": 3, "relerr": 0.5, "layer0.o_proj": {
-        "seconds_per_round": [0.1], "seconds_setup": 0.2, "rounds": 2, "options": {"timeout": 5}},
-        "steps": [{"seconds_pass": 1, "ratio": 0.1}], "date": "x", "start_time": 1, "update": 1}
+    info = {
+        "seconds": 1.0,
+        "total_seconds": 3,
+        "relerr": 0.5,
+        "layer0.o_proj": {"seconds_per_round": [0.1], "seconds_setup": 0.2, "rounds": 2, "options": {"timeout": 5}},
+        "steps": [{"seconds_pass": 1, "ratio": 0.1}],
+        "date": "x",
+        "start_time": 1,
+        "update": 1,
+    }
     clean = artifacts.without_timings(info)
-    assert clean == {"relerr": 0.5, "layer0.o_proj": {"rounds": 2, "options": {"timeout": 5}},
-                     "steps": [{"ratio": 0.1}], "update": 1}
+    assert clean == {
+        "relerr": 0.5,
+        "layer0.o_proj": {"rounds": 2, "options": {"timeout": 5}},
+        "steps": [{"ratio": 0.1}],
+        "update": 1,
+    }
     t = artifacts.timings(info)
     assert t["layer0.o_proj.seconds_setup"] == 0.2 and t["steps[0].seconds_pass"] == 1
 
@@ -240,8 +265,7 @@ def test_without_timings():
 def test_model_folder_checks(tmp_path):
     import shutil
 
-    from coec.artifacts import read_model_tensors
-    from coec.models import resolve_model_dir
+    from coec.models import read_model_tensors, resolve_model_dir
 
     model = make_model_dir(tmp_path / "m", "llama")
     names = ["model.layers.0.self_attn.o_proj.weight"]
@@ -278,8 +302,11 @@ def test_run_guarded_turns_artifact_and_safetensors_errors_into_one_line(capsys)
 
 # ----------------------------------------------------------------------------- reproducibility
 def _digests(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_stages_are_byte_identical_across_runs(llama_dir, text_dataset, tmp_path):
@@ -288,25 +315,48 @@ def test_stages_are_byte_identical_across_runs(llama_dir, text_dataset, tmp_path
     from coec import pipeline
 
     def run(root: Path):
-        pipeline.run_calibrate(str(llama_dir), text_dataset, str(root / "grams"), 4, 32, 0, 2,
-                        "float32", "cpu", "float32")
-        pipeline.run_select(str(llama_dir), str(root / "grams"), "wanda_sp", 0.5, "ceil",
-                     str(root / "keep.json"))
-        info = pipeline.run_compensate(str(llama_dir), str(root / "grams"), str(root / "keep.json"),
-                                {"method": "coec", "max_rounds": 2, "alpha": 0.9}, 0, 1,
-                                str(root / "block0-1.safetensors"), "cpu")
+        pipeline.run_calibrate(
+            str(llama_dir), text_dataset, str(root / "grams"), 4, 32, 0, 2, "float32", "cpu", "float32"
+        )
+        pipeline.run_select(str(llama_dir), str(root / "grams"), "wanda_sp", 0.5, "ceil", str(root / "keep.json"))
+        info = pipeline.run_compensate(
+            str(llama_dir),
+            str(root / "grams"),
+            str(root / "keep.json"),
+            {"method": "coec", "max_rounds": 2, "alpha": 0.9},
+            0,
+            1,
+            str(root / "block0-1.safetensors"),
+            "cpu",
+        )
         assert "seconds" in info["layer0.o_proj"]  # the return value keeps them (benchmarks)
-        pipeline.run_ppl(str(llama_dir), text_dataset, 32, 2, 2, "float32", "cpu", str(root / "ppl.json"),
-                  str(root / "keep.json"), [str(root / "block0-1.safetensors")], {"cell": "x"})
+        pipeline.run_ppl(
+            str(llama_dir),
+            text_dataset,
+            32,
+            2,
+            2,
+            "float32",
+            "cpu",
+            str(root / "ppl.json"),
+            str(root / "keep.json"),
+            [str(root / "block0-1.safetensors")],
+            {"cell": "x"},
+        )
 
     run(tmp_path / "a")
     run(tmp_path / "b")
     da, db = _digests(tmp_path / "a"), _digests(tmp_path / "b")
-    assert sorted(da) == ["block0-1.json", "block0-1.safetensors", "grams/layer0.safetensors",
-                          "grams/layer1.safetensors", "grams/meta.json", "keep.json", "ppl.json"]
+    assert sorted(da) == [
+        "block0-1.json",
+        "block0-1.safetensors",
+        "grams/layer0.safetensors",
+        "grams/layer1.safetensors",
+        "grams/meta.json",
+        "keep.json",
+        "ppl.json",
+    ]
     assert da == db, [k for k in da if da[k] != db.get(k)]
     for name in ("block0-1.json", "grams/meta.json", "ppl.json"):
         assert not artifacts.timings(json.loads((tmp_path / "a" / name).read_text())), name
     assert artifacts.tensors_metadata(tmp_path / "a/block0-1.safetensors")["coec_format"] == "comp-block"
-
-

@@ -26,8 +26,14 @@ GPU_CHECK = BENCH / "gpu_check.sh"
 
 def run_script(args: list[str], timeout: int = 300) -> str:
     """Run ``python benchmarks/<script> args`` from the repository root; return its stdout."""
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -40,7 +46,7 @@ def gpu_check_commands() -> list[list[str]]:
         line = line.strip()
         if line.startswith("#") or "$py" not in line:
             continue
-        cmd = line[line.index("$py"):].split("|")[0]
+        cmd = line[line.index("$py") :].split("|")[0]
         cmds.append([t for t in shlex.split(cmd.replace('"$OUT', '"OUT')) if ">" not in t])  # no redirections
     return cmds
 
@@ -68,8 +74,13 @@ def test_gpu_check_names_existing_scripts_flags_and_tests():
 def test_gpu_check_test_selection_collects_the_cuda_tests():
     cmd = next(c for c in gpu_check_commands() if c[1] == "-m")
     args = [a for a in cmd[3:] if a not in ("-q",)]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:]
     collected = [ln for ln in proc.stdout.splitlines() if "::" in ln]
     assert any("cuda" in ln for ln in collected) and any("gram_product" in ln for ln in collected), collected
@@ -78,8 +89,19 @@ def test_gpu_check_test_selection_collects_the_cuda_tests():
 
 def test_bench_compensate_every_method_width_scaling_and_json(tmp_path):
     out = tmp_path / "w.json"
-    text = run_script(["benchmarks/bench_compensate.py", "--widths", "64,96", "--max-rounds", "1",
-                       "--test-tokens", "256", "--json", str(out)])
+    text = run_script(
+        [
+            "benchmarks/bench_compensate.py",
+            "--widths",
+            "64,96",
+            "--max-rounds",
+            "1",
+            "--test-tokens",
+            "256",
+            "--json",
+            str(out),
+        ]
+    )
     assert "log-log" in text or "slope" in text
     rows = json.loads(out.read_text())["rows"]
     assert {r["method"] for r in rows} == {"none", "bias", "lstsq", "rcpu", "coec"}
@@ -88,8 +110,9 @@ def test_bench_compensate_every_method_width_scaling_and_json(tmp_path):
         assert r["relerr_after"] <= r["relerr_before"] + 1e-9 or r["method"] == "none"
         assert r["heldout"] is not None
     layers = json.loads(out.read_text())["layers"]  # per layer: o_proj + down_proj of one width
-    assert {(t["set"], t["method"]) for t in layers} == {(w, m) for w in ("w64", "w96") for m in
-                                                         ("none", "bias", "lstsq", "rcpu", "coec")}
+    assert {(t["set"], t["method"]) for t in layers} == {
+        (w, m) for w in ("w64", "w96") for m in ("none", "bias", "lstsq", "rcpu", "coec")
+    }
     for t in layers:
         mods = [r for r in rows if r["shape"].startswith(t["set"] + ".") and r["method"] == t["method"]]
         assert t["seconds"] == pytest.approx(sum(r["seconds"] for r in mods))
@@ -102,10 +125,26 @@ def test_bench_compensate_every_method_width_scaling_and_json(tmp_path):
 def test_bench_compensate_breakdown_projection_and_options(tmp_path):
     """The GPU check's breakdown / --coec-opts / projection path, on the embedded o_proj shape."""
     out = tmp_path / "b.json"
-    text = run_script(["benchmarks/bench_compensate.py", "--shapes", "embedded", "--modules", "o_proj",
-                       "--methods", "coec", "--max-rounds", "1", "--test-tokens", "0", "--breakdown",
-                       "--coec-opts", '{"left_polar": "newton", "cayley_inverse": "solve", "direction_matmul": "tf32"}',
-                       "--json", str(out)])
+    text = run_script(
+        [
+            "benchmarks/bench_compensate.py",
+            "--shapes",
+            "embedded",
+            "--modules",
+            "o_proj",
+            "--methods",
+            "coec",
+            "--max-rounds",
+            "1",
+            "--test-tokens",
+            "0",
+            "--breakdown",
+            "--coec-opts",
+            '{"left_polar": "newton", "cayley_inverse": "solve", "direction_matmul": "tf32"}',
+            "--json",
+            str(out),
+        ]
+    )
     assert "Projection:" in text and "8b.down_proj" in text and "70b.down_proj" in text
     (row,) = json.loads(out.read_text())["rows"]
     names = {b["name"] for b in row["breakdown"]}
@@ -116,8 +155,19 @@ def test_bench_compensate_breakdown_projection_and_options(tmp_path):
 def test_tf32_precision_script(tmp_path):
     """The TF32 emulation: three runs per module, the option's run through the library's scope."""
     out = tmp_path / "t.json"
-    text = run_script(["benchmarks/tf32_precision.py", "--widths", "64", "--max-rounds", "3", "--test-tokens", "512",
-                       "--json", str(out)])
+    text = run_script(
+        [
+            "benchmarks/tf32_precision.py",
+            "--widths",
+            "64",
+            "--max-rounds",
+            "3",
+            "--test-tokens",
+            "512",
+            "--json",
+            str(out),
+        ]
+    )
     rows = json.loads(out.read_text())["rows"]
     assert [r["mode"] for r in rows] == ["float32", "tf32 everywhere", "tf32 direction"] * 2
     assert all(r["products_rounded"] > 0 for r in rows if r["mode"] != "float32")
@@ -127,8 +177,22 @@ def test_tf32_precision_script(tmp_path):
 def test_rg_update_script():
     """The carried R Gxx benchmark: the product, the product at a second thread count, carry with no
     refresh and with each refresh; only the refreshing run refreshes, every q error is float32-sized."""
-    text = run_script(["benchmarks/rg_update.py", "--widths", "64", "--no-embedded", "--max-rounds", "3",
-                       "--tokens", "1000", "--test-tokens", "256", "--refresh", "2"])
+    text = run_script(
+        [
+            "benchmarks/rg_update.py",
+            "--widths",
+            "64",
+            "--no-embedded",
+            "--max-rounds",
+            "3",
+            "--tokens",
+            "1000",
+            "--test-tokens",
+            "256",
+            "--refresh",
+            "2",
+        ]
+    )
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in text.splitlines() if ln.startswith("| w64")]
     assert [r[1] for r in rows] == ["product", "product, 1 thread(s)", "carry, no refresh", "carry, refresh 2"]
     assert [int(r[9]) for r in rows][:3] == [0, 0, 0] and int(rows[3][9]) == int(rows[3][7]) // 2 > 0
@@ -136,8 +200,9 @@ def test_rg_update_script():
 
 
 def test_left_polar_script():
-    text = run_script(["benchmarks/left_polar.py", "--shapes", "embedded", "--max-rounds", "1",
-                       "--polar", "newton", "--time", "1"])
+    text = run_script(
+        ["benchmarks/left_polar.py", "--shapes", "embedded", "--max-rounds", "1", "--polar", "newton", "--time", "1"]
+    )
     assert "svd" in text and "eigh" in text and "newton" in text and "cond(A^T A)" in text
 
 
@@ -148,14 +213,28 @@ def test_watchdog_overhead_script():
 
 
 def test_gram_blocks_script():
-    text = run_script(["benchmarks/gram_blocks.py", "--dims", "64,96", "--tokens", "128", "--blocks", "16,32",
-                       "--repeat", "1"])
+    text = run_script(
+        ["benchmarks/gram_blocks.py", "--dims", "64,96", "--tokens", "128", "--blocks", "16,32", "--repeat", "1"]
+    )
     assert re.search(r"^\| 96 \|", text, re.M), text
 
 
 def test_bench_foundation_script(llama_dir):
-    text = run_script(["benchmarks/bench_foundation.py", "--model", str(llama_dir), "--nseq", "2", "--seqlen", "16",
-                       "--batch", "1", "--repeat", "1"])
+    text = run_script(
+        [
+            "benchmarks/bench_foundation.py",
+            "--model",
+            str(llama_dir),
+            "--nseq",
+            "2",
+            "--seqlen",
+            "16",
+            "--batch",
+            "1",
+            "--repeat",
+            "1",
+        ]
+    )
     for line in ("plain decoder forward", "calibration (layer-wise)", "FLOP bound", "perplexity"):
         assert line in text, text
     assert re.search(r"calibration ratio \d+\.\d+ \(goal <= 1\.25\)", text)

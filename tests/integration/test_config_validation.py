@@ -16,11 +16,10 @@ import pytest
 import torch
 import yaml
 
-from conftest import CORPUS, make_model_dir
-
 from coec.compensate.method import METHODS
 from coec.compensate.options_doc import markdown
 from coec.config import ConfigError, registry_schema, validate_config
+from conftest import CORPUS, make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 LOGGING_ERROR = "--- Logging error ---"
@@ -59,14 +58,17 @@ def tiny_config(model: Path, work: Path) -> dict:
     (work / "eval.txt").write_text(CORPUS[1000:4000])
     return {
         "models": {"tiny": {"source": str(model), "num_layers": 2}},
-        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
-                               "eval": str(work / "eval.txt")}},
+        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"), "eval": str(work / "eval.txt")}},
         "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32}},
         "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 2},
         "compensations": {"coec": {"method": "coec", "max_rounds": 2, "o_proj": {"align_lambda": 50.0}}},
         "compute": {"device": "cpu"},
-        "table1": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
-                   "rows": [{"selection": "wanda_sp", "compensation": "coec"}]},
+        "table1": {
+            "calibration": "c8",
+            "models": ["tiny"],
+            "ratios": [0.5],
+            "rows": [{"selection": "wanda_sp", "compensation": "coec"}],
+        },
     }
 
 
@@ -76,10 +78,18 @@ def test_shipped_configs_validate():
     validate_config(_merge(default_config(), yaml.safe_load((REPO / "workflow/configs/paper.yaml").read_text())))
 
 
-@pytest.mark.parametrize("section, name", [
-    ("models", "t$(touch${IFS}PWNED)"), ("calibration", ".."), ("calibration", "."),
-    ("datasets", "a/b"), ("compensations", "-x"), ("compensations", "c d"), ("extra_tables", "t;ls"),
-])
+@pytest.mark.parametrize(
+    "section, name",
+    [
+        ("models", "t$(touch${IFS}PWNED)"),
+        ("calibration", ".."),
+        ("calibration", "."),
+        ("datasets", "a/b"),
+        ("compensations", "-x"),
+        ("compensations", "c d"),
+        ("extra_tables", "t;ls"),
+    ],
+)
 def test_names_are_shell_and_path_safe(section, name):
     cfg = default_config()
     cfg[section][name] = copy.deepcopy(next(iter(cfg[section].values())))
@@ -93,24 +103,36 @@ def test_iterative_names_are_checked():
     assert "under iterative.mixes" in refused(cfg)
 
 
-@pytest.mark.parametrize("comp, key, value, expect", [
-    ("coec", "alpah", 0.5, "compensations.coec.alpah: unknown option 'alpah' for method 'coec'; did you mean 'alpha'?"),
-    ("coec", "alpha", 1.5, "compensations.coec.alpha: option alpha must be <= 1"),
-    ("coec", "rescale", "median", "compensations.coec.rescale: option rescale must be one of"),
-    ("coec", "max_rounds", 2.5, "compensations.coec.max_rounds: option max_rounds must be a finite integer"),
-    ("coec", "psd_clip", "yes", "compensations.coec.psd_clip: option psd_clip must be a bool"),
-    ("coec", "gcv_grid", [1.0, 0.1, 10], "compensations.coec.gcv_grid: option gcv_grid needs lo < hi"),
-    ("coec", "device", "cuda", "compensations.coec.device: unknown option 'device' for method 'coec'"),
-    ("coec", "value_proj", None, "compensations.coec.value_proj: unknown option 'value_proj' for method 'coec'"),
-    ("coec", "align_lambda", 5.0, "compensations.coec.align_lambda: align_lambda > 0 with align 'projector'"),
-    ("coec-pcg", "eta_scale", "raw", "compensations.coec-pcg.precondition: 'gram' needs right: stiefel and "
-                                     "eta_scale: rayleigh"),
-    ("coec-pcg", "right", "full", "compensations.coec-pcg.precondition: 'gram' needs right: stiefel"),
-    ("lstsq", "ridge", -1.0, "compensations.lstsq.ridge: option ridge must be >= 0"),
-    ("lstsq", "alpha", 0.9, "compensations.lstsq.alpha: unknown option 'alpha' for method 'lstsq'"),
-    ("rcpu", "compute_dtype", "float16", "compensations.rcpu.compute_dtype: option compute_dtype must be"),
-    ("none", "max_rounds", 3, "compensations.none.max_rounds: unknown option 'max_rounds' for method 'none'"),
-])
+@pytest.mark.parametrize(
+    "comp, key, value, expect",
+    [
+        (
+            "coec",
+            "alpah",
+            0.5,
+            "compensations.coec.alpah: unknown option 'alpah' for method 'coec'; did you mean 'alpha'?",
+        ),
+        ("coec", "alpha", 1.5, "compensations.coec.alpha: option alpha must be <= 1"),
+        ("coec", "rescale", "median", "compensations.coec.rescale: option rescale must be one of"),
+        ("coec", "max_rounds", 2.5, "compensations.coec.max_rounds: option max_rounds must be a finite integer"),
+        ("coec", "psd_clip", "yes", "compensations.coec.psd_clip: option psd_clip must be a bool"),
+        ("coec", "gcv_grid", [1.0, 0.1, 10], "compensations.coec.gcv_grid: option gcv_grid needs lo < hi"),
+        ("coec", "device", "cuda", "compensations.coec.device: unknown option 'device' for method 'coec'"),
+        ("coec", "value_proj", None, "compensations.coec.value_proj: unknown option 'value_proj' for method 'coec'"),
+        ("coec", "align_lambda", 5.0, "compensations.coec.align_lambda: align_lambda > 0 with align 'projector'"),
+        (
+            "coec-pcg",
+            "eta_scale",
+            "raw",
+            "compensations.coec-pcg.precondition: 'gram' needs right: stiefel and eta_scale: rayleigh",
+        ),
+        ("coec-pcg", "right", "full", "compensations.coec-pcg.precondition: 'gram' needs right: stiefel"),
+        ("lstsq", "ridge", -1.0, "compensations.lstsq.ridge: option ridge must be >= 0"),
+        ("lstsq", "alpha", 0.9, "compensations.lstsq.alpha: unknown option 'alpha' for method 'lstsq'"),
+        ("rcpu", "compute_dtype", "float16", "compensations.rcpu.compute_dtype: option compute_dtype must be"),
+        ("none", "max_rounds", 3, "compensations.none.max_rounds: unknown option 'max_rounds' for method 'none'"),
+    ],
+)
 def test_every_compensation_option_checked(comp, key, value, expect):
     cfg = default_config()
     cfg["compensations"][comp][key] = value
@@ -120,8 +142,10 @@ def test_every_compensation_option_checked(comp, key, value, expect):
 def test_module_overrides_checked():
     cfg = default_config()
     cfg["compensations"]["coec"]["o_proj"] = {"align_lamda": 50.0}
-    assert "compensations.coec.o_proj.align_lamda: unknown option 'align_lamda' for method 'coec'; " \
-           "did you mean 'align_lambda'?" in refused(cfg)
+    assert (
+        "compensations.coec.o_proj.align_lamda: unknown option 'align_lamda' for method 'coec'; "
+        "did you mean 'align_lambda'?" in refused(cfg)
+    )
     cfg = default_config()
     cfg["compensations"]["coec"]["down_proj"] = {"kappa": 0.5}
     assert "compensations.coec.down_proj.kappa: option kappa must be >= 1" in refused(cfg)
@@ -174,8 +198,9 @@ def test_geometry_checked_at_config_time(tiny_model, tmp_path):
     validate_config(copy.deepcopy(cfg))
     bad = copy.deepcopy(cfg)
     bad["models"]["tiny"]["num_layers"] = 1
-    assert refused(bad) == (f"config: models.tiny.num_layers = 1 but the model's config.json "
-                            f"({tiny_model}) has num_hidden_layers = 2")
+    assert refused(bad) == (
+        f"config: models.tiny.num_layers = 1 but the model's config.json ({tiny_model}) has num_hidden_layers = 2"
+    )
     bad["models"]["tiny"]["num_layers"] = 5
     assert "models.tiny.num_layers = 5" in refused(bad)
     bad = copy.deepcopy(cfg)
@@ -193,8 +218,9 @@ def test_geometry_checked_at_config_time(tiny_model, tmp_path):
 def test_embedded_geometry_checked_at_config_time():
     cfg = default_config()
     cfg["models"]["smollm2-135m"]["num_layers"] = 5
-    assert refused(cfg) == ("config: models.smollm2-135m.num_layers = 5 but the embedded model "
-                            "'smollm2-135m' has num_hidden_layers = 30")
+    assert refused(cfg) == (
+        "config: models.smollm2-135m.num_layers = 5 but the embedded model 'smollm2-135m' has num_hidden_layers = 30"
+    )
     cfg = default_config()
     cfg["evaluation"]["ppl_seqlen"] = 10000
     assert "evaluation.ppl_seqlen = 10000" in refused(cfg)
@@ -202,8 +228,7 @@ def test_embedded_geometry_checked_at_config_time():
 
 def _coec(*args) -> subprocess.CompletedProcess:
     """A stage as the workflow runs it: its own process (stderr holds any logging error)."""
-    return subprocess.run([sys.executable, "-m", "coec", *args], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-m", "coec", *args], capture_output=True, text=True, timeout=600)
 
 
 def _stage(capsys, *args) -> tuple[int, str]:
@@ -223,10 +248,46 @@ def grams(tiny_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("stages")
     (work / "calib.txt").write_text(CORPUS)
     ds = json.dumps({"source": "files", "calib": str(work / "calib.txt"), "eval": str(work / "calib.txt")})
-    assert main(["calibrate", "--model", str(tiny_model), "--dataset", ds, "--nsamples", "8", "--seqlen", "32",
-                 "--device", "cpu", "--gram-dtype", "float64", "--out", str(work / "grams")]) == 0
-    assert main(["select", "--model", str(tiny_model), "--grams", str(work / "grams"), "--method", "wanda_sp",
-                 "--ratio", "0.5", "--out", str(work / "keep.json")]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(tiny_model),
+                "--dataset",
+                ds,
+                "--nsamples",
+                "8",
+                "--seqlen",
+                "32",
+                "--device",
+                "cpu",
+                "--gram-dtype",
+                "float64",
+                "--out",
+                str(work / "grams"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "select",
+                "--model",
+                str(tiny_model),
+                "--grams",
+                str(work / "grams"),
+                "--method",
+                "wanda_sp",
+                "--ratio",
+                "0.5",
+                "--out",
+                str(work / "keep.json"),
+            ]
+        )
+        == 0
+    )
     return work, ds
 
 
@@ -235,28 +296,87 @@ def test_geometry_checked_when_a_stage_starts(tiny_model, grams, tmp_path, capsy
     work, ds = grams
     expect = json.dumps({"model": "models.tiny", "num_layers": 1})
     out = tmp_path / "g"
-    rc, err = _stage(capsys, "calibrate", "--model", str(tiny_model), "--dataset", ds, "--nsamples", "2",
-                     "--seqlen", "16", "--device", "cpu", "--expect", expect, "--out", str(out))
+    rc, err = _stage(
+        capsys,
+        "calibrate",
+        "--model",
+        str(tiny_model),
+        "--dataset",
+        ds,
+        "--nsamples",
+        "2",
+        "--seqlen",
+        "16",
+        "--device",
+        "cpu",
+        "--expect",
+        expect,
+        "--out",
+        str(out),
+    )
     assert rc == 2 and not out.exists()
     assert "models.tiny.num_layers = 1 but the model's config.json" in err
     assert "has num_hidden_layers = 2" in err and "Traceback" not in err
-    rc, err = _stage(capsys, "ppl", "--model", str(tiny_model), "--dataset", ds, "--seqlen", "300",
-                     "--device", "cpu", "--expect",
-                     json.dumps({"model": "models.tiny", "seqlen_key": "evaluation.ppl_seqlen"}),
-                     "--out", str(tmp_path / "ppl.json"))
+    rc, err = _stage(
+        capsys,
+        "ppl",
+        "--model",
+        str(tiny_model),
+        "--dataset",
+        ds,
+        "--seqlen",
+        "300",
+        "--device",
+        "cpu",
+        "--expect",
+        json.dumps({"model": "models.tiny", "seqlen_key": "evaluation.ppl_seqlen"}),
+        "--out",
+        str(tmp_path / "ppl.json"),
+    )
     assert rc == 2 and "evaluation.ppl_seqlen = 300 but the model's config.json" in err
     assert "max_position_embeddings = 256" in err
-    rc, err = _stage(capsys, "iterative", "grams", "--model", str(tiny_model), "--domains",
-                     json.dumps([{"name": "local", "alpha": 1.0, "dataset": json.loads(ds)}]),
-                     "--nsamples", "2", "--seqlen", "16", "--expect", expect, "--out", str(out))
+    rc, err = _stage(
+        capsys,
+        "iterative",
+        "grams",
+        "--model",
+        str(tiny_model),
+        "--domains",
+        json.dumps([{"name": "local", "alpha": 1.0, "dataset": json.loads(ds)}]),
+        "--nsamples",
+        "2",
+        "--seqlen",
+        "16",
+        "--expect",
+        expect,
+        "--out",
+        str(out),
+    )
     assert rc == 2 and "models.tiny.num_layers = 1 but" in err and not out.exists()
     # a keep.json of another geometry (here: 3 layers) is refused before any work
     keep = json.loads((work / "keep.json").read_text())
     keep["layers"].append(keep["layers"][0])
     (tmp_path / "keep3.json").write_text(json.dumps(keep))
-    rc, err = _stage(capsys, "compensate", "--model", str(tiny_model), "--grams", str(work / "grams"),
-                     "--keep", str(tmp_path / "keep3.json"), "--spec", '{"method": "none"}', "--first", "0",
-                     "--last", "2", "--device", "cpu", "--out", str(tmp_path / "b.safetensors"))
+    rc, err = _stage(
+        capsys,
+        "compensate",
+        "--model",
+        str(tiny_model),
+        "--grams",
+        str(work / "grams"),
+        "--keep",
+        str(tmp_path / "keep3.json"),
+        "--spec",
+        '{"method": "none"}',
+        "--first",
+        "0",
+        "--last",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "b.safetensors"),
+    )
     assert rc == 2 and "layers = 3 but the model's config.json" in err
     assert not (tmp_path / "b.safetensors").exists()
 
@@ -310,9 +430,25 @@ def test_indefinite_gram_in_the_compensate_stage(tiny_model, grams, tmp_path, me
     _make_indefinite(work / "grams", tmp_path / "grams")
     spec = {"method": method, **({"max_rounds": 3} if method == "coec" else {})}
     out = tmp_path / "block0-1.safetensors"
-    res = _coec("compensate", "--model", str(tiny_model), "--grams", str(tmp_path / "grams"),
-                "--keep", str(work / "keep.json"), "--spec", json.dumps(spec), "--first", "0", "--last", "1",
-                "--device", "cpu", "--out", str(out))
+    res = _coec(
+        "compensate",
+        "--model",
+        str(tiny_model),
+        "--grams",
+        str(tmp_path / "grams"),
+        "--keep",
+        str(work / "keep.json"),
+        "--spec",
+        json.dumps(spec),
+        "--first",
+        "0",
+        "--last",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert LOGGING_ERROR not in res.stderr + res.stdout
     info = json.loads(out.with_suffix(".json").read_text())
@@ -329,8 +465,16 @@ def test_indefinite_gram_in_the_compensate_stage(tiny_model, grams, tmp_path, me
 
 # ----------------------------------------------------------------------------- the workflow
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(workdir), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
@@ -339,12 +483,18 @@ def _error_lines(res) -> list[str]:
 
 
 DRY_RUN_CASES = {
-    "name": (lambda c: c["models"].__setitem__("t$(touch${IFS}PWNED)", c["models"].pop("tiny")),
-             "bad name 't$(touch${IFS}PWNED)' under models"),
-    "option": (lambda c: c["compensations"]["coec"].__setitem__("alpah", 0.5),
-               "compensations.coec.alpah: unknown option 'alpah' for method 'coec'; did you mean 'alpha'?"),
-    "geometry": (lambda c: c["models"]["tiny"].__setitem__("num_layers", 1),
-                 "models.tiny.num_layers = 1 but the model's config.json"),
+    "name": (
+        lambda c: c["models"].__setitem__("t$(touch${IFS}PWNED)", c["models"].pop("tiny")),
+        "bad name 't$(touch${IFS}PWNED)' under models",
+    ),
+    "option": (
+        lambda c: c["compensations"]["coec"].__setitem__("alpah", 0.5),
+        "compensations.coec.alpah: unknown option 'alpah' for method 'coec'; did you mean 'alpha'?",
+    ),
+    "geometry": (
+        lambda c: c["models"]["tiny"].__setitem__("num_layers", 1),
+        "models.tiny.num_layers = 1 but the model's config.json",
+    ),
 }
 
 
@@ -373,8 +523,7 @@ def test_shell_commands_quote_every_path_and_value(tiny_model, tmp_path):
     cfg["table2"] = dict(cfg["table1"])
     path = tmp_path / "weird.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = snakemake(tmp_path, "-n", "-p", "results/table1.csv", "results/table2.csv",
-                    "--configfile", str(path))
+    res = snakemake(tmp_path, "-n", "-p", "results/table1.csv", "results/table2.csv", "--configfile", str(path))
     assert res.returncode == 0, res.stderr[-3000:]
     commands = [line.strip() for line in res.stdout.splitlines() if "OMP_NUM_THREADS=" in line]
     assert len(commands) >= 5
@@ -386,4 +535,4 @@ def test_shell_commands_quote_every_path_and_value(tiny_model, tmp_path):
             assert words[words.index("--device-map") + 1] == "auto; touch PWNED2", cmd
         if "--tasks" in words:
             i = words.index("--tasks")
-            assert words[i + 1: i + 3] == ["boolq", "rte"], cmd
+            assert words[i + 1 : i + 3] == ["boolq", "rte"], cmd

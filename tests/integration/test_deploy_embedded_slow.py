@@ -22,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from coec import data as D
+from coec import data
 from coec.cli import main
 from coec.config import validate_config
 from coec.evaluate.llamacpp import gguf_logits, gguf_perplexity, unavailable
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m"
-PPL_WINDOWS = 12      # the first 12 of the 48 evaluation windows of 512 tokens
+PPL_WINDOWS = 12  # the first 12 of the 48 evaluation windows of 512 tokens
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,7 @@ def embedded(tmp_path_factory):
 
 def dataset(text: Path, config: dict) -> dict:
     """The embedded Wikipedia dataset spec, as the workflow passes it."""
-    return {"source": "embedded", "dir": str(text),
-            "eval_every": config["datasets"]["enwiki"]["eval_every"]}
+    return {"source": "embedded", "dir": str(text), "eval_every": config["datasets"]["enwiki"]["eval_every"]}
 
 
 def table1_cell(config, model: Path, text: Path, work: Path) -> tuple[Path, list[Path]]:
@@ -73,14 +72,76 @@ def table1_cell(config, model: Path, text: Path, work: Path) -> tuple[Path, list
     c = config["calibration"]["enwiki-32x512"]
     grams, keep, block = work / "grams", work / "keep.json", work / "block0-29.safetensors"
     ds = json.dumps(dataset(text, config))
-    assert main(["calibrate", "--model", str(model), "--dataset", ds, "--nsamples", str(c["nsamples"]),
-                 "--seqlen", str(c["seqlen"]), "--seed", str(c["seed"]), "--batch-size", str(c["batch_size"]),
-                 "--gram-dtype", c["gram_dtype"], "--device", "cpu", "--out", str(grams)]) == 0
-    assert main(["select", "--model", str(model), "--grams", str(grams), "--method", "rcpu", "--ratio", "0.3",
-                 "--group-rounding", config["group_rounding"], "--out", str(keep)]) == 0
-    assert main(["compensate", "--model", str(model), "--grams", str(grams), "--keep", str(keep),
-                 "--spec", json.dumps(config["compensations"]["coec"]), "--first", "0", "--last", "29",
-                 "--device", "cpu", "--out", str(block)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(model),
+                "--dataset",
+                ds,
+                "--nsamples",
+                str(c["nsamples"]),
+                "--seqlen",
+                str(c["seqlen"]),
+                "--seed",
+                str(c["seed"]),
+                "--batch-size",
+                str(c["batch_size"]),
+                "--gram-dtype",
+                c["gram_dtype"],
+                "--device",
+                "cpu",
+                "--out",
+                str(grams),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "select",
+                "--model",
+                str(model),
+                "--grams",
+                str(grams),
+                "--method",
+                "rcpu",
+                "--ratio",
+                "0.3",
+                "--group-rounding",
+                config["group_rounding"],
+                "--out",
+                str(keep),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "compensate",
+                "--model",
+                str(model),
+                "--grams",
+                str(grams),
+                "--keep",
+                str(keep),
+                "--spec",
+                json.dumps(config["compensations"]["coec"]),
+                "--first",
+                "0",
+                "--last",
+                "29",
+                "--device",
+                "cpu",
+                "--out",
+                str(block),
+            ]
+        )
+        == 0
+    )
     return keep, [block]
 
 
@@ -93,13 +154,42 @@ def al_am_cell(config, model: Path, text: Path, work: Path) -> tuple[Path, list[
     v = config["iterative"]["variants"]["iflap-alam"]
     ds = dataset(text, config)
     out = work / "alam"
-    assert main(["iterative", "run", "--model", str(model),
-                 "--domains", json.dumps([{"name": "enwiki", "alpha": 1.0, "dataset": ds}]),
-                 "--nsamples", str(c["nsamples"]), "--seqlen", str(c["seqlen"]), "--seed", str(c["seed"]),
-                 "--batch-size", str(c["batch_size"]), "--gram-dtype", c["gram_dtype"], "--ratio", "0.3",
-                 "--step", str(v["step"]), "--structure", v["structure"],
-                 "--group-rounding", config["group_rounding"], "--device", "cpu", "--quiet",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "iterative",
+                "run",
+                "--model",
+                str(model),
+                "--domains",
+                json.dumps([{"name": "enwiki", "alpha": 1.0, "dataset": ds}]),
+                "--nsamples",
+                str(c["nsamples"]),
+                "--seqlen",
+                str(c["seqlen"]),
+                "--seed",
+                str(c["seed"]),
+                "--batch-size",
+                str(c["batch_size"]),
+                "--gram-dtype",
+                c["gram_dtype"],
+                "--ratio",
+                "0.3",
+                "--step",
+                str(v["step"]),
+                "--structure",
+                v["structure"],
+                "--group-rounding",
+                config["group_rounding"],
+                "--device",
+                "cpu",
+                "--quiet",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out / "keep.json", sorted(out.glob("block*.safetensors"))
 
 
@@ -114,8 +204,14 @@ def compare(model, windows: torch.Tensor, path: Path) -> dict:
         diff, scale = max(diff, float(np.abs(got - ref).max())), max(scale, float(np.abs(ref).max()))
     ppl_hf = perplexity(model, windows, batch_size=4, progress=False)["ppl"]
     ppl_cpp = gguf_perplexity(path, windows, n_threads=1)["ppl"]
-    return {"rel": diff / scale, "diff": diff, "scale": scale, "ppl_hf": ppl_hf, "ppl_cpp": ppl_cpp,
-            "ppl_rel": abs(ppl_cpp / ppl_hf - 1)}
+    return {
+        "rel": diff / scale,
+        "diff": diff,
+        "scale": scale,
+        "ppl_hf": ppl_hf,
+        "ppl_cpp": ppl_cpp,
+        "ppl_rel": abs(ppl_cpp / ppl_hf - 1),
+    }
 
 
 @pytest.mark.parametrize("which,arch", [("table1", "llama"), ("al-am", "deci")])
@@ -124,15 +220,33 @@ def test_embedded_cell_runs_in_llama_cpp_like_the_model(config, embedded, tmp_pa
     build = table1_cell if which == "table1" else al_am_cell
     keep, comp = build(config, model_dir, text, tmp_path)
     out = tmp_path / "cell.gguf"
-    assert main(["export", "--model", str(model_dir), "--keep", str(keep), "--comp", *map(str, comp),
-                 "--format", "gguf", "--gguf-type", "f32", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--model",
+                str(model_dir),
+                "--keep",
+                str(keep),
+                "--comp",
+                *map(str, comp),
+                "--format",
+                "gguf",
+                "--gguf-type",
+                "f32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     import gguf
 
     assert gguf.GGUFReader(str(out)).get_field("general.architecture").contents() == arch
     model, tok = build_model(str(model_dir), "float32", "cpu", str(keep), [str(c) for c in comp])
     ev = config["evaluation"]
-    tokens = D.tokenize_text(tok, D.load_split(dataset(text, config), "eval"))
-    windows = D.eval_windows(tokens, ev["ppl_seqlen"], PPL_WINDOWS)
+    tokens = data.tokenize_text(tok, data.load_split(dataset(text, config), "eval"))
+    windows = data.eval_windows(tokens, ev["ppl_seqlen"], PPL_WINDOWS)
     m = compare(model, windows, out)
     print(f"{which} ({arch}): {m}")
     assert m["rel"] <= 1e-4, m

@@ -11,20 +11,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.cli import main
-from coec.export import MARKER, ExportRefused, check_out_dir
 from coec.arch import ModelError
-from coec.pipeline import build_model, run_export
+from coec.cli import main
+from coec.export import MARKER, ExportRefused, check_out_dir, run_export
+from coec.pipeline import build_model
 from coec.prune import ExportNeeds, choose_export_class
 from conftest import make_model_dir
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 # 8 query heads of head_dim 8 in 4 KV groups, hidden 64: keeping 3 of 4 groups leaves 6 heads and
 # 64 % 6 != 0, as Llama-3.1-8B at 30 % keeps 24 of 32 heads and 4096 % 24 != 0
-WIDE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8,
-            intermediate_size=48)
+WIDE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8, intermediate_size=48)
 CHANNELS = list(range(0, 48, 2))
 
 
@@ -79,9 +83,11 @@ CASES = [  # family, kept KV groups, FLAP bias, extra config, expected stock cla
 ]
 
 
-@pytest.mark.parametrize("family,kv,bias,over,arch", CASES,
-                         ids=[f"{c[0]}-{len(c[1]) * 2}heads-{'bias' if c[2] else 'nobias'}"
-                              for c in CASES])
+@pytest.mark.parametrize(
+    "family,kv,bias,over,arch",
+    CASES,
+    ids=[f"{c[0]}-{len(c[1]) * 2}heads-{'bias' if c[2] else 'nobias'}" for c in CASES],
+)
 def test_export_reloads_with_equal_logits(tmp_path, family, kv, bias, over, arch):
     src, keep, comp = make_cell(tmp_path, family, kv, bias, **over)
     info = run_export(str(src), str(keep), [str(c) for c in comp], "float32", str(tmp_path / "out"))
@@ -100,8 +106,7 @@ def test_export_reloads_with_equal_logits(tmp_path, family, kv, bias, over, arch
 def test_exported_rope_scaling_and_sliding_window_carry_over(tmp_path):
     """Llama-3.1's llama3 rope scaling survives the move to Mistral; a Mistral window shorter
     than the context stays in force (the 40-token check above runs past a 16-token window)."""
-    src, keep, comp = make_cell(tmp_path / "l", "llama", [0, 1, 3], False,
-                                rope_parameters=LLAMA3_ROPE)
+    src, keep, comp = make_cell(tmp_path / "l", "llama", [0, 1, 3], False, rope_parameters=LLAMA3_ROPE)
     run_export(str(src), str(keep), [str(comp[0])], "float32", str(tmp_path / "l/out"))
     cfg = json.loads((tmp_path / "l/out/config.json").read_text())
     assert cfg["rope_parameters"]["rope_type"] == "llama3" and cfg["sliding_window"] is None
@@ -123,20 +128,24 @@ def test_bf16_export_keeps_dtype_and_logits(tmp_path):
 
 
 def _needs(**kw):
-    base = dict(family="llama", qk_norm=False, qkv_bias=False, o_bias=False, mlp_bias=False,
-                divides=True, sliding=False)
+    base = dict(
+        family="llama", qk_norm=False, qkv_bias=False, o_bias=False, mlp_bias=False, divides=True, sliding=False
+    )
     return ExportNeeds(**{**base, **kw})
 
 
-@pytest.mark.parametrize("kw,expected", [
-    ({}, "llama"),
-    ({"divides": False}, "mistral"),
-    ({"divides": False, "o_bias": True, "mlp_bias": True}, "seed_oss"),
-    ({"family": "qwen2", "qkv_bias": True, "o_bias": True, "mlp_bias": True}, "llama"),
-    ({"family": "qwen2", "qkv_bias": True, "o_bias": True, "divides": False}, "seed_oss"),
-    ({"family": "qwen3", "qk_norm": True, "o_bias": True}, "hy_v3"),  # vLLM's qwen3 drops it
-    ({"family": "qwen3", "qk_norm": True, "o_bias": True, "mlp_bias": True}, "hy_v3"),
-])
+@pytest.mark.parametrize(
+    "kw,expected",
+    [
+        ({}, "llama"),
+        ({"divides": False}, "mistral"),
+        ({"divides": False, "o_bias": True, "mlp_bias": True}, "seed_oss"),
+        ({"family": "qwen2", "qkv_bias": True, "o_bias": True, "mlp_bias": True}, "llama"),
+        ({"family": "qwen2", "qkv_bias": True, "o_bias": True, "divides": False}, "seed_oss"),
+        ({"family": "qwen3", "qk_norm": True, "o_bias": True}, "hy_v3"),  # vLLM's qwen3 drops it
+        ({"family": "qwen3", "qk_norm": True, "o_bias": True, "mlp_bias": True}, "hy_v3"),
+    ],
+)
 def test_choose_export_class(kw, expected):
     model_type, reason = choose_export_class(_needs(**kw))
     assert model_type == expected and reason
@@ -149,8 +158,11 @@ def test_choose_export_class_refuses_what_no_stock_class_holds():
 
 # ----------------------------------------------------------------------------- folder safety
 def digest(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +174,20 @@ def cell(tmp_path_factory):
 
 def cli_export(cell, out: Path, *extra: str) -> int:
     src, keep, comp = cell
-    return main(["export", "--model", str(src), "--keep", str(keep), "--comp",
-                 *[str(c) for c in comp], "--out", str(out), *extra])
+    return main(
+        [
+            "export",
+            "--model",
+            str(src),
+            "--keep",
+            str(keep),
+            "--comp",
+            *[str(c) for c in comp],
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_nonempty_out_is_refused_and_untouched(cell, tmp_path):
@@ -231,8 +255,7 @@ def _snakemake(work: Path, *args: str):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(work), *args]
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
 
 
@@ -245,12 +268,12 @@ def _export_workflow(work: Path) -> tuple[Path, str]:
     model = make_model_dir(work / "tiny-wide", "llama", **WIDE, rope_parameters=LLAMA3_ROPE)
     (work / "calib.txt").write_text(CORPUS)
     (work / "eval.txt").write_text(CORPUS[1000:4000])
-    cfg = {"models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32"}},
-           "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
-                                  "eval": str(work / "eval.txt")}},
-           "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0,
-                                  "batch_size": 4}},
-           "compute": {"device": "cpu", "compensate_block": 2}}
+    cfg = {
+        "models": {"tiny": {"source": str(model), "num_layers": 2, "dtype": "float32"}},
+        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"), "eval": str(work / "eval.txt")}},
+        "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "seed": 0, "batch_size": 4}},
+        "compute": {"device": "cpu", "compensate_block": 2},
+    }
     path = work / "trim.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, "results/tiny/c8/flap-0.25/bias/export"
@@ -262,5 +285,3 @@ def test_export_target_is_planned(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rule export:" in res.stdout and "--force" not in res.stdout
     assert f"--out {target}" in res.stdout
-
-

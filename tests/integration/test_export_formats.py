@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from coec.export import run_export  # noqa: F401  (registers the built-in formats)
 from coec.export_formats import EXPORT_FORMATS, ExportRequest, export
 from coec.registry import UnknownName
 from conftest import REPO, make_model_dir
@@ -22,8 +23,7 @@ PLUGIN = REPO / "tests/plugins/safetensors_format.py"
 
 def coec(*args: str, plugins: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "COEC_PLUGINS": plugins} if plugins else dict(os.environ)
-    return subprocess.run([sys.executable, "-m", "coec", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-m", "coec", *args], capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_builtin_formats_are_registered():
@@ -45,8 +45,21 @@ def test_unknown_format_and_foreign_option_are_one_line(tmp_path):
 def test_a_plugin_format_runs_through_the_cli(tmp_path):
     src = make_model_dir(tmp_path / "tiny", "llama")
     out = tmp_path / "state.safetensors"
-    args = ["export", "--model", str(src), "--dtype", "float32", "--format", "safetensors-state",
-            "--state-dtype", "bfloat16", "--cell", json.dumps({"model": "tiny"}), "--out", str(out)]
+    args = [
+        "export",
+        "--model",
+        str(src),
+        "--dtype",
+        "float32",
+        "--format",
+        "safetensors-state",
+        "--state-dtype",
+        "bfloat16",
+        "--cell",
+        json.dumps({"model": "tiny"}),
+        "--out",
+        str(out),
+    ]
     res = coec(*args)
     assert res.returncode == 2 and "invalid choice: 'safetensors-state'" in res.stderr  # not loaded
     res = coec(*args, plugins=str(PLUGIN))

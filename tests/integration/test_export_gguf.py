@@ -25,18 +25,32 @@ from coec.pipeline import build_model
 from conftest import CORPUS, make_model_dir
 
 # 3 blocks of 8 query heads (head_dim 8) in 4 KV groups, hidden 64, 96 MLP channels
-SHAPE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8, initializer_range=0.1,
-             intermediate_size=96, num_hidden_layers=3)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 32}
+SHAPE = dict(
+    hidden_size=64,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=8,
+    initializer_range=0.1,
+    intermediate_size=96,
+    num_hidden_layers=3,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 # uniform: 6 of 8 heads (hidden 64 != 6 x 8: an explicit head size; o_proj rows of 48 values
 # cannot take q8_0), 32 channels
 UNIFORM = [{"kv_groups": [0, 1, 3], "channels": list(range(0, 96, 3))}] * 3
 # per-layer widths as FLAP's AL-AM structure leaves them: 4/6/2 heads, 40/64/96 channels
-PER_LAYER = [{"kv_groups": [0, 2], "channels": list(range(40))},
-             {"kv_groups": [1, 2, 3], "channels": list(range(0, 96, 3)) + list(range(1, 96, 3))},
-             {"kv_groups": [3], "channels": list(range(96))}]
+PER_LAYER = [
+    {"kv_groups": [0, 2], "channels": list(range(40))},
+    {"kv_groups": [1, 2, 3], "channels": list(range(0, 96, 3)) + list(range(1, 96, 3))},
+    {"kv_groups": [3], "channels": list(range(96))},
+]
 STRUCTURES = {"uniform": UNIFORM, "per-layer": PER_LAYER}
 
 
@@ -96,15 +110,22 @@ def compare(model, tok, path: Path) -> dict:
     ppl_hf = perplexity(model, windows, batch_size=4, progress=False)["ppl"]
     ppl_cpp = gguf_perplexity(path, windows, n_threads=2)["ppl"]
     scale = float(np.abs(ref).max())
-    return {"diff": float(np.abs(got - ref).max()), "scale": scale,
-            "rel": float(np.abs(got - ref).max()) / scale,
-            "ppl_hf": ppl_hf, "ppl_cpp": ppl_cpp, "ppl_rel": abs(ppl_cpp / ppl_hf - 1)}
+    return {
+        "diff": float(np.abs(got - ref).max()),
+        "scale": scale,
+        "rel": float(np.abs(got - ref).max()) / scale,
+        "ppl_hf": ppl_hf,
+        "ppl_cpp": ppl_cpp,
+        "ppl_rel": abs(ppl_cpp / ppl_hf - 1),
+    }
 
 
 def read(path: Path) -> tuple[dict, dict]:
     r = gguf.GGUFReader(str(path))
-    return ({k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")},
-            {t.name: t for t in r.tensors})
+    return (
+        {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")},
+        {t.name: t for t in r.tensors},
+    )
 
 
 CASES = [(f, s, b) for f in ("llama", "qwen2") for s in STRUCTURES for b in (False, True)]
@@ -122,8 +143,9 @@ def cells(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("family,structure,bias", CASES,
-                         ids=[f"{f}-{s}-{'bias' if b else 'nobias'}" for f, s, b in CASES])
+@pytest.mark.parametrize(
+    "family,structure,bias", CASES, ids=[f"{f}-{s}-{'bias' if b else 'nobias'}" for f, s, b in CASES]
+)
 def test_f32_gguf_runs_in_llama_cpp_like_the_model(cells, llama_cpp, family, structure, bias):
     root, _, model, tok = cells[family, structure, bias]
     path = root / "f32.gguf"
@@ -150,13 +172,16 @@ def test_quantised_gguf_loads_and_runs(cells, llama_cpp, tmp_path, structure, gg
     # q8_0 wherever the row width (ggml's ne[0], the HF in_features) is a multiple of 32
     for name, t in tensors.items():
         width = int(t.shape[0])
-        want = (gguf.GGMLQuantizationType.F32 if len(t.shape) == 1 else
-                gguf.GGMLQuantizationType.F16 if gguf_type == "f16" or width % 32 else
-                gguf.GGMLQuantizationType.Q8_0)
+        want = (
+            gguf.GGMLQuantizationType.F32
+            if len(t.shape) == 1
+            else gguf.GGMLQuantizationType.F16
+            if gguf_type == "f16" or width % 32
+            else gguf.GGMLQuantizationType.Q8_0
+        )
         assert t.tensor_type == want, name
     fell = {f["tensor"] for f in rep["fallbacks"]}
-    assert fell == {n for n, t in tensors.items()
-                    if gguf_type == "q8_0" and len(t.shape) == 2 and int(t.shape[0]) % 32}
+    assert fell == {n for n, t in tensors.items() if gguf_type == "q8_0" and len(t.shape) == 2 and int(t.shape[0]) % 32}
     if gguf_type == "q8_0":
         assert fell and all("not a multiple of the q8_0 block" in f["why"] for f in rep["fallbacks"])
     m = compare(model, tok, path)
@@ -211,8 +236,7 @@ def test_qk_rows_follow_the_converters_permutation(cells, tmp_path):
     _, tensors = read(path)
 
     def converter_permute(w, n_head):  # convert_hf_to_gguf.py LlamaModel.permute
-        return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-                .swapaxes(1, 2).reshape(w.shape))
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
     for i, layer in enumerate(model.model.layers):
         a = layer.self_attn
@@ -220,11 +244,9 @@ def test_qk_rows_follow_the_converters_permutation(cells, tmp_path):
         for name, lin, n in (("attn_q", a.q_proj, nq), ("attn_k", a.k_proj, nk)):
             for s in ("weight", "bias"):
                 src = getattr(lin, s).detach().numpy()
-                np.testing.assert_array_equal(tensors[f"blk.{i}.{name}.{s}"].data,
-                                              converter_permute(src, n))
+                np.testing.assert_array_equal(tensors[f"blk.{i}.{name}.{s}"].data, converter_permute(src, n))
         np.testing.assert_array_equal(tensors[f"blk.{i}.attn_v.bias"].data, a.v_proj.bias.detach().numpy())
-        np.testing.assert_array_equal(tensors[f"blk.{i}.attn_output.weight"].data,
-                                      a.o_proj.weight.detach().numpy())
+        np.testing.assert_array_equal(tensors[f"blk.{i}.attn_output.weight"].data, a.o_proj.weight.detach().numpy())
 
 
 def test_permute_qk_pairs_the_halves_of_each_head():
@@ -291,6 +313,7 @@ def family_cells(tmp_path_factory):
     def make(family, layers, bias, **over):
         root = tmp_path_factory.mktemp(f"{family}-{len(layers)}-{bias}")
         return root, cell_model(make_cell(root, family, layers, bias, **over))
+
     return make
 
 
@@ -307,17 +330,31 @@ def test_qwen3_and_granite_uniform_cells_run(family_cells, llama_cpp, family, ar
     assert m["rel"] <= 1e-4 and m["ppl_rel"] <= 1e-3, m
 
 
-@pytest.mark.parametrize("family,layers,bias,over,match", [
-    ("qwen3", UNIFORM, True, {}, r"qwen3: no slot for blk\.N\.attn_output\.bias, blk\.N\.ffn_down\.bias"),
-    ("qwen3", PER_LAYER, False, {}, "qwen3: one width for all blocks"),
-    ("granite", PER_LAYER, False, {}, "granite: one width for all blocks"),
-    ("mistral", UNIFORM, False, {"sliding_window": 16}, "sliding-window attention"),
-    ("llama", UNIFORM, False, {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ("llama", UNIFORM, False, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4,
-                                                   "factor": 2.0,
-                                                   "original_max_position_embeddings": 64}},
-     "RoPE type 'yarn'"),
-], ids=["qwen3-bias", "qwen3-per-layer", "granite-per-layer", "mistral-window", "gelu", "yarn"])
+@pytest.mark.parametrize(
+    "family,layers,bias,over,match",
+    [
+        ("qwen3", UNIFORM, True, {}, r"qwen3: no slot for blk\.N\.attn_output\.bias, blk\.N\.ffn_down\.bias"),
+        ("qwen3", PER_LAYER, False, {}, "qwen3: one width for all blocks"),
+        ("granite", PER_LAYER, False, {}, "granite: one width for all blocks"),
+        ("mistral", UNIFORM, False, {"sliding_window": 16}, "sliding-window attention"),
+        ("llama", UNIFORM, False, {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        (
+            "llama",
+            UNIFORM,
+            False,
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 1e4,
+                    "factor": 2.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            "RoPE type 'yarn'",
+        ),
+    ],
+    ids=["qwen3-bias", "qwen3-per-layer", "granite-per-layer", "mistral-window", "gelu", "yarn"],
+)
 def test_what_llama_cpp_cannot_hold_is_refused(family_cells, family, layers, bias, over, match):
     root, (model, tok) = family_cells(family, layers, bias, **over)
     out = root / "refused.gguf"
@@ -345,27 +382,39 @@ def test_mistral_without_window_is_written_as_llama(family_cells):
 def test_cli_export_gguf_writes_refuses_and_replaces(cells, tmp_path, capsys):
     _, (src, keep, comp), model, _ = cells["llama", "per-layer", True]
     out = tmp_path / "pruned.gguf"
-    args = ["export", "--model", str(src), "--keep", str(keep), "--comp", *map(str, comp),
-            "--format", "gguf", "--gguf-type", "q8_0", "--out", str(out)]
+    args = [
+        "export",
+        "--model",
+        str(src),
+        "--keep",
+        str(keep),
+        "--comp",
+        *map(str, comp),
+        "--format",
+        "gguf",
+        "--gguf-type",
+        "q8_0",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     meta, tensors = read(out)
     assert meta["general.architecture"] == "deci" and meta["general.file_type"] == 7
     info = json.loads(meta["coec.export"])
     assert info["keep"] == str(keep) and info["gguf_type"] == "q8_0" and info["fallbacks"]
     before = out.read_bytes()
-    assert main(args) == 2                       # exists: refused without --force
+    assert main(args) == 2  # exists: refused without --force
     assert "--force" in capsys.readouterr().err
-    assert main([*args, "--force"]) == 0 and out.read_bytes() == before   # deterministic
+    assert main([*args, "--force"]) == 0 and out.read_bytes() == before  # deterministic
     other = tmp_path / "notes.gguf"
     other.write_text("my notes")
-    assert main([*args[:-1], str(other), "--force"]) == 2   # not ours: never replaced
+    assert main([*args[:-1], str(other), "--force"]) == 2  # not ours: never replaced
     assert other.read_text() == "my notes"
-    assert main([*args[:-1], str(src / "x.gguf")]) == 2     # inside the source model
+    assert main([*args[:-1], str(src / "x.gguf")]) == 2  # inside the source model
     assert not (src / "x.gguf").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.gguf", "pruned.gguf"]
     with pytest.raises(SystemExit):
-        main(["export", "--model", str(src), "--keep", str(keep), "--gguf-type", "f16",
-              "--out", str(tmp_path / "hf")])
+        main(["export", "--model", str(src), "--keep", str(keep), "--gguf-type", "f16", "--out", str(tmp_path / "hf")])
 
 
 def test_iterative_al_am_cell_exports_and_runs(tmp_path, text_dataset, llama_cpp):
@@ -374,14 +423,56 @@ def test_iterative_al_am_cell_exports_and_runs(tmp_path, text_dataset, llama_cpp
     src = make_model_dir(tmp_path / "src", "llama", **SHAPE)
     domains = [{"name": "local", "alpha": 1.0, "dataset": text_dataset}]
     out = tmp_path / "it"
-    assert main(["iterative", "run", "--model", str(src), "--domains", json.dumps(domains),
-                 "--nsamples", "6", "--seqlen", "24", "--batch-size", "4", "--ratio", "0.4",
-                 "--steps", "2", "--structure", "al-am", "--device", "cpu", "--quiet",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "iterative",
+                "run",
+                "--model",
+                str(src),
+                "--domains",
+                json.dumps(domains),
+                "--nsamples",
+                "6",
+                "--seqlen",
+                "24",
+                "--batch-size",
+                "4",
+                "--ratio",
+                "0.4",
+                "--steps",
+                "2",
+                "--structure",
+                "al-am",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     keep, comp = out / "keep.json", sorted(out.glob("block*.safetensors"))
     path = tmp_path / "cell.gguf"
-    assert main(["export", "--model", str(src), "--keep", str(keep), "--comp", *map(str, comp),
-                 "--format", "gguf", "--out", str(path)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--model",
+                str(src),
+                "--keep",
+                str(keep),
+                "--comp",
+                *map(str, comp),
+                "--format",
+                "gguf",
+                "--out",
+                str(path),
+            ]
+        )
+        == 0
+    )
     model, tok = build_model(str(src), "float32", "cpu", str(keep), [str(c) for c in comp])
     layers = json.loads(keep.read_text())["layers"]
     meta, tensors = read(path)

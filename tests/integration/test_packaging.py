@@ -92,8 +92,9 @@ def test_pins_satisfy_pyproject_ranges():
     for dep in deps:
         r = Requirement(dep)
         if r.name.lower() in pins:
-            assert r.specifier.contains(pins[r.name.lower()], prereleases=True), \
+            assert r.specifier.contains(pins[r.name.lower()], prereleases=True), (
                 f"envs/requirements.txt pins {r.name}=={pins[r.name.lower()]} outside {r.specifier}"
+            )
 
 
 # --- environments: every rule deploys envs/coec.yaml and runs the environment's own `coec` ---
@@ -135,8 +136,7 @@ def test_conda_env_pins_the_requirements_and_installs_coec():
     py = next(d for d in deps if isinstance(d, str) and d.startswith("python="))
     assert Version(py.split("=")[1]) >= floor(PYPROJECT["project"]["requires-python"])
     pip = next(d["pip"] for d in deps if isinstance(d, dict))
-    env_pins = {Requirement(p).name.lower(): Version(next(iter(Requirement(p).specifier)).version)
-                for p in pip}
+    env_pins = {Requirement(p).name.lower(): Version(next(iter(Requirement(p).specifier)).version) for p in pip}
     runtime = {Requirement(d).name.lower() for d in PYPROJECT["project"]["dependencies"]}
     want = {n: v for n, v in pinned().items() if n in runtime}  # jobs need coec's dependencies
     assert set(want) == runtime
@@ -149,9 +149,24 @@ def test_conda_env_pins_the_requirements_and_installs_coec():
 
 def dry_run(workdir: Path, *args: str, path: str | None = None) -> str:
     env = dict(os.environ, PATH=path or os.environ["PATH"])
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                          "--directory", str(workdir), "-n", "-p", "results/table1.csv", *args],
-                         capture_output=True, text=True, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "-n",
+            "-p",
+            "results/table1.csv",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res.stdout + res.stderr
 
@@ -187,10 +202,20 @@ def test_plain_dry_run_runs_the_coec_next_to_snakemakes_interpreter(tmp_path):
 
 
 def test_lint_finds_no_missing_conda_directive(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                          "--directory", str(tmp_path), "--lint"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--lint",
+        ],
+        capture_output=True,
+        text=True,
+    )
     out = res.stdout + res.stderr
     assert "Lints for" in out or res.returncode == 0, out[-2000:]  # the linter ran
     assert "conda" not in out.lower(), [line for line in out.splitlines() if "conda" in line.lower()]
-
-

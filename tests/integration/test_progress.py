@@ -21,9 +21,18 @@ def _lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "coec.progress"]
 
 
-@pytest.mark.parametrize("env, tty, want", [
-    (None, True, "bar"), (None, False, "lines"), ("1", False, "bar"), ("bar", False, "bar"),
-    ("0", True, "off"), ("off", False, "off"), ("lines", True, "lines")])
+@pytest.mark.parametrize(
+    "env, tty, want",
+    [
+        (None, True, "bar"),
+        (None, False, "lines"),
+        ("1", False, "bar"),
+        ("bar", False, "bar"),
+        ("0", True, "off"),
+        ("off", False, "off"),
+        ("lines", True, "lines"),
+    ],
+)
 def test_mode_from_env_and_terminal(monkeypatch, env, tty, want):
     if env is None:
         monkeypatch.delenv(PR.ENV, raising=False)
@@ -100,8 +109,7 @@ def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
     from coec import pipeline
 
     d = tmp_path_factory.mktemp("cell")
-    pipeline.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu",
-                    "float32")
+    pipeline.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu", "float32")
     pipeline.run_select(str(llama_dir), str(d / "grams"), "wanda_sp", 0.5, "ceil", str(d / "keep.json"))
     return d
 
@@ -109,12 +117,19 @@ def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
 def _compensate(llama_dir, d):
     from coec import pipeline
 
-    pipeline.run_compensate(str(llama_dir), str(d / "grams"), str(d / "keep.json"), {"method": "bias"},
-                     0, 1, str(d / "block0-1.safetensors"), device="cpu")
+    pipeline.run_compensate(
+        str(llama_dir),
+        str(d / "grams"),
+        str(d / "keep.json"),
+        {"method": "bias"},
+        0,
+        1,
+        str(d / "block0-1.safetensors"),
+        device="cpu",
+    )
 
 
-def test_compensation_reports_count_and_eta_per_module(llama_dir, pruned_cell, monkeypatch,
-                                                       caplog, capsys):
+def test_compensation_reports_count_and_eta_per_module(llama_dir, pruned_cell, monkeypatch, caplog, capsys):
     caplog.set_level(logging.INFO, logger="coec.progress")
     monkeypatch.setenv(PR.ENV, "lines")  # a job log
     _compensate(llama_dir, pruned_cell)

@@ -10,11 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from conftest import REV, fake_hub_snapshot
 import torch
 
 from coec import provenance as PV
+from conftest import REV, fake_hub_snapshot
 
 HUB_ID = "org/tiny"
 NS, SEQ, BS = 4, 16, 2
@@ -30,8 +29,7 @@ def recorded_loads(monkeypatch, tmp_path, llama_dir):
     calls = []
 
     def fake_snapshot_download(repo_id, revision=None, allow_patterns=None, **kw):
-        calls.append(("snapshot_download", repo_id, {"revision": revision,
-                                                     "allow_patterns": allow_patterns}))
+        calls.append(("snapshot_download", repo_id, {"revision": revision, "allow_patterns": allow_patterns}))
         assert repo_id == HUB_ID
         return str(snap)
 
@@ -49,14 +47,19 @@ def recorded_loads(monkeypatch, tmp_path, llama_dir):
 
 
 def expected_record(snap: Path) -> dict:
-    manifest = "".join(f"{f.name} {hashlib.sha256(f.read_bytes()).hexdigest()}\n"
-                       for f in sorted(snap.glob("*.safetensors")))
-    return {"source": HUB_ID, "revision": REV, "commit": REV, "trust_remote_code": True,
-            "weights_sha256": hashlib.sha256(manifest.encode()).hexdigest()}
+    manifest = "".join(
+        f"{f.name} {hashlib.sha256(f.read_bytes()).hexdigest()}\n" for f in sorted(snap.glob("*.safetensors"))
+    )
+    return {
+        "source": HUB_ID,
+        "revision": REV,
+        "commit": REV,
+        "trust_remote_code": True,
+        "weights_sha256": hashlib.sha256(manifest.encode()).hexdigest(),
+    }
 
 
-def test_revision_and_trust_remote_code_reach_every_load_and_every_result(
-        recorded_loads, text_dataset, tmp_path):
+def test_revision_and_trust_remote_code_reach_every_load_and_every_result(recorded_loads, text_dataset, tmp_path):
     from coec.cli import main
 
     calls, snap = recorded_loads
@@ -64,26 +67,114 @@ def test_revision_and_trust_remote_code_reach_every_load_and_every_result(
     ds = json.dumps(text_dataset)
     grams, keep, block = tmp_path / "grams", tmp_path / "keep.json", tmp_path / "block0-1.safetensors"
     stages = [
-        ["calibrate", *hub, "--dataset", ds, "--nsamples", str(NS), "--seqlen", str(SEQ),
-         "--batch-size", str(BS), "--device", "cpu", "--out", str(grams)],
-        ["select", *hub, "--grams", str(grams), "--method", "wanda_sp", "--ratio", "0.5",
-         "--out", str(keep)],
-        ["compensate", *hub, "--grams", str(grams), "--keep", str(keep), "--spec",
-         '{"method": "bias"}', "--first", "0", "--last", "1", "--device", "cpu", "--out", str(block)],
-        ["ppl", *hub, "--dataset", ds, "--seqlen", str(SEQ), "--max-windows", "2", "--device", "cpu",
-         "--keep", str(keep), "--comp", str(block), "--out", str(tmp_path / "ppl.json")],
-        ["geometry", *hub, "--keep", str(keep), "--comp", str(block),
-         "--out", str(tmp_path / "geometry.csv")],
+        [
+            "calibrate",
+            *hub,
+            "--dataset",
+            ds,
+            "--nsamples",
+            str(NS),
+            "--seqlen",
+            str(SEQ),
+            "--batch-size",
+            str(BS),
+            "--device",
+            "cpu",
+            "--out",
+            str(grams),
+        ],
+        ["select", *hub, "--grams", str(grams), "--method", "wanda_sp", "--ratio", "0.5", "--out", str(keep)],
+        [
+            "compensate",
+            *hub,
+            "--grams",
+            str(grams),
+            "--keep",
+            str(keep),
+            "--spec",
+            '{"method": "bias"}',
+            "--first",
+            "0",
+            "--last",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(block),
+        ],
+        [
+            "ppl",
+            *hub,
+            "--dataset",
+            ds,
+            "--seqlen",
+            str(SEQ),
+            "--max-windows",
+            "2",
+            "--device",
+            "cpu",
+            "--keep",
+            str(keep),
+            "--comp",
+            str(block),
+            "--out",
+            str(tmp_path / "ppl.json"),
+        ],
+        ["geometry", *hub, "--keep", str(keep), "--comp", str(block), "--out", str(tmp_path / "geometry.csv")],
     ]
     for argv in stages:
         assert main(argv) == 0, argv[0]
     domains = json.dumps([{"name": "local", "alpha": 1.0, "dataset": text_dataset}])
-    assert main(["iterative", "grams", *hub, "--domains", domains, "--nsamples", str(NS), "--seqlen", str(SEQ),
-                   "--batch-size", str(BS), "--device", "cpu", "--quiet",
-                   "--out", str(tmp_path / "it-grams")]) == 0
-    assert main(["iterative", "run", *hub, "--domains", domains, "--nsamples", str(NS), "--seqlen", str(SEQ),
-                   "--batch-size", str(BS), "--ratio", "0.5", "--steps", "1", "--device", "cpu",
-                   "--quiet", "--out", str(tmp_path / "it-run")]) == 0
+    assert (
+        main(
+            [
+                "iterative",
+                "grams",
+                *hub,
+                "--domains",
+                domains,
+                "--nsamples",
+                str(NS),
+                "--seqlen",
+                str(SEQ),
+                "--batch-size",
+                str(BS),
+                "--device",
+                "cpu",
+                "--quiet",
+                "--out",
+                str(tmp_path / "it-grams"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "iterative",
+                "run",
+                *hub,
+                "--domains",
+                domains,
+                "--nsamples",
+                str(NS),
+                "--seqlen",
+                str(SEQ),
+                "--batch-size",
+                str(BS),
+                "--ratio",
+                "0.5",
+                "--steps",
+                "1",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--out",
+                str(tmp_path / "it-run"),
+            ]
+        )
+        == 0
+    )
 
     loaders = [c for c in calls if c[0] != "snapshot_download"]
     kinds = {c[0] for c in loaders}
@@ -92,8 +183,7 @@ def test_revision_and_trust_remote_code_reach_every_load_and_every_result(
     assert not bad, bad[:3]
     assert all(c[1] == str(snap) for c in loaders)
     downloads = [c for c in calls if c[0] == "snapshot_download"]
-    assert downloads and all(c[2]["revision"] == REV and "*.py" in c[2]["allow_patterns"]
-                             for c in downloads)
+    assert downloads and all(c[2]["revision"] == REV and "*.py" in c[2]["allow_patterns"] for c in downloads)
 
     want = expected_record(snap)
     results = {
@@ -118,8 +208,9 @@ def test_plain_model_loads_pass_defaults(monkeypatch, llama_dir):
     seen = []
     for cls in (transformers.AutoConfig, transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
         orig = cls.from_pretrained
-        monkeypatch.setattr(cls, "from_pretrained",
-                            lambda p, *a, _o=orig, **kw: (seen.append(dict(kw)), _o(p, *a, **kw))[1])
+        monkeypatch.setattr(
+            cls, "from_pretrained", lambda p, *a, _o=orig, **kw: (seen.append(dict(kw)), _o(p, *a, **kw))[1]
+        )
     load_model(str(llama_dir), device="cpu")
     assert len(seen) >= 3  # config, model, tokenizer (and transformers' own inner config loads)
     assert all(kw["revision"] is None and kw["trust_remote_code"] is False for kw in seen)
@@ -210,13 +301,35 @@ def test_workflow_passes_revision_and_trust_remote_code_to_every_model_stage(tmp
     repo = Path(__file__).resolve().parents[2]
     cfg = tmp_path / "rev.yaml"
     cfg.write_text("models:\n  smollm2-135m:\n    revision: v1 beta\n    trust_remote_code: true\n")
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"),
-                          "--directory", str(tmp_path), "-n", "-p", "results/table1.csv",
-                          "--configfile", str(cfg)], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(repo / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "-n",
+            "-p",
+            "results/table1.csv",
+            "--configfile",
+            str(cfg),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     cmds = [x.split("Shell command: ", 1)[1] for x in res.stdout.splitlines() if "Shell command: " in x]
-    model_jobs = [c for c in cmds if re.search(r"coec (calibrate|select|compensate|ppl|zeroshot|"
-                                                r"geometry|export|iterative (run|grams|ppl)) ", c)]
+    model_jobs = [
+        c
+        for c in cmds
+        if re.search(
+            r"coec (calibrate|select|compensate|ppl|zeroshot|"
+            r"geometry|export|iterative (run|grams|ppl)) ",
+            c,
+        )
+    ]
     assert len(model_jobs) >= 5
     for c in model_jobs:
         assert "--revision 'v1 beta' --trust-remote-code" in c, c

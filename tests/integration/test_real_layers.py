@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
-    from coec.models import load_model
     from coec.embedded import prepare_embedded_model
+    from coec.models import load_model
 
     path = Path(os.environ.get("COEC_EMBEDDED_MODEL", REPO / "resources/models/smollm2-135m"))
     if not (path / "config.json").is_file():
@@ -40,31 +40,52 @@ def wiki_ids(embedded, tmp_path_factory):
 def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
     """With lambda_a = 50 the Sec. 4.5 penalty after COEC is below the pruned point's on real
     o_proj layers (the paper: median 7.2x lower)."""
+    from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
     from coec.calibrate import run_layerwise
     from coec.compensate import compensate
-    from coec.arch import attention_shape
-    from coec.arch import pruned_value_proj
-    from coec.arch import o_proj_columns
     from coec.selection import select_layer
 
     model, _ = embedded
     geom = attention_shape(model.config)
     layers = (0, 5, 10, 20)
     stats = {}
-    run_layerwise(model, wiki_ids, batch_size=4, progress=False,
-                  on_layer=lambda i, s: stats.update({i: {m: {"gram": a.gram, "sum": a.sum,
-                                                              "count": a.count} for m, a in s.items()}})
-                  if i in layers else None)
+    run_layerwise(
+        model,
+        wiki_ids,
+        batch_size=4,
+        progress=False,
+        on_layer=lambda i, s: (
+            stats.update({i: {m: {"gram": a.gram, "sum": a.sum, "count": a.count} for m, a in s.items()}})
+            if i in layers
+            else None
+        ),
+    )
     ratios = []
     for i in layers:
         layer = model.model.layers[i]
         W = layer.self_attn.o_proj.weight.data
-        k = select_layer("wanda_sp", W, stats[i]["o_proj"], layer.mlp.down_proj.weight.data,
-                         stats[i]["down_proj"], geom, 0.3, group_rounding="nearest")
+        k = select_layer(
+            "wanda_sp",
+            W,
+            stats[i]["o_proj"],
+            layer.mlp.down_proj.weight.data,
+            stats[i]["down_proj"],
+            geom,
+            0.3,
+            group_rounding="nearest",
+        )
         vp = pruned_value_proj(layer.self_attn.v_proj.weight.data, k["kv_groups"], geom)
         g = stats[i]["o_proj"]
-        res = compensate(W, g["gram"], g["sum"] / g["count"], o_proj_columns(k["kv_groups"], geom),
-                         "coec", align_lambda=50.0, inputs={"value_proj": vp}, max_rounds=20)
+        res = compensate(
+            W,
+            g["gram"],
+            g["sum"] / g["count"],
+            o_proj_columns(k["kv_groups"], geom),
+            "coec",
+            align_lambda=50.0,
+            inputs={"value_proj": vp},
+            max_rounds=20,
+        )
         assert res.info["align_after"] < res.info["align_before"]
         assert res.info["relerr_after"] < res.info["relerr_before"]
         ratios.append(res.info["align_before"] / res.info["align_after"])

@@ -15,8 +15,7 @@ SETUP = REPO / "scripts" / "setup.sh"
 def _commands(**env) -> list[list[str]]:
     full = {k: v for k, v in os.environ.items() if k not in ("COEC_TORCH_INDEX",)}
     full.update(COEC_SETUP_DRY_RUN="1", **env)
-    res = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, env=full,
-                         check=True)
+    res = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, env=full, check=True)
     return [shlex.split(line[2:]) for line in res.stdout.splitlines() if line.startswith("+ ")]
 
 
@@ -36,8 +35,7 @@ def test_default_is_plain_pinned_torch():
     cmds = _commands()
     assert _torch_cmd(cmds)[-4:] == ["pip", "install", "-q", _torch_pin()]
     assert not any("--index-url" in c for c in cmds)
-    assert cmds.index(_torch_cmd(cmds)) < next(
-        i for i, c in enumerate(cmds) if "envs/requirements.txt" in c)
+    assert cmds.index(_torch_cmd(cmds)) < next(i for i, c in enumerate(cmds) if "envs/requirements.txt" in c)
 
 
 def test_index_selects_the_build():
@@ -57,6 +55,7 @@ def test_dry_run_changes_nothing(tmp_path):
     (copy / "scripts" / "setup.sh").write_text(SETUP.read_text())
     (copy / "envs" / "requirements.txt").write_text(_torch_pin() + "\n")
     env = dict(os.environ, COEC_SETUP_DRY_RUN="1")
-    out = subprocess.run(["bash", str(copy / "scripts" / "setup.sh")], capture_output=True,
-                         text=True, env=env, check=True).stdout
+    out = subprocess.run(
+        ["bash", str(copy / "scripts" / "setup.sh")], capture_output=True, text=True, env=env, check=True
+    ).stdout
     assert "-m venv .venv" in out and not (copy / ".venv").exists()

@@ -18,32 +18,31 @@ from pathlib import Path
 import pytest
 
 from coec.streaming.calibrate import PROGRESS, partial_dir
-
 from conftest import CORPUS, make_model_dir
 
-KILLER = r'''
+KILLER = r"""
 import os, signal, sys
-import coec.streaming.calibrate as C
+from coec.streaming import calibrate as stream_calibrate
 
 where, layer = sys.argv[1], int(sys.argv[2])
 if where == "in-layer":   # SIGKILL inside decoder layer `layer`, after its first batch
-    run = C.StreamPass.run
+    run = stream_calibrate.StreamPass.run
     def run_and_die(self, i, lay):
         if i == layer:
             self.hidden[0] = self.hidden[0] * 0  # a half-written generation must not matter
             os.kill(os.getpid(), signal.SIGKILL)
         return run(self, i, lay)
-    C.StreamPass.run = run_and_die
+    stream_calibrate.StreamPass.run = run_and_die
 else:                     # SIGKILL right after the checkpoint taken before layer `layer`
-    ckpt = C._checkpoint
+    ckpt = stream_calibrate._checkpoint
     def ckpt_and_die(work, store, next_layer, key):
         ckpt(work, store, next_layer, key)
         if next_layer == layer:
             os.kill(os.getpid(), signal.SIGKILL)
-    C._checkpoint = ckpt_and_die
+    stream_calibrate._checkpoint = ckpt_and_die
 from coec.cli import main
 sys.exit(main(sys.argv[3:]))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +55,29 @@ def work(tmp_path_factory):
 
 def calibrate_args(work: Path, out: Path, budget: str, seed: int = 0) -> list[str]:
     ds = json.dumps({"source": "files", "calib": str(work / "c.txt"), "eval": str(work / "c.txt")})
-    return ["calibrate", "--model", str(work / "model"), "--dataset", ds, "--nsamples", "6",
-            "--seqlen", "24", "--batch-size", "2", "--seed", str(seed), "--device", "cpu",
-            "--checkpoint-minutes", "0", "--hidden-budget-gb", budget, "--out", str(out)]
+    return [
+        "calibrate",
+        "--model",
+        str(work / "model"),
+        "--dataset",
+        ds,
+        "--nsamples",
+        "6",
+        "--seqlen",
+        "24",
+        "--batch-size",
+        "2",
+        "--seed",
+        str(seed),
+        "--device",
+        "cpu",
+        "--checkpoint-minutes",
+        "0",
+        "--hidden-budget-gb",
+        budget,
+        "--out",
+        str(out),
+    ]
 
 
 def digests(folder: Path) -> dict[str, str]:
@@ -68,8 +87,9 @@ def digests(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def reference(work):
     out = work / "reference"
-    res = subprocess.run([sys.executable, "-m", "coec", *calibrate_args(work, out, "16")],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "coec", *calibrate_args(work, out, "16")], capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return digests(out)
 
@@ -79,14 +99,14 @@ def reference(work):
 def test_killed_calibration_resumes_byte_identical(work, reference, where, budget):
     out = work / f"grams-{where}-{budget}"
     args = calibrate_args(work, out, budget)
-    killed = subprocess.run([sys.executable, "-c", KILLER, where, "2", *args],
-                            capture_output=True, text=True, timeout=300)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLER, where, "2", *args], capture_output=True, text=True, timeout=300
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     part = partial_dir(out)
     assert not out.exists() and json.loads((part / PROGRESS).read_text())["next_layer"] == 2
     done = {n: (part / n).stat().st_ino for n in ("layer0.safetensors", "layer1.safetensors")}
-    rerun = subprocess.run([sys.executable, "-m", "coec", *args], capture_output=True, text=True,
-                           timeout=300)
+    rerun = subprocess.run([sys.executable, "-m", "coec", *args], capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "resuming the calibration pass at layer 2" in rerun.stderr
     assert digests(out) == reference
@@ -97,12 +117,16 @@ def test_killed_calibration_resumes_byte_identical(work, reference, where, budge
 def test_other_inputs_start_afresh(work, reference):
     """A checkpoint of a pass over other inputs (another seed) is not resumed."""
     out = work / "grams-seed"
-    killed = subprocess.run([sys.executable, "-c", KILLER, "after-checkpoint", "2",
-                             *calibrate_args(work, out, "16", seed=1)],
-                            capture_output=True, text=True, timeout=300)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLER, "after-checkpoint", "2", *calibrate_args(work, out, "16", seed=1)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -signal.SIGKILL
-    rerun = subprocess.run([sys.executable, "-m", "coec", *calibrate_args(work, out, "16")],
-                           capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "coec", *calibrate_args(work, out, "16")], capture_output=True, text=True, timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "starting afresh" in rerun.stderr and "resuming" not in rerun.stderr
     assert digests(out) == reference

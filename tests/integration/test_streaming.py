@@ -23,11 +23,15 @@ from coec.streaming.calibrate import calibrate_streamed, partial_dir
 from coec.streaming.checkpoint import Checkpoint, weight_map
 from coec.streaming.hidden import HiddenStore
 from coec.streaming.model import CellWeights, StreamedModel
-
 from conftest import CORPUS, make_model_dir
 
-FAMILIES = [("llama", {}), ("qwen2", {"tie_word_embeddings": True}), ("qwen3", {}),
-            ("mistral", {"sliding_window": 16}), ("granite", {})]
+FAMILIES = [
+    ("llama", {}),
+    ("qwen2", {"tie_word_embeddings": True}),
+    ("qwen3", {}),
+    ("mistral", {"sliding_window": 16}),
+    ("granite", {}),
+]
 
 
 def _ids(n=5, t=24, seed=0):
@@ -79,10 +83,30 @@ def test_pickle_checkpoint_refused_in_one_line(tmp_path, llama_dir):
         weight_map(folder)
     (tmp_path / "c.txt").write_text(CORPUS)
     ds = json.dumps({"source": "files", "calib": str(tmp_path / "c.txt"), "eval": str(tmp_path / "c.txt")})
-    res = subprocess.run([sys.executable, "-m", "coec", "calibrate", "--model", str(folder),
-                          "--dataset", ds, "--nsamples", "2", "--seqlen", "16", "--device", "cpu",
-                          "--out", str(tmp_path / "grams")], capture_output=True, text=True, timeout=300)
-    lines = [l for l in res.stderr.splitlines() if l.startswith("coec calibrate: error: ")]
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coec",
+            "calibrate",
+            "--model",
+            str(folder),
+            "--dataset",
+            ds,
+            "--nsamples",
+            "2",
+            "--seqlen",
+            "16",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "grams"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("coec calibrate: error: ")]
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert "pytorch_model.bin" in lines[0] and "safetensors" in lines[0]
     assert not (tmp_path / "grams").exists()
@@ -135,20 +159,20 @@ def test_parts_are_released(llama_dir):
 def test_cell_installed_per_layer_equals_the_assembled_cell(tmp_path, family_dir):
     """Pruned and compensated per layer as it streams: the same perplexity as ``build_model``'s
     assembled cell, bit for bit, and the same parameter count (a bias block adds biases)."""
-    from coec import pipeline as P
+    from coec import pipeline
 
     (tmp_path / "c.txt").write_text(CORPUS)
     ds = {"source": "files", "calib": str(tmp_path / "c.txt"), "eval": str(tmp_path / "c.txt")}
     grams, keep = tmp_path / "g", tmp_path / "keep.json"
-    P.run_calibrate(str(family_dir), ds, str(grams), 8, 32, 0, 4, "float32", "cpu", "float64")
-    P.run_select(str(family_dir), str(grams), "wanda_sp", 0.5, "ceil", str(keep))
+    pipeline.run_calibrate(str(family_dir), ds, str(grams), 8, 32, 0, 4, "float32", "cpu", "float64")
+    pipeline.run_select(str(family_dir), str(grams), "wanda_sp", 0.5, "ceil", str(keep))
     blocks = []
     for i, spec in ((0, {"method": "bias"}), (1, {"method": "lstsq", "ridge": 0.01})):
         blocks.append(str(tmp_path / f"block{i}-{i}.safetensors"))
-        P.run_compensate(str(family_dir), str(grams), str(keep), spec, i, i, blocks[-1], "cpu")
+        pipeline.run_compensate(str(family_dir), str(grams), str(keep), spec, i, i, blocks[-1], "cpu")
     windows = _ids(7, 32, seed=1)
     for k, c in ((None, []), (str(keep), []), (str(keep), blocks)):
-        model, _ = P.build_model(str(family_dir), "float32", "cpu", k, c)
+        model, _ = pipeline.build_model(str(family_dir), "float32", "cpu", k, c)
         ref = perplexity(model, windows, batch_size=3, progress=False)
         sm = StreamedModel(family_dir, cell=CellWeights(k, c, 2))
         got = perplexity_streamed(sm, windows, batch_size=3, progress=False)
@@ -164,11 +188,18 @@ def test_streamed_grams_are_byte_identical(tmp_path, family_dir, budget, every):
     whether it checkpoints after every layer; its work folder is gone afterwards."""
     ids = _ids()
     model, _ = load_model(family_dir)
-    calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=2, device="cpu", gram_dtype="float64",
-                     meta={"x": 1})
-    info = calibrate_streamed(StreamedModel(family_dir), ids, tmp_path / "st", batch_size=2,
-                              gram_dtype="float64", meta={"x": 1}, budget_bytes=budget,
-                              checkpoint_seconds=every, progress=False)
+    calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=2, device="cpu", gram_dtype="float64", meta={"x": 1})
+    info = calibrate_streamed(
+        StreamedModel(family_dir),
+        ids,
+        tmp_path / "st",
+        batch_size=2,
+        gram_dtype="float64",
+        meta={"x": 1},
+        budget_bytes=budget,
+        checkpoint_seconds=every,
+        progress=False,
+    )
     assert digest(tmp_path / "st") == digest(tmp_path / "ref")
     assert info["resumed_at"] == 0 and not partial_dir(tmp_path / "st").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ref", "st"]
@@ -180,10 +211,33 @@ def test_cli_calibrate_streams_the_same_files(tmp_path, llama_dir):
 
     (tmp_path / "c.txt").write_text(CORPUS)
     ds = {"source": "files", "calib": str(tmp_path / "c.txt"), "eval": str(tmp_path / "c.txt")}
-    res = subprocess.run([sys.executable, "-m", "coec", "calibrate", "--model", str(llama_dir),
-                          "--dataset", json.dumps(ds), "--nsamples", "6", "--seqlen", "16",
-                          "--batch-size", "4", "--device", "cpu", "--hidden-budget-gb", "1e-5",
-                          "--out", str(tmp_path / "cli")], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coec",
+            "calibrate",
+            "--model",
+            str(llama_dir),
+            "--dataset",
+            json.dumps(ds),
+            "--nsamples",
+            "6",
+            "--seqlen",
+            "16",
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+            "--hidden-budget-gb",
+            "1e-5",
+            "--out",
+            str(tmp_path / "cli"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "1 of 2 batches on disk" in res.stderr  # the second batch exceeds the tiny budget
     from coec.provenance import model_provenance
@@ -191,10 +245,10 @@ def test_cli_calibrate_streams_the_same_files(tmp_path, llama_dir):
     model, tok = load_model(llama_dir)
     torch.manual_seed(0)
     ids = calibration_ids(tok, ds, 6, 16, 0)
-    meta = {"model": model_provenance(str(llama_dir)), "dataset": ds, "nsamples": 6, "seed": 0,
-            "dtype": "float32"}
-    calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=4, device="cpu",
-                     gram_dtype="float32", meta=meta)  # the schema's gram_dtype
+    meta = {"model": model_provenance(str(llama_dir)), "dataset": ds, "nsamples": 6, "seed": 0, "dtype": "float32"}
+    calibrate_to_dir(
+        model, ids, tmp_path / "ref", batch_size=4, device="cpu", gram_dtype="float32", meta=meta
+    )  # the schema's gram_dtype
     assert digest(tmp_path / "cli") == digest(tmp_path / "ref")
 
 
@@ -253,9 +307,8 @@ def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
     import os
 
     from coec.data import calibration_ids
+    from coec.embedded import prepare_embedded_model, prepare_embedded_text
     from coec.pipeline import build_model, run_select
-
-    from coec.resources import prepare_embedded_model, prepare_embedded_text
 
     repo = Path(__file__).resolve().parents[2]
     model_dir = Path(os.environ.get("COEC_EMBEDDED_MODEL", repo / "resources/models/smollm2-135m"))
@@ -268,8 +321,9 @@ def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
     model, tok = load_model(model_dir)
     ids = calibration_ids(tok, ds, 8, 256, 0)
     calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=4, device="cpu", gram_dtype="float64")
-    calibrate_streamed(StreamedModel(model_dir), ids, tmp_path / "st", batch_size=4,
-                       gram_dtype="float64", progress=False)
+    calibrate_streamed(
+        StreamedModel(model_dir), ids, tmp_path / "st", batch_size=4, gram_dtype="float64", progress=False
+    )
     assert digest(tmp_path / "st") == digest(tmp_path / "ref")
     run_select(str(model_dir), str(tmp_path / "st"), "wanda_sp", 0.3, "nearest", str(tmp_path / "keep.json"))
     windows = calibration_ids(tok, ds, 8, 256, 1)

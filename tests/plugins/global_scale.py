@@ -33,5 +33,6 @@ def solve(problem: Problem, options: GlobalScaleOptions) -> Compensation:
     return Compensation(weight=s * WK, info={"scale": s})
 
 
-METHODS.register(Method(name="global_scale", options=GlobalScaleOptions, solve=solve,
-                        doc=GlobalScaleOptions.__doc__ or ""))
+METHODS.register(
+    Method(name="global_scale", options=GlobalScaleOptions, solve=solve, doc=GlobalScaleOptions.__doc__ or "")
+)

@@ -26,7 +26,11 @@ def write(request: ExportRequest) -> dict:
     return {"tensors": len(state), "dtype": str(dtype)}
 
 
-EXPORT_FORMATS.register(ExportFormat(
-    "safetensors-state", "the model's state dict in one safetensors file", write,
-    options=(FormatOption("--state-dtype", "state_dtype", "dtype of the stored tensors",
-                          ("float32", "bfloat16")),)))
+EXPORT_FORMATS.register(
+    ExportFormat(
+        "safetensors-state",
+        "the model's state dict in one safetensors file",
+        write,
+        options=(FormatOption("--state-dtype", "state_dtype", "dtype of the stored tensors", ("float32", "bfloat16")),),
+    )
+)

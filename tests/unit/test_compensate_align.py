@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
-from test_compensate_problems import make_oproj, make_problem
 
 from coec.compensate import compensate
 from coec.compensate.alignment import alignment_grad, alignment_setup, alignment_value
 from coec.compensate.gram import normalize_gram
 from coec.compensate.linalg import polar, svd
 from coec.compensate.objective import ProfiledObjective
-
+from test_compensate_problems import make_oproj, make_problem
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,8 +41,9 @@ def test_alignment_value_of_either_kind_and_gradient_shape(kind):
     has Rp's shape and dtype; an unknown kind is refused."""
     W0, G, mean, keep, vp = make_oproj()
     al = alignment_setup(W0, keep, vp, 4, kind)
-    Rp = polar(torch.randn(keep.numel(), keep.numel(), generator=torch.Generator().manual_seed(1),
-                           dtype=torch.float64))[:4]
+    Rp = polar(
+        torch.randn(keep.numel(), keep.numel(), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    )[:4]
     for other in ("projector", "angle"):
         assert alignment_value(Rp, al, other) == alignment_value(Rp, alignment_setup(W0, keep, vp, 4, other))
     assert alignment_value(Rp, al) == alignment_value(Rp, al, kind)
@@ -109,8 +107,9 @@ def test_align_lambda_50_lowers_penalty_below_pruned_point(seed):
 
 def test_angle_variant_lowers_principal_angles():
     W0, G, mean, keep, vp = make_oproj(seed=0)
-    out = compensate(W0, G, mean, keep, "coec", align_lambda=50.0, align="angle", anchor_rank=4,
-                     compute_dtype="float64")
+    out = compensate(
+        W0, G, mean, keep, "coec", align_lambda=50.0, align="angle", anchor_rank=4, compute_dtype="float64"
+    )
     i = out.info
     assert i["align_angle_after"] < 0.1 * i["align_angle_before"]
     assert "align_projector_before" not in i  # no value_proj given: angle needs none

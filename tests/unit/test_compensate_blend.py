@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.methods.blend import affine_ridge, augmented_gram, blend_weight, intercept
 from coec.compensate.errors import OutputError
+from coec.compensate.methods.blend import affine_ridge, augmented_gram, blend_weight, intercept
 
 F64 = torch.float64
 
@@ -19,7 +19,7 @@ def problem(seed=0, d_in=24, d_out=10, n=200, offset=2.0):
     """Correlated inputs with a channel offset (so a bias matters), a weight, a keep set, and a
     calibration and a held-out sample of the same distribution."""
     g = torch.Generator().manual_seed(seed)
-    A = torch.randn(d_in, d_in, generator=g, dtype=F64) / d_in ** 0.5
+    A = torch.randn(d_in, d_in, generator=g, dtype=F64) / d_in**0.5
     mu = offset * torch.randn(d_in, generator=g, dtype=F64)
     draw = lambda m: torch.randn(m, d_in, generator=g, dtype=F64) @ A + mu  # noqa: E731
     W0 = torch.randn(d_out, d_in, generator=g, dtype=F64)
@@ -52,7 +52,10 @@ def test_intercept_is_optimal_for_a_fixed_weight():
     assert torch.allclose(b, (X @ W0.T - X[:, keep] @ W.T).mean(0))
     g = torch.Generator().manual_seed(1)
     for _ in range(50):
-        assert OutputError(W0, G / n, keep, m, scale=1.0)(W, b + 0.05 * torch.randn(b.shape, generator=g, dtype=F64)) > best
+        assert (
+            OutputError(W0, G / n, keep, m, scale=1.0)(W, b + 0.05 * torch.randn(b.shape, generator=g, dtype=F64))
+            > best
+        )
 
 
 def test_affine_ridge_without_ridge_is_least_squares_with_an_intercept():
@@ -86,7 +89,10 @@ def test_blend_weight_minimises_the_heldout_error_over_beta():
         return heldout((1 - t) * base[0] + t * ridge[0], (1 - t) * base[1] + t * ridge[1])
 
     assert 0.0 < beta < 1.0 and info["unclipped"] == pytest.approx(beta)
-    grid = torch.linspace(0, 1, 201).tolist() + torch.rand(50, generator=torch.Generator().manual_seed(3), dtype=F64).tolist()
+    grid = (
+        torch.linspace(0, 1, 201).tolist()
+        + torch.rand(50, generator=torch.Generator().manual_seed(3), dtype=F64).tolist()
+    )
     assert all(err(beta) <= err(t) + 1e-12 for t in grid)
     # and the error really is measured on the held-out tokens: the empirical mean squared residual
     t = beta
@@ -130,13 +136,16 @@ def test_deterministic():
     assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias) and a.info["beta"] == b.info["beta"]
 
 
-@pytest.mark.parametrize("opts, needle", [
-    ({"inputs": {"base_weight": None}}, "requires base_weight"),
-    ({"inputs": {"holdout_gram": None}}, "requires holdout_gram"),
-    ({"n_tokens": None}, "requires n_tokens"),
-    ({"inputs": {"base_weight": torch.zeros(3, 3)}}, "base_weight shape"),
-    ({"mix": "best"}, "mix"),
-])
+@pytest.mark.parametrize(
+    "opts, needle",
+    [
+        ({"inputs": {"base_weight": None}}, "requires base_weight"),
+        ({"inputs": {"holdout_gram": None}}, "requires holdout_gram"),
+        ({"n_tokens": None}, "requires n_tokens"),
+        ({"inputs": {"base_weight": torch.zeros(3, 3)}}, "base_weight shape"),
+        ({"mix": "best"}, "mix"),
+    ],
+)
 def test_bad_options_are_refused(opts, needle):
     W0, X, H, keep = problem()
     with pytest.raises(ValueError, match=needle):
@@ -168,14 +177,13 @@ def test_disjoint_windows_share_no_token_and_leave_plain_sampling_unchanged():
         sample_windows(torch.arange(200), 4, 64, 1, exclude={"nsamples": 40, "seqlen": 64, "seed": 0})
 
 
-@pytest.mark.parametrize("cal, needle", [
-    ({"disjoint_from": "nope"}, "unknown calibration"),
-    ({"disjoint_from": "c8"}, "another calibration set"),
-])
+@pytest.mark.parametrize(
+    "cal, needle",
+    [({"disjoint_from": "nope"}, "unknown calibration"), ({"disjoint_from": "c8"}, "another calibration set")],
+)
 def test_config_refuses_a_bad_disjoint_from(cal, needle, tmp_path):
-    from conftest import write_trimmed_workflow
-
     from coec.config import ConfigError, validate_config
+    from conftest import write_trimmed_workflow
 
     cfg, _ = write_trimmed_workflow(tmp_path)
     cfg["calibration"]["c8"].update(cal)
@@ -189,8 +197,8 @@ def test_trimmed_workflow_blend_cell(tmp_path):
     import json
 
     import yaml
-    from conftest import write_trimmed_workflow
-    from conftest import job_counts, snakemake
+
+    from conftest import job_counts, snakemake, write_trimmed_workflow
 
     cfg, path = write_trimmed_workflow(tmp_path)
     cfg["calibration"]["c8h"] = dict(cfg["calibration"]["c8"], seed=1, disjoint_from="c8")
@@ -203,7 +211,10 @@ def test_trimmed_workflow_blend_cell(tmp_path):
     cell = tmp_path / "results/tiny/c8/wanda_sp-0.5"
     from coec.artifacts import read_comp_block
 
-    blend, base = read_comp_block(cell / "blend/block0-0.safetensors"), read_comp_block(cell / "coec/block0-0.safetensors")
+    blend, base = (
+        read_comp_block(cell / "blend/block0-0.safetensors"),
+        read_comp_block(cell / "coec/block0-0.safetensors"),
+    )
     for module in ("o_proj", "down_proj"):
         assert blend[f"layer0.{module}.weight"].shape == base[f"layer0.{module}.weight"].shape
         assert f"layer0.{module}.bias" in blend

@@ -40,7 +40,9 @@ def test_gcv_curve_matches_paper_form_and_chosen_lambda_is_grid_argmin():
     s_glob, _ = global_scale(sigma, rho, e)
     lams = lambda_grid(e)
     assert lams.numel() == 120
-    assert float(lams[0]) == pytest.approx(1e-4 * float(e.median())) and float(lams[-1]) == pytest.approx(1e5 * float(e.median()))
+    assert float(lams[0]) == pytest.approx(1e-4 * float(e.median())) and float(lams[-1]) == pytest.approx(
+        1e5 * float(e.median())
+    )
     M = sigma.numel()
     s_l = per_mode_scale(lams, sigma, rho, e, s_glob)
     df = (e / (e + lams[:, None])).sum(1)
@@ -84,7 +86,9 @@ def test_kappa_band_clamps():
     assert float(ratio.min()) >= 0.1 - 1e-12 and float(ratio.max()) <= 10.0 + 1e-12
     unclamped = rescale(sigma, rho, e, "gcv", grid=(1e-12, 1e-11, 2), kappa=None)
     assert unclamped.n_clamped == 0 and float((unclamped.sigma / (s_glob * sigma)).max()) > 100
-    vals, n = kappa_clamp(torch.tensor([5.0, -1.0, 0.5], dtype=torch.float64), torch.tensor([-1.0, -1.0, 0.0], dtype=torch.float64), 10.0)
+    vals, n = kappa_clamp(
+        torch.tensor([5.0, -1.0, 0.5], dtype=torch.float64), torch.tensor([-1.0, -1.0, 0.0], dtype=torch.float64), 10.0
+    )
     assert n == 2 and vals.tolist() == [-0.1, -1.0, 0.0]
 
 

@@ -6,12 +6,11 @@ import json
 
 import pytest
 import torch
-from conftest import method_kwargs
-
-from test_compensate_problems import make_problem
 
 from coec.compensate import compensate
 from coec.compensate.method import METHODS, Compensation
+from conftest import method_kwargs
+from test_compensate_problems import make_problem
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +92,11 @@ def test_bad_shapes_and_values(prob):
         ("coec", {"align_lambda": -1.0}, "align_lambda"),
         ("coec", {"align_lambda": 5.0}, "requires value_proj"),
         ("coec", {"inputs": {"value_proj": torch.zeros(13, 8, dtype=torch.float64)}}, "value_proj must have k"),
-        ("coec", {"inputs": {"value_proj": torch.full((14, 8), float("nan"), dtype=torch.float64)}},
-         "value_proj contains NaN"),
+        (
+            "coec",
+            {"inputs": {"value_proj": torch.full((14, 8), float("nan"), dtype=torch.float64)}},
+            "value_proj contains NaN",
+        ),
         ("coec", {"inputs": {"value_proj": torch.randn(14, 8, dtype=torch.float64)}, "anchor_rank": 12}, "anchor_rank"),
         ("coec", {"psd_clip": 1}, "psd_clip"),
         ("coec", {"compute_dtype": "float16"}, "compute_dtype"),

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 
 import pytest
 import torch
-from conftest import method_kwargs
-
-from test_compensate_problems import make_oproj, make_problem
 
 from coec.compensate import compensate
-from coec.compensate.method import METHODS
-from coec.compensate.methods.rcpu import rotate_and_scale as rcpu
 from coec.compensate.descent import RightSolveSettings
 from coec.compensate.errors import relerr
 from coec.compensate.gram import normalize_gram
 from coec.compensate.linalg import svd
+from coec.compensate.method import METHODS
+from coec.compensate.methods.rcpu import rotate_and_scale as rcpu
 from coec.compensate.stiefel import RightProblem, solve_full, solve_reduced
+from conftest import method_kwargs
+from test_compensate_problems import make_oproj, make_problem
 
 F64 = {"compute_dtype": "float64"}
 
@@ -86,7 +84,9 @@ def test_coec_reduces_to_rcpu():
         ref = compensate(W0, G, mean, keep, "rcpu").weight
         out = compensate(W0, G, mean, keep, "coec", alpha=1.0, rescale="global", right="none", **F64)
         assert torch.allclose(out.weight, ref, atol=1e-6, rtol=0), p
-        assert out.info["relerr_after"] == pytest.approx(compensate(W0, G, mean, keep, "rcpu").info["relerr_after"], rel=1e-6)
+        assert out.info["relerr_after"] == pytest.approx(
+            compensate(W0, G, mean, keep, "rcpu").info["relerr_after"], rel=1e-6
+        )
 
 
 # ----------------------------------------------------------------------------- COEC
@@ -133,9 +133,21 @@ def test_coec_default_options_run_and_history_monotone():
     assert all(b <= a for a, b in zip(h, h[1:]))
     assert out.info["relerr_after"] < out.info["relerr_before"]
     assert out.info["rescales"] == 1 + 2 * out.info["rounds"] or out.info["stop_reason"] == "non_monotone_guard"
-    for key in ("relerr_before", "relerr_after", "rounds", "inner_steps", "inner_steps_per_round", "gcv_lambdas",
-                "gcv_lambdas_rel", "gcv_at_grid_end", "objective_history", "seconds", "svd_fallbacks",
-                "scale_skipped", "kappa_clamped"):
+    for key in (
+        "relerr_before",
+        "relerr_after",
+        "rounds",
+        "inner_steps",
+        "inner_steps_per_round",
+        "gcv_lambdas",
+        "gcv_lambdas_rel",
+        "gcv_at_grid_end",
+        "objective_history",
+        "seconds",
+        "svd_fallbacks",
+        "scale_skipped",
+        "kappa_clamped",
+    ):
         assert key in out.info, key
     assert len(out.info["gcv_lambdas"]) == len(out.info["gcv_lambdas_rel"]) == out.info["rescales"]
     json.dumps(out.info, allow_nan=False)
@@ -217,8 +229,9 @@ def test_right_solve_carries_R_Gxx_through_the_polar_retraction(refresh):
     Gxx, Gyx, c = _metric(W0, G, keep)
     U, S, Vt = svd(W0[:, keep])
     a = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam), RightSolveSettings(max_steps=5))
-    b = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam),
-                      RightSolveSettings(max_steps=5, rg_update="carry", rg_refresh=refresh))
+    b = solve_reduced(
+        U, S, Vt, RightProblem(Gxx, Gyx, c, lam), RightSolveSettings(max_steps=5, rg_update="carry", rg_refresh=refresh)
+    )
     assert torch.equal(a.R, b.R) and b.carried == 0
 
 
@@ -332,8 +345,19 @@ def test_baselines_formulas():
 @pytest.mark.parametrize("tol_mode", ["relative", "absolute"])
 def test_coec_option_variants(rescale, tol_mode):
     W0, G, mean, keep, _ = make_problem(16, 40, 28, 300, seed=9)
-    out = compensate(W0, G, mean, keep, "coec", rescale=rescale, tol_mode=tol_mode, tol=1e-3, max_rounds=30,
-                     eta_scale="lipschitz", eta=4.0)
+    out = compensate(
+        W0,
+        G,
+        mean,
+        keep,
+        "coec",
+        rescale=rescale,
+        tol_mode=tol_mode,
+        tol=1e-3,
+        max_rounds=30,
+        eta_scale="lipschitz",
+        eta=4.0,
+    )
     h = out.info["objective_history"]
     assert all(b <= a for a, b in zip(h, h[1:]))
     if out.info["stop_reason"] == "tol":
@@ -442,8 +466,9 @@ def test_direction_matmul_scope_is_the_direction_and_step_size(monkeypatch, dims
     problem = RightProblem(Gxx, Gyx, c, lam)
     ref = solve_reduced(U, S, Vt, problem, RightSolveSettings(max_steps=5, rg_update=rg_update))
     monkeypatch.setattr(descent, "matmul_precision", recording)
-    res = solve_reduced(U, S, Vt, problem,
-                        RightSolveSettings(max_steps=5, direction_matmul="tf32", rg_update=rg_update))
+    res = solve_reduced(
+        U, S, Vt, problem, RightSolveSettings(max_steps=5, direction_matmul="tf32", rg_update=rg_update)
+    )
     assert res.steps == ref.steps > 0 and torch.equal(res.R, ref.R)  # the recorder does not round
     iterations = seen["entries"] // 2
     assert seen["entries"] == 2 * iterations >= 2 * res.steps  # one direction and one step size each
@@ -496,8 +521,16 @@ def test_profiler_blocks_cover_a_coec_call():
     rows = {r["name"]: r for r in span_totals(prof)}
     rounds = out.info["rounds"]
     assert rounds == 3
-    assert {"coec.setup.temper", "coec.setup.svd", "coec.frames", "coec.rescale", "coec.right.evaluate",
-            "coec.right.direction", "coec.right.retract", "coec.right.step_size"} <= set(rows)
+    assert {
+        "coec.setup.temper",
+        "coec.setup.svd",
+        "coec.frames",
+        "coec.rescale",
+        "coec.right.evaluate",
+        "coec.right.direction",
+        "coec.right.retract",
+        "coec.right.step_size",
+    } <= set(rows)
     assert rows["coec.right"]["calls"] == rounds
     assert rows["coec.left"]["calls"] == rounds + 1
     assert rows["coec.right.retract"]["calls"] == out.info["right"]["trials"]

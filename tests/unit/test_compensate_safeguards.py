@@ -8,14 +8,11 @@ import time
 
 import pytest
 import torch
-from conftest import method_kwargs
 
-from test_compensate_problems import make_problem
-
-from coec.compensate import compensate
+from coec.compensate import compensate, gram, linalg, watchdog
 from coec.compensate.method import METHODS
-from coec.compensate import gram, linalg, watchdog
-
+from conftest import method_kwargs
+from test_compensate_problems import make_problem
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -44,7 +44,13 @@ def test_module_and_function_sizes(path):
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_options_are_read_as_attributes(path):
-    keyed = [_name(path, n) for n in ast.walk(ast.parse(path.read_text()))
-             if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in ("o", "options")
-             and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)]
+    keyed = [
+        _name(path, n)
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Subscript)
+        and isinstance(n.value, ast.Name)
+        and n.value.id in ("o", "options")
+        and isinstance(n.slice, ast.Constant)
+        and isinstance(n.slice.value, str)
+    ]
     assert not keyed, f"options read by key: {keyed}"

@@ -47,18 +47,34 @@ def test_table4_memory_within_documented_deviation():
 
 
 def test_known_public_param_counts():
-    expected_b = {"Llama-3.1-8B": 8.03, "Qwen2.5-14B": 14.77, "Qwen2.5-32B": 32.76,
-                  "Qwen2.5-72B": 72.71, "Llama-2-7B": 6.74, "Llama-2-13B": 13.02,
-                  "Llama-2-70B": 68.98, "Qwen3-8B": 8.19, "Mistral-7B-v0.1": 7.24}
+    expected_b = {
+        "Llama-3.1-8B": 8.03,
+        "Qwen2.5-14B": 14.77,
+        "Qwen2.5-32B": 32.76,
+        "Qwen2.5-72B": 72.71,
+        "Llama-2-7B": 6.74,
+        "Llama-2-13B": 13.02,
+        "Llama-2-70B": 68.98,
+        "Qwen3-8B": 8.19,
+        "Mistral-7B-v0.1": 7.24,
+    }
     for name, b in expected_b.items():
         assert round(count_params(PUBLISHED_ARCHS[name]) / 1e9, 2) == b, name
 
 
 def test_pruned_shapes_of_table4_models():
-    assert pruned_shape(QWEN7, 0.3) == {"num_key_value_heads": 3, "num_attention_heads": 21,
-                                        "head_dim": 128, "intermediate_size": 13261}
-    assert pruned_shape(LLAMA70, 0.3) == {"num_key_value_heads": 6, "num_attention_heads": 48,
-                                          "head_dim": 128, "intermediate_size": 20071}
+    assert pruned_shape(QWEN7, 0.3) == {
+        "num_key_value_heads": 3,
+        "num_attention_heads": 21,
+        "head_dim": 128,
+        "intermediate_size": 13261,
+    }
+    assert pruned_shape(LLAMA70, 0.3) == {
+        "num_key_value_heads": 6,
+        "num_attention_heads": 48,
+        "head_dim": 128,
+        "intermediate_size": 20071,
+    }
     # Llama-2 config.json has no head_dim: it must come out explicit (hidden/heads changes)
     cfg = {k: v for k, v in PUBLISHED_ARCHS["Llama-2-7B"].items() if k != "head_dim"}
     assert pruned_shape(cfg, 0.3)["head_dim"] == 128

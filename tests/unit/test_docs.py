@@ -64,14 +64,22 @@ def test_docs_index_links_every_page():
 
 
 def test_nothing_refers_outside_the_repository():
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     pattern = re.compile(r"DESIGN\.md|\bseeds/|\.\./shared|seed-00")
     hits = []
     for name in files:
         path = REPO / name
-        if path.suffix not in {".py", ".md", ".smk", ".yaml", ".yml", ".sh", ".toml", ".txt", ""} \
-                or not path.is_file() or name == "tests/unit/test_docs.py":
+        if (
+            path.suffix not in {".py", ".md", ".smk", ".yaml", ".yml", ".sh", ".toml", ".txt", ""}
+            or not path.is_file()
+            or name == "tests/unit/test_docs.py"
+        ):
             continue
         try:
             text = path.read_text()

@@ -154,7 +154,7 @@ def test_expand_kv_rows_follows_query_head_layout():
     e = expand_kv_rows(v, n_rep, hd)
     assert e.shape == (n_kv * n_rep * hd, d)
     for h in range(n_kv * n_rep):
-        torch.testing.assert_close(e[h * hd:(h + 1) * hd], v[(h // n_rep) * hd:(h // n_rep + 1) * hd])
+        torch.testing.assert_close(e[h * hd : (h + 1) * hd], v[(h // n_rep) * hd : (h // n_rep + 1) * hd])
 
 
 def _layer(d_out=12, d_in=20, seed=0):
@@ -196,14 +196,42 @@ def test_module_geometry_rejects_bad_shapes():
 
 def test_summarize_geometry_counts_and_factors():
     rows = [
-        {"module": "o_proj", "layer": 0, "angle_OP_mean": 20.0, "angle_OC_mean": 22.0,
-         "discrepancy": 0.01, "penalty_P": 1e-4, "penalty_C": 1e-5},
-        {"module": "o_proj", "layer": 1, "angle_OP_mean": 30.0, "angle_OC_mean": 25.0,
-         "discrepancy": 0.03, "penalty_P": 2e-6, "penalty_C": 1e-6},
-        {"module": "o_proj", "layer": 2, "angle_OP_mean": 10.0, "angle_OC_mean": 11.0,
-         "discrepancy": 0.02, "penalty_P": 1e-6, "penalty_C": 0.0},
-        {"module": "down_proj", "layer": 0, "angle_OP_mean": 8.0, "angle_OC_mean": 9.0,
-         "discrepancy": 0.02, "penalty_P": math.nan, "penalty_C": math.nan},
+        {
+            "module": "o_proj",
+            "layer": 0,
+            "angle_OP_mean": 20.0,
+            "angle_OC_mean": 22.0,
+            "discrepancy": 0.01,
+            "penalty_P": 1e-4,
+            "penalty_C": 1e-5,
+        },
+        {
+            "module": "o_proj",
+            "layer": 1,
+            "angle_OP_mean": 30.0,
+            "angle_OC_mean": 25.0,
+            "discrepancy": 0.03,
+            "penalty_P": 2e-6,
+            "penalty_C": 1e-6,
+        },
+        {
+            "module": "o_proj",
+            "layer": 2,
+            "angle_OP_mean": 10.0,
+            "angle_OC_mean": 11.0,
+            "discrepancy": 0.02,
+            "penalty_P": 1e-6,
+            "penalty_C": 0.0,
+        },
+        {
+            "module": "down_proj",
+            "layer": 0,
+            "angle_OP_mean": 8.0,
+            "angle_OC_mean": 9.0,
+            "discrepancy": 0.02,
+            "penalty_P": math.nan,
+            "penalty_C": math.nan,
+        },
     ]
     s = summarize_geometry(rows)
     assert s["n_module_layers"] == 4

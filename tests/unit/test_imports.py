@@ -59,7 +59,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         stack.append(u)
         for v in sorted(edges[u]):
             if state.get(v) == "open":
-                return stack[stack.index(v):] + [v]
+                return stack[stack.index(v) :] + [v]
             if v not in state and (cycle := visit(v)):
                 return cycle
         stack.pop()

@@ -148,8 +148,7 @@ def test_ns_polar_matches_scipy(dtype, atol, r, k, cond):
 # ---------------------------------------------------------------------------- right solve
 
 
-def _toy_right_problem(d_out: int, k: int, n: int = 200, noise: float = 0.3, tilt: float = 0.4,
-                       seed: int = 1):
+def _toy_right_problem(d_out: int, k: int, n: int = 200, noise: float = 0.3, tilt: float = 0.4, seed: int = 1):
     """A calibration problem whose best rotation lies near (not at) the current frame Vt."""
     g = _gen(seed)
     X = _randn(n, k, g=g) @ (torch.eye(k, dtype=F64) + 0.3 * _randn(k, k, g=g))
@@ -178,8 +177,7 @@ def _pymanopt_optimum(U, S, Vt, Gxx, Gyx, c) -> tuple[float, torch.Tensor]:
         # min over s of (s^2 quad - 2 s lin + c) / c, at s = lin / quad
         return 1.0 - lin * lin / (quad * c)
 
-    res = TrustRegions(verbosity=0).run(pymanopt.Problem(manifold, cost),
-                                        initial_point=Vt.T.numpy().copy())
+    res = TrustRegions(verbosity=0).run(pymanopt.Problem(manifold, cost), initial_point=Vt.T.numpy().copy())
     return float(res.cost), torch.as_tensor(res.point).T
 
 

@@ -34,8 +34,8 @@ def test_difference_and_standard_errors_match_the_closed_form(tmp_path):
     res = paired.paired_difference(paired.load(tmp_path / "a"), paired.load(tmp_path / "b"))
     t = res["tasks"]
     assert t["boolq"]["diff"] == pytest.approx(0.5) and t["hellaswag"]["diff"] == pytest.approx(-0.25)
-    se_b = math.sqrt((8 * 0.25 * 8 / 7) / 8 / 8)           # sd^2 = 8/7 * 0.25 (n - 1 variance)
-    se_h = math.sqrt((0.75 * 0.25 * 4 / 3) / 4)            # d = (-1,0,0,0): var = 3/16 * 4/3
+    se_b = math.sqrt((8 * 0.25 * 8 / 7) / 8 / 8)  # sd^2 = 8/7 * 0.25 (n - 1 variance)
+    se_h = math.sqrt((0.75 * 0.25 * 4 / 3) / 4)  # d = (-1,0,0,0): var = 3/16 * 4/3
     assert t["boolq"]["se"] == pytest.approx(se_b) and t["hellaswag"]["se"] == pytest.approx(se_h)
     assert res["diff"] == pytest.approx(0.125)
     assert res["se"] == pytest.approx(math.hypot(se_b, se_h) / 2)
@@ -68,8 +68,9 @@ def _write_margins(folder, task, margins_and_labels):
     for i, (m, y) in enumerate(margins_and_labels):
         # loglik(choice 0) = -3, loglik(choice 1) = -3 + m
         resps = [[str(-3.0), "False"], [str(-3.0 + m), "False"]]
-        rows.append(json.dumps({"doc_id": i, "target": str(y), "filtered_resps": resps,
-                                "acc": float((m > 0) == (y == 1))}))
+        rows.append(
+            json.dumps({"doc_id": i, "target": str(y), "filtered_resps": resps, "acc": float((m > 0) == (y == 1))})
+        )
     (folder / "zeroshot_samples" / f"{task}.jsonl").write_text("\n".join(rows) + "\n")
 
 
@@ -107,8 +108,9 @@ def test_two_choice_limits_and_ties():
 def test_cli_two_choice_rows(tmp_path, capsys):
     for name, shift in (("a", 0.0), ("b", -1.0)):
         _write(tmp_path / name, {"boolq": [1, 0, 1, 0]})
-        _write_margins(tmp_path / name, "boolq", [(0.5 + shift, 1), (0.2 + shift, 0),
-                                                   (0.9 + shift, 1), (-0.1 + shift, 0)])
+        _write_margins(
+            tmp_path / name, "boolq", [(0.5 + shift, 1), (0.2 + shift, 0), (0.9 + shift, 1), (-0.1 + shift, 0)]
+        )
     assert paired.main([str(tmp_path / "a"), str(tmp_path / "b"), "--two-choice"]) == 0
     out = capsys.readouterr().out
     assert "boolq A" in out and "boolq B" in out and "  1.000" in out  # AUC 1 for both
@@ -121,11 +123,11 @@ def test_margins_take_the_label_from_acc_when_the_target_is_text(tmp_path):
         {"doc_id": 1, "target": "the dog ran", "filtered_resps": [["-5", "F"], ["-4", "F"]], "acc": 0.0},
         {"doc_id": 2, "target": "a bird flew", "filtered_resps": [["-3", "F"], ["-4", "F"]], "acc": 1.0},
     ]
-    (tmp_path / "zeroshot_samples" / "winogrande.jsonl").write_text(
-        "\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "zeroshot_samples" / "winogrande.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     assert paired.margins(tmp_path, "winogrande") == {0: (1.0, 1), 1: (1.0, 0), 2: (-1.0, 0)}
-    (tmp_path / "zeroshot_samples" / "hellaswag.jsonl").write_text(json.dumps(
-        {"doc_id": 0, "target": "0", "filtered_resps": [["-1", "F"]] * 4, "acc": 1.0}))
+    (tmp_path / "zeroshot_samples" / "hellaswag.jsonl").write_text(
+        json.dumps({"doc_id": 0, "target": "0", "filtered_resps": [["-1", "F"]] * 4, "acc": 1.0})
+    )
     with pytest.raises(ValueError, match="4 choices"):
         paired.margins(tmp_path, "hellaswag")
 

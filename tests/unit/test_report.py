@@ -8,7 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from coec.report import build_table, metric_value, to_markdown, write_report
+from coec.rendering import to_markdown
+from coec.report import build_table, metric_value, write_report
 
 
 def _cell(path, **obj):
@@ -20,11 +21,15 @@ def _cell(path, **obj):
 def test_table_rows_metrics_and_markdown(tmp_path):
     a = _cell(tmp_path / "a/ppl.json", ppl=12.345)
     b = _cell(tmp_path / "b/zs.json", mean7=0.5, tasks={"arc_easy": {"value": 0.6}})
-    spec = {"metric": "ppl", "models": ["m1", "m2"], "label_columns": ["selection", "compensation"],
-            "rows": [{"labels": {"selection": "wanda_sp", "compensation": "none"},
-                      "cells": {"m1": a}},
-                     {"labels": {"selection": "rcpu", "compensation": "coec"},
-                      "cells": {"m1": a, "m2": b}}]}
+    spec = {
+        "metric": "ppl",
+        "models": ["m1", "m2"],
+        "label_columns": ["selection", "compensation"],
+        "rows": [
+            {"labels": {"selection": "wanda_sp", "compensation": "none"}, "cells": {"m1": a}},
+            {"labels": {"selection": "rcpu", "compensation": "coec"}, "cells": {"m1": a, "m2": b}},
+        ],
+    }
     df = build_table(spec)
     assert list(df.columns) == ["selection", "compensation", "m1", "m2"]
     assert df.iloc[0].tolist()[:3] == ["Wanda-sp", "–", 12.345] and math.isnan(df.iloc[0]["m2"])
@@ -38,19 +43,36 @@ def test_table_rows_metrics_and_markdown(tmp_path):
 
 
 def test_lines_figure_and_readme(tmp_path, monkeypatch):
-    pts = {"none": [[8, _cell(tmp_path / "n8.json", ppl=30.0)], [16, _cell(tmp_path / "n16.json", ppl=25.0)]],
-           "coec": [[8, _cell(tmp_path / "c8.json", ppl=20.0)], [16, _cell(tmp_path / "c16.json", ppl=18.0)]]}
+    pts = {
+        "none": [[8, _cell(tmp_path / "n8.json", ppl=30.0)], [16, _cell(tmp_path / "n16.json", ppl=25.0)]],
+        "coec": [[8, _cell(tmp_path / "c8.json", ppl=20.0)], [16, _cell(tmp_path / "c16.json", ppl=18.0)]],
+    }
     png = tmp_path / "results/figures/f.png"
-    write_report("lines-figure", {"panels": {"30 %": pts}, "xlabel": "N", "ylabel": "ppl",
-                                  "logx": True, "logy": True}, png)
+    write_report(
+        "lines-figure", {"panels": {"30 %": pts}, "xlabel": "N", "ylabel": "ppl", "logx": True, "logy": True}, png
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     monkeypatch.chdir(tmp_path)
-    write_report("table", {"metric": "ppl", "models": ["m"], "label_columns": ["x"],
-                           "rows": [{"labels": {"x": "a"}, "cells": {"m": "n8.json"}}]},
-                 "results/t.csv")
-    write_report("readme", {"items": [{"path": "results/t.csv", "title": "T"},
-                                      {"path": "results/figures/f.png", "title": "F", "caption": "cap"}]},
-                 "results/README.md")
+    write_report(
+        "table",
+        {
+            "metric": "ppl",
+            "models": ["m"],
+            "label_columns": ["x"],
+            "rows": [{"labels": {"x": "a"}, "cells": {"m": "n8.json"}}],
+        },
+        "results/t.csv",
+    )
+    write_report(
+        "readme",
+        {
+            "items": [
+                {"path": "results/t.csv", "title": "T"},
+                {"path": "results/figures/f.png", "title": "F", "caption": "cap"},
+            ]
+        },
+        "results/README.md",
+    )
     text = (tmp_path / "results/README.md").read_text()
     assert "## T" in text and "| a | 30.00 |" in text and "![cap](figures/f.png)" in text
 
@@ -61,9 +83,13 @@ def _zeroshot_cell(folder, values: dict, stderr: dict, docs: dict):
     (folder / "zeroshot_samples").mkdir()
     for task, accs in docs.items():
         (folder / "zeroshot_samples" / f"{task}.jsonl").write_text(
-            "".join(json.dumps({"doc_id": i, "acc": a}) + "\n" for i, a in enumerate(accs)))
-    return _cell(folder / "zeroshot.json", mean7=sum(values.values()) / len(values),
-                 tasks={t: {"value": values[t], "stderr": stderr[t]} for t in values})
+            "".join(json.dumps({"doc_id": i, "acc": a}) + "\n" for i, a in enumerate(accs))
+        )
+    return _cell(
+        folder / "zeroshot.json",
+        mean7=sum(values.values()) / len(values),
+        tasks={t: {"value": values[t], "stderr": stderr[t]} for t in values},
+    )
 
 
 def test_zeroshot_table_shows_its_noise(tmp_path):
@@ -78,16 +104,24 @@ def test_zeroshot_table_shows_its_noise(tmp_path):
     se = {k: {t: float(np.std(d[t], ddof=1) / np.sqrt(40)) for t in d} for k, d in (("a", docs_a), ("b", docs_b))}
     a = _zeroshot_cell(tmp_path / "a", val["a"], se["a"], docs_a)
     b = _zeroshot_cell(tmp_path / "b", val["b"], se["b"], docs_b)
-    spec = {"metric": "mean7", "models": ["m"], "label_columns": ["selection", "compensation"],
-            "zeroshot_tasks": ["boolq", "rte"], "paired": True, "caption": "cap",
-            "rows": [{"labels": {"selection": "rcpu", "compensation": "none"}, "cells": {"m": a}, "compare": None},
-                     {"labels": {"selection": "rcpu", "compensation": "coec"}, "cells": {"m": b}, "compare": 0}]}
+    spec = {
+        "metric": "mean7",
+        "models": ["m"],
+        "label_columns": ["selection", "compensation"],
+        "zeroshot_tasks": ["boolq", "rte"],
+        "paired": True,
+        "caption": "cap",
+        "rows": [
+            {"labels": {"selection": "rcpu", "compensation": "none"}, "cells": {"m": a}, "compare": None},
+            {"labels": {"selection": "rcpu", "compensation": "coec"}, "cells": {"m": b}, "compare": 0},
+        ],
+    }
     out = tmp_path / "t.csv"
     write_report("table", spec, out)
     df = pd.read_csv(out, keep_default_na=False, na_values=[""])
     assert list(df.columns) == ["selection", "compensation", "vs", "m", "m se", "m diff", "m diff se"]
     for row, k in zip(df.itertuples(), "ab"):
-        assert getattr(row, "m") == pytest.approx(np.mean(list(val[k].values())), abs=1e-4)
+        assert row.m == pytest.approx(np.mean(list(val[k].values())), abs=1e-4)
         assert row[5] == pytest.approx(np.sqrt(sum(s * s for s in se[k].values())) / 2, abs=1e-4)
     d = {t: np.array(docs_b[t]) - np.array(docs_a[t]) for t in docs_a}
     diff = np.mean([d[t].mean() for t in d])

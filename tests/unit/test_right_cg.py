@@ -2,18 +2,12 @@
 
 import pytest
 import torch
-from test_compensate_problems import make_oproj, make_problem
 
 from coec.compensate import compensate
 from coec.compensate.descent import RightSolveSettings, _CgMemory, _conjugate
 from coec.compensate.retraction import riemannian_grad
-from coec.compensate.stiefel import (
-    PolarTangent,
-    Preconditioner,
-    RightProblem,
-    make_preconditioner,
-    solve_reduced,
-)
+from coec.compensate.stiefel import PolarTangent, Preconditioner, RightProblem, make_preconditioner, solve_reduced
+from test_compensate_problems import make_oproj, make_problem
 
 
 def _run(problem, **opts):
@@ -30,8 +24,8 @@ def test_conjugate_direction_is_a_tangent_descent_direction_and_restarts_otherwi
     P = _conjugate(tangent, _CgMemory(grad=Gp, pgrad=Gp, dir=Gp)).direction
     sym = P @ R.mT + R @ P.mT
     assert torch.allclose(sym, torch.zeros_like(sym), atol=1e-12)  # tangent at R
-    assert float((G * P).sum()) > 0                                # a descent direction (we move along -P)
-    first = _conjugate(tangent, None)                               # first step: the gradient
+    assert float((G * P).sum()) > 0  # a descent direction (we move along -P)
+    first = _conjugate(tangent, None)  # first step: the gradient
     assert first.direction is G and first.restarted
     uphill = _conjugate(tangent, _CgMemory(grad=Gp, pgrad=Gp, dir=-50.0 * G))  # transported direction points uphill
     assert uphill.restarted and torch.equal(uphill.direction, G)
@@ -42,8 +36,13 @@ def test_cg_right_solve_is_monotone_and_ends_below_its_start():
     Gxx, WG = G[keep][:, keep], W0 @ G
     Gyx, c = WG[:, keep], float((WG * W0).sum())
     U, S, Vt = torch.linalg.svd(W0[:, keep], full_matrices=False)
-    res = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1])),
-                        RightSolveSettings(method="cg", track=True, max_steps=60))
+    res = solve_reduced(
+        U,
+        S,
+        Vt,
+        RightProblem(Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1])),
+        RightSolveSettings(method="cg", track=True, max_steps=60),
+    )
     assert all(b <= a for a, b in zip(res.history, res.history[1:]))
     assert res.F_end < res.F_start and res.steps > 1
     assert torch.allclose(res.R @ res.R.mT, torch.eye(res.R.shape[0], dtype=res.R.dtype), atol=1e-10)
@@ -53,9 +52,11 @@ def test_cg_at_two_steps_a_round_beats_the_default_and_the_literal_step():
     """Synthetic MLP (polar retraction) and o_proj (Cayley) problems: with at most 2 right-solve
     steps a round, CG ends at a lower objective than the literal step (eta_scale raw) and at most
     that of the default exact-line-search gradient steps (which take 3.8-15 steps a round)."""
-    for problem in (make_problem(d_out=48, d_in=160, k=110, n_tokens=2000),
-                    make_problem(d_out=64, d_in=200, k=140, n_tokens=3000, seed=1),
-                    make_oproj(n_heads=12, n_kv=4, hd=16, d_model=160, prune_groups=1, n_tokens=3000)):
+    for problem in (
+        make_problem(d_out=48, d_in=160, k=110, n_tokens=2000),
+        make_problem(d_out=64, d_in=200, k=140, n_tokens=3000, seed=1),
+        make_oproj(n_heads=12, n_kv=4, hd=16, d_model=160, prune_groups=1, n_tokens=3000),
+    ):
         cg = _run(problem, right_solver="cg", max_inner_steps=2)
         gd, raw = _run(problem), _run(problem, eta_scale="raw")
         assert cg["inner_steps"] <= 2 * cg["rounds"] < gd["inner_steps"]
@@ -73,6 +74,7 @@ def test_cg_is_deterministic_and_the_default_is_gradient_descent():
 
 # --------------------------------------------------------------------------- preconditioning
 
+
 def _problem_factors(problem):
     W0, G, mean, keep = problem[:4]
     Gxx, WG = G[keep][:, keep], W0 @ G
@@ -86,8 +88,7 @@ def test_preconditioner_is_the_damped_gram_inverse():
     Gxx = X.mT @ X
     Minv = make_preconditioner(Gxx, 1e-2)
     mu = 1e-2 * float(Gxx.diagonal().mean())
-    assert torch.allclose(Minv @ (Gxx + mu * torch.eye(7, dtype=Gxx.dtype)), torch.eye(7, dtype=Gxx.dtype),
-                          atol=1e-10)
+    assert torch.allclose(Minv @ (Gxx + mu * torch.eye(7, dtype=Gxx.dtype)), torch.eye(7, dtype=Gxx.dtype), atol=1e-10)
     assert torch.allclose(Minv, Minv.mT)
 
 
@@ -104,7 +105,7 @@ def test_preconditioned_direction_is_tangent_and_on_a_quadratic_is_the_newton_st
     Xi = torch.randn(r, k, generator=g, dtype=torch.float64)
     Minv = make_preconditioner(Gxx, 1e-12)
     Z = (Xi / (S * S)[:, None]) @ Minv
-    H_Z = (S * S)[:, None] * (Z @ Gxx)     # H[Z] = S^2 Z Gxx (up to the constant 2 s^2 / c)
+    H_Z = (S * S)[:, None] * (Z @ Gxx)  # H[Z] = S^2 Z Gxx (up to the constant 2 s^2 / c)
     assert torch.allclose(H_Z, Xi, atol=1e-8)
     P = riemannian_grad(R, Z)
     sym = P @ R.mT + R @ P.mT
@@ -113,8 +114,10 @@ def test_preconditioned_direction_is_tangent_and_on_a_quadratic_is_the_newton_st
 
 @pytest.mark.parametrize("kind", ["gram", "newton"])
 def test_preconditioned_right_solve_is_monotone_orthonormal_and_deterministic(kind):
-    for problem in (make_problem(d_out=32, d_in=96, k=64, n_tokens=1500),
-                    make_oproj(n_heads=12, n_kv=4, hd=16, d_model=160, prune_groups=1, n_tokens=3000)):
+    for problem in (
+        make_problem(d_out=32, d_in=96, k=64, n_tokens=1500),
+        make_oproj(n_heads=12, n_kv=4, hd=16, d_model=160, prune_groups=1, n_tokens=3000),
+    ):
         U, S, Vt, Gxx, Gyx, c = _problem_factors(problem)
         pre = Preconditioner(make_preconditioner(Gxx, 1e-2), rows=1e-2 if kind == "newton" else None)
         problem = RightProblem(Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1]), preconditioner=pre)
@@ -138,9 +141,13 @@ def test_preconditioned_cg_needs_fewer_steps_to_the_same_objective():
     lam = float(torch.linalg.eigvalsh(Gxx)[-1])
     settings = RightSolveSettings(method="cg", max_steps=400, delta=1e-7, track=True)
     plain = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam), settings)
-    pre = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam,
-                                               preconditioner=Preconditioner(make_preconditioner(Gxx, 1e-2))),
-                        settings)
+    pre = solve_reduced(
+        U,
+        S,
+        Vt,
+        RightProblem(Gxx, Gyx, c, lam, preconditioner=Preconditioner(make_preconditioner(Gxx, 1e-2))),
+        settings,
+    )
     target = plain.F_end + 1e-3 * (plain.F_start - plain.F_end)
     n_plain = next(i for i, f in enumerate(plain.history) if f <= target)
     n_pre = next(i for i, f in enumerate(pre.history) if f <= target)
@@ -165,8 +172,10 @@ def test_preconditioned_cg_at_two_steps_a_round_beats_the_converged_literal_step
     """The issue's goal on synthetic MLP (polar) and o_proj (Cayley) problems with outlier
     channels: <= 2 right-solve steps a round, an objective no higher than the literal step
     (eta_scale raw) run to 100 steps a round with the tight unscaled stop."""
-    for problem in (make_problem(d_out=48, d_in=160, k=110, n_tokens=2000),
-                    make_oproj(n_heads=12, n_kv=4, hd=16, d_model=160, prune_groups=1, n_tokens=3000)):
+    for problem in (
+        make_problem(d_out=48, d_in=160, k=110, n_tokens=2000),
+        make_oproj(n_heads=12, n_kv=4, hd=16, d_model=160, prune_groups=1, n_tokens=3000),
+    ):
         pre = _run(problem, right_solver="cg", max_inner_steps=2, precondition="gram")
         lit = _run(problem, eta_scale="raw", delta_norm="fro")
         assert pre["inner_steps"] <= 2 * pre["rounds"]

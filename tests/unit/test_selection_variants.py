@@ -6,33 +6,43 @@ import copy
 import pytest
 import torch
 
+from coec.arch import AttnShape
 from coec.calibrate import GramAccumulator, gram_tensors
 from coec.config import SCHEMA, ConfigError, validate_config
-from coec.arch import AttnShape
-from coec.selection import (ScoreSpec, column_scores, group_scores, select_layer, selection_registry,
-                         selection_spec, top_k_sorted)
+from coec.selection import (
+    ScoreSpec,
+    column_scores,
+    group_scores,
+    select_layer,
+    selection_registry,
+    selection_spec,
+    top_k_sorted,
+)
 
 # a tiny problem: W (2 x 2), three tokens of two channels
 W = torch.tensor([[3.0, -1.0], [4.0, 2.0]], dtype=torch.float64)
 X = torch.tensor([[1.0, -2.0], [3.0, 0.0], [-1.0, 2.0]], dtype=torch.float64)
 GD, TOT, N, ABS = (X * X).sum(0), X.sum(0), 3, X.abs().sum(0)
-L2W = torch.tensor([5.0, 5.0**0.5], dtype=torch.float64)       # ||W[:, j]||
-L1W = torch.tensor([3.5, 1.5], dtype=torch.float64)            # mean_i |W_ij|
+L2W = torch.tensor([5.0, 5.0**0.5], dtype=torch.float64)  # ||W[:, j]||
+L1W = torch.tensor([3.5, 1.5], dtype=torch.float64)  # mean_i |W_ij|
 L2X = torch.tensor([11.0**0.5, 8.0**0.5], dtype=torch.float64)  # sqrt(Σx²)
-ABX = torch.tensor([5.0 / 3, 4.0 / 3], dtype=torch.float64)     # E|x|
-VAR = torch.tensor([4.0, 4.0], dtype=torch.float64)            # unbiased: (11-3)/2, (8-0)/2
+ABX = torch.tensor([5.0 / 3, 4.0 / 3], dtype=torch.float64)  # E|x|
+VAR = torch.tensor([4.0, 4.0], dtype=torch.float64)  # unbiased: (11-3)/2, (8-0)/2
 
 
-@pytest.mark.parametrize("spec, want", [
-    ("wanda_sp", L2W * L2X),
-    ({"score": "wanda_sp", "weight_norm": "l1_mean"}, L1W * L2X),
-    ({"score": "wanda_sp", "activation_scale": "abs_mean"}, L2W * ABX),
-    ("flap", VAR * L2W**2),
-    ({"score": "flap", "weight_norm": "l1_mean"}, VAR * L1W**2),
-    ("rcpu", L2W * L2X * VAR),
-    ({"score": "rcpu", "activation_scale": "abs_mean"}, L2W * ABX * VAR),
-    ({"score": "rcpu", "weight_norm": "l1_mean", "activation_scale": "abs_mean"}, L1W * ABX * VAR),
-])
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        ("wanda_sp", L2W * L2X),
+        ({"score": "wanda_sp", "weight_norm": "l1_mean"}, L1W * L2X),
+        ({"score": "wanda_sp", "activation_scale": "abs_mean"}, L2W * ABX),
+        ("flap", VAR * L2W**2),
+        ({"score": "flap", "weight_norm": "l1_mean"}, VAR * L1W**2),
+        ("rcpu", L2W * L2X * VAR),
+        ({"score": "rcpu", "activation_scale": "abs_mean"}, L2W * ABX * VAR),
+        ({"score": "rcpu", "weight_norm": "l1_mean", "activation_scale": "abs_mean"}, L1W * ABX * VAR),
+    ],
+)
 def test_column_score_closed_forms(spec, want):
     got = column_scores(selection_spec(spec), W, GD, TOT, N, ABS)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
@@ -42,8 +52,7 @@ def test_group_aggregation_closed_form():
     geom = AttnShape(n_heads=2, n_kv=2, head_dim=2)
     s = torch.tensor([1.0, 2.0, 3.0, 0.5], dtype=torch.float64)
     torch.testing.assert_close(group_scores(s, geom), torch.tensor([3.0, 3.5], dtype=torch.float64))
-    torch.testing.assert_close(group_scores(s, geom, "sum_squared"),
-                               torch.tensor([5.0, 9.25], dtype=torch.float64))
+    torch.testing.assert_close(group_scores(s, geom, "sum_squared"), torch.tensor([5.0, 9.25], dtype=torch.float64))
     # the two aggregations keep different groups here
     assert top_k_sorted(group_scores(s, geom), 1) == [1]
     assert top_k_sorted(group_scores(s, geom, "sum_squared"), 1) == [1]
@@ -104,8 +113,9 @@ def test_gram_abssum_roundtrip(tmp_path):
 
 
 def test_registry_and_spec_errors():
-    reg = selection_registry({"rcpu-absx": {"score": "rcpu", "activation_scale": "abs_mean"},
-                              "flap": {"score": "flap"}})
+    reg = selection_registry(
+        {"rcpu-absx": {"score": "rcpu", "activation_scale": "abs_mean"}, "flap": {"score": "flap"}}
+    )
     assert set(reg) == {"wanda_sp", "flap", "rcpu", "rcpu-absx"}
     assert reg["rcpu"].options() == {} and reg["rcpu-absx"].options() == {"activation_scale": "abs_mean"}
     with pytest.raises(ValueError, match="cannot be redefined"):
@@ -119,9 +129,9 @@ def test_registry_and_spec_errors():
 
 
 def _config():
-    import yaml
-
     from pathlib import Path
+
+    import yaml
 
     return yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
 

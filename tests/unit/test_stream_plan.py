@@ -10,16 +10,29 @@ import pytest
 import yaml
 
 from coec.arch.published import PUBLISHED_ARCHS
-from coec.streaming import plan as P
+from coec.streaming import plan
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "workflow" / "configs" / "paper.yaml"
 MEASURED = sorted((REPO / "benchmarks" / "results").glob("stream_memory_*_cpu.json"))
 GIB = 2**30
 
-SETTINGS = dict(dtype="bfloat16", gram_dtype="float32", nsamples=128, seqlen=2048, batch=8,
-                ratio=0.3, ppl_tokens=0.35e6, ppl_seqlen=4096, ppl_batch=1, zs_tokens=5e6,
-                zs_max_length=4096, zs_batch=16, budget_gib=16, block=1)
+SETTINGS = dict(
+    dtype="bfloat16",
+    gram_dtype="float32",
+    nsamples=128,
+    seqlen=2048,
+    batch=8,
+    ratio=0.3,
+    ppl_tokens=0.35e6,
+    ppl_seqlen=4096,
+    ppl_batch=1,
+    zs_tokens=5e6,
+    zs_max_length=4096,
+    zs_batch=16,
+    budget_gib=16,
+    block=1,
+)
 
 
 def test_calibration_terms_by_hand():
@@ -32,31 +45,31 @@ def test_calibration_terms_by_hand():
     work = 8 * 2048 * (3 * 14336 + 2 * 4096) * 4 + 8 * 2048 * 14336 * 4 + 1024 * 14336 * 4
     assert grams * 12 < layer * 2 + grams * 8 + work
     want = layer * 2 + 128 * 2048 * 4096 * 2 + grams * 8 + work
-    got = P.stage_memory(arch, "calibrate", SETTINGS)["host_gib"] - P.BASELINE_GIB["calibrate"]
+    got = plan.stage_memory(arch, "calibrate", SETTINGS)["host_gib"] - plan.BASELINE_GIB["calibrate"]
     assert got == pytest.approx(want / GIB, rel=1e-12)
 
 
 def test_plan_grows_with_width_and_tokens_and_stops_at_the_budget():
     arch = dict(PUBLISHED_ARCHS["Llama-3.1-8B"])
-    base = P.stage_memory(arch, "calibrate", SETTINGS)["host_gib"]
-    wider = P.stage_memory({**arch, "intermediate_size": 2 * 14336}, "calibrate", SETTINGS)["host_gib"]
-    more = P.stage_memory(arch, "calibrate", {**SETTINGS, "nsamples": 256})["host_gib"]
-    capped = P.stage_memory(arch, "calibrate", {**SETTINGS, "nsamples": 4096, "budget_gib": 4})
+    base = plan.stage_memory(arch, "calibrate", SETTINGS)["host_gib"]
+    wider = plan.stage_memory({**arch, "intermediate_size": 2 * 14336}, "calibrate", SETTINGS)["host_gib"]
+    more = plan.stage_memory(arch, "calibrate", {**SETTINGS, "nsamples": 256})["host_gib"]
+    capped = plan.stage_memory(arch, "calibrate", {**SETTINGS, "nsamples": 4096, "budget_gib": 4})
     assert wider > base and more - base == pytest.approx(128 * 2048 * 4096 * 2 / GIB)
-    assert capped["host_gib"] < P.stage_memory(arch, "calibrate", {**SETTINGS, "nsamples": 4096})["host_gib"]
+    assert capped["host_gib"] < plan.stage_memory(arch, "calibrate", {**SETTINGS, "nsamples": 4096})["host_gib"]
     for st in ("ppl", "zeroshot"):
-        small = P.stage_memory(arch, st, {**SETTINGS, "budget_gib": 1})["host_gib"]
-        assert small < P.stage_memory(arch, st, SETTINGS)["host_gib"]
-        assert P.stage_seconds(arch, st, {**SETTINGS, "budget_gib": 1}) > P.stage_seconds(arch, st, SETTINGS)
+        small = plan.stage_memory(arch, st, {**SETTINGS, "budget_gib": 1})["host_gib"]
+        assert small < plan.stage_memory(arch, st, SETTINGS)["host_gib"]
+        assert plan.stage_seconds(arch, st, {**SETTINGS, "budget_gib": 1}) > plan.stage_seconds(arch, st, SETTINGS)
 
 
 def test_gpu_plan_splits_host_and_device():
     arch = PUBLISHED_ARCHS["Llama-3-70B"]
-    cpu = P.stage_memory(arch, "calibrate", SETTINGS)
-    gpu = P.stage_memory(arch, "calibrate", SETTINGS, gpu=True)
+    cpu = plan.stage_memory(arch, "calibrate", SETTINGS)
+    gpu = plan.stage_memory(arch, "calibrate", SETTINGS, gpu=True)
     assert gpu["device_gib"] > 8 and gpu["host_gib"] < cpu["host_gib"] < 40
     with pytest.raises(ValueError, match="exceeds"):
-        P.slurm_resources(arch, "zeroshot", {**SETTINGS, "zs_batch": 4096})
+        plan.slurm_resources(arch, "zeroshot", {**SETTINGS, "zs_batch": 4096})
 
 
 @pytest.mark.skipif(not MEASURED, reason="no recorded stream_memory_*_cpu.json")
@@ -66,9 +79,9 @@ def test_plan_fits_the_measured_peaks(path):
     (or 0.25 GiB) of the plan for that model and those settings."""
     rec = json.loads(path.read_text())
     for row in rec["rows"]:
-        if row["label"] not in P.BASELINE_GIB:
+        if row["label"] not in plan.BASELINE_GIB:
             continue
-        planned = P.stage_memory(rec["config"], row["label"], rec["settings"])["host_gib"]
+        planned = plan.stage_memory(rec["config"], row["label"], rec["settings"])["host_gib"]
         measured = row["peak"] / GIB
         assert abs(planned - measured) <= max(0.25 * measured, 0.25), (row["label"], planned, measured)
 
@@ -77,7 +90,7 @@ def test_paper_yaml_resources_are_the_plan():
     """Every model of paper.yaml asks SLURM for what the plan gives (one GPU everywhere), and
     none spreads itself over GPUs with a device_map (which would load it whole)."""
     cfg = yaml.safe_load(PAPER.read_text())
-    planned = P.paper_resources(cfg)
+    planned = plan.paper_resources(cfg)
     assert set(planned) == set(cfg["models"])
     for model, rules in planned.items():
         got = {rule: cfg["models"][model]["resources"][rule] for rule in rules}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file, save_file
 
-from coec.iterative.stats import finalize_stats, mix_stats
+from coec.arch import AttnShape
 from coec.artifacts import read_gram_layer
 from coec.calibrate import GramAccumulator, channel_sumsq, gram_tensors
-from coec.arch import AttnShape
+from coec.iterative.stats import finalize_stats, mix_stats
 from coec.selection import channel_variance, column_scores, select_layer
 
 

@@ -20,23 +20,33 @@ from coec.config import schema_default
 from conftest import full_workflow_config
 
 REPO = Path(__file__).resolve().parents[2]
-TARGETS = ["results/table1.csv", "results/table2.csv", "results/table3.csv", "results/appC.csv",
-           "results/table4.csv", "results/table_iterative.csv", "results/table_iterative_zeroshot.csv",
-           "results/figures/fig2_calibration_size.png", "results/figures/iterative_calibration_size.png",
-           "results/tiny/c8/rcpu-0.5/coec/export", "results/README.md", "results/claims.md"]
+TARGETS = [
+    "results/table1.csv",
+    "results/table2.csv",
+    "results/table3.csv",
+    "results/appC.csv",
+    "results/table4.csv",
+    "results/table_iterative.csv",
+    "results/table_iterative_zeroshot.csv",
+    "results/figures/fig2_calibration_size.png",
+    "results/figures/iterative_calibration_size.png",
+    "results/tiny/c8/rcpu-0.5/coec/export",
+    "results/README.md",
+    "results/claims.md",
+]
 ABSENT = (None, [], {}, "{}", False)
 
 
 def every_rule_config(work: Path) -> dict:
     cfg = full_workflow_config(work)
-    cfg["evaluation"].update(zeroshot_tasks=["boolq", "rte", "winogrande", "hellaswag", "arc_easy",
-                                             "arc_challenge", "openbookqa"], zeroshot_limit=5)
-    cfg["calibration"]["c4-holdout"] = dict(cfg["calibration"]["c8"], nsamples=4, seed=1,
-                                            disjoint_from="c8")
+    cfg["evaluation"].update(
+        zeroshot_tasks=["boolq", "rte", "winogrande", "hellaswag", "arc_easy", "arc_challenge", "openbookqa"],
+        zeroshot_limit=5,
+    )
+    cfg["calibration"]["c4-holdout"] = dict(cfg["calibration"]["c8"], nsamples=4, seed=1, disjoint_from="c8")
     cfg["compensations"]["blend"] = {"method": "blend", "base": "coec", "holdout": "c4-holdout"}
     cfg["table1"]["rows"].append({"selection": "rcpu", "compensation": "blend"})
-    cfg["appC"] = {"model": "tiny", "calibration": "c8", "selection": "rcpu", "ratio": 0.5,
-                   "compensation": "coec"}
+    cfg["appC"] = {"model": "tiny", "calibration": "c8", "selection": "rcpu", "ratio": 0.5, "compensation": "coec"}
     cfg["table4"] = {"ratio": 0.5, "models": ["tiny"]}
     return cfg
 
@@ -47,9 +57,27 @@ def rule_commands(tmp_path_factory) -> list[list[str]]:
     work = tmp_path_factory.mktemp("every-rule")
     cfg_path = work / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(every_rule_config(work)))
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-                          "--directory", str(work), "-n", "-p", "--cores", "1", *TARGETS,
-                          "--configfile", str(cfg_path)], capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(work),
+            "-n",
+            "-p",
+            "--cores",
+            "1",
+            *TARGETS,
+            "--configfile",
+            str(cfg_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     commands = []
     for line in res.stdout.splitlines():
@@ -85,8 +113,20 @@ def test_every_rule_command_parses(rule_commands):
         build_parser().parse_args(words)  # exits on an unknown option
         names.add(_subparser(build_parser(), words)[1])
     # the dry run reached every kind of stage the rules run
-    assert {"calibrate", "select", "compensate", "ppl", "zeroshot", "geometry", "export", "report",
-            "prepare-zeroshot", "iterative run", "iterative collect", "iterative ppl"} <= names, names
+    assert {
+        "calibrate",
+        "select",
+        "compensate",
+        "ppl",
+        "zeroshot",
+        "geometry",
+        "export",
+        "report",
+        "prepare-zeroshot",
+        "iterative run",
+        "iterative collect",
+        "iterative ppl",
+    } <= names, names
 
 
 def test_options_the_rules_pass_have_one_default(rule_commands):

@@ -23,24 +23,36 @@ from coec.deploy.bounds import gguf_flops_per_token, gguf_read_bytes, prefill_co
 from coec.deploy.measured import write_measured
 from coec.deploy.spec import measured_spec
 from coec.evaluate.llamacpp import unavailable
+from coec.export import run_export
 from coec.gguf import write_gguf
-from coec.pipeline import build_model, run_export
+from coec.pipeline import build_model
 from conftest import full_workflow_config, job_counts, make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
-SHAPE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8,
-             intermediate_size=96, num_hidden_layers=2)
-MEASURED = {"model": "tiny", "calibration": "c8", "repeats": 1, "prompt_tokens": 16, "new_tokens": 4,
-            "cells": [{"selection": "flap", "compensation": "bias", "ratio": 0.5},
-                      {"variant": "alam", "ratio": 0.5, "label": "AL-AM"}],
-            "runtimes": ["transformers-fp32", "llamacpp-f16", "llamacpp-q8_0"]}
-GGUF_TARGETS = ["results/tiny/c8/rcpu-0.5/coec/export-q8_0.gguf", "results/tiny/dense/export-f16.gguf",
-                "results/tiny/c8/iterative/alam-0.5/export-f32.gguf"]
+SHAPE = dict(
+    hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8, intermediate_size=96, num_hidden_layers=2
+)
+MEASURED = {
+    "model": "tiny",
+    "calibration": "c8",
+    "repeats": 1,
+    "prompt_tokens": 16,
+    "new_tokens": 4,
+    "cells": [
+        {"selection": "flap", "compensation": "bias", "ratio": 0.5},
+        {"variant": "alam", "ratio": 0.5, "label": "AL-AM"},
+    ],
+    "runtimes": ["transformers-fp32", "llamacpp-f16", "llamacpp-q8_0"],
+}
+GGUF_TARGETS = [
+    "results/tiny/c8/rcpu-0.5/coec/export-q8_0.gguf",
+    "results/tiny/dense/export-f16.gguf",
+    "results/tiny/c8/iterative/alam-0.5/export-f32.gguf",
+]
 
 
 def snakemake(work: Path, *args: str, timeout: int = 900):
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(work), *args]
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -56,8 +68,17 @@ def work(tmp_path_factory):
 def test_gguf_targets_and_measured_table_are_planned(work):
     """Every option the new rules pass is required, schema-defaulted or defaults to nothing (each
     default exists once), and the measured table depends on every export it times."""
-    res = snakemake(work, "-n", "-p", "--cores", "1", "results/table4_measured.csv", *GGUF_TARGETS,
-                    "--configfile", str(work / "config.yaml"))
+    res = snakemake(
+        work,
+        "-n",
+        "-p",
+        "--cores",
+        "1",
+        "results/table4_measured.csv",
+        *GGUF_TARGETS,
+        "--configfile",
+        str(work / "config.yaml"),
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     jobs = job_counts(res.stdout)
     # dense f16 + q8_0, the AL-AM cell's f16 + q8_0 + f32, the flap cell's two and rcpu's q8_0
@@ -69,24 +90,26 @@ def test_gguf_targets_and_measured_table_are_planned(work):
         if not line.startswith("Shell command: ") or " export --format gguf " not in line:
             continue
         words = shlex.split(line.removeprefix("Shell command: ").split(" > ")[0])
-        args = words[words.index("export") + 1:]
+        args = words[words.index("export") + 1 :]
         export.parse_args(args)
         for w in (w for w in args if w.startswith("--")):
             action = next(a for a in export._actions if w in a.option_strings)
-            assert (action.required or hasattr(action, "config_key")
-                    or action.default in (None, [], {}, False)), w
+            assert action.required or hasattr(action, "config_key") or action.default in (None, [], {}, False), w
         assert "--gguf-type" in args and "--force" not in args
     spec = measured_spec(validate_config(yaml.safe_load((work / "config.yaml").read_text())))
     assert [c["label"] for c in spec["cells"]] == ["dense", "flap+bias 0.5", "AL-AM"]
     assert set(spec["cells"][2]["gguf"]) == {"f16", "q8_0"} and "build" in spec["cells"][2]
 
 
-@pytest.mark.parametrize("change,match", [
-    ({"model": "nope"}, r"table4_measured\.model: unknown model 'nope'"),
-    ({"cells": [{"variant": "nope", "ratio": 0.5}]}, r"table4_measured\.cells\[0\]\.variant"),
-    ({"cells": [{"selection": "flap", "compensation": "nope", "ratio": 0.5}]}, r"cells\[0\]\.compensation"),
-    ({"runtimes": ["vllm"]}, r"table4_measured\.runtimes"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"model": "nope"}, r"table4_measured\.model: unknown model 'nope'"),
+        ({"cells": [{"variant": "nope", "ratio": 0.5}]}, r"table4_measured\.cells\[0\]\.variant"),
+        ({"cells": [{"selection": "flap", "compensation": "nope", "ratio": 0.5}]}, r"cells\[0\]\.compensation"),
+        ({"runtimes": ["vllm"]}, r"table4_measured\.runtimes"),
+    ],
+)
 def test_bad_measured_config_is_one_line_naming_the_key(work, change, match):
     cfg = yaml.safe_load((work / "config.yaml").read_text())
     cfg["table4_measured"] = {**MEASURED, **change}
@@ -110,7 +133,8 @@ def test_bounds_follow_cost_py(tmp_path):
     shape = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48}
     ctx = prefill_context(16)
     assert gguf_flops_per_token(tmp_path / "m.gguf", ctx) == pytest.approx(
-        flops_per_token(cfg, shape, include_embedding=False, context_len=ctx) * 1e9, rel=1e-12)
+        flops_per_token(cfg, shape, include_embedding=False, context_len=ctx) * 1e9, rel=1e-12
+    )
     r = gguf.GGUFReader(str(tmp_path / "m.gguf"))
     vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
     assert gguf_read_bytes(tmp_path / "m.gguf") == sum(int(t.n_bytes) for t in r.tensors) - 4 * (vocab - 1) * hidden
@@ -131,15 +155,35 @@ def tiny_cells(tmp_path_factory):
 
 
 def tiny_spec(root, src, keep, out: Path, runtimes: list[str], repeats: int, in_memory: bool) -> dict:
-    gguf = lambda name: {g: str(root / f"{name}-{g}.gguf") for g in ("f16", "q8_0")}
-    cells = [{"label": "dense", "ratio": 0.0, "hf": str(src), "gguf": gguf("dense")},
-             {"label": "cell", "ratio": 0.5, "hf": str(root / "export"), "gguf": gguf("cell")}]
+
+    def gguf(name):
+        return {g: str(root / f"{name}-{g}.gguf") for g in ("f16", "q8_0")}
+
+    cells = [
+        {"label": "dense", "ratio": 0.0, "hf": str(src), "gguf": gguf("dense")},
+        {"label": "cell", "ratio": 0.5, "hf": str(root / "export"), "gguf": gguf("cell")},
+    ]
     if in_memory:  # a cell no HF class holds (per-layer widths) is timed assembled in memory
-        cells.append({"label": "in memory", "ratio": 0.5, "gguf": gguf("cell"),
-                      "build": {"model": str(src), "keep": str(keep), "comp": []}})
-    return {"runtimes": runtimes, "prompt_tokens": 16, "new_tokens": 4, "repeats": repeats,
-            "threads": 1, "seed": 0, "device": "cpu", "caption": "tiny", "cells": cells,
-            "figure": str(out.parent / "fig.png")}
+        cells.append(
+            {
+                "label": "in memory",
+                "ratio": 0.5,
+                "gguf": gguf("cell"),
+                "build": {"model": str(src), "keep": str(keep), "comp": []},
+            }
+        )
+    return {
+        "runtimes": runtimes,
+        "prompt_tokens": 16,
+        "new_tokens": 4,
+        "repeats": repeats,
+        "threads": 1,
+        "seed": 0,
+        "device": "cpu",
+        "caption": "tiny",
+        "cells": cells,
+        "figure": str(out.parent / "fig.png"),
+    }
 
 
 def check_table(df, out: Path, n_rows: int, repeats: int) -> None:
@@ -180,10 +224,32 @@ def test_measured_table_every_runtime(tiny_cells, tmp_path):
 
 def test_gpu_half_runs_at_tiny_size_on_the_cpu(tmp_path):
     out = tmp_path / "d.json"
-    proc = subprocess.run([sys.executable, "benchmarks/deploy_speed.py", "--random-arch", "tiny",
-                           "--device", "cpu", "--dtype", "float32", "--ratios", "0.25,0.5", "--prompt", "16",
-                           "--new-tokens", "4", "--repeat", "2", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/deploy_speed.py",
+            "--random-arch",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--ratios",
+            "0.25,0.5",
+            "--prompt",
+            "16",
+            "--new-tokens",
+            "4",
+            "--repeat",
+            "2",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["ratio"] for r in rows] == [0.0, 0.25, 0.5]

@@ -32,15 +32,14 @@ COEC = [sys.executable, "-m", "coec"]
 
 
 def coec(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*COEC, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+    return subprocess.run([*COEC, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 def assert_refused(res: subprocess.CompletedProcess, *needles: str) -> str:
     """A refusal: exit 2, no traceback, and one `coec <stage>: error: ...` line naming ``needles``."""
     assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
-    lines = [l for l in res.stderr.splitlines() if ": error: " in l and l.startswith("coec ")]
+    lines = [ln for ln in res.stderr.splitlines() if ": error: " in ln and ln.startswith("coec ")]
     assert len(lines) == 1, res.stderr[-3000:]
     for n in needles:
         assert n in lines[0], (n, lines[0])
@@ -58,7 +57,7 @@ def file_digests(root: Path) -> dict[str, str]:
             data = p.read_bytes()
             if p.suffix == ".safetensors":  # header length prefix + JSON header + tensor bytes
                 n = int.from_bytes(data[:8], "little")
-                data = data[8:8 + n] + b"|" + data[8 + n:]
+                data = data[8 : 8 + n] + b"|" + data[8 + n :]
             out[rel] = hashlib.sha256(data.replace(str(root).encode(), b"<WORK>")).hexdigest()
     return out
 
@@ -79,31 +78,105 @@ def cell(tmp_path_factory):
     model = make_model_dir(work / "model", "llama")
     (work / "calib.txt").write_text(CORPUS)
     (work / "eval.txt").write_text(CORPUS[1000:4000])
-    dataset = json.dumps({"source": "files", "calib": str(work / "calib.txt"),
-                          "eval": str(work / "eval.txt")})
-    res = coec("calibrate", "--model", model, "--dataset", dataset, "--nsamples", 4,
-               "--seqlen", 32, "--device", "cpu", "--out", work / "grams")
+    dataset = json.dumps({"source": "files", "calib": str(work / "calib.txt"), "eval": str(work / "eval.txt")})
+    res = coec(
+        "calibrate",
+        "--model",
+        model,
+        "--dataset",
+        dataset,
+        "--nsamples",
+        4,
+        "--seqlen",
+        32,
+        "--device",
+        "cpu",
+        "--out",
+        work / "grams",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
-    res = coec("select", "--model", model, "--grams", work / "grams", "--method", "wanda_sp",
-               "--ratio", 0.5, "--out", work / "keep.json")
+    res = coec(
+        "select",
+        "--model",
+        model,
+        "--grams",
+        work / "grams",
+        "--method",
+        "wanda_sp",
+        "--ratio",
+        0.5,
+        "--out",
+        work / "keep.json",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
-    res = coec("compensate", "--model", model, "--grams", work / "grams", "--keep",
-               work / "keep.json", "--spec", json.dumps({"method": "lstsq"}), "--first", 0,
-               "--last", 1, "--device", "cpu", "--out", work / "block0-1.safetensors")
+    res = coec(
+        "compensate",
+        "--model",
+        model,
+        "--grams",
+        work / "grams",
+        "--keep",
+        work / "keep.json",
+        "--spec",
+        json.dumps({"method": "lstsq"}),
+        "--first",
+        0,
+        "--last",
+        1,
+        "--device",
+        "cpu",
+        "--out",
+        work / "block0-1.safetensors",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
-    return {"work": work, "model": model, "dataset": dataset, "grams": work / "grams",
-            "keep": work / "keep.json", "block": work / "block0-1.safetensors"}
+    return {
+        "work": work,
+        "model": model,
+        "dataset": dataset,
+        "grams": work / "grams",
+        "keep": work / "keep.json",
+        "block": work / "block0-1.safetensors",
+    }
 
 
 def _compensate(cell, grams, keep, out, spec=None):
-    return coec("compensate", "--model", cell["model"], "--grams", grams, "--keep", keep,
-                "--spec", json.dumps(spec or {"method": "lstsq"}), "--first", 0, "--last", 1,
-                "--device", "cpu", "--out", out)
+    return coec(
+        "compensate",
+        "--model",
+        cell["model"],
+        "--grams",
+        grams,
+        "--keep",
+        keep,
+        "--spec",
+        json.dumps(spec or {"method": "lstsq"}),
+        "--first",
+        0,
+        "--last",
+        1,
+        "--device",
+        "cpu",
+        "--out",
+        out,
+    )
 
 
 def _ppl(cell, out, model=None, comp=()):
-    args = ["ppl", "--model", model or cell["model"], "--dataset", cell["dataset"],
-            "--seqlen", 32, "--max-windows", 2, "--device", "cpu", "--out", out]
+    args = [
+        "ppl",
+        "--model",
+        model or cell["model"],
+        "--dataset",
+        cell["dataset"],
+        "--seqlen",
+        32,
+        "--max-windows",
+        2,
+        "--device",
+        "cpu",
+        "--out",
+        out,
+    ]
     if comp:
         args += ["--keep", cell["keep"], "--comp", *comp]
     return coec(*args)
@@ -171,8 +244,10 @@ def test_gram_of_the_wrong_shape_is_refused(cell, tmp_path):
     target = grams / "layer0.safetensors"
 
     def shrink(t):
-        return {k: (v[:-1, :-1].contiguous() if v.dim() == 2 else v[:-1].contiguous()
-                    if v.dim() == 1 else v) for k, v in t.items()}
+        return {
+            k: (v[:-1, :-1].contiguous() if v.dim() == 2 else v[:-1].contiguous() if v.dim() == 1 else v)
+            for k, v in t.items()
+        }
 
     _rewrite_gram(target, shrink)
     out = tmp_path / "block.safetensors"
@@ -268,7 +343,7 @@ def test_full_disk_keeps_the_previous_file(tmp_path, monkeypatch):
         artifacts.write_tensors(target, {"a": torch.ones(3)})
         before = target.read_bytes()
         with pytest.raises(OSError) as err:
-            artifacts.write_tensors(target, {"a": torch.zeros(2 ** 20)})  # 4 MiB
+            artifacts.write_tensors(target, {"a": torch.zeros(2**20)})  # 4 MiB
         assert err.value.errno == errno.ENOSPC
         assert target.read_bytes() == before
         assert sorted(p.name for p in folder.iterdir()) == ["layer0.safetensors"]
@@ -309,14 +384,26 @@ def test_full_disk_keeps_the_previous_file(tmp_path, monkeypatch):
 
 
 def snakemake_cmd(work: Path, cfg_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-            "--directory", str(work), "--cores", "2", "--rerun-incomplete", *extra,
-            "results/table1.csv", "--configfile", str(cfg_path)]
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(work),
+        "--cores",
+        "2",
+        "--rerun-incomplete",
+        *extra,
+        "results/table1.csv",
+        "--configfile",
+        str(cfg_path),
+    ]
 
 
 def run_workflow(work: Path, cfg_path: Path) -> subprocess.CompletedProcess:
-    res = subprocess.run(snakemake_cmd(work, cfg_path), capture_output=True, text=True,
-                         timeout=1800)
+    res = subprocess.run(snakemake_cmd(work, cfg_path), capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stderr[-4000:]
     return res
 
@@ -346,8 +433,7 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     return res.returncode == 0
-
-

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
+
 import pytest
 
 from test_faults import _mount_tmpfs, file_digests, fresh_copy, reference, run_workflow, snakemake_cmd  # noqa: F401  (helpers and fixtures)
@@ -23,8 +24,9 @@ def test_kill9_of_snakemake_then_rerun_is_byte_identical(reference, tmp_path, se
     cfg_path = fresh_copy(ref, tmp_path / "w")
     work = cfg_path.parent
     delay = random.Random(seed).uniform(0.1, 0.9) * seconds
-    proc = subprocess.Popen(snakemake_cmd(work, cfg_path), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        snakemake_cmd(work, cfg_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         proc.wait(timeout=delay)
     except subprocess.TimeoutExpired:
@@ -40,13 +42,17 @@ def test_kill9_of_an_inner_job_then_rerun_is_byte_identical(reference, tmp_path)
     ref, _, digests = reference
     cfg_path = fresh_copy(ref, tmp_path / "w")
     work = cfg_path.parent
-    proc = subprocess.Popen(snakemake_cmd(work, cfg_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        snakemake_cmd(work, cfg_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     killed = None
     deadline = time.time() + 900
     while proc.poll() is None and time.time() < deadline and killed is None:
-        ps = subprocess.run(["pgrep", "-f", f"coec compensate .*{work}"], capture_output=True,
-                            text=True)
+        ps = subprocess.run(["pgrep", "-f", f"coec compensate .*{work}"], capture_output=True, text=True)
         pids = [int(p) for p in ps.stdout.split()]
         if pids:
             time.sleep(0.5)  # let it get going
@@ -73,11 +79,12 @@ def test_full_disk_mid_run_then_rerun_is_byte_identical(reference, tmp_path):
     work = cfg_path.parent
     used = sum(p.stat().st_size for p in (ref / "results").rglob("*") if p.is_file())
     if not _mount_tmpfs(work / "results", f"{max(used // 3, 64 * 1024)}"):
-        pytest.skip("cannot mount a tmpfs here (needs root and mount): the ENOSPC unit test "
-                    "test_full_disk_keeps_the_previous_file covers the writer")
+        pytest.skip(
+            "cannot mount a tmpfs here (needs root and mount): the ENOSPC unit test "
+            "test_full_disk_keeps_the_previous_file covers the writer"
+        )
     try:
-        res = subprocess.run(snakemake_cmd(work, cfg_path), capture_output=True, text=True,
-                             timeout=1800)
+        res = subprocess.run(snakemake_cmd(work, cfg_path), capture_output=True, text=True, timeout=1800)
         assert res.returncode != 0, "the run should not fit"
         for p in (work / "results").rglob("*"):
             rel = p.relative_to(work / "results").as_posix()
@@ -90,8 +97,7 @@ def test_full_disk_mid_run_then_rerun_is_byte_identical(reference, tmp_path):
                 artifacts.read_tensors(p)
             elif p.suffix == ".json":
                 json.loads(p.read_text())
-        kept = {p.relative_to(work).as_posix(): p.read_bytes()
-                for p in (work / "results").rglob("*") if p.is_file()}
+        kept = {p.relative_to(work).as_posix(): p.read_bytes() for p in (work / "results").rglob("*") if p.is_file()}
         shutil.copytree(work / "results", tmp_path / "saved")
     finally:
         subprocess.run(["umount", str(work / "results")], capture_output=True)

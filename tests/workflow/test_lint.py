@@ -27,9 +27,11 @@ Lints for rule select (line 4, {REPO}/workflow/rules/select.smk):
 
 def test_findings_are_parsed_and_only_justified_ones_pass():
     found = lint.findings(SAMPLE)
-    assert found == [("workflow/rules/report.smk", "Mixed rules and functions in same snakefile."),
-                     ("table", "Shell command directly uses variable PY from outside of the rule"),
-                     ("select", "Do not access input and output files individually by index in shell commands")]
+    assert found == [
+        ("workflow/rules/report.smk", "Mixed rules and functions in same snakefile."),
+        ("table", "Shell command directly uses variable PY from outside of the rule"),
+        ("select", "Do not access input and output files individually by index in shell commands"),
+    ]
     # mixed rules and functions is never justified; output[0] only in the zero-shot rules
     assert lint.unjustified(found) == [found[0], found[2]]
 

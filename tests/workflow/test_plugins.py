@@ -17,12 +17,11 @@ import pytest
 import torch
 import yaml
 
-from conftest import write_trimmed_workflow
-
 from coec.compensate import compensate
 from coec.compensate.method import METHODS
 from coec.config import ConfigError, validate_config
 from coec.registry import PLUGINS_ENV, Registry, UnknownName, forget_plugins, load_plugins
+from conftest import write_trimmed_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "global_scale.py"
@@ -40,8 +39,9 @@ def plugin():
 
 def _problem(seed=0, d_out=10, d_in=16, k=11, n=80):
     g = torch.Generator().manual_seed(seed)
-    X = torch.randn(n, d_in, generator=g, dtype=torch.float64) @ torch.randn(d_in, d_in, generator=g,
-                                                                            dtype=torch.float64)
+    X = torch.randn(n, d_in, generator=g, dtype=torch.float64) @ torch.randn(
+        d_in, d_in, generator=g, dtype=torch.float64
+    )
     W0 = torch.randn(d_out, d_in, generator=g, dtype=torch.float64)
     keep = torch.sort(torch.randperm(d_in, generator=g)[:k]).values
     return W0, X.T @ X, X.mean(0), keep, X
@@ -93,15 +93,21 @@ def test_config_knows_the_method_only_with_its_plugin(plugin, tmp_path):
     cfg["plugins"] = [str(PLUGIN)]
     validate_config(copy.deepcopy(cfg))
     cfg["compensations"]["gs"]["shrnk"] = 0.5
-    with pytest.raises(ConfigError, match=r"compensations\.gs\.shrnk: unknown option 'shrnk' for method "
-                                          r"'global_scale'; did you mean 'shrink'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"compensations\.gs\.shrnk: unknown option 'shrnk' for method "
+        r"'global_scale'; did you mean 'shrink'\?",
+    ):
         validate_config(copy.deepcopy(cfg))
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("no_such_file.py", r"plugins\[0\]: plug-in 'no_such_file.py' could not be loaded: FileNotFoundError"),
-    ("no_such_module_xyz", r"plugins\[0\]: plug-in 'no_such_module_xyz' could not be loaded: ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("no_such_file.py", r"plugins\[0\]: plug-in 'no_such_file.py' could not be loaded: FileNotFoundError"),
+        ("no_such_module_xyz", r"plugins\[0\]: plug-in 'no_such_module_xyz' could not be loaded: ModuleNotFoundError"),
+    ],
+)
 def test_a_bad_plugin_is_refused_in_one_line(tmp_path, spec, needle):
     cfg, _ = write_trimmed_workflow(tmp_path)
     cfg["compensations"].update({m: {"method": m} for m in ("none", "bias", "rcpu")})  # config.yaml's
@@ -109,8 +115,7 @@ def test_a_bad_plugin_is_refused_in_one_line(tmp_path, spec, needle):
     with pytest.raises(ConfigError, match=needle):
         validate_config(cfg)
     env = {**os.environ, PLUGINS_ENV: spec}
-    res = subprocess.run([sys.executable, "-m", "coec", "select", "--help"], capture_output=True, text=True,
-                         env=env)
+    res = subprocess.run([sys.executable, "-m", "coec", "select", "--help"], capture_output=True, text=True, env=env)
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "COEC_PLUGINS[0]: plug-in" in res.stderr
 
@@ -121,11 +126,25 @@ def test_plugin_method_runs_through_the_trimmed_workflow_to_a_table1_row(tmp_pat
     cfg, cfg_path = write_trimmed_workflow(work)
     cfg["plugins"] = [str(PLUGIN)]
     cfg["compensations"] = {"coec": cfg["compensations"]["coec"], "scaled": {"method": "global_scale"}}
-    cfg["table1"]["rows"] = [{"selection": "wanda_sp", "compensation": "none"},
-                             {"selection": "wanda_sp", "compensation": "scaled"}]
+    cfg["table1"]["rows"] = [
+        {"selection": "wanda_sp", "compensation": "none"},
+        {"selection": "wanda_sp", "compensation": "scaled"},
+    ]
     cfg_path.write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
-           "--cores", "2", "results/table1.csv", "--configfile", str(cfg_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(work),
+        "--cores",
+        "2",
+        "results/table1.csv",
+        "--configfile",
+        str(cfg_path),
+    ]
     env = {k: v for k, v in os.environ.items() if k != PLUGINS_ENV}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr[-3000:]

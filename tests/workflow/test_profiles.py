@@ -14,8 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def snakemake(cwd: Path, *args: str) -> str:
-    res = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, f"snakemake failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res.stdout + res.stderr
 
@@ -27,8 +28,7 @@ def test_default_profile_applies_to_a_plain_run(tmp_path):
     assert "workflow specific profile profiles/default " in out
     assert "Shell command: OMP_NUM_THREADS=" in out
     # the same run without the profile prints no shell command
-    out = snakemake(REPO, "-n", "--workflow-profile", "none", "--directory", str(tmp_path),
-                    "results/table1.csv")
+    out = snakemake(REPO, "-n", "--workflow-profile", "none", "--directory", str(tmp_path), "results/table1.csv")
     assert "workflow specific profile" not in out and "Shell command:" not in out
     # from elsewhere, found next to the Snakefile
     out = snakemake(tmp_path, "-n", "--snakefile", str(REPO / "Snakefile"), "results/table1.csv")
@@ -38,16 +38,18 @@ def test_default_profile_applies_to_a_plain_run(tmp_path):
 
 def test_profiles_found_by_old_paths():
     for name in ("default", "slurm"):
-        assert (REPO / "workflow/profiles" / name / "config.yaml").resolve() == \
-            (REPO / "profiles" / name / "config.yaml").resolve()
+        assert (REPO / "workflow/profiles" / name / "config.yaml").resolve() == (
+            REPO / "profiles" / name / "config.yaml"
+        ).resolve()
 
 
 def planned(out: str) -> list[tuple[str, dict]]:
     jobs = []
     for block in out.split("\nrule ")[1:]:
         m = re.search(r"^\s+resources: (.*)$", block, re.M)
-        jobs.append((block.split(":", 1)[0].strip(),
-                     dict(kv.split("=", 1) for kv in m.group(1).split(", ")) if m else {}))
+        jobs.append(
+            (block.split(":", 1)[0].strip(), dict(kv.split("=", 1) for kv in m.group(1).split(", ")) if m else {})
+        )
     return jobs
 
 
@@ -60,14 +62,34 @@ def test_slurm_profile_site_settings(tmp_path):
     site = yaml.safe_load((REPO / "profiles/slurm/site.yaml").read_text())
     assert set(site["resources"]["default"]) >= {"slurm_account", "slurm_partition", "gpu_model"}
     mine = tmp_path / "site.yaml"
-    mine.write_text(yaml.safe_dump({"resources": {
-        "default": {"slurm_account": "proj1", "slurm_partition": "cpu", "gpu_model": "a100"},
-        "calibrate": {"slurm_partition": "gpu"}, "compensate": {"slurm_partition": "gpu"},
-        "ppl": {"slurm_partition": "gpu"}, "zeroshot": {"slurm_partition": "gpu"}},
-        "table1": {"models": ["llama-3.1-8b", "llama-3-70b"]}}))  # a smaller DAG
-    out = snakemake(tmp_path, "-n", "--snakefile", str(REPO / "Snakefile"), "--workflow-profile",
-                    str(REPO / "profiles/slurm"), "--configfile", str(REPO / "workflow/configs/paper.yaml"),
-                    str(REPO / "profiles/slurm/site.yaml"), str(mine), "--", "results/table1.csv")
+    mine.write_text(
+        yaml.safe_dump(
+            {
+                "resources": {
+                    "default": {"slurm_account": "proj1", "slurm_partition": "cpu", "gpu_model": "a100"},
+                    "calibrate": {"slurm_partition": "gpu"},
+                    "compensate": {"slurm_partition": "gpu"},
+                    "ppl": {"slurm_partition": "gpu"},
+                    "zeroshot": {"slurm_partition": "gpu"},
+                },
+                "table1": {"models": ["llama-3.1-8b", "llama-3-70b"]},
+            }
+        )
+    )  # a smaller DAG
+    out = snakemake(
+        tmp_path,
+        "-n",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--workflow-profile",
+        str(REPO / "profiles/slurm"),
+        "--configfile",
+        str(REPO / "workflow/configs/paper.yaml"),
+        str(REPO / "profiles/slurm/site.yaml"),
+        str(mine),
+        "--",
+        "results/table1.csv",
+    )
     jobs = planned(out)
     by_rule = {}
     for rule, res in jobs:

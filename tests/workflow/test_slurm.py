@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import write_trimmed_workflow, job_counts
+from conftest import job_counts, write_trimmed_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts/slurm/local_cluster.sh"
@@ -44,8 +44,9 @@ def cluster(request):
     state = Path(tempfile.mkdtemp(prefix="coec-slurm-"))  # short: the munge socket lives here
     env = dict(os.environ, ACCOUNTING="1" if mode == "sacct" else "0")
     t0 = time.monotonic()
-    res = subprocess.run(["bash", str(SCRIPT), "start", str(state)], capture_output=True, text=True,
-                         timeout=900, env=env)
+    res = subprocess.run(
+        ["bash", str(SCRIPT), "start", str(state)], capture_output=True, text=True, timeout=900, env=env
+    )
     up = time.monotonic() - t0
     if res.returncode == 2:  # the script's "cannot run here"
         pytest.skip(f"SLURM ({mode}): {res.stderr.strip().splitlines()[-1]}")
@@ -64,8 +65,16 @@ def cluster(request):
 
 
 def run_snakemake(workdir: Path, *args: str, env=None) -> tuple[str, float]:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(workdir), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        *args,
+    ]
     t0 = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     out = res.stdout + res.stderr
@@ -74,8 +83,9 @@ def run_snakemake(workdir: Path, *args: str, env=None) -> tuple[str, float]:
 
 
 def scontrol_job(jobid: str, env) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "-o", "show", "job", jobid], capture_output=True, text=True,
-                         env=env, check=True).stdout
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", jobid], capture_output=True, text=True, env=env, check=True
+    ).stdout
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
@@ -84,8 +94,9 @@ def local_run(tmp_path_factory):
     """The trimmed workflow run locally (the default profile), and its wall time."""
     local = tmp_path_factory.mktemp("local")
     write_trimmed_workflow(local)
-    _, t_local = run_snakemake(local, "--cores", "2", "--configfile", str(local / "trim.yaml"),
-                               "--", "results/table1.csv")
+    _, t_local = run_snakemake(
+        local, "--cores", "2", "--configfile", str(local / "trim.yaml"), "--", "results/table1.csv"
+    )
     return local, t_local
 
 
@@ -104,10 +115,24 @@ def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
     fit.write_text(yaml.safe_dump({"models": {"tiny": {"resources": {"compensate": {"cpus_per_gpu": 1}}}}}))
     target = "results/table1.csv" if mode == "squeue" else CELL
     out, t_slurm = run_snakemake(
-        work, "--workflow-profile", str(REPO / "profiles/slurm"), "--slurm-status-command", mode,
-        "--slurm-init-seconds-before-status-checks", "5", "--slurm-keep-successful-logs",
-        "--latency-wait", "5", "--configfile", str(cfg_path), str(SCRIPT.parent / "local_site.yaml"),
-        str(fit), "--", target, env=env)
+        work,
+        "--workflow-profile",
+        str(REPO / "profiles/slurm"),
+        "--slurm-status-command",
+        mode,
+        "--slurm-init-seconds-before-status-checks",
+        "5",
+        "--slurm-keep-successful-logs",
+        "--latency-wait",
+        "5",
+        "--configfile",
+        str(cfg_path),
+        str(SCRIPT.parent / "local_site.yaml"),
+        str(fit),
+        "--",
+        target,
+        env=env,
+    )
     print(f"trimmed workflow ({target}): local run of table1 {t_local:.0f} s, SLURM ({mode}) {t_slurm:.0f} s")
 
     stats = job_counts(out)
@@ -131,8 +156,11 @@ def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
     assert {r: len(j) for r, j in rules.items()} == {r: n for r, n in stats.items() if r != "total"}
     # the status command of the mode sees every job of the run, finished
     run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
-    cmd = (["squeue", "--states=all", "--noheader", "--format=%i|%T", "--name", run_id] if mode == "squeue"
-           else ["sacct", "-X", "--parsable2", "--noheader", "--format=JobIdRaw,State", "--name", run_id])
+    cmd = (
+        ["squeue", "--states=all", "--noheader", "--format=%i|%T", "--name", run_id]
+        if mode == "squeue"
+        else ["sacct", "-X", "--parsable2", "--noheader", "--format=JobIdRaw,State", "--name", run_id]
+    )
     seen = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.split()
     assert sorted(seen) == sorted(f"{jid}|COMPLETED" for jid, _ in submitted)
     if mode == "squeue":

@@ -36,12 +36,15 @@ def render_caption(name: str, rule: str, config: dict, csv: Path, wildcards: dic
     from jinja2 import Environment
 
     output = types.SimpleNamespace(csv=str(csv), md=str(csv.with_suffix(".md")))
-    sm = types.SimpleNamespace(config=config, rule=rule, output=output,
-                               wildcards=types.SimpleNamespace(**(wildcards or {})))
-    rst = Environment(trim_blocks=True, lstrip_blocks=True).from_string(
-        (CAPTIONS / name).read_text()).render(snakemake=sm)
-    return publish_parts(rst, writer="html",
-                         settings_overrides={"halt_level": 2, "report_level": 2})["body"]
+    sm = types.SimpleNamespace(
+        config=config, rule=rule, output=output, wildcards=types.SimpleNamespace(**(wildcards or {}))
+    )
+    rst = (
+        Environment(trim_blocks=True, lstrip_blocks=True)
+        .from_string((CAPTIONS / name).read_text())
+        .render(snakemake=sm)
+    )
+    return publish_parts(rst, writer="html", settings_overrides={"halt_level": 2, "report_level": 2})["body"]
 
 
 CONFIGS = {"default": [], "paper": ["workflow/configs/paper.yaml"]}
@@ -62,8 +65,13 @@ def test_every_caption_renders_for_the_shipped_configs(which, tmp_path):
     for rule in ("table_iterative", "table_iterative_zeroshot"):
         body = render_caption("table.rst", rule, cfg, csv)
         assert "<table" in body and "Iterative variants" in body
-    checks = {"table4.rst": "table4", "appc.rst": "appC", "appc_angles.rst": "appC", "fig2.rst": "fig2",
-              "iterative_size.rst": "iterative"}
+    checks = {
+        "table4.rst": "table4",
+        "appc.rst": "appC",
+        "appc_angles.rst": "appC",
+        "fig2.rst": "fig2",
+        "iterative_size.rst": "iterative",
+    }
     for name, key in checks.items():
         if key in cfg:
             assert "{{" not in render_caption(name, name, cfg, csv)
@@ -77,19 +85,24 @@ def test_start_page_lists_and_links_every_result():
     from snakemake.report import Category as cat
 
     def rec(path, title):
-        return types.SimpleNamespace(path=Path(path), target=Path(path).name, name=Path(path).name,
-                                     labels={"artifact": title})
+        return types.SimpleNamespace(
+            path=Path(path), target=Path(path).name, name=Path(path).name, labels={"artifact": title}
+        )
 
     t1, t4 = rec("results/table1.csv", "Table 1: x"), rec("results/table4.csv", "Table 4: y")
     fig = rec("results/figures/f.png", "Fig. 2: z")
-    categories = {cat("Tables"): {cat("Perplexity"): [t1], cat("Deployment cost"): [t4]},
-                  cat("Figures"): {cat("Other"): [fig]}}
+    categories = {
+        cat("Tables"): {cat("Perplexity"): [t1], cat("Deployment cost"): [t4]},
+        cat("Figures"): {cat("Other"): [fig]},
+    }
     links = "".join(f"\n.. _{c.name}: javascript:c()" for c in categories)
     links += "".join(f"\n.. _{r.target}: javascript:r()" for r in (t1, t4, fig))
     links += "\n.. _Workflow: javascript:w()\n.. _Statistics: javascript:s()\n"
-    rst = Environment(trim_blocks=True, lstrip_blocks=True).from_string(
-        (CAPTIONS / "workflow.rst").read_text() + links).render(
-        snakemake=types.SimpleNamespace(config={}), categories=categories, files=[t1, t4, fig])
+    rst = (
+        Environment(trim_blocks=True, lstrip_blocks=True)
+        .from_string((CAPTIONS / "workflow.rst").read_text() + links)
+        .render(snakemake=types.SimpleNamespace(config={}), categories=categories, files=[t1, t4, fig])
+    )
     body = publish_parts(rst, writer="html", settings_overrides={"halt_level": 2})["body"]
     # categories in name order, results in title order (Table 1 before Table 4), each a link
     assert body.index(">Figures<") < body.index(">Tables<")
@@ -125,19 +138,37 @@ def report_html(trimmed_run):  # noqa: F811
     """The trimmed run plus one artifact of every other category, then the HTML report."""
     work, cfg, _ = trimmed_run
     extra = {
-        "appC": {"model": "tiny", "calibration": "c8", "selection": "wanda_sp", "ratio": 0.5,
-                 "compensation": "coec"},
+        "appC": {"model": "tiny", "calibration": "c8", "selection": "wanda_sp", "ratio": 0.5, "compensation": "coec"},
         "table4": {"ratio": 0.5, "published": ["Qwen2.5-7B"], "models": ["tiny"]},
-        "fig2": {"model": "tiny", "calibration": "c8", "nsamples": [4, 8], "ratios": [0.5],
-                 "selection": "flap", "compensations": ["none", "bias"]},
-        "iterative": {"table": {"calibration": "c8", "models": ["tiny"], "ratios": [0.5],
-                                "rows": [{"label": "FLAP", "selection": "flap", "compensation": "bias"},
-                                         {"label": "one-step FLAP", "variant": "flap"}]}},
+        "fig2": {
+            "model": "tiny",
+            "calibration": "c8",
+            "nsamples": [4, 8],
+            "ratios": [0.5],
+            "selection": "flap",
+            "compensations": ["none", "bias"],
+        },
+        "iterative": {
+            "table": {
+                "calibration": "c8",
+                "models": ["tiny"],
+                "ratios": [0.5],
+                "rows": [
+                    {"label": "FLAP", "selection": "flap", "compensation": "bias"},
+                    {"label": "one-step FLAP", "variant": "flap"},
+                ],
+            }
+        },
     }
     cfg_path = work / "report.yaml"
     cfg_path.write_text(yaml.safe_dump(dict(cfg, **extra)))
-    targets = ["results/table1.csv", "results/table4.csv", "results/appC.csv",
-               "results/figures/fig2_calibration_size.png", "results/table_iterative.csv"]
+    targets = [
+        "results/table1.csv",
+        "results/table4.csv",
+        "results/appC.csv",
+        "results/figures/fig2_calibration_size.png",
+        "results/table_iterative.csv",
+    ]
     snakemake(work, *targets, "--cores", "2", "--configfile", str(cfg_path))
     out = work / "results/report.html"
     snakemake(work, "--report", str(out), *targets, "--configfile", str(cfg_path))
@@ -149,5 +180,3 @@ def _results(page: str) -> dict:
     m = re.search(r"var results = (\{.*?\});\n", page)
     assert m, "no results object in the report"
     return json.loads(m.group(1))
-
-

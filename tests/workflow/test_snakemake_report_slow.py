@@ -7,6 +7,7 @@ import html
 import json
 import re
 from pathlib import Path
+
 import pytest
 
 from test_snakemake_report import _results, report_html  # noqa: F401  (helpers and fixtures)
@@ -18,10 +19,14 @@ pytestmark = pytest.mark.slow
 def test_report_lists_every_artifact_with_caption_and_category(report_html):
     results = _results(report_html)
     by_path = {Path(p).as_posix(): r for p, r in results.items()}
-    assert set(by_path) == {"results/table1.csv", "results/table4.csv", "results/appC.csv",
-                            "results/figures/appC_angles.png",
-                            "results/figures/fig2_calibration_size.png",
-                            "results/table_iterative.csv"}
+    assert set(by_path) == {
+        "results/table1.csv",
+        "results/table4.csv",
+        "results/appC.csv",
+        "results/figures/appC_angles.png",
+        "results/figures/fig2_calibration_size.png",
+        "results/table_iterative.csv",
+    }
     t1 = by_path["results/table1.csv"]
     assert t1["labels"] == {"artifact": "Table 1: perplexity at 50 % column sparsity"}
     caption = html.unescape(t1["caption"])

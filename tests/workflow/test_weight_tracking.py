@@ -31,9 +31,26 @@ def _env(work: Path, **extra) -> dict:
 
 
 def snakemake(work: Path, cfg: Path, *args: str, env=None) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-                          "--directory", str(work), "--cores", "2", *args, "--configfile", str(cfg)],
-                         capture_output=True, text=True, timeout=900, env=env or _env(work))
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(work),
+            "--cores",
+            "2",
+            *args,
+            "--configfile",
+            str(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env or _env(work),
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
 
@@ -55,15 +72,17 @@ def planned_models(output: str) -> dict[str, set]:
 def _config(work: Path, models: dict) -> dict:
     return {
         "models": models,
-        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"),
-                               "eval": str(work / "eval.txt")}},
+        "datasets": {"local": {"source": "files", "calib": str(work / "calib.txt"), "eval": str(work / "eval.txt")}},
         "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "batch_size": 4}},
         "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 4, "ppl_batch_size": 2},
         "compensations": {"none": {"method": "none"}, "bias": {"method": "bias"}},
         "compute": {"device": "cpu", "compensate_block": 0, "threads": 1},
-        "table1": {"calibration": "c8", "models": list(models), "ratios": [0.5],
-                   "rows": [{"selection": "wanda_sp", "compensation": "none"},
-                            {"selection": "flap", "compensation": "bias"}]},
+        "table1": {
+            "calibration": "c8",
+            "models": list(models),
+            "ratios": [0.5],
+            "rows": [{"selection": "wanda_sp", "compensation": "none"}, {"selection": "flap", "compensation": "bias"}],
+        },
     }
 
 
@@ -75,8 +94,13 @@ def two_models(tmp_path_factory):
     make_model_dir(work / "tiny-b", "llama", seed=1)
     (work / "calib.txt").write_text(CORPUS)
     (work / "eval.txt").write_text(CORPUS[1000:4000])
-    cfg = _config(work, {"a": {"source": str(work / "tiny-a"), "num_layers": 2},
-                         "b": {"source": str(work / "tiny-b"), "num_layers": 2}})
+    cfg = _config(
+        work,
+        {
+            "a": {"source": str(work / "tiny-a"), "num_layers": 2},
+            "b": {"source": str(work / "tiny-b"), "num_layers": 2},
+        },
+    )
     cfg_path = work / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     snakemake(work, cfg_path, "results/table1.csv")
@@ -118,10 +142,23 @@ def test_changed_weights_replan_exactly_that_models_jobs(two_models):
     try:
         res = snakemake(work, cfg, "-n", "results/table1.csv")
         plan = planned_models(res.stdout)
-        assert plan == {"calibrate": {"a"}, "select": {"a"}, "compensate": {"a"}, "ppl_dense": {"a"},
-                        "ppl_cell": {"a"}, "table": {None}}, plan
-        assert job_counts(res.stdout) == {"calibrate": 1, "select": 2, "compensate": 1, "ppl_dense": 1,
-                                          "ppl_cell": 2, "table": 1, "total": 8}
+        assert plan == {
+            "calibrate": {"a"},
+            "select": {"a"},
+            "compensate": {"a"},
+            "ppl_dense": {"a"},
+            "ppl_cell": {"a"},
+            "table": {None},
+        }, plan
+        assert job_counts(res.stdout) == {
+            "calibrate": 1,
+            "select": 2,
+            "compensate": 1,
+            "ppl_dense": 1,
+            "ppl_cell": 2,
+            "table": 1,
+            "total": 8,
+        }
         assert "contents changed" in res.stderr
         # a job planned for the old weights that starts now stops before any work, naming the file
         from coec.provenance import planned_identity
@@ -130,11 +167,29 @@ def test_changed_weights_replan_exactly_that_models_jobs(two_models):
         planned = planned_identity(str(work / "tiny-a"))
         _double_a_down_proj(weights)
         expect = {"model": "models.a", "num_layers": 2, **planned}
-        run = subprocess.run([sys.executable, "-m", "coec", "select", "--model", str(work / "tiny-a"),
-                              "--grams", str(work / "results/a/grams/c8"), "--method", "flap",
-                              "--ratio", "0.5", "--expect", json.dumps(expect),
-                              "--out", str(work / "stale-keep.json")],
-                             capture_output=True, text=True, env=_env(work))
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "coec",
+                "select",
+                "--model",
+                str(work / "tiny-a"),
+                "--grams",
+                str(work / "results/a/grams/c8"),
+                "--method",
+                "flap",
+                "--ratio",
+                "0.5",
+                "--expect",
+                json.dumps(expect),
+                "--out",
+                str(work / "stale-keep.json"),
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(work),
+        )
         assert run.returncode == 2
         err = [line for line in run.stderr.splitlines() if line.startswith("coec select: error:")]
         assert len(err) == 1 and "models.a: the weights in" in err[0]
@@ -157,8 +212,7 @@ def test_resharding_replans_that_model(two_models):
     tensors = load_file(single)
     names = sorted(tensors)
     half = len(names) // 2
-    shards = {"model-00001-of-00002.safetensors": names[:half],
-              "model-00002-of-00002.safetensors": names[half:]}
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
     try:
         single.unlink()
         for fname, keys in shards.items():
@@ -212,11 +266,30 @@ def test_unpinned_hub_revision_whose_cached_snapshot_moves(tmp_path):
     commands = [line for line in res.stdout.splitlines() if line.startswith("Shell command:")]
     assert len(commands) == 3 and all(COMMIT_B in c and COMMIT_A not in c for c in commands)
     # a job still planned for commit A finds B: one line, nothing written
-    expect = '{"model": "models.tiny", "num_layers": 2, "commit": "%s"}' % COMMIT_A
-    run = subprocess.run([sys.executable, "-m", "coec", "select", "--model", "org/tiny",
-                          "--grams", str(work / "results/tiny/grams/c8"), "--method", "flap",
-                          "--ratio", "0.5", "--expect", expect, "--out", str(work / "stale.json")],
-                         capture_output=True, text=True, env=env)
+    expect = json.dumps({"model": "models.tiny", "num_layers": 2, "commit": COMMIT_A})
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coec",
+            "select",
+            "--model",
+            "org/tiny",
+            "--grams",
+            str(work / "results/tiny/grams/c8"),
+            "--method",
+            "flap",
+            "--ratio",
+            "0.5",
+            "--expect",
+            expect,
+            "--out",
+            str(work / "stale.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert run.returncode == 2, run.stderr[-2000:]
     err = [line for line in run.stderr.splitlines() if line.startswith("coec select: error:")]
     assert len(err) == 1 and f"resolves to commit {COMMIT_B}" in err[0] and COMMIT_A in err[0]

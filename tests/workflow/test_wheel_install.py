@@ -11,11 +11,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[2]
 # zero-shot tasks ship no YAML of their own: the registry includes lm-eval's (coec.evaluate.tasks)
-DATA = ["coec/schemas/config.schema.yaml", "coec/evaluate/tasks.py",
-        "coec/evaluate/zeroshot_data.py"]
+DATA = ["coec/schemas/config.schema.yaml", "coec/evaluate/tasks.py", "coec/evaluate/zeroshot_data.py"]
 
 CHECK = """
 import sys
@@ -49,8 +47,7 @@ def test_wheel_installs_non_editable(tmp_path):
     shutil.copytree(REPO / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copy(REPO / "pyproject.toml", src)
     dist = tmp_path / "dist"
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-        "-w", dist, src)
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, src)
     (wheel,) = dist.glob("coec-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert set(DATA) <= names, sorted(set(DATA) - names)

@@ -19,14 +19,28 @@ def planned_threads(output: str) -> list[tuple[str, int, dict]]:
         omp = re.search(r"OMP_NUM_THREADS=(\d+) ", block)
         res = re.search(r"^\s+resources: (.*)$", block, re.M)
         if omp and res:
-            jobs.append((block.split(":", 1)[0].strip(), int(omp.group(1)),
-                         dict(kv.split("=", 1) for kv in res.group(1).split(", "))))
+            jobs.append(
+                (
+                    block.split(":", 1)[0].strip(),
+                    int(omp.group(1)),
+                    dict(kv.split("=", 1) for kv in res.group(1).split(", ")),
+                )
+            )
     return jobs
 
 
 def test_paper_grid_dry_run(tmp_path):
-    res = snakemake(tmp_path, "-n", "-p", "--cores", "64", "results/table1.csv", "results/appA_ppl.csv",
-                    "--configfile", str(REPO / "workflow/configs/paper.yaml"))
+    res = snakemake(
+        tmp_path,
+        "-n",
+        "-p",
+        "--cores",
+        "64",
+        "results/table1.csv",
+        "results/appA_ppl.csv",
+        "--configfile",
+        str(REPO / "workflow/configs/paper.yaml"),
+    )
     counts = job_counts(res.stdout)
     # threads (OMP_NUM_THREADS) = the CPUs each job asks SLURM for: cpus_per_task on CPU jobs,
     # gpu x cpus_per_gpu on GPU jobs (a 4-GPU 70B evaluation gets 16 threads)
@@ -39,8 +53,17 @@ def test_paper_grid_dry_run(tmp_path):
     # an explicit compute.threads wins over the resources (calibrate_threads 0: as threads)
     fixed = tmp_path / "threads.yaml"
     fixed.write_text("compute: {threads: 3}\n")
-    res = snakemake(tmp_path, "-n", "-p", "--cores", "64", "results/table1.csv", "--configfile",
-                    str(REPO / "workflow/configs/paper.yaml"), str(fixed))
+    res = snakemake(
+        tmp_path,
+        "-n",
+        "-p",
+        "--cores",
+        "64",
+        "results/table1.csv",
+        "--configfile",
+        str(REPO / "workflow/configs/paper.yaml"),
+        str(fixed),
+    )
     assert {omp for _, omp, _ in planned_threads(res.stdout)} == {3}
     # 6 models x (1 dense + 3 ratios x 11 rows: the paper's 6 plus bias and ridge under every
     # selection) evaluations
@@ -71,8 +94,16 @@ def trimmed_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("wf")
     cfg, cfg_path = write_trimmed_workflow(work)
     # the local profile runs the same DAG (one job per (cell, layer)) the SLURM profile submits
-    snakemake(work, "results/table1.csv", "--workflow-profile", str(REPO / "workflow/profiles/default"),
-              "--cores", "2", "--configfile", str(cfg_path))
+    snakemake(
+        work,
+        "results/table1.csv",
+        "--workflow-profile",
+        str(REPO / "workflow/profiles/default"),
+        "--cores",
+        "2",
+        "--configfile",
+        str(cfg_path),
+    )
     return work, cfg, cfg_path
 
 
@@ -93,12 +124,27 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
     with the per-model GPU resources of the config on every job."""
     work, _, cfg_path = trimmed_run
     plans = {}
-    res = snakemake(tmp_path / "default", "-n", "results/table1.csv", "--workflow-profile",
-                    str(REPO / "workflow/profiles/default"), "--configfile", str(cfg_path))
+    res = snakemake(
+        tmp_path / "default",
+        "-n",
+        "results/table1.csv",
+        "--workflow-profile",
+        str(REPO / "workflow/profiles/default"),
+        "--configfile",
+        str(cfg_path),
+    )
     plans["default"] = res.stdout
     # the SLURM command in the README's second form: `--` ends --configfile's list of files
-    res = snakemake(tmp_path / "slurm", "-n", "--workflow-profile", str(REPO / "workflow/profiles/slurm"),
-                    "--configfile", str(cfg_path), "--", "results/table1.csv")
+    res = snakemake(
+        tmp_path / "slurm",
+        "-n",
+        "--workflow-profile",
+        str(REPO / "workflow/profiles/slurm"),
+        "--configfile",
+        str(cfg_path),
+        "--",
+        "results/table1.csv",
+    )
     plans["slurm"] = res.stdout
     local = sorted((r, w) for r, w, _ in planned_jobs(plans["default"]))
     slurm_jobs = planned_jobs(plans["slurm"])
@@ -143,21 +189,27 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
     for rule, wc, _ in planned_jobs(plans["default"]):
         if rule == "compensate":
             w = dict(kv.split("=", 1) for kv in wc.split(", "))
-            assert (work / f"results/{w['model']}/{w['calib']}/{w['select']}-{w['ratio']}/"
-                    f"{w['comp']}/block{w['first']}-{w['last']}.safetensors").is_file()
+            assert (
+                work / f"results/{w['model']}/{w['calib']}/{w['select']}-{w['ratio']}/"
+                f"{w['comp']}/block{w['first']}-{w['last']}.safetensors"
+            ).is_file()
 
 
 def test_trimmed_run_table1(trimmed_run):
     work, _, _ = trimmed_run
     rows = list(csv.DictReader((work / "results/table1.csv").open()))
     assert [(r["selection"], r["compensation"]) for r in rows] == [
-        ("dense", "dense"), ("Wanda-sp", "–"), ("Wanda-sp", "COEC"), ("FLAP", "bias"),
-        ("RCPU", "RCPU")]
+        ("dense", "dense"),
+        ("Wanda-sp", "–"),
+        ("Wanda-sp", "COEC"),
+        ("FLAP", "bias"),
+        ("RCPU", "RCPU"),
+    ]
     for r in rows:
         assert float(r["tiny"]) > 1.0
     assert (work / "results/table1.md").read_text().count("|") > 10
     keep = yaml.safe_load((work / "results/tiny/c8/wanda_sp-0.5/keep.json").read_text())
-    assert all(len(l["kv_groups"]) == 1 and len(l["channels"]) == 24 for l in keep["layers"])
+    assert all(len(row["kv_groups"]) == 1 and len(row["channels"]) == 24 for row in keep["layers"])
     assert (work / "results/tiny/c8/wanda_sp-0.5/coec/block1-1.safetensors").is_file()
     ppl = yaml.safe_load((work / "results/tiny/c8/wanda_sp-0.5/coec/ppl.json").read_text())
     assert ppl["seqlen"] == 32 and ppl["tokens_scored"] == ppl["windows"] * 31
@@ -201,9 +253,13 @@ def test_changing_a_coec_option_replans_only_coec_cells(trimmed_run):
 def test_calibration_size_figures_share_the_base_cells(tmp_path):
     """Fig. 2 and the iterative calibration-size figure resize the base calibration to each N;
     at N = the base size they reuse the table cells instead of recalibrating."""
-    res = snakemake(tmp_path, "-n", "results/table1.csv",
-                    "results/figures/fig2_calibration_size.png",
-                    "results/figures/iterative_calibration_size.png")
+    res = snakemake(
+        tmp_path,
+        "-n",
+        "results/table1.csv",
+        "results/figures/fig2_calibration_size.png",
+        "results/figures/iterative_calibration_size.png",
+    )
     counts = job_counts(res.stdout)
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
     base = cfg["calibration"][cfg["fig2"]["calibration"]]["nsamples"]
@@ -213,24 +269,31 @@ def test_calibration_size_figures_share_the_base_cells(tmp_path):
     # the base set once, never as "-n<base>", and the blend cells' held-out set
     assert counts["calibrate"] == len(sizes) + len(holdouts)
     assert f"-n{base}" not in res.stdout
-    mixes = {r["calibration"] for r in cfg["iterative"]["calibration_size"]["rows"]
-             if r.get("calibration") in cfg["iterative"]["mixes"]}
+    mixes = {
+        r["calibration"]
+        for r in cfg["iterative"]["calibration_size"]["rows"]
+        if r.get("calibration") in cfg["iterative"]["mixes"]
+    }
     for n in sizes - {base}:
         assert f"calib=enwiki-32x512-n{n}" in res.stdout
         for mix in mixes:
             assert f"calib={mix}-n{n}" in res.stdout
     f2 = cfg["fig2"]
     fig2_cells = len(f2["nsamples"]) * len(f2["ratios"]) * len(f2["compensations"])
-    shared_fig2 = sum(1 for row in cfg["table1"]["rows"] if row["selection"] == f2["selection"]
-                      and row["compensation"] in f2["compensations"]) * len(
-        set(f2["ratios"]) & set(cfg["table1"]["ratios"]))
+    shared_fig2 = sum(
+        1
+        for row in cfg["table1"]["rows"]
+        if row["selection"] == f2["selection"] and row["compensation"] in f2["compensations"]
+    ) * len(set(f2["ratios"]) & set(cfg["table1"]["ratios"]))
     it = cfg["iterative"]["calibration_size"]
     flap_rows = [r for r in it["rows"] if "selection" in r]
     it_cells = len(flap_rows) * len(it["nsamples"]) * len(it["ratios"])
-    shared_it = sum(1 for r in flap_rows for t in cfg["table1"]["rows"]
-                    if (t["selection"], t["compensation"]) == (r["selection"], r["compensation"])) \
-        * len(set(it["ratios"]) & set(cfg["table1"]["ratios"]))
-    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) + fig2_cells - shared_fig2 \
-        + it_cells - shared_it
+    shared_it = sum(
+        1
+        for r in flap_rows
+        for t in cfg["table1"]["rows"]
+        if (t["selection"], t["compensation"]) == (r["selection"], r["compensation"])
+    ) * len(set(it["ratios"]) & set(cfg["table1"]["ratios"]))
+    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) + fig2_cells - shared_fig2 + it_cells - shared_it
     variant_rows = [r for r in it["rows"] if "variant" in r]
     assert counts["iterative_ppl"] == len(variant_rows) * len(it["nsamples"]) * len(it["ratios"])

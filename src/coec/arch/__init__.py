@@ -34,10 +34,25 @@ from .stock import HyV3Class, SeedOssClass
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["MODULES", "Adapter", "AttnShape", "ModelError", "StockClass", "ADAPTERS",
-           "STOCK", "EXPORT_FALLBACKS", "adapter_for", "attention_shape",
-           "head_indices", "kv_rows", "expand_kv_rows", "pruned_value_proj", "o_proj_columns", "sliced_linear",
-           "stock_class"]
+__all__ = [
+    "MODULES",
+    "Adapter",
+    "AttnShape",
+    "ModelError",
+    "StockClass",
+    "ADAPTERS",
+    "STOCK",
+    "EXPORT_FALLBACKS",
+    "adapter_for",
+    "attention_shape",
+    "head_indices",
+    "kv_rows",
+    "expand_kv_rows",
+    "pruned_value_proj",
+    "o_proj_columns",
+    "sliced_linear",
+    "stock_class",
+]
 
 #: Every supported model family (a transformers ``model_type``) -> its adapter; an adapter may
 #: serve several families. A plug-in registers its own: ``ADAPTERS.register(MyAdapter(), name=...)``
@@ -74,8 +89,10 @@ def adapter_for(obj: object) -> Adapter:
     """The adapter of a model_type string, config (object or dict), model or decoder layer."""
     family = _model_type(obj)
     if family is None or family not in ADAPTERS:
-        raise ModelError(f"model family (model_type) {family!r} is not supported by the pruning "
-                         f"surgery; supported: {', '.join(ADAPTERS)}")
+        raise ModelError(
+            f"model family (model_type) {family!r} is not supported by the pruning "
+            f"surgery; supported: {', '.join(ADAPTERS)}"
+        )
     return ADAPTERS[family]
 
 
@@ -84,5 +101,4 @@ def stock_class(model_type: str) -> StockClass:
     try:
         return STOCK[model_type]
     except KeyError:
-        raise ModelError(f"no export rules for the stock class {model_type!r}; "
-                         f"known: {', '.join(STOCK)}") from None
+        raise ModelError(f"no export rules for the stock class {model_type!r}; known: {', '.join(STOCK)}") from None

@@ -38,7 +38,7 @@ class NeedsView(Protocol):
     @property
     def mlp_bias(self) -> bool: ...
     @property
-    def divides(self) -> bool: ...   # hidden_size % num_attention_heads == 0
+    def divides(self) -> bool: ...  # hidden_size % num_attention_heads == 0
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,7 @@ def attention_shape(config: PretrainedConfig) -> AttnShape:
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     if n_heads % n_kv:
-        raise ModelError(f"num_attention_heads={n_heads} is not divisible by "
-                         f"num_key_value_heads={n_kv}")
+        raise ModelError(f"num_attention_heads={n_heads} is not divisible by num_key_value_heads={n_kv}")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     return AttnShape(n_heads, n_kv, head_dim)
 
@@ -106,8 +105,9 @@ def pruned_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom: AttnSh
     return expand_kv_rows(rows, geom.groups, geom.head_dim)
 
 
-def sliced_linear(lin: nn.Linear, rows: torch.Tensor | None = None,
-                  cols: torch.Tensor | None = None, bias: bool | None = None) -> nn.Linear:
+def sliced_linear(
+    lin: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None, bias: bool | None = None
+) -> nn.Linear:
     """A new Linear holding ``lin.weight[rows][:, cols]`` (and its bias rows)."""
     import torch
     from torch import nn
@@ -135,12 +135,12 @@ class StockClass:
     ``attention_bias`` / ``mlp_bias``, switches them on), ``"always"`` (always present)."""
 
     model_type: str = ""
-    qk_norm: bool = False       # per-head q/k RMSNorm over head_dim (shared by all heads)
+    qk_norm: bool = False  # per-head q/k RMSNorm over head_dim (shared by all heads)
     qkv_bias: str = "never"
     o_bias: str = "never"
     mlp_bias: str = "never"
-    any_heads: bool = True      # the config accepts hidden_size % num_attention_heads != 0
-    note: str = ""              # one line: how the class holds a pruned model (export reason)
+    any_heads: bool = True  # the config accepts hidden_size % num_attention_heads != 0
+    note: str = ""  # one line: how the class holds a pruned model (export reason)
 
     def export_kwargs(self, needs: NeedsView, src_config: PretrainedConfig) -> dict[str, Any]:
         """Extra ``AutoConfig.for_model`` arguments when this class is a fallback target."""
@@ -148,9 +148,13 @@ class StockClass:
 
     def holds(self) -> dict[str, bool]:
         """Which slots exist (the export's capability table)."""
-        return dict(qk_norm=self.qk_norm, qkv_bias=self.qkv_bias != "never",
-                    o_bias=self.o_bias != "never", mlp_bias=self.mlp_bias != "never",
-                    any_heads=self.any_heads)
+        return dict(
+            qk_norm=self.qk_norm,
+            qkv_bias=self.qkv_bias != "never",
+            o_bias=self.o_bias != "never",
+            mlp_bias=self.mlp_bias != "never",
+            any_heads=self.any_heads,
+        )
 
 
 class Adapter(StockClass):
@@ -161,10 +165,10 @@ class Adapter(StockClass):
     attn_attr, mlp_attr = "self_attn", "mlp"
     q, k, v, o = "q_proj", "k_proj", "v_proj", "o_proj"
     gate, up, down = "gate_proj", "up_proj", "down_proj"
-    always_sliding = False      # every layer masks with config.sliding_window
-    portable = True             # export may fall back to another stock class with this layout
+    always_sliding = False  # every layer masks with config.sliding_window
+    portable = True  # export may fall back to another stock class with this layout
     attn_norm_attr, ffn_norm_attr = "input_layernorm", "post_attention_layernorm"
-    q_norm_attr, k_norm_attr = "q_norm", "k_norm"   # per-head q/k norms (families with qk_norm)
+    q_norm_attr, k_norm_attr = "q_norm", "k_norm"  # per-head q/k norms (families with qk_norm)
     # llama.cpp architectures a GGUF export tries, in order (coec.arch.gguf): the first that
     # holds the pruned model's tensors, widths and config is written
     gguf_archs: tuple[str, ...] = ("llama", "deci")
@@ -225,10 +229,16 @@ class Adapter(StockClass):
     def layer_tensor_names(self, layer: int) -> dict[str, str]:
         """Checkpoint names of the weights pruning touches, by role (q_proj ... down_proj)."""
         p = ".".join((*self.layers_path, str(layer), ""))
-        names = {r: f"{p}{self.attn_attr}.{a}.weight"
-                 for r, a in zip(("q_proj", "k_proj", "v_proj", "o_proj"), (self.q, self.k, self.v, self.o))}
-        names.update({r: f"{p}{self.mlp_attr}.{a}.weight"
-                      for r, a in zip(("gate_proj", "up_proj", "down_proj"), (self.gate, self.up, self.down))})
+        names = {
+            r: f"{p}{self.attn_attr}.{a}.weight"
+            for r, a in zip(("q_proj", "k_proj", "v_proj", "o_proj"), (self.q, self.k, self.v, self.o))
+        }
+        names.update(
+            {
+                r: f"{p}{self.mlp_attr}.{a}.weight"
+                for r, a in zip(("gate_proj", "up_proj", "down_proj"), (self.gate, self.up, self.down))
+            }
+        )
         return names
 
     # ------------------------------------------------------------------ attention shape
@@ -238,12 +248,14 @@ class Adapter(StockClass):
     def sliding(self, config: PretrainedConfig) -> bool:
         """Whether some layer masks with a sliding window shorter than the context."""
         window = getattr(config, "sliding_window", None)  # a window >= the context never acts
-        return bool(window) and window < config.max_position_embeddings and (
-            self.always_sliding or "sliding_attention" in (getattr(config, "layer_types", None) or []))
+        return (
+            bool(window)
+            and window < config.max_position_embeddings
+            and (self.always_sliding or "sliding_attention" in (getattr(config, "layer_types", None) or []))
+        )
 
     # ------------------------------------------------------------------ surgery
-    def prune_layer_(self, layer: nn.Module, geom: AttnShape, kv_groups: list[int],
-                     channels: list[int]) -> None:
+    def prune_layer_(self, layer: nn.Module, geom: AttnShape, kv_groups: list[int], channels: list[int]) -> None:
         """Remove the pruned KV groups (with their query heads) and MLP channels in place:
         q rows and o_proj columns per query head, k/v rows per KV group (biases follow their
         rows; per-head q/k norms are shared by all heads and stay), gate/up rows and down_proj
@@ -272,8 +284,10 @@ class Adapter(StockClass):
     def bias_groups(self) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
         """(config flag, parent attribute, role, sibling modules) of each bias flag: when a
         compensated output gets a bias, the flag is set and its siblings get zero biases."""
-        return (("attention_bias", self.attn_attr, "o_proj", (self.q, self.k, self.v, self.o)),
-                ("mlp_bias", self.mlp_attr, "down_proj", (self.gate, self.up, self.down)))
+        return (
+            ("attention_bias", self.attn_attr, "o_proj", (self.q, self.k, self.v, self.o)),
+            ("mlp_bias", self.mlp_attr, "down_proj", (self.gate, self.up, self.down)),
+        )
 
     # ------------------------------------------------------------------ export
     def own_export_flags(self, cfg: PretrainedConfig, needs: NeedsView) -> None:
@@ -289,22 +303,32 @@ class Adapter(StockClass):
         """A decoder layer's modules under their llama.cpp tensor names (``blk.<i>.<name>``;
         each module's ``weight`` and, where present, ``bias`` are written)."""
         attn, mlp = self.attention(layer), self.mlp(layer)
-        mods = {"attn_norm": getattr(layer, self.attn_norm_attr),
-                "attn_q": getattr(attn, self.q), "attn_k": getattr(attn, self.k),
-                "attn_v": getattr(attn, self.v), "attn_output": getattr(attn, self.o)}
+        mods = {
+            "attn_norm": getattr(layer, self.attn_norm_attr),
+            "attn_q": getattr(attn, self.q),
+            "attn_k": getattr(attn, self.k),
+            "attn_v": getattr(attn, self.v),
+            "attn_output": getattr(attn, self.o),
+        }
         if self.qk_norm:
-            mods.update(attn_q_norm=getattr(attn, self.q_norm_attr),
-                        attn_k_norm=getattr(attn, self.k_norm_attr))
-        mods.update({"ffn_norm": getattr(layer, self.ffn_norm_attr),
-                     "ffn_gate": getattr(mlp, self.gate), "ffn_up": getattr(mlp, self.up),
-                     "ffn_down": getattr(mlp, self.down)})
+            mods.update(attn_q_norm=getattr(attn, self.q_norm_attr), attn_k_norm=getattr(attn, self.k_norm_attr))
+        mods.update(
+            {
+                "ffn_norm": getattr(layer, self.ffn_norm_attr),
+                "ffn_gate": getattr(mlp, self.gate),
+                "ffn_up": getattr(mlp, self.up),
+                "ffn_down": getattr(mlp, self.down),
+            }
+        )
         return mods
 
     def gguf_model_modules(self, model: PreTrainedModel) -> dict[str, nn.Module]:
         """The token embedding, final norm and LM head under their llama.cpp names."""
-        return {"token_embd": self.embedding(model),
-                "output_norm": cast("nn.Module", self.backbone(model).norm),
-                "output": model.get_output_embeddings()}  # type: ignore[no-untyped-call]  # unannotated upstream
+        return {
+            "token_embd": self.embedding(model),
+            "output_norm": cast("nn.Module", self.backbone(model).norm),
+            "output": model.get_output_embeddings(),  # type: ignore[no-untyped-call]  # unannotated upstream
+        }
 
     def gguf_scalars(self, config: PretrainedConfig) -> dict[str, float]:
         """Scalars of the forward pass beyond the Llama layer, by GGUF key suffix
@@ -314,7 +338,7 @@ class Adapter(StockClass):
     # ------------------------------------------------------------------ parameter count
     def layer_params(self, d: Mapping[str, Any]) -> tuple[int, int]:
         """Parameters of one decoder layer's attention and MLP from architecture numbers
-        (``coec.cost._dims``: hidden, head_dim, heads, kv_heads, ffn, attention_bias, mlp_bias)."""
+        (``coec.cost.arch_dims``: hidden, head_dim, heads, kv_heads, ffn, attention_bias, mlp_bias)."""
         h, hd, nh, nkv, ff = d["hidden"], d["head_dim"], d["heads"], d["kv_heads"], d["ffn"]
         q, kv = nh * hd, nkv * hd
         attn = h * q + 2 * h * kv + q * h

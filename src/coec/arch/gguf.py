@@ -38,12 +38,29 @@ if TYPE_CHECKING:
     from llama_cpp import Llama
 
 _QKV = {f"attn_{t}.{s}" for t in "qkv" for s in ("weight", "bias")}
-_BASE_LAYER = frozenset({"attn_norm.weight", *_QKV, "attn_output.weight", "attn_output.bias",
-                          "ffn_norm.weight",
-                          *{f"ffn_{t}.{s}" for t in ("gate", "up", "down") for s in ("weight", "bias")}})
-_QK_NORM_LAYER = frozenset({"attn_norm.weight", *_QKV, "attn_output.weight", "attn_q_norm.weight",
-                          "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
-                          "ffn_up.weight", "ffn_down.weight"})
+_BASE_LAYER = frozenset(
+    {
+        "attn_norm.weight",
+        *_QKV,
+        "attn_output.weight",
+        "attn_output.bias",
+        "ffn_norm.weight",
+        *{f"ffn_{t}.{s}" for t in ("gate", "up", "down") for s in ("weight", "bias")},
+    }
+)
+_QK_NORM_LAYER = frozenset(
+    {
+        "attn_norm.weight",
+        *_QKV,
+        "attn_output.weight",
+        "attn_q_norm.weight",
+        "attn_k_norm.weight",
+        "ffn_norm.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    }
+)
 _MODEL = frozenset({"token_embd.weight", "output_norm.weight", "output.weight"})
 
 
@@ -52,29 +69,35 @@ class GgufArch:
     """What one llama.cpp architecture's loader and graph hold."""
 
     name: str
-    layer_slots: frozenset[str]     # per-block tensors ``blk.<i>.<slot>`` the loader creates
-    model_slots: frozenset[str]     # tensors outside the blocks
-    per_layer: bool = False         # head counts and FFN width may differ per block
-    rope_pairs: bool = True         # NORM RoPE on consecutive pairs: q/k rows are permuted
-    scalars: frozenset[str] = frozenset()   # extra ``<arch>.<key>`` scalars it reads
-    source: str = ""                # where in llama.cpp this was read
+    layer_slots: frozenset[str]  # per-block tensors ``blk.<i>.<slot>`` the loader creates
+    model_slots: frozenset[str]  # tensors outside the blocks
+    per_layer: bool = False  # head counts and FFN width may differ per block
+    rope_pairs: bool = True  # NORM RoPE on consecutive pairs: q/k rows are permuted
+    scalars: frozenset[str] = frozenset()  # extra ``<arch>.<key>`` scalars it reads
+    source: str = ""  # where in llama.cpp this was read
 
     def missing_slots(self, layer: set[str], model: set[str]) -> list[str]:
         """The tensors of a model that this architecture has no slot for."""
         return sorted({f"blk.N.{s}" for s in layer - self.layer_slots} | (model - self.model_slots))
 
 
-ARCHS: dict[str, GgufArch] = {a.name: a for a in (
-    GgufArch("llama", _BASE_LAYER, _MODEL | {"rope_freqs.weight"},
-             source="src/models/llama.cpp:34-92"),
-    GgufArch("deci", _BASE_LAYER, _MODEL | {"rope_freqs.weight"}, per_layer=True,
-             source="src/models/deci.cpp:14-74"),
-    GgufArch("qwen3", _QK_NORM_LAYER, _MODEL, rope_pairs=False,
-             source="src/models/qwen3.cpp:15-47"),
-    GgufArch("granite", _BASE_LAYER, _MODEL | {"rope_freqs.weight"},
-             scalars=frozenset({"embedding_scale", "residual_scale", "attention.scale", "logit_scale"}),
-             source="src/models/granite.cpp:5-117"),
-)}
+ARCHS: dict[str, GgufArch] = {
+    a.name: a
+    for a in (
+        GgufArch("llama", _BASE_LAYER, _MODEL | {"rope_freqs.weight"}, source="src/models/llama.cpp:34-92"),
+        GgufArch(
+            "deci", _BASE_LAYER, _MODEL | {"rope_freqs.weight"}, per_layer=True, source="src/models/deci.cpp:14-74"
+        ),
+        GgufArch("qwen3", _QK_NORM_LAYER, _MODEL, rope_pairs=False, source="src/models/qwen3.cpp:15-47"),
+        GgufArch(
+            "granite",
+            _BASE_LAYER,
+            _MODEL | {"rope_freqs.weight"},
+            scalars=frozenset({"embedding_scale", "residual_scale", "attention.scale", "logit_scale"}),
+            source="src/models/granite.cpp:5-117",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)

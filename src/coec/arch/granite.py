@@ -36,7 +36,9 @@ class GraniteAdapter(Adapter):
     def gguf_scalars(self, config: PretrainedConfig) -> dict[str, float]:
         # llama.cpp's granite arch: the embedding and residual scales, the attention score
         # scale (kq_scale) and the logit divisor (src/models/granite.cpp, llama-graph.cpp)
-        return {"embedding_scale": float(config.embedding_multiplier),
-                "residual_scale": float(config.residual_multiplier),
-                "attention.scale": float(config.attention_multiplier),
-                "logit_scale": float(config.logits_scaling)}
+        return {
+            "embedding_scale": float(config.embedding_multiplier),
+            "residual_scale": float(config.residual_multiplier),
+            "attention.scale": float(config.attention_multiplier),
+            "logit_scale": float(config.logits_scaling),
+        }

@@ -5,8 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def _arch(model_type: str, h: int, L: int, nh: int, nkv: int, ff: int, V: int,
-          tie: bool = False, bias: bool = False, head_dim: int = 128) -> dict[str, Any]:
+def _arch(
+    model_type: str,
+    h: int,
+    L: int,
+    nh: int,
+    nkv: int,
+    ff: int,
+    V: int,
+    tie: bool = False,
+    bias: bool = False,
+    head_dim: int = 128,
+) -> dict[str, Any]:
     return {
         "model_type": model_type,
         "hidden_size": h,

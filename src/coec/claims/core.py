@@ -80,13 +80,19 @@ class Results:
         """model -> (base value, new value) of two compensations under one selection and ratio."""
         found: dict = {}
         for r in self.cells(metric):
-            if math.isclose(as_float(r["ratio"]), ratio) and r["selection"] == selection \
-                    and r["compensation"] in (base, new) and math.isfinite(r["value"]):
+            if (
+                math.isclose(as_float(r["ratio"]), ratio)
+                and r["selection"] == selection
+                and r["compensation"] in (base, new)
+                and math.isfinite(r["value"])
+            ):
                 found.setdefault(r["model"], {})[r["compensation"]] = r["value"]
         out = {m: (v[base], v[new]) for m, v in found.items() if base in v and new in v}
         if not out:
-            raise NotTestable(f"no {selection} rows with {base} and {new} at {ratio:g} in the "
-                              f"{'perplexity' if metric == 'ppl' else 'zero-shot'} tables")
+            raise NotTestable(
+                f"no {selection} rows with {base} and {new} at {ratio:g} in the "
+                f"{'perplexity' if metric == 'ppl' else 'zero-shot'} tables"
+            )
         return out
 
     def table3(self) -> dict[str, dict[str, float]]:
@@ -98,15 +104,16 @@ class Results:
             rows = [r for r in _csv(path) if r.get("selection") != "dense"]
             out = {}
             for name, row in zip(names, rows):
-                out[name] = {k: as_float(v) for k, v in row.items()
-                             if k not in ("ratio", "selection", "compensation")}
+                out[name] = {k: as_float(v) for k, v in row.items() if k not in ("ratio", "selection", "compensation")}
             return out
+
         return self._get("table3", make)
 
     def table4(self) -> list[dict]:
         path = self.need("table4", "table4 (deployment cost)")
-        return self._get("table4", lambda: [{k: (v if k == "model" else as_float(v)) for k, v in r.items()}
-                                            for r in _csv(path)])
+        return self._get(
+            "table4", lambda: [{k: (v if k == "model" else as_float(v)) for k, v in r.items()} for r in _csv(path)]
+        )
 
     def appc(self) -> dict[str, float]:
         path = self.need("appC", "appC (geometry)")
@@ -120,9 +127,12 @@ class Results:
     def curves(self, key: str, what: str) -> dict[str, dict[str, list[tuple[int, float]]]]:
         """panel -> line -> [(N, ppl)] of a calibration-size figure spec."""
         panels = self.need(key, what)
-        return self._get(key, lambda: {p: {c: [(int(n), _ppl(f)) for n, f in pts] for c, pts in lines.items()}
-                                       for p, lines in panels.items()})
-
+        return self._get(
+            key,
+            lambda: {
+                p: {c: [(int(n), _ppl(f)) for n, f in pts] for c, pts in lines.items()} for p, lines in panels.items()
+            },
+        )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -160,13 +170,17 @@ def selection_label(name):
 
 def pair_claim(metric, ratio, selection, base, new, rule):
     def check(res: Results):
-        return rule(res.pairs(metric, ratio, selection_label(selection), base, new), lower if metric == "ppl" else not_lower)
+        return rule(
+            res.pairs(metric, ratio, selection_label(selection), base, new), lower if metric == "ppl" else not_lower
+        )
+
     return check
 
 
 def never(reason: str):
     def check(res: Results):
         raise NotTestable(reason)
+
     return check
 
 

@@ -27,8 +27,17 @@ def evaluate(spec: dict, claims: list[Claim] | None = None) -> list[dict]:
             ours, verdict = "–", f"not testable here: {exc}"
         except FileNotFoundError as exc:
             ours, verdict = "–", f"not testable here: missing result file {exc.filename}"
-        out.append({"id": c.id, "paper": c.paper, "section": c.section, "claim": c.claim,
-                    "paper_figure": c.paper_figure, "ours": ours, "verdict": verdict})
+        out.append(
+            {
+                "id": c.id,
+                "paper": c.paper,
+                "section": c.section,
+                "claim": c.claim,
+                "paper_figure": c.paper_figure,
+                "ours": ours,
+                "verdict": verdict,
+            }
+        )
     return out
 
 
@@ -40,21 +49,38 @@ def claims_markdown(spec: dict) -> str:
     """The claims report (Markdown)."""
     rows = evaluate(spec)
     counts = {v: sum(r["verdict"].startswith(v) for r in rows) for v in VERDICTS}
-    lines = ["# Claims of the papers against the results here", "",
-             "Each claim is restated in one line; *paper* is the paper's own figure (its models and "
-             "protocol), *here* the figure measured from this workflow's result files. "
-             + ", ".join(f"{n} {v}" for v, n in counts.items()) + ".", "",
-             "| id | paper | section | claim | paper | here | verdict |", "|---|---|---|---|---|---|---|"]
-    lines += ["| " + " | ".join(_cell(r[k]) for k in ("id", "paper", "section", "claim", "paper_figure",
-                                                      "ours", "verdict")) + " |" for r in rows]
+    lines = [
+        "# Claims of the papers against the results here",
+        "",
+        "Each claim is restated in one line; *paper* is the paper's own figure (its models and "
+        "protocol), *here* the figure measured from this workflow's result files. "
+        + ", ".join(f"{n} {v}" for v, n in counts.items())
+        + ".",
+        "",
+        "| id | paper | section | claim | paper | here | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        "| "
+        + " | ".join(_cell(r[k]) for k in ("id", "paper", "section", "claim", "paper_figure", "ours", "verdict"))
+        + " |"
+        for r in rows
+    ]
     from .paper import table4_beside_paper
 
     t4 = table4_beside_paper(spec)
     if t4:
-        lines += ["", "## Table 4 beside the paper (same architectures)", "",
-                  "| model | quantity | paper | here | here − paper |", "|---|---|---|---|---|"]
-        lines += [f"| {r['model']} | {r['quantity']} | {r['paper']:.4g} | {r['ours']:.4g} | "
-                  f"{r['difference']:+.3g} |" for r in t4]
+        lines += [
+            "",
+            "## Table 4 beside the paper (same architectures)",
+            "",
+            "| model | quantity | paper | here | here − paper |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['model']} | {r['quantity']} | {r['paper']:.4g} | {r['ours']:.4g} | {r['difference']:+.3g} |"
+            for r in t4
+        ]
     return "\n".join(lines) + "\n"
 
 

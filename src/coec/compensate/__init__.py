@@ -67,8 +67,14 @@ def _jsonable(x: Any) -> Any:
 
 #: What a method that reports no iterations has in ``info`` (the keys of coec's loop).
 _NO_LOOP: dict[str, Any] = dict(
-    rounds=0, inner_steps=0, inner_steps_per_round=[], objective_history=[], gcv_lambdas=[],
-    gcv_lambdas_rel=[], gcv_at_grid_end={"low": 0, "high": 0}, kappa_clamped=0,
+    rounds=0,
+    inner_steps=0,
+    inner_steps_per_round=[],
+    objective_history=[],
+    gcv_lambdas=[],
+    gcv_lambdas_rel=[],
+    gcv_at_grid_end={"low": 0, "high": 0},
+    kappa_clamped=0,
 )
 
 
@@ -76,13 +82,19 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
     """``info`` of a method that reports no errors of its own: the metric's outcome, the method's
     info, the errors before and after (float64, one ``W0 G`` product), the loop keys."""
     metric = problem.metric
-    info: dict[str, Any] = {"method": m.name, "compute_dtype": str(problem.dtype).replace("torch.", ""),
-                            "device": str(problem.device), "gram_psd": metric.psd, **out.info}
+    info: dict[str, Any] = {
+        "method": m.name,
+        "compute_dtype": str(problem.dtype).replace("torch.", ""),
+        "device": str(problem.device),
+        "gram_psd": metric.psd,
+        **out.info,
+    }
     W0_64 = problem.W0.to(torch.float64)
     mean = problem.mean.to(problem.device, torch.float64) if problem.mean is not None else None
     n = problem.n_tokens
-    err = OutputError(W0_64, metric.G, problem.keep, mean,
-                      metric.scale / float(n) if n is not None else None)  # E[x x^T] = scale G
+    err = OutputError(
+        W0_64, metric.G, problem.keep, mean, metric.scale / float(n) if n is not None else None
+    )  # E[x x^T] = scale G
     pruned = W0_64[:, problem.keep]
     info["relerr_before"] = err(pruned)
     W = out.weight.to(torch.float64)
@@ -98,9 +110,18 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
     return info
 
 
-def compensate(W0: torch.Tensor, gram: torch.Tensor, mean: torch.Tensor | None, keep: Any, method: str, *,
-               inputs: Mapping[str, Any] | None = None, n_tokens: float | None = None,
-               device: str | torch.device | None = None, **options: Any) -> Compensation:
+def compensate(
+    W0: torch.Tensor,
+    gram: torch.Tensor,
+    mean: torch.Tensor | None,
+    keep: Any,
+    method: str,
+    *,
+    inputs: Mapping[str, Any] | None = None,
+    n_tokens: float | None = None,
+    device: str | torch.device | None = None,
+    **options: Any,
+) -> Compensation:
     """Compensate one pruned module (paper Sec. 3–4) with a registered method; see the module
     docstring. Returns ``Compensation`` with weight (d_out, k) and bias (d_out,) | None in W0's
     dtype/device and a JSON-serialisable ``info`` (relerr_before / relerr_after, rounds,
@@ -112,8 +133,15 @@ def compensate(W0: torch.Tensor, gram: torch.Tensor, mean: torch.Tensor | None, 
     o = resolve(method, options)  # unknown option, bad values, options that cannot work together
     keep = check_problem(W0, gram, mean, keep, method, m.needs_mean, n_tokens, m.needs_n_tokens)
     dev = torch.device(device) if device is not None else W0.device
-    problem = Problem(W0=W0.to(dev), gram=gram.to(dev), mean=mean.to(dev) if mean is not None else None,
-                      keep=keep.to(dev), n_tokens=n_tokens, inputs=dict(inputs or {}), dtype=m.dtype(o, dev))
+    problem = Problem(
+        W0=W0.to(dev),
+        gram=gram.to(dev),
+        mean=mean.to(dev) if mean is not None else None,
+        keep=keep.to(dev),
+        n_tokens=n_tokens,
+        inputs=dict(inputs or {}),
+        dtype=m.dtype(o, dev),
+    )
     if m.check_data is not None:
         m.check_data(problem, o)
     out = m.solve(problem, o)

@@ -83,8 +83,14 @@ class _State:
 
 
 @traced("coec.frames")
-def _frames(U: torch.Tensor, S: torch.Tensor, Vt: torch.Tensor, Gxx: torch.Tensor, Gyx: torch.Tensor,
-            RG: torch.Tensor | None = None) -> _State:
+def _frames(
+    U: torch.Tensor,
+    S: torch.Tensor,
+    Vt: torch.Tensor,
+    Gxx: torch.Tensor,
+    Gyx: torch.Tensor,
+    RG: torch.Tensor | None = None,
+) -> _State:
     RG = Vt @ Gxx if RG is None else RG
     return _State(U=U, S=S, Vt=Vt, GyxV=Gyx @ Vt.mT, RG=RG, e=(Vt * RG).sum(1))
 
@@ -222,9 +228,15 @@ class _RightStats:
         self.stops[res.stop] = self.stops.get(res.stop, 0) + 1
 
     def info(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"backtracks": self.backtracks, "capped": self.capped, "trials": self.trials,
-                               "orth_cleanups": self.orth_cleanups, "carried": self.carried,
-                               "rg_refreshes": self.rg_refreshes, "stops": self.stops}
+        out: dict[str, Any] = {
+            "backtracks": self.backtracks,
+            "capped": self.capped,
+            "trials": self.trials,
+            "orth_cleanups": self.orth_cleanups,
+            "carried": self.carried,
+            "rg_refreshes": self.rg_refreshes,
+            "stops": self.stops,
+        }
         if self.with_restarts:
             out["restarts"] = self.restarts
         return out
@@ -252,8 +264,9 @@ def _start(WK: torch.Tensor, m: Slices, plan: Plan, run: _Run) -> _State:
     return _frames(U, S, Vt, m.Gxx, m.Gyx)
 
 
-def _round(rec: _Rounds, problem: RightProblem, settings: CoecSettings, plan: Plan, run: _Run,
-           objective: _Objective) -> _State:
+def _round(
+    rec: _Rounds, problem: RightProblem, settings: CoecSettings, plan: Plan, run: _Run, objective: _Objective
+) -> _State:
     """One round from ``rec.state``: lines 6-7, the right rotation (scale recomputed inside),
     W^ <- s W^ Q_r, rescale; line 8, the left rotation (the conditional minimiser; kept only if
     round-off did not make it worse), rescale."""
@@ -280,15 +293,15 @@ def _round(rec: _Rounds, problem: RightProblem, settings: CoecSettings, plan: Pl
     return _rescale(st, settings.rescale, run, objective)
 
 
-def _round_loop(rec: _Rounds, problem: RightProblem, settings: CoecSettings, plan: Plan, run: _Run,
-                objective: _Objective) -> None:
+def _round_loop(
+    rec: _Rounds, problem: RightProblem, settings: CoecSettings, plan: Plan, run: _Run, objective: _Objective
+) -> None:
     """Rounds until ``max_rounds``, a change of the objective below ``tol``, or a round that
     raised it (undone: "non_monotone_guard")."""
     rounds = settings.rounds
     L_prev = rec.history[0]
     # an inner bar: drawn on a terminal (after 1 s), silent in a log (the module count is there)
-    for _rnd in progress_bar(range(rounds.max_rounds), desc="coec rounds", unit="round",
-                             leave=False, delay=1.0):
+    for _rnd in progress_bar(range(rounds.max_rounds), desc="coec rounds", unit="round", leave=False, delay=1.0):
         t_round = time.perf_counter()
         st = _round(rec, problem, settings, plan, run, objective)
         L = objective(st)
@@ -310,9 +323,15 @@ def _round_loop(rec: _Rounds, problem: RightProblem, settings: CoecSettings, pla
 # --------------------------------------------------------------------------- the call
 
 
-def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, settings: CoecSettings,
-         value_proj: torch.Tensor | None = None, device: torch.device | str | None = None,
-         compute_dtype: torch.dtype | str | None = None) -> Compensation:
+def coec(
+    W0: torch.Tensor,
+    gram: torch.Tensor,
+    keep: torch.Tensor,
+    settings: CoecSettings,
+    value_proj: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+    compute_dtype: torch.dtype | str | None = None,
+) -> Compensation:
     """Algorithm 1 for one module. W0 (d_out, d_in), gram (d_in, d_in), keep (k,) sorted;
     ``settings`` from the checked options (``methods.coec.solver_settings``); value_proj
     (k, d_model) the pruned v_proj in query-head layout or None. Returns the weight (d_out, k) in the compute dtype
@@ -348,8 +367,7 @@ def coec(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, settings: Coe
     return _result(rec, m, al, run, info, t0)
 
 
-def _result(rec: _Rounds, m: Slices, al: Alignment | None, run: _Run, info: dict[str, Any],
-            t0: float) -> Compensation:
+def _result(rec: _Rounds, m: Slices, al: Alignment | None, run: _Run, info: dict[str, Any], t0: float) -> Compensation:
     """The weight of the last accepted round and the info dict, finished."""
     W = rec.state.weight()
     info.update(_finish_info(run, rec, rec.stop, t0))

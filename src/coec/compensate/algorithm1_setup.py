@@ -20,9 +20,22 @@ from .errors import relerr
 from .gram import gram_psd, normalize_gram, power_max_eig, temper_gram
 from .stiefel import Preconditioner, RightProblem, make_preconditioner
 
-__all__ = ["TemperSettings", "AlignmentSettings", "RescaleSettings", "RoundSettings", "CoecSettings",
-           "direction_matmul_used", "resolve_dtype", "Plan", "make_plan", "Slices", "slices", "setup_info",
-           "setup_alignment", "right_problem"]
+__all__ = [
+    "TemperSettings",
+    "AlignmentSettings",
+    "RescaleSettings",
+    "RoundSettings",
+    "CoecSettings",
+    "direction_matmul_used",
+    "resolve_dtype",
+    "Plan",
+    "make_plan",
+    "Slices",
+    "slices",
+    "setup_info",
+    "setup_alignment",
+    "right_problem",
+]
 
 
 @dataclass(frozen=True)
@@ -128,11 +141,14 @@ def make_plan(settings: CoecSettings, device: torch.device, compute_dtype: str |
     rs = settings.right_solve
     rg_update = ("carry" if device.type == "cuda" else "product") if rs.rg_update == "auto" else rs.rg_update
     return Plan(
-        device=device, dtype=cdt, temper_dtype=resolve_dtype(settings.temper.dtype),
+        device=device,
+        dtype=cdt,
+        temper_dtype=resolve_dtype(settings.temper.dtype),
         left_polar=auto if settings.left_polar == "auto" else settings.left_polar,
         setup_svd=auto if settings.setup_svd == "auto" else settings.setup_svd,
-        right_solve=replace(rs, direction_matmul=direction_matmul_used(rs.direction_matmul, device, cdt),
-                            rg_update=rg_update),
+        right_solve=replace(
+            rs, direction_matmul=direction_matmul_used(rs.direction_matmul, device, cdt), rg_update=rg_update
+        ),
     )
 
 
@@ -156,8 +172,9 @@ class Slices:
     psd: dict[str, Any]
 
 
-def slices(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, temper: TemperSettings, plan: Plan,
-           record: list[str]) -> Slices:
+def slices(
+    W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, temper: TemperSettings, plan: Plan, record: list[str]
+) -> Slices:
     """Line 1: temper the FULL (normalised) Gram, then slice. The slices are formed in the temper
     dtype (float64 by default), which also serves the reported errors; the loop runs in the
     compute dtype. App. B: the untempered metric of the reported errors is the PSD projection of
@@ -178,8 +195,19 @@ def slices(W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, temper: Tem
     del G0, Gt, WG
     Gxx, Gyx = Gxx_t.to(plan.dtype), Gyx_t.to(plan.dtype)
     lam_max = lam_t if math.isfinite(lam_t) else power_max_eig(Gxx)
-    return Slices(Gxx0=Gxx0, Gyx0=Gyx0, c0=c0, Gxx_t=Gxx_t, Gyx_t=Gyx_t, c=c, Gxx=Gxx, Gyx=Gyx,
-                  lam_max=lam_max, n_negative=n_negative, psd=psd)
+    return Slices(
+        Gxx0=Gxx0,
+        Gyx0=Gyx0,
+        c0=c0,
+        Gxx_t=Gxx_t,
+        Gyx_t=Gyx_t,
+        c=c,
+        Gxx=Gxx,
+        Gyx=Gyx,
+        lam_max=lam_max,
+        n_negative=n_negative,
+        psd=psd,
+    )
 
 
 def setup_info(settings: CoecSettings, plan: Plan, m: Slices, WK: torch.Tensor) -> dict[str, Any]:
@@ -201,8 +229,14 @@ def setup_info(settings: CoecSettings, plan: Plan, m: Slices, WK: torch.Tensor) 
     }
 
 
-def setup_alignment(W0c: torch.Tensor, keep: torch.Tensor, value_proj: torch.Tensor | None,
-                    align: AlignmentSettings, plan: Plan, record: list[str]) -> Alignment | None:
+def setup_alignment(
+    W0c: torch.Tensor,
+    keep: torch.Tensor,
+    value_proj: torch.Tensor | None,
+    align: AlignmentSettings,
+    plan: Plan,
+    record: list[str],
+) -> Alignment | None:
     """Alignment data (o_proj): anchor from the unpruned W0, U_v from the pruned value projection;
     None without a penalty and without value_proj."""
     if align.weight > 0 or value_proj is not None:
@@ -221,5 +255,6 @@ def right_problem(m: Slices, settings: CoecSettings, align: Alignment | None) ->
         with span("coec.setup.precondition"):
             inv = make_preconditioner(m.Gxx, damping)
         pre = Preconditioner(inv, damping if settings.precondition == "newton" else None)
-    return RightProblem(m.Gxx, m.Gyx, m.c, m.lam_max, align=align, align_lambda=settings.align.weight,
-                        preconditioner=pre)
+    return RightProblem(
+        m.Gxx, m.Gyx, m.c, m.lam_max, align=align, align_lambda=settings.align.weight, preconditioner=pre
+    )

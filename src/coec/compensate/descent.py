@@ -48,8 +48,18 @@ from ..profiling import span, traced
 from .newton_schulz import ns_polar
 from .objective import Evaluation, ProfiledObjective
 
-__all__ = ["RightSolveSettings", "RightResult", "Direction", "Tangent", "Space", "matmul_precision", "Counts",
-           "Descent", "descend", "finish"]
+__all__ = [
+    "RightSolveSettings",
+    "RightResult",
+    "Direction",
+    "Tangent",
+    "Space",
+    "matmul_precision",
+    "Counts",
+    "Descent",
+    "descend",
+    "finish",
+]
 
 
 @dataclass(frozen=True)
@@ -117,8 +127,9 @@ class Direction(Protocol):
 
     def step(self, t: float) -> torch.Tensor: ...
 
-    def step_carrying(self, t: float, RG: torch.Tensor,
-                      gG: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    def step_carrying(
+        self, t: float, RG: torch.Tensor, gG: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
 class Tangent(Protocol):
@@ -162,8 +173,15 @@ def matmul_precision(kind: str = "float32") -> Iterator[None]:
 
 
 @traced("coec.right.step_size")
-def _step_base(obj: ProfiledObjective, ev: Evaluation, g: torch.Tensor, L0: float, eta_scale: str,
-               gG: torch.Tensor | None = None, slope: float | None = None) -> float:
+def _step_base(
+    obj: ProfiledObjective,
+    ev: Evaluation,
+    g: torch.Tensor,
+    L0: float,
+    eta_scale: str,
+    gG: torch.Tensor | None = None,
+    slope: float | None = None,
+) -> float:
     """Step unit multiplied by eta (module docstring). g: the search direction (Euclidean, r x k);
     gG: ``g Gxx`` when the caller already has it; slope: ``<grad F, g>`` when g is not the
     gradient itself (conjugate directions; default ``||g||^2``)."""
@@ -342,8 +360,15 @@ class _Loop:
         return None
 
 
-def descend(obj: ProfiledObjective, space: Space, settings: RightSolveSettings, L0: float, x0: torch.Tensor,
-            RG0: torch.Tensor | None = None, rg_age: int = 0) -> Descent:
+def descend(
+    obj: ProfiledObjective,
+    space: Space,
+    settings: RightSolveSettings,
+    L0: float,
+    x0: torch.Tensor,
+    RG0: torch.Tensor | None = None,
+    rg_age: int = 0,
+) -> Descent:
     """The backtracking descent from x0 (module docstring). ``RG0`` optionally caches
     ``R0 Gxx``, ``rg_age`` the carried updates it has been through; L0 the curvature bound of
     ``eta_scale="lipschitz"``."""
@@ -388,8 +413,7 @@ def descend(obj: ProfiledObjective, space: Space, settings: RightSolveSettings, 
         if dR < s.delta:
             stop = "delta"
             break
-    return Descent(x=x, R=R, ev=ev, start=start, counts=counts, stop=stop, eta_end=loop.eta, history=hist,
-                   rg_age=age)
+    return Descent(x=x, R=R, ev=ev, start=start, counts=counts, stop=stop, eta_end=loop.eta, history=hist, rg_age=age)
 
 
 def finish(obj: ProfiledObjective, d: Descent, Q: torch.Tensor | None = None, drifts: bool = True) -> RightResult:
@@ -404,10 +428,27 @@ def finish(obj: ProfiledObjective, d: Descent, Q: torch.Tensor | None = None, dr
         cleanups = 1
     c = d.counts
     return RightResult(
-        R=R, s=ev.s, scale_ok=ev.ok, RG=ev.RG, F_start=d.start.F, F_end=ev.F,
-        err_end=ev.err, A_start=d.start.A, A_end=ev.A, steps=c.steps,
-        trials=c.trials, backtracks=c.backtracks, capped=c.capped,
-        scale_skipped=c.skipped, stop=d.stop, eta_end=d.eta_end, orth_cleanups=cleanups, Q=Q,
-        history=d.history, carried=c.carried, rg_refreshes=c.refreshes,
-        rg_age=0 if cleanups else d.rg_age, restarts=c.restarts,
+        R=R,
+        s=ev.s,
+        scale_ok=ev.ok,
+        RG=ev.RG,
+        F_start=d.start.F,
+        F_end=ev.F,
+        err_end=ev.err,
+        A_start=d.start.A,
+        A_end=ev.A,
+        steps=c.steps,
+        trials=c.trials,
+        backtracks=c.backtracks,
+        capped=c.capped,
+        scale_skipped=c.skipped,
+        stop=d.stop,
+        eta_end=d.eta_end,
+        orth_cleanups=cleanups,
+        Q=Q,
+        history=d.history,
+        carried=c.carried,
+        rg_refreshes=c.refreshes,
+        rg_age=0 if cleanups else d.rg_age,
+        restarts=c.restarts,
     )

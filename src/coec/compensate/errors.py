@@ -33,8 +33,14 @@ class OutputError:
     ``(scale (q - 2 p + c) - 2 b^T (W0 m - W m_K) + ||b||^2) / (scale c)``. Computed in G's dtype.
     """
 
-    def __init__(self, W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor,
-                 mean: torch.Tensor | None = None, scale: float | None = None):
+    def __init__(
+        self,
+        W0: torch.Tensor,
+        G: torch.Tensor,
+        keep: torch.Tensor,
+        mean: torch.Tensor | None = None,
+        scale: float | None = None,
+    ):
         dt = G.dtype
         W0 = W0.to(dt)
         WG = W0 @ G
@@ -49,8 +55,9 @@ class OutputError:
         if b is None:
             return relerr(W, self.Gxx, self.Gyx, self.c)
         if self.mean_k is None or self.W0m is None or self.scale is None:
-            raise ValueError("the error of a module with a bias needs the channel means and the "
-                             "Gram's scale (its token count)")
+            raise ValueError(
+                "the error of a module with a bias needs the channel means and the Gram's scale (its token count)"
+            )
         if not self.c > 0:
             return float("nan")
         W, b = W.to(self.dtype), b.to(self.dtype)

@@ -59,8 +59,9 @@ def lambda_grid(e_pos: torch.Tensor, lo: float = 1e-4, hi: float = 1e5, n: int =
     return torch.logspace(math.log10(lo), math.log10(hi), n, dtype=torch.float64, device=e_pos.device) * med
 
 
-def per_mode_scale(lam: torch.Tensor | float, sigma: torch.Tensor, rho: torch.Tensor, e: torch.Tensor,
-                   s_glob: float) -> torch.Tensor:
+def per_mode_scale(
+    lam: torch.Tensor | float, sigma: torch.Tensor, rho: torch.Tensor, e: torch.Tensor, s_glob: float
+) -> torch.Tensor:
     """Regularised singular values ``s_i(lam) = (rho_i + lam s* sigma_i) / (e_i + lam)`` (Sec. 4.3).
 
     ``lam`` scalar or (L,) -> (r,) or (L, r). lam -> 0 gives ``rho_i / e_i`` (per-mode optimum),
@@ -71,8 +72,9 @@ def per_mode_scale(lam: torch.Tensor | float, sigma: torch.Tensor, rho: torch.Te
     return (rho + lam * s_glob * sigma) / (e + lam)
 
 
-def gcv_curve(lams: torch.Tensor, sigma: torch.Tensor, rho: torch.Tensor, e: torch.Tensor,
-              s_glob: float) -> torch.Tensor:
+def gcv_curve(
+    lams: torch.Tensor, sigma: torch.Tensor, rho: torch.Tensor, e: torch.Tensor, s_glob: float
+) -> torch.Tensor:
     """``GCV(lam) = sum_i e_i (s_i(lam) - rho_i/e_i)^2 / (1 - df(lam)/M)^2``, ``df = sum e_i/(e_i+lam)``.
 
     Evaluated in the algebraically equal, cancellation-free form
@@ -159,6 +161,13 @@ def rescale(
     vals, n_cl = kappa_clamp(vals, base[pos], kappa)
     out[pos] = vals
     med = float(ep.median())
-    return Rescaled(sigma=out, s_glob=s_glob, scale_ok=ok, lam=lam, lam_rel=lam / med,
-                    grid_end="low" if j == 0 else ("high" if j == len(lams) - 1 else None),
-                    n_clamped=n_cl, n_modes=n_modes)
+    return Rescaled(
+        sigma=out,
+        s_glob=s_glob,
+        scale_ok=ok,
+        lam=lam,
+        lam_rel=lam / med,
+        grid_end="low" if j == 0 else ("high" if j == len(lams) - 1 else None),
+        n_clamped=n_cl,
+        n_modes=n_modes,
+    )

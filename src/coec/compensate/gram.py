@@ -97,12 +97,19 @@ def psd_project(G: torch.Tensor, record: list[str] | None = None) -> tuple[torch
     return 0.5 * (Gp + Gp.mT), info
 
 
-PSD_ACTION = ("clipped negative eigenvalues to 0 (App. B): the solves and every reported error "
-              "(relerr_*) use this PSD projection of the Gram")
+PSD_ACTION = (
+    "clipped negative eigenvalues to 0 (App. B): the solves and every reported error "
+    "(relerr_*) use this PSD projection of the Gram"
+)
 
 
-def gram_psd(G: torch.Tensor, record: list[str] | None = None, tol: float = PSD_TOL,
-             min_eig: float | None = None, max_eig: float | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+def gram_psd(
+    G: torch.Tensor,
+    record: list[str] | None = None,
+    tol: float = PSD_TOL,
+    min_eig: float | None = None,
+    max_eig: float | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """(G, info) for a Gram that is PSD up to ``tol * lambda_max``, else (its PSD projection, info).
 
     The test is a Cholesky of ``G + tol lambda_max I`` (lambda_max by power iteration), or the

@@ -63,8 +63,9 @@ class MethodInput(Protocol):
 
     def for_module(self, handle: Any, module: Module, options: Any) -> dict[str, Any]: ...
 
-    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str,
-                        methods: Mapping[str, Any]) -> str | None: ...
+    def check_reference(
+        self, method: str, options: Any, config: dict[str, Any], where: str, methods: Mapping[str, Any]
+    ) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -89,22 +90,29 @@ class OtherCell:
 
     def for_module(self, handle: dict[str, torch.Tensor], module: Module, options: Any) -> dict[str, Any]:
         key = f"layer{module.layer}.{module.name}"
-        return {f"{self.prefix}weight": handle[f"{key}.weight"].to(module.device),
-                f"{self.prefix}bias": handle.get(f"{key}.bias")}
+        return {
+            f"{self.prefix}weight": handle[f"{key}.weight"].to(module.device),
+            f"{self.prefix}bias": handle.get(f"{key}.bias"),
+        }
 
-    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str,
-                        methods: Mapping[str, Any]) -> str | None:
+    def check_reference(
+        self, method: str, options: Any, config: dict[str, Any], where: str, methods: Mapping[str, Any]
+    ) -> str | None:
         """The named compensation exists and takes no other cell itself (no chains, no cycles);
         ``methods`` the registered methods by name."""
         name = getattr(options, self.option)
         comps = config.get("compensations", {})
         if name not in comps:
-            return (f"{where}.{self.option} names unknown compensations entry {name!r} "
-                    f"(known: {', '.join(comps) or 'none'})")
+            return (
+                f"{where}.{self.option} names unknown compensations entry {name!r} "
+                f"(known: {', '.join(comps) or 'none'})"
+            )
         other = methods[comps[name]["method"]]
         if any(isinstance(i, OtherCell) for i in other.inputs):
-            return (f"{where}.{self.option}: the {self.option} of a {method} cannot be a {other.name} "
-                    f"(a method that takes another cell's weights itself)")
+            return (
+                f"{where}.{self.option}: the {self.option} of a {method} cannot be a {other.name} "
+                f"(a method that takes another cell's weights itself)"
+            )
         return None
 
 
@@ -130,17 +138,22 @@ class OtherCalibration:
         from ..artifacts import read_gram_layer
 
         st = read_gram_layer(handle, module.layer, module.name)
-        return {f"{self.prefix}gram": st["gram"].to(module.device), f"{self.prefix}mean": st["mean"].to(module.device),
-                f"{self.prefix}count": st["count"]}
+        return {
+            f"{self.prefix}gram": st["gram"].to(module.device),
+            f"{self.prefix}mean": st["mean"].to(module.device),
+            f"{self.prefix}count": st["count"],
+        }
 
-    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str,
-                        methods: Mapping[str, Any]) -> str | None:
+    def check_reference(
+        self, method: str, options: Any, config: dict[str, Any], where: str, methods: Mapping[str, Any]
+    ) -> str | None:
         """The named calibration set exists (or none is named)."""
         name = getattr(options, self.option)
         calibs = config.get("calibration", {})
         if name is not None and name not in calibs:
-            return (f"{where}.{self.option} names unknown calibration entry {name!r} "
-                    f"(known: {', '.join(calibs) or 'none'})")
+            return (
+                f"{where}.{self.option} names unknown calibration entry {name!r} (known: {', '.join(calibs) or 'none'})"
+            )
         return None
 
 
@@ -166,6 +179,7 @@ class ValueProjection:
         vp = pruned_value_proj(module.tensors["v_proj"], module.keep["kv_groups"], module.geometry)
         return {self.name: vp.to(module.device)}
 
-    def check_reference(self, method: str, options: Any, config: dict[str, Any], where: str,
-                        methods: Mapping[str, Any]) -> str | None:
+    def check_reference(
+        self, method: str, options: Any, config: dict[str, Any], where: str, methods: Mapping[str, Any]
+    ) -> str | None:
         return None

@@ -18,16 +18,7 @@ import torch
 from .newton_schulz import ns_orthonormalize
 from .watchdog import watched
 
-__all__ = [
-    "SVD_CHAIN",
-    "svd",
-    "eigh",
-    "polar",
-    "polar_eigh",
-    "polar_newton",
-    "svd_eigh",
-    "top_singular_vectors",
-]
+__all__ = ["SVD_CHAIN", "svd", "eigh", "polar", "polar_eigh", "polar_newton", "svd_eigh", "top_singular_vectors"]
 
 SVD_CHAIN = ("default", "gesvd", "cpu_float64")
 
@@ -54,8 +45,9 @@ def svd(A: torch.Tensor, record: list[str] | None = None) -> tuple[torch.Tensor,
             if name == "default":
                 U, S, Vh = watched(lambda: torch.linalg.svd(A, full_matrices=False), A.device, name, record)
             elif name == "gesvd":
-                U, S, Vh = watched(lambda: torch.linalg.svd(A, full_matrices=False, driver="gesvd"),
-                                   A.device, name, record)
+                U, S, Vh = watched(
+                    lambda: torch.linalg.svd(A, full_matrices=False, driver="gesvd"), A.device, name, record
+                )
             else:
                 U, S, Vh = torch.linalg.svd(A.detach().to("cpu", torch.float64), full_matrices=False)
                 U, S, Vh = (t.to(A.device, A.dtype) for t in (U, S, Vh))
@@ -121,8 +113,9 @@ class _GramSVD(NamedTuple):
     orth_error: float
 
 
-def _svd_by_gram_eigh(A64: torch.Tensor, floor: float, max_refine: int,
-                      record: list[str] | None = None) -> _GramSVD | None:
+def _svd_by_gram_eigh(
+    A64: torch.Tensor, floor: float, max_refine: int, record: list[str] | None = None
+) -> _GramSVD | None:
     """Thin SVD factors of a tall float64 A (m, n), m >= n, from an eigh of ``A^T A``: descending
     ``S``, ``V`` (n, n) from the eigenpairs and ``U = A V / S`` made orthonormal by Newton–Schulz
     steps. Returns them, or None when the spectrum is not resolved
@@ -145,8 +138,9 @@ def _orthonormal_enough(err: float, dtype: torch.dtype) -> bool:
     return err < (1e-10 if dtype == torch.float64 else 1e-5)
 
 
-def polar_eigh(A: torch.Tensor, record: list[str] | None = None, floor: float = 16.0,
-               max_refine: int = 3) -> torch.Tensor:
+def polar_eigh(
+    A: torch.Tensor, record: list[str] | None = None, floor: float = 16.0, max_refine: int = 3
+) -> torch.Tensor:
     """Polar factor of a tall A (m, n), m >= n, as ``U V^T`` from the eigh-based thin SVD of
     ``svd_eigh`` (``= A (A^T A)^{-1/2}``), whose Newton–Schulz refinement makes it orthonormal to
     1e-12 (at most ``max_refine`` steps; the refinement only fixes orthonormality, the objective
@@ -170,8 +164,9 @@ def polar_eigh(A: torch.Tensor, record: list[str] | None = None, floor: float = 
     return polar(A, record)
 
 
-def polar_newton(A: torch.Tensor, record: list[str] | None = None, max_iter: int = 30, tol: float = 1e-7,
-                 max_refine: int = 3) -> torch.Tensor:
+def polar_newton(
+    A: torch.Tensor, record: list[str] | None = None, max_iter: int = 30, tol: float = 1e-7, max_refine: int = 3
+) -> torch.Tensor:
     """Polar factor of A (m, n) by the scaled Newton iteration (Higham 2008, Alg. 8.20), in float64.
 
     Tall A (m > n) is first reduced by a thin QR, ``A = Q R``, ``polar(A) = Q polar(R)``; a wide A
@@ -233,8 +228,9 @@ def _scaled_newton(X: torch.Tensor, max_iter: int, tol: float) -> torch.Tensor |
     return None
 
 
-def svd_eigh(A: torch.Tensor, record: list[str] | None = None, floor: float = 16.0,
-             max_refine: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def svd_eigh(
+    A: torch.Tensor, record: list[str] | None = None, floor: float = 16.0, max_refine: int = 3
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Thin SVD ``A = U diag(S) Vh`` via a float64 eigh of the smaller Gram (the GPU path of the
     setup factorisations: an eigh is ~10x faster than an SVD there).
 
@@ -253,8 +249,9 @@ def svd_eigh(A: torch.Tensor, record: list[str] | None = None, floor: float = 16
     return svd(A, record)
 
 
-def top_singular_vectors(A: torch.Tensor, rank: int, side: str, method: str = "svd",
-                         record: list[str] | None = None) -> torch.Tensor:
+def top_singular_vectors(
+    A: torch.Tensor, rank: int, side: str, method: str = "svd", record: list[str] | None = None
+) -> torch.Tensor:
     """The top-``rank`` left (``side="left"``: (m, rank)) or right (``"right"``: (n, rank))
     singular vectors of A (m, n), by the SVD chain or (``method="eigh"``) by a float64 eigh of
     ``A A^T`` / ``A^T A`` (orthonormal by construction; only the top of the spectrum is used, so no
@@ -272,4 +269,3 @@ def top_singular_vectors(A: torch.Tensor, rank: int, side: str, method: str = "s
                 record.append("eigh->svd")
     U, _, Vh = svd(A, record)
     return U[:, :rank] if side == "left" else Vh[:rank].mT
-

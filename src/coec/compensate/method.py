@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from ..registry import Registry
-from .inputs import MethodInput
 from .gram import gram_psd, gram_scale, normalize_gram
+from .inputs import MethodInput
 from .validators import float_dtype, opt
 
 __all__ = ["CommonOptions", "Problem", "Metric", "Compensation", "Method", "METHODS", "MODULES"]
@@ -36,9 +36,12 @@ class CommonOptions:
     """Options of every method."""
 
     compute_dtype: str | None = opt(
-        None, "dtype of the solve (null: the method's default: float32 for coec; float64 on the CPU and "
-              "float32 on CUDA for the others); the ridge solve, scale scalars and reported errors run in "
-              "float64 regardless", float_dtype())
+        None,
+        "dtype of the solve (null: the method's default: float32 for coec; float64 on the CPU and "
+        "float32 on CUDA for the others); the ridge solve, scale scalars and reported errors run in "
+        "float64 regardless",
+        float_dtype(),
+    )
 
 
 @dataclass(frozen=True)

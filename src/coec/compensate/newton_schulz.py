@@ -130,8 +130,9 @@ class PolarWith(NamedTuple):
     iterations: int
 
 
-def ns_polar_with(X: torch.Tensor, Y: torch.Tensor | None, scale: float | None = None,
-                  tol: float | None = None) -> PolarWith:
+def ns_polar_with(
+    X: torch.Tensor, Y: torch.Tensor | None, scale: float | None = None, tol: float | None = None
+) -> PolarWith:
     """``ns_polar`` that also applies its left factor to a companion Y (r, m):
     returns ``(F X, F Y, iterations)`` with ``F = (X X^T)^{-1/2}`` (Y None: ``F Y`` is None).
 
@@ -153,4 +154,5 @@ def ns_polar_with(X: torch.Tensor, Y: torch.Tensor | None, scale: float | None =
 
         def apply(T: torch.Tensor) -> torch.Tensor:
             return F @ T
+
     return PolarWith(apply(X), (None if Y is None else apply(Y)), inv.iterations)

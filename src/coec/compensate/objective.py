@@ -43,8 +43,16 @@ class ProfiledObjective:
     applied when its denominator q is positive (App. B); otherwise s = 1 and ``ok`` False.
     """
 
-    def __init__(self, U: torch.Tensor, S: torch.Tensor, Gxx: torch.Tensor, Gyx: torch.Tensor, c: float,
-                 align: Alignment | None = None, align_lambda: float = 0.0):
+    def __init__(
+        self,
+        U: torch.Tensor,
+        S: torch.Tensor,
+        Gxx: torch.Tensor,
+        Gyx: torch.Tensor,
+        c: float,
+        align: Alignment | None = None,
+        align_lambda: float = 0.0,
+    ):
         self.S = S
         self.S2 = (S * S)[:, None]
         self.P = S[:, None] * (U.mT @ Gyx)  # (r, k)

@@ -22,12 +22,21 @@ from collections.abc import Mapping
 from dataclasses import Field, fields
 from typing import Any, NoReturn
 
+from ..registry import UnknownName
 from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
 from .method import METHODS, MODULES, CommonOptions, Method
-from ..registry import UnknownName
 
-__all__ = ["resolve", "as_dict", "validate_spec", "defaults", "config_keys", "option_fields", "method",
-           "top_level_options", "module_options"]
+__all__ = [
+    "resolve",
+    "as_dict",
+    "validate_spec",
+    "defaults",
+    "config_keys",
+    "option_fields",
+    "method",
+    "top_level_options",
+    "module_options",
+]
 
 
 def _fail(msg: str) -> NoReturn:

@@ -1,6 +1,6 @@
 """docs/compensation-options.md, rendered from the registered methods' option dataclasses.
 
-    python -m coec.compensate.options_doc > docs/compensation-options.md
+python -m coec.compensate.options_doc > docs/compensation-options.md
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ def _fmt_default(v: Any) -> str:
     if isinstance(v, str):
         return f"`{v}`"
     return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 
 
 def markdown() -> str:
@@ -75,7 +73,7 @@ def markdown() -> str:
         "replaced by its PSD projection (negative eigenvalues clipped to 0) for every method: the",
         "lstsq and rcpu solves and every reported error (`relerr_before`, `relerr_after`,",
         "`relerr_after_weight_only`) use it, and coec tempers with clipped eigenvalues (`psd_clip`).",
-        "The result's `info[\"gram_psd\"]` records the outcome: `indefinite`, and when the",
+        'The result\'s `info["gram_psd"]` records the outcome: `indefinite`, and when the',
         "eigenvalues were computed `min_eig`, `max_eig`, `clipped` (eigenvalues set to 0) and",
         "`action`. A Gram that is PSD up to round-off is used exactly as it is.",
         "",

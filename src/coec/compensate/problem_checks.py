@@ -51,15 +51,15 @@ def check_keep(keep: Any, d_in: int) -> torch.Tensor:
     return cast(torch.Tensor, keep)
 
 
-def check_problem(W0: Any, gram: Any, mean: Any, keep: Any, method: str, needs_mean: bool,
-                  n_tokens: Any, needs_n_tokens: bool) -> torch.Tensor:
+def check_problem(
+    W0: Any, gram: Any, mean: Any, keep: Any, method: str, needs_mean: bool, n_tokens: Any, needs_n_tokens: bool
+) -> torch.Tensor:
     """The arguments of ``compensate`` for a method; returns ``keep`` as a long tensor."""
     check_tensor("W0", W0, 2)
     check_tensor("gram", gram, 2)
     d_out, d_in = W0.shape
     if tuple(gram.shape) != (d_in, d_in):
-        _fail(f"gram shape {tuple(gram.shape)} does not match W0 shape {tuple(W0.shape)}: "
-              f"expected ({d_in}, {d_in})")
+        _fail(f"gram shape {tuple(gram.shape)} does not match W0 shape {tuple(W0.shape)}: expected ({d_in}, {d_in})")
     if mean is not None:
         check_tensor("mean", mean, 1)
         if mean.shape[0] != d_in:
@@ -68,7 +68,8 @@ def check_problem(W0: Any, gram: Any, mean: Any, keep: Any, method: str, needs_m
         _fail(f"method {method!r} requires mean (d_in,) channel means")
     if needs_n_tokens and n_tokens is None:
         _fail(f"method {method!r} requires n_tokens (the Gram's token count) for the error of its bias")
-    if n_tokens is not None and not (isinstance(n_tokens, (int, float)) and not isinstance(n_tokens, bool)
-                                     and n_tokens > 0):
+    if n_tokens is not None and not (
+        isinstance(n_tokens, (int, float)) and not isinstance(n_tokens, bool) and n_tokens > 0
+    ):
         _fail(f"n_tokens must be a positive number, got {n_tokens!r}")
     return check_keep(keep, d_in)

@@ -30,8 +30,9 @@ def retract_polar(R: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
 
 
 @traced("coec.right.retract")
-def retract_polar_with(R: torch.Tensor, D: torch.Tensor, RG: torch.Tensor | None = None,
-                       DG: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def retract_polar_with(
+    R: torch.Tensor, D: torch.Tensor, RG: torch.Tensor | None = None, DG: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``retract_polar`` that also carries ``R Gxx`` through the step: given ``RG = R Gxx`` and
     ``DG = D Gxx`` (r, k), returns ``(R_new, R_new Gxx)`` with ``R_new Gxx = F (RG - DG)``, F the
     retraction's left factor (``newton_schulz.ns_polar_with``): no (r, k, k) product. R_new is

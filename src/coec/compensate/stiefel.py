@@ -26,8 +26,17 @@ from .descent import Direction, RightResult, RightSolveSettings, Tangent, descen
 from .objective import ProfiledObjective
 from .retraction import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
 
-__all__ = ["Preconditioner", "RightProblem", "make_preconditioner", "PolarDirection", "CayleyDirection",
-           "PolarTangent", "CayleyTangent", "solve_reduced", "solve_full"]
+__all__ = [
+    "Preconditioner",
+    "RightProblem",
+    "make_preconditioner",
+    "PolarDirection",
+    "CayleyDirection",
+    "PolarTangent",
+    "CayleyTangent",
+    "solve_reduced",
+    "solve_full",
+]
 
 
 def make_preconditioner(Gxx: torch.Tensor, damping: float) -> torch.Tensor:
@@ -177,9 +186,15 @@ class _ReducedSpace:
         return PolarTangent(R, g, pg)
 
 
-def solve_reduced(U: torch.Tensor, S: torch.Tensor, Vt: torch.Tensor, problem: RightProblem,
-                  settings: RightSolveSettings | None = None, RG0: torch.Tensor | None = None,
-                  rg_age: int = 0) -> RightResult:
+def solve_reduced(
+    U: torch.Tensor,
+    S: torch.Tensor,
+    Vt: torch.Tensor,
+    problem: RightProblem,
+    settings: RightSolveSettings | None = None,
+    RG0: torch.Tensor | None = None,
+    rg_age: int = 0,
+) -> RightResult:
     """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
 
     U (d_out, r), S (r,), Vt (r, k) the thin SVD of the current weight (S descending); the
@@ -243,9 +258,15 @@ class _FullSpace:
         return _FullTangent(x, 0.5 * (B - B.mT), self.Vt, self.inverse)
 
 
-def solve_full(U: torch.Tensor, S: torch.Tensor, Vt: torch.Tensor, problem: RightProblem,
-               settings: RightSolveSettings | None = None, RG0: torch.Tensor | None = None,
-               rg_age: int = 0) -> RightResult:
+def solve_full(
+    U: torch.Tensor,
+    S: torch.Tensor,
+    Vt: torch.Tensor,
+    problem: RightProblem,
+    settings: RightSolveSettings | None = None,
+    RG0: torch.Tensor | None = None,
+    rg_age: int = 0,
+) -> RightResult:
     """Full right solve over ``Q_r in O(k)`` from ``Q = I`` with Cayley steps (ablation "converged
     two-sided rotation"; Sec. 4.1). Same objective as ``solve_reduced`` through ``R = Vt Q``; the
     Euclidean gradient is ``Vt^T Xi_R`` and the canonical direction ``skew(Xi_Q Q^T) Q``. Costs
@@ -260,6 +281,5 @@ def solve_full(U: torch.Tensor, S: torch.Tensor, Vt: torch.Tensor, problem: Righ
     k = Vt.shape[1]
     Q0 = torch.eye(k, dtype=Vt.dtype, device=Vt.device)
     space = _FullSpace(Vt, settings.cayley_inverse)
-    d = descend(obj, space, replace(settings, method="gd"), _lipschitz(S, problem.lam_max, problem.c), Q0, RG0,
-                rg_age)
+    d = descend(obj, space, replace(settings, method="gd"), _lipschitz(S, problem.lam_max, problem.c), Q0, RG0, rg_age)
     return finish(obj, d, Q=d.x)

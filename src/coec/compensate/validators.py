@@ -45,8 +45,13 @@ def _is_num(v: Any, integer: bool) -> bool:
     return ok and not isinstance(v, bool) and math.isfinite(float(v))
 
 
-def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False, integer: bool = False,
-           allow_none: bool = False) -> Check:
+def number(
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    integer: bool = False,
+    allow_none: bool = False,
+) -> Check:
     """A finite number (an integer with ``integer``) in ``[lo, hi]`` (``(lo, hi]`` with
     ``lo_open``), or None with ``allow_none``."""
     kind = "integer" if integer else "number"

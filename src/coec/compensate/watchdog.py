@@ -145,8 +145,7 @@ def watched(fn: Callable[[], _T], device: torch.device | str, name: str, record:
             _abandon(device, streams[1])
         if record is not None:
             record.append(f"{name}:timeout")
-        raise SolverTimeout(f"solver call {name!r} on {device} did not return within {limit:g} s "
-                            "(watchdog, App. B)")
+        raise SolverTimeout(f"solver call {name!r} on {device} did not return within {limit:g} s (watchdog, App. B)")
     if "exc" in box:
         raise box["exc"]
     out: _T = box["out"]

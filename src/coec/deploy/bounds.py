@@ -48,8 +48,12 @@ def gguf_widths(path: str | Path) -> dict:
     layers = int(_field(r, f"{arch}.block_count"))
     heads = _field(r, f"{arch}.attention.head_count")
     heads = list(heads) if isinstance(heads, list) else [int(heads)] * layers
-    return {"arch": arch, "layers": layers, "heads": [int(h) for h in heads],
-            "head_dim": int(_field(r, f"{arch}.attention.key_length"))}
+    return {
+        "arch": arch,
+        "layers": layers,
+        "heads": [int(h) for h in heads],
+        "head_dim": int(_field(r, f"{arch}.attention.key_length")),
+    }
 
 
 def gguf_flops_per_token(path: str | Path, context: float) -> float:
@@ -58,8 +62,11 @@ def gguf_flops_per_token(path: str | Path, context: float) -> float:
     4 x heads x head_dim x context per layer."""
     r = _reader(path)
     names = {t.name for t in r.tensors}
-    weights = sum(int(math.prod(int(s) for s in t.shape)) for t in r.tensors
-                  if t.name != "token_embd.weight" or "output.weight" not in names)
+    weights = sum(
+        int(math.prod(int(s) for s in t.shape))
+        for t in r.tensors
+        if t.name != "token_embd.weight" or "output.weight" not in names
+    )
     w = gguf_widths(path)
     return 2.0 * weights + 4.0 * sum(w["heads"]) * w["head_dim"] * context
 

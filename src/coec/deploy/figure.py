@@ -14,13 +14,12 @@ def plot_measured(df, out: str | Path, caption: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..report import _caption, _save_fig
+    from ..rendering import save_figure, set_caption
 
     cells = list(dict.fromkeys(df["cell"]))
     x = {c: i for i, c in enumerate(cells)}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    panels = (("decode_speedup", "byte_bound", "decode (batch 1)"),
-              ("prefill_speedup", "flop_bound", "prefill"))
+    panels = (("decode_speedup", "byte_bound", "decode (batch 1)"), ("prefill_speedup", "flop_bound", "prefill"))
     for ax, (speed, bound, title) in zip(axes, panels):
         for i, ((runtime, typ), d) in enumerate(df.groupby(["runtime", "type"], sort=False)):
             color = f"C{i}"
@@ -33,6 +32,6 @@ def plot_measured(df, out: str | Path, caption: str = "") -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("speedup over dense")
     axes[0].legend(fontsize=7)
-    _caption(fig, caption or "Measured deployment cost")
-    _save_fig(fig, out)
+    set_caption(fig, caption or "Measured deployment cost")
+    save_figure(fig, out)
     plt.close(fig)

@@ -25,26 +25,39 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import artifacts as A
+from .. import artifacts
 from .bounds import gguf_flops_per_token, prefill_context
 from .worker import MARK
 
 log = logging.getLogger(__name__)
 
-RUNTIMES = {"transformers-fp32": ("transformers", "float32"),
-            "transformers-bf16": ("transformers", "bfloat16"),
-            "llamacpp-f32": ("llama.cpp", "f32"), "llamacpp-f16": ("llama.cpp", "f16"),
-            "llamacpp-q8_0": ("llama.cpp", "q8_0")}
+RUNTIMES = {
+    "transformers-fp32": ("transformers", "float32"),
+    "transformers-bf16": ("transformers", "bfloat16"),
+    "llamacpp-f32": ("llama.cpp", "f32"),
+    "llamacpp-f16": ("llama.cpp", "f16"),
+    "llamacpp-q8_0": ("llama.cpp", "q8_0"),
+}
 
 
 # the Markdown twin's columns (the CSV has every one): name in the CSV -> heading
-MD_COLUMNS = {"cell": "cell", "runtime": "runtime", "type": "type", "file_mb": "file MiB",
-              "peak_rss_mb": "peak RSS MiB", "prefill_tok_s": "prefill tok/s",
-              "decode_tok_s": "decode tok/s", "prefill_speedup": "prefill speedup",
-              "prefill_speedup_cpu": "prefill speedup, CPU s", "flop_bound": "FLOP bound",
-              "decode_speedup": "decode speedup", "decode_speedup_cpu": "decode speedup, CPU s",
-              "byte_bound": "byte bound", "decode_of_bound": "decode / bound",
-              "decode_of_bound_cpu": "decode / bound, CPU s"}
+MD_COLUMNS = {
+    "cell": "cell",
+    "runtime": "runtime",
+    "type": "type",
+    "file_mb": "file MiB",
+    "peak_rss_mb": "peak RSS MiB",
+    "prefill_tok_s": "prefill tok/s",
+    "decode_tok_s": "decode tok/s",
+    "prefill_speedup": "prefill speedup",
+    "prefill_speedup_cpu": "prefill speedup, CPU s",
+    "flop_bound": "FLOP bound",
+    "decode_speedup": "decode speedup",
+    "decode_speedup_cpu": "decode speedup, CPU s",
+    "byte_bound": "byte bound",
+    "decode_of_bound": "decode / bound",
+    "decode_of_bound_cpu": "decode / bound, CPU s",
+}
 
 
 def machine_threads(threads: int) -> int:
@@ -74,7 +87,7 @@ def vocab_size(cell: dict) -> int:
         emb = next(t for t in gguf.GGUFReader(gguf_file).tensors if t.name == "token_embd.weight")
         return int(emb.shape[1])
     folder = cell.get("hf") or cell["build"]["model"]
-    return int(A.read_json(Path(folder) / "config.json")["vocab_size"])
+    return int(artifacts.read_json(Path(folder) / "config.json")["vocab_size"])
 
 
 def configurations(spec: dict) -> list[dict]:
@@ -97,11 +110,15 @@ def configurations(spec: dict) -> list[dict]:
 def run_worker(config: dict, prompt: list[int], spec: dict, threads: int) -> dict:
     """One measurement in a fresh process; its ``COEC_TIMING`` line as a dict."""
     job = {k: config[k] for k in ("runtime", "dtype", "path", "build") if k in config}
-    job.update(prompt=prompt, new_tokens=spec["new_tokens"], threads=threads,
-               device=spec.get("device", "cpu"))
+    job.update(prompt=prompt, new_tokens=spec["new_tokens"], threads=threads, device=spec.get("device", "cpu"))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "coec.deploy.worker", json.dumps(job)],
-                          capture_output=True, text=True, env=env, timeout=spec.get("timeout_s", 3600))
+    proc = subprocess.run(
+        [sys.executable, "-m", "coec.deploy.worker", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=spec.get("timeout_s", 3600),
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     if proc.returncode or not lines:
         tail = " ".join((proc.stderr or proc.stdout).split()[-40:])
@@ -119,11 +136,17 @@ def measure_all(spec: dict) -> tuple[list[dict], dict]:
         c["runs"] = []
     load = [os.getloadavg()[0]]
     for r in range(spec["repeats"]):
-        order = configs[r % len(configs):] + configs[:r % len(configs)]
+        order = configs[r % len(configs) :] + configs[: r % len(configs)]
         for c in order:
             c["runs"].append(run_worker(c, prompt, spec, threads))
-            log.info("repeat %d %s %s: prefill %.3fs decode %.3fs", r + 1, c["cell"], c["name"],
-                     c["runs"][-1]["prefill_s"], c["runs"][-1]["decode_s"])
+            log.info(
+                "repeat %d %s %s: prefill %.3fs decode %.3fs",
+                r + 1,
+                c["cell"],
+                c["name"],
+                c["runs"][-1]["prefill_s"],
+                c["runs"][-1]["decode_s"],
+            )
         load.append(os.getloadavg()[0])
     return configs, {"threads": threads, "load_1min": load}
 
@@ -136,8 +159,13 @@ def summarize(config: dict, spec: dict) -> dict:
     for key, tokens in (("prefill", p), ("decode", n)):
         wall = [r[f"{key}_s"] for r in runs]
         cpu = [r[f"{key}_cpu_s"] for r in runs]
-        out.update({f"{key}_tok_s": tokens / statistics.median(wall), f"{key}_tok_s_best": tokens / min(wall),
-                    f"{key}_tok_cpu_s": tokens / statistics.median(cpu)})
+        out.update(
+            {
+                f"{key}_tok_s": tokens / statistics.median(wall),
+                f"{key}_tok_s_best": tokens / min(wall),
+                f"{key}_tok_cpu_s": tokens / statistics.median(cpu),
+            }
+        )
     return out
 
 
@@ -161,20 +189,26 @@ def table_rows(configs: list[dict], spec: dict) -> list[dict]:
     cells = {c["label"]: c for c in spec["cells"]}
     dense = spec["cells"][0]["label"]
     ctx = prefill_context(spec["prompt_tokens"])
-    flops = {k: gguf_flops_per_token(next(iter(c["gguf"].values())), ctx)
-             for k, c in cells.items() if c.get("gguf")}
+    flops = {k: gguf_flops_per_token(next(iter(c["gguf"].values())), ctx) for k, c in cells.items() if c.get("gguf")}
     stats = {(c["cell"], c["name"]): summarize(c, spec) for c in configs}
     rows = []
     for c in configs:
         s, d = stats[c["cell"], c["name"]], stats.get((dense, c["name"]), {})
-        row = {"cell": c["cell"], "ratio": cells[c["cell"]]["ratio"], "runtime": c["runtime"],
-               "type": c["dtype"], "file_mb": file_mb(c), "read_mb": s["read_mb"],
-               "peak_rss_mb": s["peak_rss_mb"], "prefill_tok_s": s["prefill_tok_s"],
-               "decode_tok_s": s["decode_tok_s"],
-               "prefill_speedup": _ratio(s["prefill_tok_s"], d.get("prefill_tok_s")),
-               "flop_bound": _ratio(flops.get(dense), flops.get(c["cell"])),
-               "decode_speedup": _ratio(s["decode_tok_s"], d.get("decode_tok_s")),
-               "byte_bound": _ratio(d.get("read_mb"), s["read_mb"])}
+        row = {
+            "cell": c["cell"],
+            "ratio": cells[c["cell"]]["ratio"],
+            "runtime": c["runtime"],
+            "type": c["dtype"],
+            "file_mb": file_mb(c),
+            "read_mb": s["read_mb"],
+            "peak_rss_mb": s["peak_rss_mb"],
+            "prefill_tok_s": s["prefill_tok_s"],
+            "decode_tok_s": s["decode_tok_s"],
+            "prefill_speedup": _ratio(s["prefill_tok_s"], d.get("prefill_tok_s")),
+            "flop_bound": _ratio(flops.get(dense), flops.get(c["cell"])),
+            "decode_speedup": _ratio(s["decode_tok_s"], d.get("decode_tok_s")),
+            "byte_bound": _ratio(d.get("read_mb"), s["read_mb"]),
+        }
         row["decode_of_bound"] = row["decode_speedup"] / row["byte_bound"]
         for key in ("prefill", "decode"):
             row[f"{key}_speedup_best"] = _ratio(s[f"{key}_tok_s_best"], d.get(f"{key}_tok_s_best"))
@@ -189,21 +223,25 @@ def write_measured(spec: dict, out: str | Path):
     average and repeats) and the figure; returns the table (a DataFrame)."""
     import pandas as pd
 
-    from ..report import to_markdown
+    from ..rendering import to_markdown
     from .figure import plot_measured
 
     configs, machine = measure_all(spec)
     df = pd.DataFrame(table_rows(configs, spec))
     out = Path(out)
-    A.write_csv(out, df, float_format="%.4f")
+    artifacts.write_csv(out, df, float_format="%.4f")
     load = ", ".join(f"{x:.2f}" for x in machine["load_1min"])
-    caption = (f"{spec.get('caption', '')} {spec['repeats']} interleaved repeats, median of wall "
-               f"and of CPU time (best runs in the CSV), {machine['threads']} thread(s), prompt "
-               f"{spec['prompt_tokens']} tokens, {spec['new_tokens']} new tokens, batch 1; "
-               f"1-min load average before and after each round: {load}.").strip()
-    A.write_text(out.with_suffix(".md"), to_markdown(df[list(MD_COLUMNS)].rename(columns=MD_COLUMNS),
-                                                     2, caption))
-    A.write_text(out.with_suffix(".runs.json"), json.dumps({"machine": machine, "configs": configs},
-                                                           indent=1) + "\n")
+    caption = (
+        f"{spec.get('caption', '')} {spec['repeats']} interleaved repeats, median of wall "
+        f"and of CPU time (best runs in the CSV), {machine['threads']} thread(s), prompt "
+        f"{spec['prompt_tokens']} tokens, {spec['new_tokens']} new tokens, batch 1; "
+        f"1-min load average before and after each round: {load}."
+    ).strip()
+    artifacts.write_text(
+        out.with_suffix(".md"), to_markdown(df[list(MD_COLUMNS)].rename(columns=MD_COLUMNS), 2, caption)
+    )
+    artifacts.write_text(
+        out.with_suffix(".runs.json"), json.dumps({"machine": machine, "configs": configs}, indent=1) + "\n"
+    )
     plot_measured(df, spec.get("figure") or str(out.parent / "figures" / f"{out.stem}.png"), caption)
     return df

@@ -46,8 +46,7 @@ def _label(row: dict) -> str:
 
 def gguf_types(t: dict) -> list[str]:
     """The GGUF types to export: f16 (the bounds) and every llama.cpp runtime's type."""
-    return list(dict.fromkeys(["f16", *(RUNTIMES[r][1] for r in t["runtimes"]
-                                        if RUNTIMES[r][0] == "llama.cpp")]))
+    return list(dict.fromkeys(["f16", *(RUNTIMES[r][1] for r in t["runtimes"] if RUNTIMES[r][0] == "llama.cpp")]))
 
 
 def measured_cells(config: dict) -> list[dict]:
@@ -55,16 +54,21 @@ def measured_cells(config: dict) -> list[dict]:
     t = _check(config)
     model, types = t["model"], gguf_types(t)
     src = model_path(config, model)
-    cells = [{"label": "dense", "ratio": 0.0, "hf": src,
-              "gguf": {g: paths.gguf_file(paths.dense_dir(model), g) for g in types}}]
+    cells = [
+        {
+            "label": "dense",
+            "ratio": 0.0,
+            "hf": src,
+            "gguf": {g: paths.gguf_file(paths.dense_dir(model), g) for g in types},
+        }
+    ]
     for row in t["cells"]:
         calib = row.get("calibration", t["calibration"])
         cell = {"label": _label(row), "ratio": row["ratio"]}
         if "variant" in row:
             base = iterative_targets.cell_dir(model, calib, row["variant"], row["ratio"])
             last = config["models"][model]["num_layers"] - 1
-            cell["build"] = {"model": src, "keep": f"{base}/keep.json",
-                             "comp": [paths.block_file(base, 0, last)]}
+            cell["build"] = {"model": src, "keep": f"{base}/keep.json", "comp": [paths.block_file(base, 0, last)]}
         else:
             base = paths.cell_dir(model, calib, row["selection"], row["ratio"], row["compensation"])
             cell["hf"] = paths.export_dir(base)
@@ -77,10 +81,14 @@ def measured_spec(config: dict) -> dict:
     """The spec of ``coec report --kind table4-measured`` (coec.deploy.measured)."""
     t = _check(config)
     keys = ("runtimes", "prompt_tokens", "new_tokens", "repeats", "threads", "seed")
-    return {**{k: t[k] for k in keys}, "cells": measured_cells(config), "device": "cpu",
-            "figure": paths.figure_file(KEY),
-            "caption": f"Table 4, measured: {t['model']} dense and pruned, as exported (HF "
-                       "checkpoints; GGUF files of coec export --format gguf), on this machine's CPU."}
+    return {
+        **{k: t[k] for k in keys},
+        "cells": measured_cells(config),
+        "device": "cpu",
+        "figure": paths.figure_file(KEY),
+        "caption": f"Table 4, measured: {t['model']} dense and pruned, as exported (HF "
+        "checkpoints; GGUF files of coec export --format gguf), on this machine's CPU.",
+    }
 
 
 def measured_inputs(config: dict) -> list[str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 
-
 WARMUP_PROMPT, WARMUP_STEPS = 16, 4
 
 
@@ -26,8 +25,12 @@ def _clocks() -> tuple[float, float]:
 
 def _result(t0, t1, t2) -> dict[str, float]:
     """Wall and CPU seconds of the prefill (t0 -> t1) and of the decode steps (t1 -> t2)."""
-    return {"prefill_s": t1[0] - t0[0], "decode_s": t2[0] - t1[0],
-            "prefill_cpu_s": t1[1] - t0[1], "decode_cpu_s": t2[1] - t1[1]}
+    return {
+        "prefill_s": t1[0] - t0[0],
+        "decode_s": t2[0] - t1[0],
+        "prefill_cpu_s": t1[1] - t0[1],
+        "decode_cpu_s": t2[1] - t1[1],
+    }
 
 
 def _argmax_next(logits) -> int:
@@ -53,8 +56,7 @@ def time_transformers(model, prompt: list[int], new_tokens: int) -> dict[str, fl
             t1 = _clocks()
             cache = out.cache  # transformers 5: ``cache`` (formerly ``past_key_values``)
             for _ in range(steps):
-                out = model(input_ids=torch.tensor([[nxt]], device=device), cache=cache,
-                            use_cache=True)
+                out = model(input_ids=torch.tensor([[nxt]], device=device), cache=cache, use_cache=True)
                 cache, nxt = out.cache, _argmax_next(out.logits)
             sync()
             t2 = _clocks()
@@ -69,9 +71,16 @@ def load_llamacpp(path: str, n_ctx: int, n_batch: int, threads: int):
     a deployment gets), ``threads`` for both the prompt and the decode steps."""
     from ..arch.gguf import bindings_model_class
 
-    return bindings_model_class()(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch,
-                                  n_ubatch=n_batch, n_threads=threads, n_threads_batch=threads,
-                                  logits_all=False, verbose=False)
+    return bindings_model_class()(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        n_ubatch=n_batch,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=False,
+        verbose=False,
+    )
 
 
 def time_llamacpp(llm, prompt: list[int], new_tokens: int) -> dict[str, float]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -45,8 +45,7 @@ class LayerSequential:
     """Logits of token batches through a streamed model, one resident layer at a time (module
     docstring). ``budget_bytes``: host memory for one group's hidden states."""
 
-    def __init__(self, sm, budget_bytes: float = float("inf"), progress: bool = True,
-                 desc: str = "layers"):
+    def __init__(self, sm, budget_bytes: float = float("inf"), progress: bool = True, desc: str = "layers"):
         self.sm = sm
         self.budget = budget_bytes
         self.progress = progress
@@ -61,8 +60,11 @@ class LayerSequential:
             dev = self.sm.device
             pos = torch.arange(T, device=dev).unsqueeze(0)
             first = h[:1].to(dev)
-            self._ctx[T] = (pos, self.sm.adapter.rotary(self.sm.model)(first, pos),
-                            layer_masks(self.sm.model, first, pos))
+            self._ctx[T] = (
+                pos,
+                self.sm.adapter.rotary(self.sm.model)(first, pos),
+                layer_masks(self.sm.model, first, pos),
+            )
         return self._ctx[T]
 
     @torch.no_grad()
@@ -99,13 +101,14 @@ class LayerSequential:
                     del h
 
 
-def perplexity_streamed(sm, windows: torch.Tensor, batch_size: int = 4,
-                        budget_bytes: float = float("inf"), progress: bool = True) -> dict:
+def perplexity_streamed(
+    sm, windows: torch.Tensor, batch_size: int = 4, budget_bytes: float = float("inf"), progress: bool = True
+) -> dict:
     """``coec.evaluate.ppl.perplexity`` of a streamed model over (n, seqlen) token windows,
     batched as it batches them: the same ``{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen',
     'seconds'}``, the same sums in the same order."""
     t0 = time.time()
-    batches = [windows[s:s + batch_size] for s in range(0, windows.shape[0], batch_size)]
+    batches = [windows[s : s + batch_size] for s in range(0, windows.shape[0], batch_size)]
     runner = LayerSequential(sm, budget_bytes, progress, desc="perplexity")
     total, count = 0.0, 0
     for b, (ids, logits) in enumerate(zip(batches, runner.logits(batches))):
@@ -116,6 +119,11 @@ def perplexity_streamed(sm, windows: torch.Tensor, batch_size: int = 4,
         total += nll
         count += ids[:, 1:].numel()
     nll = total / count
-    return {"ppl": math.exp(nll), "nll": nll, "tokens_scored": count,
-            "windows": int(windows.shape[0]), "seqlen": int(windows.shape[1]),
-            "seconds": round(time.time() - t0, 3)}
+    return {
+        "ppl": math.exp(nll),
+        "nll": nll,
+        "tokens_scored": count,
+        "windows": int(windows.shape[0]),
+        "seqlen": int(windows.shape[1]),
+        "seconds": round(time.time() - t0, 3),
+    }

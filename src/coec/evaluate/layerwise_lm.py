@@ -32,8 +32,10 @@ class _Served:
 
     def next(self, inps: torch.Tensor) -> torch.Tensor:
         if self.k >= len(self.plan) or not torch.equal(inps.cpu(), self.plan[self.k]):
-            raise RuntimeError(f"lm-eval asked for a batch other than the planned batch {self.k}: "
-                               "its loglikelihood batching changed (LayerwiseLM.plan)")
+            raise RuntimeError(
+                f"lm-eval asked for a batch other than the planned batch {self.k}: "
+                "its loglikelihood batching changed (LayerwiseLM.plan)"
+            )
         self.k += 1
         return next(self.logits)
 
@@ -43,10 +45,16 @@ class LayerwiseLM(HFLM):
 
     ``budget_bytes``: host memory for the hidden states of one group of batches."""
 
-    def __init__(self, sm, tokenizer, batch_size: int = 8, max_length: int = 2048,
-                 budget_bytes: float = float("inf"), progress: bool = True):
-        super().__init__(pretrained=sm.model, tokenizer=tokenizer, batch_size=batch_size,
-                         max_length=max_length)
+    def __init__(
+        self,
+        sm,
+        tokenizer,
+        batch_size: int = 8,
+        max_length: int = 2048,
+        budget_bytes: float = float("inf"),
+        progress: bool = True,
+    ):
+        super().__init__(pretrained=sm.model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
         self._device = sm.device
         self.sm = sm
         self.runner = LayerSequential(sm, budget_bytes, progress, desc="zero-shot")
@@ -64,17 +72,21 @@ class LayerwiseLM(HFLM):
             toks = req[1] + req[2]
             return -len(toks), tuple(toks)
 
-        re_ord = Collator(requests, sort_fn=by_length, group_fn=lambda req: req[-2] + req[-1][:-1],
-                          group_by="contexts" if self.logits_cache else None)
+        re_ord = Collator(
+            requests,
+            sort_fn=by_length,
+            group_fn=lambda req: req[-2] + req[-1][:-1],
+            group_by="contexts" if self.logits_cache else None,
+        )
         batches = []
         for chunk in re_ord.get_batched(n=self.batch_size, batch_fn=None):
-            inps = [torch.tensor((ctx + cont)[-(self.max_length + 1):][:-1], dtype=torch.long)
-                    for _, ctx, cont in chunk]
+            inps = [
+                torch.tensor((ctx + cont)[-(self.max_length + 1) :][:-1], dtype=torch.long) for _, ctx, cont in chunk
+            ]
             batches.append(pad_and_concat(max(len(x) for x in inps), inps, padding_side="right"))
         return batches
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False,
-                              override_bs: int | None = None):
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
         if self.backend != "causal":
             raise ValueError(f"layer-sequential scoring serves causal LMs, not {self.backend}")
         plan = self.plan(requests)
@@ -90,8 +102,7 @@ class LayerwiseLM(HFLM):
         return self._served.next(inps)
 
     def generate_until(self, requests, disable_tqdm: bool = False):
-        raise ValueError("layer-sequential zero-shot scores loglikelihood tasks only, "
-                         "not generation (generate_until)")
+        raise ValueError("layer-sequential zero-shot scores loglikelihood tasks only, not generation (generate_until)")
 
     def get_model_info(self) -> dict:
         """HFLM's record, with the parameter count of the (pruned) model as it streamed."""

@@ -34,9 +34,19 @@ def unavailable() -> str | None:
 
 def load(path: str | Path, n_ctx: int, n_threads: int | None = None):
     """A llama.cpp context on ``path`` that keeps every position's logits (``logits_all``)."""
-    return bindings_model_class()(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
-                 n_threads=n_threads, n_threads_batch=n_threads, logits_all=True,
-                 type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, flash_attn=False, verbose=False)
+    return bindings_model_class()(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=n_ctx,
+        n_ubatch=n_ctx,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        logits_all=True,
+        type_k=GGML_TYPE_F32,
+        type_v=GGML_TYPE_F32,
+        flash_attn=False,
+        verbose=False,
+    )
 
 
 def window_logits(llm, tokens: list[int] | torch.Tensor) -> np.ndarray:
@@ -74,6 +84,11 @@ def gguf_perplexity(path: str | Path, windows: torch.Tensor, n_threads: int | No
     if not math.isfinite(total):
         raise FloatingPointError(f"non-finite NLL from llama.cpp on {path}")
     nll = total / count
-    return {"ppl": math.exp(nll), "nll": nll, "tokens_scored": count,
-            "windows": int(windows.shape[0]), "seqlen": int(windows.shape[1]),
-            "seconds": round(time.time() - t0, 3)}
+    return {
+        "ppl": math.exp(nll),
+        "nll": nll,
+        "tokens_scored": count,
+        "windows": int(windows.shape[0]),
+        "seqlen": int(windows.shape[1]),
+        "seconds": round(time.time() - t0, 3),
+    }

@@ -76,8 +76,7 @@ def paired_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, flo
         xa, xb = [a[task][i] for i in docs], [b[task][i] for i in docs]
         (ma, sa), (mb, sb) = _stats(xa), _stats(xb)
         md, sd = _stats([p - q for p, q in zip(xa, xb)])
-        tasks[task] = {"n": len(docs), "a": ma, "b": mb, "diff": md, "se": sd,
-                       "se_unpaired": math.hypot(sa, sb)}
+        tasks[task] = {"n": len(docs), "a": ma, "b": mb, "diff": md, "se": sd, "se_unpaired": math.hypot(sa, sb)}
     T = len(tasks)
     diff = sum(t["diff"] for t in tasks.values()) / T
     se = math.sqrt(sum(t["se"] ** 2 for t in tasks.values())) / T
@@ -101,7 +100,7 @@ def margins(result_dir: str | Path, task: str) -> dict[int, tuple[float, int]]:
         target = str(row["target"])
         if target in ("0", "1"):
             label = int(target)
-        else:                              # target is the gold text (WinoGrande): from acc
+        else:  # target is the gold text (WinoGrande): from acc
             picked = int(loglik[1] > loglik[0])
             label = picked if float(row["acc"]) == 1.0 else 1 - picked
         out[int(row["doc_id"])] = (loglik[1] - loglik[0], label)
@@ -125,7 +124,7 @@ def two_choice(pairs) -> dict:
     if n_pos and n_neg:
         order = sorted(range(n), key=lambda i: pairs[i][0])
         rank_sum, i = 0.0, 0
-        while i < n:                       # average ranks (1-based) over runs of tied margins
+        while i < n:  # average ranks (1-based) over runs of tied margins
             j = i
             while j + 1 < n and pairs[order[j + 1]][0] == pairs[order[i]][0]:
                 j += 1
@@ -133,8 +132,7 @@ def two_choice(pairs) -> dict:
             rank_sum += mid * sum(pairs[order[k]][1] == 1 for k in range(i, j + 1))
             i = j + 1
         auc = (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-    return {"n": n, "acc": acc, "choice1_rate": sum(m > 0 for m, _ in pairs) / n,
-            "label1_rate": n_pos / n, "auc": auc}
+    return {"n": n, "acc": acc, "choice1_rate": sum(m > 0 for m, _ in pairs) / n, "label1_rate": n_pos / n, "auc": auc}
 
 
 def margin_agreement(a: dict[int, tuple[float, int]], b: dict[int, tuple[float, int]]) -> dict:
@@ -169,9 +167,12 @@ def main(argv=None) -> int:
     ap.add_argument("a", help="result folder A (holds zeroshot.json and zeroshot_samples/)")
     ap.add_argument("b", help="result folder B")
     ap.add_argument("--tasks", default=None, help="comma-separated (default: A's tasks)")
-    ap.add_argument("--two-choice", action="store_true",
-                    help="also print, for each two-choice task, the rate of choosing choice 1 and "
-                         "the margin's AUC (threshold-free) of A and B")
+    ap.add_argument(
+        "--two-choice",
+        action="store_true",
+        help="also print, for each two-choice task, the rate of choosing choice 1 and "
+        "the margin's AUC (threshold-free) of A and B",
+    )
     args = ap.parse_args(argv)
     tasks = args.tasks.split(",") if args.tasks else None
     a = load(args.a, tasks)
@@ -179,21 +180,27 @@ def main(argv=None) -> int:
     print(f"A = {args.a}\nB = {args.b}\n")
     print(f"{'task':<14} {'n':>5} {'A':>7} {'B':>7} {'A-B':>7} {'paired SE':>10} {'unpaired SE':>12}")
     for task, t in res["tasks"].items():
-        print(f"{task:<14} {t['n']:>5} {100 * t['a']:7.2f} {100 * t['b']:7.2f} {100 * t['diff']:7.2f} "
-              f"{100 * t['se']:10.2f} {100 * t['se_unpaired']:12.2f}")
-    print(f"{'mean':<14} {'':>5} {'':>7} {'':>7} {100 * res['diff']:7.2f} {100 * res['se']:10.2f} "
-          f"{100 * res['se_unpaired']:12.2f}   z = {res['z']:.2f}")
+        print(
+            f"{task:<14} {t['n']:>5} {100 * t['a']:7.2f} {100 * t['b']:7.2f} {100 * t['diff']:7.2f} "
+            f"{100 * t['se']:10.2f} {100 * t['se_unpaired']:12.2f}"
+        )
+    print(
+        f"{'mean':<14} {'':>5} {'':>7} {'':>7} {100 * res['diff']:7.2f} {100 * res['se']:10.2f} "
+        f"{100 * res['se_unpaired']:12.2f}   z = {res['z']:.2f}"
+    )
     if args.two_choice:
         print(f"\n{'two-choice':<14} {'':>5} {'choice 1 %':>11} {'gold 1 %':>9} {'AUC':>6}   (A, then B)")
         for task in res["tasks"]:
             try:
                 ms = [margins(d, task) for d in (args.a, args.b)]
             except ValueError:
-                continue                   # not a two-choice task
+                continue  # not a two-choice task
             for tag, m in zip("AB", ms):
                 st = two_choice(m.values())
-                print(f"{task + ' ' + tag:<14} {st['n']:>5} {100 * st['choice1_rate']:11.1f} "
-                      f"{100 * st['label1_rate']:9.1f} {st['auc']:6.3f}")
+                print(
+                    f"{task + ' ' + tag:<14} {st['n']:>5} {100 * st['choice1_rate']:11.1f} "
+                    f"{100 * st['label1_rate']:9.1f} {st['auc']:6.3f}"
+                )
             ag = margin_agreement(*ms)
             print(f"{task + ' A-B':<14} margin shift {ag['shift']:+.3f}, correlation {ag['corr']:.3f}")
     return 0

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from ..progress import bar as progress_bar
 
-
 #: Positions per float32 loss chunk: the loss adds ``2 x LOSS_CHUNK_TOKENS x vocab x 4`` bytes to
 #: the forward's peak (1 GiB at a 128k vocabulary), whatever the batch and window length.
 LOSS_CHUNK_TOKENS = 1024
@@ -38,14 +37,15 @@ def summed_nll(logits: torch.Tensor, ids: torch.Tensor, chunk_tokens: int = LOSS
             e = min(s + chunk_tokens, T - 1)
             x = logits[i, s:e]
             x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-            nll = F.cross_entropy(x, ids[i, s + 1:e + 1], reduction="sum")
+            nll = F.cross_entropy(x, ids[i, s + 1 : e + 1], reduction="sum")
             total += nll.double()
     return total
 
 
 @torch.no_grad()
-def window_nll(model, windows: torch.Tensor, batch_size: int = 4, device=None,
-               progress: bool = True) -> tuple[float, int]:
+def window_nll(
+    model, windows: torch.Tensor, batch_size: int = 4, device=None, progress: bool = True
+) -> tuple[float, int]:
     """Summed next-token NLL (float64) and number of predicted tokens over ``windows``
     (n, seqlen) of token ids."""
     device = device or next(model.parameters()).device
@@ -54,7 +54,7 @@ def window_nll(model, windows: torch.Tensor, batch_size: int = 4, device=None,
     total, count = 0.0, 0
     starts = range(0, windows.shape[0], batch_size)
     for s in progress_bar(starts, desc="perplexity", unit="batch", disable=not progress):
-        ids = windows[s:s + batch_size].to(device)
+        ids = windows[s : s + batch_size].to(device)
         logits = model(input_ids=ids, **no_cache).logits  # (b, T, V); position t predicts t + 1
         nll = float(summed_nll(logits, ids.to(logits.device)))
         del logits
@@ -65,12 +65,16 @@ def window_nll(model, windows: torch.Tensor, batch_size: int = 4, device=None,
     return total, count
 
 
-def perplexity(model, windows: torch.Tensor, batch_size: int = 4, device=None,
-               progress: bool = True) -> dict:
+def perplexity(model, windows: torch.Tensor, batch_size: int = 4, device=None, progress: bool = True) -> dict:
     """{'ppl', 'nll', 'tokens_scored', 'windows', 'seconds'} for (n, seqlen) token windows."""
     t0 = time.time()
     total, count = window_nll(model, windows, batch_size, device, progress)
     nll = total / count
-    return {"ppl": math.exp(nll), "nll": nll, "tokens_scored": count,
-            "windows": int(windows.shape[0]), "seqlen": int(windows.shape[1]),
-            "seconds": round(time.time() - t0, 3)}
+    return {
+        "ppl": math.exp(nll),
+        "nll": nll,
+        "tokens_scored": count,
+        "windows": int(windows.shape[0]),
+        "seqlen": int(windows.shape[1]),
+        "seconds": round(time.time() - t0, 3),
+    }

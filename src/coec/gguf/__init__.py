@@ -13,5 +13,15 @@ from ..arch.gguf import ARCHS, GgufArch, choose_arch
 from .layout import GGUF_TYPES, permute_qk, tensor_type
 from .writer import PROVENANCE_KEY, is_gguf_export, verify_gguf, write_gguf
 
-__all__ = ["ARCHS", "GGUF_TYPES", "PROVENANCE_KEY", "GgufArch", "choose_arch", "permute_qk",
-           "is_gguf_export", "tensor_type", "verify_gguf", "write_gguf"]
+__all__ = [
+    "ARCHS",
+    "GGUF_TYPES",
+    "PROVENANCE_KEY",
+    "GgufArch",
+    "choose_arch",
+    "permute_qk",
+    "is_gguf_export",
+    "tensor_type",
+    "verify_gguf",
+    "write_gguf",
+]

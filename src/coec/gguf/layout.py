@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as Q
 
 from ..arch.gguf import file_types
 from ..export_formats import GGUF_TYPES
-_TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}   # requested type -> 2-D tensor type
+
+_TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}  # requested type -> 2-D tensor type
 Q8_BLOCK = GGML_QUANT_SIZES[Q.Q8_0][0]  # q8_0 packs 32 consecutive values of a row
 
 
@@ -35,8 +36,7 @@ def permute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     (``convert_hf_to_gguf.py``, ``LlamaModel.permute``)."""
     if w.shape[0] % (2 * n_heads):
         raise ValueError(f"cannot permute {w.shape[0]} rows into {n_heads} heads of even size")
-    return (w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
-            .transpose(1, 2).reshape(w.shape))
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def tensor_type(shape: tuple[int, ...], gguf_type: str) -> tuple[Q, str | None]:
@@ -49,8 +49,7 @@ def tensor_type(shape: tuple[int, ...], gguf_type: str) -> tuple[Q, str | None]:
     if len(shape) == 1 or want == Q.F32:
         return Q.F32, None
     if want == Q.Q8_0 and shape[-1] % Q8_BLOCK:
-        return Q.F16, (f"row width {shape[-1]} is not a multiple of the q8_0 block "
-                       f"({Q8_BLOCK}); written as f16")
+        return Q.F16, (f"row width {shape[-1]} is not a multiple of the q8_0 block ({Q8_BLOCK}); written as f16")
     return want, None
 
 
@@ -81,13 +80,18 @@ def layer_widths(adapter, model, head_dim: int) -> list[LayerWidths]:
     for i, layer in enumerate(adapter.decoder_layers(model)):
         attn = adapter.attention(layer)
         q, k, v, o = (getattr(attn, n) for n in (adapter.q, adapter.k, adapter.v, adapter.o))
-        if q.out_features % head_dim or k.out_features % head_dim or k.out_features != v.out_features \
-                or o.in_features != q.out_features:
-            raise ValueError(f"layer {i}: q/k/v/o shapes {q.out_features}/{k.out_features}/"
-                             f"{v.out_features}/{o.in_features} are not whole heads of head_dim "
-                             f"{head_dim} (mixed head sizes cannot be written as GGUF)")
-        out.append(LayerWidths(q.out_features // head_dim, k.out_features // head_dim,
-                               adapter.ffn_width(layer)))
+        if (
+            q.out_features % head_dim
+            or k.out_features % head_dim
+            or k.out_features != v.out_features
+            or o.in_features != q.out_features
+        ):
+            raise ValueError(
+                f"layer {i}: q/k/v/o shapes {q.out_features}/{k.out_features}/"
+                f"{v.out_features}/{o.in_features} are not whole heads of head_dim "
+                f"{head_dim} (mixed head sizes cannot be written as GGUF)"
+            )
+        out.append(LayerWidths(q.out_features // head_dim, k.out_features // head_dim, adapter.ffn_width(layer)))
     return out
 
 
@@ -132,8 +136,9 @@ def rope_metadata(config, head_dim: int) -> tuple[dict, torch.Tensor | None]:
     p = rope_params(config)
     partial = p.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
     if partial != 1.0:
-        raise ValueError(f"partial rotary embeddings (partial_rotary_factor={partial}) are not "
-                         "written by the GGUF export")
+        raise ValueError(
+            f"partial rotary embeddings (partial_rotary_factor={partial}) are not written by the GGUF export"
+        )
     kv = {"rope.freq_base": float(p["rope_theta"]), "rope.dimension_count": head_dim}
     kind = p["rope_type"]
     if kind == "default":
@@ -143,5 +148,4 @@ def rope_metadata(config, head_dim: int) -> tuple[dict, torch.Tensor | None]:
         return kv, None
     if kind == "llama3":
         return kv, rope_freq_factors(p, head_dim)
-    raise ValueError(f"RoPE type {kind!r} is not written by the GGUF export (default, linear and "
-                     "llama3 are)")
+    raise ValueError(f"RoPE type {kind!r} is not written by the GGUF export (default, linear and llama3 are)")

@@ -30,8 +30,7 @@ from ..arch.gguf_pre import CHECK_TEXT, PRE_BY_HASH
 log = logging.getLogger(__name__)
 
 
-def gguf_tokenizer_fields(path: str | Path) -> list[tuple[str, object, gguf.GGUFValueType,
-                                                          gguf.GGUFValueType | None]]:
+def gguf_tokenizer_fields(path: str | Path) -> list[tuple[str, object, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
     """Every ``tokenizer.*`` key of a GGUF file as (key, value, type, array item type)."""
     reader = gguf.GGUFReader(str(path))
     out = []
@@ -52,8 +51,9 @@ def copy_gguf_tokenizer(writer: gguf.GGUFWriter, path: str | Path, n_vocab: int)
     fields = gguf_tokenizer_fields(path)
     tokens = next((v for k, v, *_ in fields if k == gguf.Keys.Tokenizer.LIST), None)
     if tokens is None or len(tokens) != n_vocab:
-        raise ValueError(f"{path}: the tokenizer lists {len(tokens or [])} tokens, the model's "
-                         f"embedding has {n_vocab} rows")
+        raise ValueError(
+            f"{path}: the tokenizer lists {len(tokens or [])} tokens, the model's embedding has {n_vocab} rows"
+        )
     for key, value, vtype, sub in fields:
         writer.add_key_value(key, value, vtype, sub_type=sub)
     model = next(v for k, v, *_ in fields if k == gguf.Keys.Tokenizer.MODEL)
@@ -74,17 +74,23 @@ def pre_tokenizer_name(tokenizer, tokenizer_json: dict) -> tuple[str, str]:
         return PRE_BY_HASH[chkhsh], f"converter hash {chkhsh[:12]}"
     stages = _split_stages(tokenizer_json.get("pre_tokenizer") or {})
     norm = (tokenizer_json.get("normalizer") or {}).get("type")
-    if len(stages) == 1 and stages[0].get("type") == "ByteLevel" and stages[0].get("use_regex", True) \
-            and norm is None:
+    if len(stages) == 1 and stages[0].get("type") == "ByteLevel" and stages[0].get("use_regex", True) and norm is None:
         return "gpt-2", "GPT-2 byte-level split (hash not in llama.cpp's table)"
-    if len(stages) == 2 and stages[0].get("type") == "Split" and stages[1].get("type") == "ByteLevel" \
-            and not stages[1].get("use_regex", True) and norm in (None, "NFC"):
+    if (
+        len(stages) == 2
+        and stages[0].get("type") == "Split"
+        and stages[1].get("type") == "ByteLevel"
+        and not stages[1].get("use_regex", True)
+        and norm in (None, "NFC")
+    ):
         regex = (stages[0].get("pattern") or {}).get("Regex")
         if regex in SPLIT_REGEX_PRE:
-            return SPLIT_REGEX_PRE[regex], (f"{SPLIT_REGEX_PRE[regex]} split regex (hash not in "
-                                            "llama.cpp's table)")
-    log.warning("tokenizer pre-tokenizer not known to llama.cpp (hash %s): writing 'default'; "
-                "token ids are exact, llama.cpp's text tokenisation may differ", chkhsh[:12])
+            return SPLIT_REGEX_PRE[regex], (f"{SPLIT_REGEX_PRE[regex]} split regex (hash not in llama.cpp's table)")
+    log.warning(
+        "tokenizer pre-tokenizer not known to llama.cpp (hash %s): writing 'default'; "
+        "token ids are exact, llama.cpp's text tokenisation may differ",
+        chkhsh[:12],
+    )
     return "default", f"unknown (hash {chkhsh[:12]}): llama.cpp text tokenisation may differ"
 
 
@@ -92,8 +98,9 @@ def bpe_tokens(tokenizer, n_vocab: int) -> tuple[list[str], list[int]]:
     """(tokens, token types) of ids 0..n_vocab-1 (``TextModel.get_vocab_base``)."""
     vocab = tokenizer.get_vocab()
     if max(vocab.values()) >= n_vocab:
-        raise ValueError(f"the tokenizer has ids up to {max(vocab.values())}, the model's "
-                         f"embedding only {n_vocab} rows")
+        raise ValueError(
+            f"the tokenizer has ids up to {max(vocab.values())}, the model's embedding only {n_vocab} rows"
+        )
     reverse = {i: t for t, i in vocab.items()}
     added = tokenizer.get_added_vocab()
     decoder = tokenizer.added_tokens_decoder
@@ -123,8 +130,7 @@ def byte_fallback_tokens(folder: Path, n_vocab: int) -> tuple[list[bytes], list[
         scores.append(score)
         types.append(ttype)
     if len(tokens) > n_vocab:
-        raise ValueError(f"the tokenizer has {len(tokens)} tokens, the model's embedding only "
-                         f"{n_vocab} rows")
+        raise ValueError(f"the tokenizer has {len(tokens)} tokens, the model's embedding only {n_vocab} rows")
     for i in range(len(tokens), n_vocab):
         tokens.append(f"[PAD{i}]".encode())
         scores.append(-1000.0)
@@ -140,13 +146,17 @@ def write_hf_tokenizer(writer: gguf.GGUFWriter, tokenizer, n_vocab: int) -> dict
         tokenizer.save_pretrained(folder)
         tj_path = folder / "tokenizer.json"
         if not tj_path.is_file():
-            raise ValueError("the tokenizer has no tokenizer.json (a fast tokenizer is needed for "
-                             "the GGUF export); pass a source GGUF's tokenizer instead")
+            raise ValueError(
+                "the tokenizer has no tokenizer.json (a fast tokenizer is needed for "
+                "the GGUF export); pass a source GGUF's tokenizer instead"
+            )
         tj = json.loads(tj_path.read_text(encoding="utf-8"))
         kind = tj.get("model", {}).get("type")
         if kind != "BPE":
-            raise ValueError(f"tokenizer model {kind!r} is not written by the GGUF export (BPE is); "
-                             "pass a source GGUF's tokenizer instead")
+            raise ValueError(
+                f"tokenizer model {kind!r} is not written by the GGUF export (BPE is); "
+                "pass a source GGUF's tokenizer instead"
+            )
         if tj["model"].get("byte_fallback"):
             tokens, scores, types = byte_fallback_tokens(folder, n_vocab)
             writer.add_tokenizer_model(SPM_TOKENIZER_MODEL)
@@ -164,7 +174,6 @@ def write_hf_tokenizer(writer: gguf.GGUFWriter, tokenizer, n_vocab: int) -> dict
         writer.add_token_types(types)
         special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab)
         if not special.merges:
-            raise ValueError("the BPE tokenizer has no merges; llama.cpp's loader requires "
-                             "tokenizer.ggml.merges")
+            raise ValueError("the BPE tokenizer has no merges; llama.cpp's loader requires tokenizer.ggml.merges")
         special.add_to_gguf(writer, quiet=True)
         return {"model": "gpt2", "pre": pre, "tokens": len(tokens), "found": found}

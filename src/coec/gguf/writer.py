@@ -12,25 +12,34 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import gguf
 import numpy as np
 import torch
 
 from ..arch import adapter_for
+from ..arch.gguf import ARCHS, GgufArch, GgufNeeds, choose_arch
 from ..atomic import atomic_path
 from ..progress import bar as progress_bar
-from ..arch.gguf import ARCHS, GgufArch, GgufNeeds, choose_arch
-from .layout import (LayerWidths, check_gguf_type, encode, encoded_nbytes, file_type,
-                     layer_widths, permute_qk, rope_metadata, tensor_type)
+from .layout import (
+    LayerWidths,
+    check_gguf_type,
+    encode,
+    encoded_nbytes,
+    file_type,
+    layer_widths,
+    permute_qk,
+    rope_metadata,
+    tensor_type,
+)
 from .vocab import copy_gguf_tokenizer, write_hf_tokenizer
 
 log = logging.getLogger(__name__)
 
-PROVENANCE_KEY = "coec.export"   # JSON of the export's provenance (llama.cpp ignores it)
+PROVENANCE_KEY = "coec.export"  # JSON of the export's provenance (llama.cpp ignores it)
 
 
 @dataclass
@@ -39,10 +48,10 @@ class Planned:
 
     name: str
     source: str
-    shape: tuple[int, ...]                  # numpy order (rows, row width)
+    shape: tuple[int, ...]  # numpy order (rows, row width)
     qtype: gguf.GGMLQuantizationType
     fallback: str | None
-    get: Callable[[], torch.Tensor] = field(repr=False)   # float32 CPU values, ``shape``
+    get: Callable[[], torch.Tensor] = field(repr=False)  # float32 CPU values, ``shape``
 
     def values(self) -> np.ndarray:
         return self.get().detach().to("cpu", torch.float32).contiguous().numpy()
@@ -52,15 +61,17 @@ def refuse_config(adapter, config) -> None:
     """ValueError naming what of the source config no llama.cpp architecture written here has."""
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
-        raise ValueError(f"hidden_act {act!r}: the llama.cpp archs written here ({', '.join(ARCHS)}) "
-                         "gate their MLP with SiLU only")
+        raise ValueError(
+            f"hidden_act {act!r}: the llama.cpp archs written here ({', '.join(ARCHS)}) gate their MLP with SiLU only"
+        )
     if adapter.sliding(config):
-        raise ValueError(f"sliding-window attention (window {config.sliding_window} < context "
-                         f"{config.max_position_embeddings}) is not held by the llama.cpp archs "
-                         f"written here ({', '.join(ARCHS)})")
+        raise ValueError(
+            f"sliding-window attention (window {config.sliding_window} < context "
+            f"{config.max_position_embeddings}) is not held by the llama.cpp archs "
+            f"written here ({', '.join(ARCHS)})"
+        )
     if adapter.embed_scale(config) is not None and "embedding_scale" not in adapter.gguf_scalars(config):
-        raise ValueError(f"{config.model_type} scales its token embeddings and names no GGUF key "
-                         "for the factor")
+        raise ValueError(f"{config.model_type} scales its token embeddings and names no GGUF key for the factor")
 
 
 def _getter(t: torch.Tensor, n_heads: int | None) -> Callable[[], torch.Tensor]:
@@ -71,8 +82,9 @@ def _getter(t: torch.Tensor, n_heads: int | None) -> Callable[[], torch.Tensor]:
     return lambda: permute_qk(t.detach().float(), n_heads)
 
 
-def plan_tensors(adapter, model, widths: list[LayerWidths], gguf_type: str,
-                 rope_freqs: torch.Tensor | None, rope_pairs: bool) -> list[Planned]:
+def plan_tensors(
+    adapter, model, widths: list[LayerWidths], gguf_type: str, rope_freqs: torch.Tensor | None, rope_pairs: bool
+) -> list[Planned]:
     """Every tensor of the file, in writing order: embedding, RoPE factors, final norm, head,
     then block by block each module's weight and bias. ``rope_pairs``: permute q/k rows for an
     architecture with consecutive-pair RoPE (``GgufArch.rope_pairs``)."""
@@ -108,9 +120,18 @@ def needs_of(plan: list[Planned], widths: list[LayerWidths], scalars: dict) -> G
     return GgufNeeds(frozenset(layer), frozenset(model), len(set(widths)) > 1, frozenset(scalars))
 
 
-def write_metadata(w: gguf.GGUFWriter, arch: GgufArch, config, widths: list[LayerWidths],
-                   head_dim: int, n_vocab: int, rope_kv: dict, scalars: dict, gguf_type: str,
-                   name: str) -> None:
+def write_metadata(
+    w: gguf.GGUFWriter,
+    arch: GgufArch,
+    config,
+    widths: list[LayerWidths],
+    head_dim: int,
+    n_vocab: int,
+    rope_kv: dict,
+    scalars: dict,
+    gguf_type: str,
+    name: str,
+) -> None:
     """Architecture keys: sizes (per-layer arrays for an arch that reads them), head size, RoPE,
     norm epsilon, the family's scalars."""
     w.add_name(name)
@@ -138,9 +159,15 @@ def write_metadata(w: gguf.GGUFWriter, arch: GgufArch, config, widths: list[Laye
             w.add_float32(full, float(value))
 
 
-def write_gguf(model, tokenizer, out: str | Path, gguf_type: str = "f32",
-               tokenizer_gguf: str | Path | None = None, name: str | None = None,
-               provenance: dict | None = None) -> dict:
+def write_gguf(
+    model,
+    tokenizer,
+    out: str | Path,
+    gguf_type: str = "f32",
+    tokenizer_gguf: str | Path | None = None,
+    name: str | None = None,
+    provenance: dict | None = None,
+) -> dict:
     """Write ``model`` (a pruned HF causal LM in memory) and its tokenizer as a GGUF file at
     ``out``; returns the report (architecture and why, widths, per-tensor fallbacks, tokenizer,
     read-back check). ``tokenizer_gguf``: copy the tokenizer keys of that GGUF file instead of
@@ -160,27 +187,52 @@ def write_gguf(model, tokenizer, out: str | Path, gguf_type: str = "f32",
     n_vocab = int(adapter.embedding(model).weight.shape[0])
     name = name or getattr(cfg, "name_or_path", None) or "coec-pruned"
     name = Path(str(name)).name or "coec-pruned"
-    fallbacks = [{"tensor": p.name, "shape": list(p.shape), "type": p.qtype.name.lower(),
-                  "why": p.fallback} for p in plan if p.fallback]
+    fallbacks = [
+        {"tensor": p.name, "shape": list(p.shape), "type": p.qtype.name.lower(), "why": p.fallback}
+        for p in plan
+        if p.fallback
+    ]
     for f in fallbacks:
         log.info("gguf: %s %s: %s", f["tensor"], tuple(f["shape"]), f["why"])
-    report = {"path": str(out), "arch": arch.name, "reason": reason, "gguf_type": gguf_type,
-              "head_dim": head_dim, "heads": [x.heads for x in widths],
-              "kv_heads": [x.kv_heads for x in widths], "ffn": [x.ffn for x in widths],
-              "tensors": len(plan), "fallbacks": fallbacks}
+    report = {
+        "path": str(out),
+        "arch": arch.name,
+        "reason": reason,
+        "gguf_type": gguf_type,
+        "head_dim": head_dim,
+        "heads": [x.heads for x in widths],
+        "kv_heads": [x.kv_heads for x in widths],
+        "ffn": [x.ffn for x in widths],
+        "tensors": len(plan),
+        "fallbacks": fallbacks,
+    }
     out = Path(out)
     with atomic_path(out) as tmp:
         w = gguf.GGUFWriter(tmp, arch.name)
         try:
             write_metadata(w, arch, cfg, widths, head_dim, n_vocab, rope_kv, scalars, gguf_type, name)
-            report["tokenizer"] = (copy_gguf_tokenizer(w, tokenizer_gguf, n_vocab) if tokenizer_gguf
-                                   else write_hf_tokenizer(w, tokenizer, n_vocab))
-            w.add_string(PROVENANCE_KEY, json.dumps({**(provenance or {}), "arch": arch.name,
-                                                     "reason": reason, "gguf_type": gguf_type,
-                                                     "fallbacks": fallbacks}, sort_keys=True))
+            report["tokenizer"] = (
+                copy_gguf_tokenizer(w, tokenizer_gguf, n_vocab)
+                if tokenizer_gguf
+                else write_hf_tokenizer(w, tokenizer, n_vocab)
+            )
+            w.add_string(
+                PROVENANCE_KEY,
+                json.dumps(
+                    {
+                        **(provenance or {}),
+                        "arch": arch.name,
+                        "reason": reason,
+                        "gguf_type": gguf_type,
+                        "fallbacks": fallbacks,
+                    },
+                    sort_keys=True,
+                ),
+            )
             for p in plan:
-                w.add_tensor_info(p.name, p.shape, np.dtype(np.float32),
-                                  encoded_nbytes(p.shape, p.qtype), raw_dtype=p.qtype)
+                w.add_tensor_info(
+                    p.name, p.shape, np.dtype(np.float32), encoded_nbytes(p.shape, p.qtype), raw_dtype=p.qtype
+                )
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
@@ -189,8 +241,7 @@ def write_gguf(model, tokenizer, out: str | Path, gguf_type: str = "f32",
         finally:
             w.close()
         report["verify"] = verify_gguf(tmp, plan, arch, widths)
-    log.info("gguf: wrote %s (%s, %s, %d tensors, %d fallbacks)", out, arch.name, gguf_type,
-             len(plan), len(fallbacks))
+    log.info("gguf: wrote %s (%s, %s, %d tensors, %d fallbacks)", out, arch.name, gguf_type, len(plan), len(fallbacks))
     return report
 
 
@@ -202,21 +253,21 @@ def is_gguf_export(path: str | Path) -> bool:
         return False
 
 
-def verify_gguf(path: str | Path, plan: list[Planned], arch: GgufArch,
-                widths: list[LayerWidths]) -> dict:
+def verify_gguf(path: str | Path, plan: list[Planned], arch: GgufArch, widths: list[LayerWidths]) -> dict:
     """Read a written file back: architecture, block count, head counts, and every tensor's
     name, shape, type and bytes equal to the plan's encoding (f32 tensors: the model's values
     exactly). Returns the largest |dequantised - model| per type; ValueError on any mismatch."""
     r = gguf.GGUFReader(str(path))
     meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
     if meta.get("general.architecture") != arch.name:
-        raise ValueError(f"{path}: reads back as arch {meta.get('general.architecture')!r}, "
-                         f"not {arch.name!r}")
+        raise ValueError(f"{path}: reads back as arch {meta.get('general.architecture')!r}, not {arch.name!r}")
     heads = meta.get(f"{arch.name}.attention.head_count")
     want = [x.heads for x in widths] if arch.per_layer else widths[0].heads
     if meta.get(f"{arch.name}.block_count") != len(widths) or heads != want:
-        raise ValueError(f"{path}: block count / head counts read back as "
-                         f"{meta.get(f'{arch.name}.block_count')} / {heads}, expected {len(widths)} / {want}")
+        raise ValueError(
+            f"{path}: block count / head counts read back as "
+            f"{meta.get(f'{arch.name}.block_count')} / {heads}, expected {len(widths)} / {want}"
+        )
     tensors = {t.name: t for t in r.tensors}
     if list(tensors) != [p.name for p in plan]:
         raise ValueError(f"{path}: tensors read back differ from those written")
@@ -225,8 +276,9 @@ def verify_gguf(path: str | Path, plan: list[Planned], arch: GgufArch,
         t = tensors[p.name]
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
         if shape != p.shape or t.tensor_type != p.qtype:
-            raise ValueError(f"{path}: {p.name} reads back as {shape} {t.tensor_type.name}, "
-                             f"written {p.shape} {p.qtype.name}")
+            raise ValueError(
+                f"{path}: {p.name} reads back as {shape} {t.tensor_type.name}, written {p.shape} {p.qtype.name}"
+            )
         x = p.values()
         if not np.array_equal(np.asarray(t.data), encode(x, p.qtype)):
             raise ValueError(f"{path}: {p.name} reads back with different values")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..claims.core import CLAIMS, Claim, NotTestable, Results, all_hold, every, as_float, lower
+from ..claims.core import CLAIMS, Claim, NotTestable, Results, all_hold, as_float, every, lower
 
 ITER = "iterative multi-domain FLAP"
 
@@ -29,6 +29,7 @@ def _it_beats(ours: str, base: str, only_top: bool = False):
             keys = [k for k in keys if k[0] == top]
         pairs = {f"{m} {r * 100:g} %": (b[(r, m)], a[(r, m)]) for r, m in keys}
         return every(pairs, lower)
+
     return check
 
 
@@ -59,39 +60,80 @@ def _it_size(kind: str):
             f, i = sorted(lines["FLAP"]), sorted(lines[it])
             if kind == "more":
                 good = f[-1][1] < f[0][1] and i[-1][1] < i[0][1]
-                parts.append(f"{panel}: FLAP {f[0][1]:.4g} → {f[-1][1]:.4g}, {it} {i[0][1]:.4g} → {i[-1][1]:.4g}"
-                             f" (N {f[0][0]} → {f[-1][0]})")
+                parts.append(
+                    f"{panel}: FLAP {f[0][1]:.4g} → {f[-1][1]:.4g}, {it} {i[0][1]:.4g} → {i[-1][1]:.4g}"
+                    f" (N {f[0][0]} → {f[-1][0]})"
+                )
             else:
                 good = all(b < a for (_, a), (_, b) in zip(f, i))
-                parts.append(f"{panel}: FLAP − {it} = " + ", ".join(f"N={n} {a - b:.4g}" for (n, a), (_, b) in zip(f, i)))
+                parts.append(
+                    f"{panel}: FLAP − {it} = " + ", ".join(f"N={n} {a - b:.4g}" for (n, a), (_, b) in zip(f, i))
+                )
             ok &= good
         return "; ".join(parts), "holds" if ok else "does not hold"
+
     return check
 
 
 for _claim in [
-    Claim("iter-beats-flap", ITER, "Results, Tables 1-2",
-          "Iterative multi-domain FLAP has lower perplexity than FLAP (bias) at every ratio and model",
-          "consistently better; gain up to 10.06 % (Qwen2.5-32B, 50 %)", _it_beats("iterative + multi-domain", "FLAP")),
-    Claim("iter-gap-grows", ITER, "Results, Tables 1-2",
-          "The advantage over FLAP widens with the pruning ratio",
-          "Qwen2.5-32B: 1.85 % at 25 %, 10.06 % at 50 %", _it_gap_grows),
-    Claim("iter-high-sparsity", ITER, "Fig. 3",
-          "At the highest ratio the method beats both Wanda-sp and FLAP",
-          "Qwen2.5-7B 50 %: 24.2 vs Wanda-sp > 6800, FLAP > 106",
-          lambda res: all_hold(_it_beats("iterative + multi-domain", "Wanda-sp", True)(res),
-                           _it_beats("iterative + multi-domain", "FLAP", True)(res))),
-    Claim("iter-ablation-iterative", ITER, "Ablation",
-          "Iterative recalibration alone improves on one-shot FLAP",
-          "claimed, no number given", _it_beats("iterative", "FLAP")),
-    Claim("iter-ablation-multidomain", ITER, "Ablation",
-          "Multi-domain calibration alone improves on FLAP",
-          "claimed, no number given", _it_beats("multi-domain", "FLAP")),
-    Claim("iter-calib-more", ITER, "Fig. 2",
-          "FLAP and the iterative method both improve with more calibration samples",
-          "iterative ≈ 52 at N = 32, ≈ 50 at N ≥ 128 (Qwen2.5-7B, 50 %)", _it_size("more")),
-    Claim("iter-calib-beats", ITER, "Fig. 2",
-          "The iterative method beats FLAP at every calibration size",
-          "every N; FLAP > 170 at 50 %", _it_size("beats")),
+    Claim(
+        "iter-beats-flap",
+        ITER,
+        "Results, Tables 1-2",
+        "Iterative multi-domain FLAP has lower perplexity than FLAP (bias) at every ratio and model",
+        "consistently better; gain up to 10.06 % (Qwen2.5-32B, 50 %)",
+        _it_beats("iterative + multi-domain", "FLAP"),
+    ),
+    Claim(
+        "iter-gap-grows",
+        ITER,
+        "Results, Tables 1-2",
+        "The advantage over FLAP widens with the pruning ratio",
+        "Qwen2.5-32B: 1.85 % at 25 %, 10.06 % at 50 %",
+        _it_gap_grows,
+    ),
+    Claim(
+        "iter-high-sparsity",
+        ITER,
+        "Fig. 3",
+        "At the highest ratio the method beats both Wanda-sp and FLAP",
+        "Qwen2.5-7B 50 %: 24.2 vs Wanda-sp > 6800, FLAP > 106",
+        lambda res: all_hold(
+            _it_beats("iterative + multi-domain", "Wanda-sp", True)(res),
+            _it_beats("iterative + multi-domain", "FLAP", True)(res),
+        ),
+    ),
+    Claim(
+        "iter-ablation-iterative",
+        ITER,
+        "Ablation",
+        "Iterative recalibration alone improves on one-shot FLAP",
+        "claimed, no number given",
+        _it_beats("iterative", "FLAP"),
+    ),
+    Claim(
+        "iter-ablation-multidomain",
+        ITER,
+        "Ablation",
+        "Multi-domain calibration alone improves on FLAP",
+        "claimed, no number given",
+        _it_beats("multi-domain", "FLAP"),
+    ),
+    Claim(
+        "iter-calib-more",
+        ITER,
+        "Fig. 2",
+        "FLAP and the iterative method both improve with more calibration samples",
+        "iterative ≈ 52 at N = 32, ≈ 50 at N ≥ 128 (Qwen2.5-7B, 50 %)",
+        _it_size("more"),
+    ),
+    Claim(
+        "iter-calib-beats",
+        ITER,
+        "Fig. 2",
+        "The iterative method beats FLAP at every calibration size",
+        "every N; FLAP > 170 at 50 %",
+        _it_size("beats"),
+    ),
 ]:
     CLAIMS.register(_claim)

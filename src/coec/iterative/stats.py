@@ -70,8 +70,10 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
     def mix(key, outer):  # the Gram (outer = torch.outer) or its diagonal Σx² (torch.mul)
         if variance_mix == "pooled":
             return n * sum(a * s[key].double() / int(s["count"]) for a, s in used)
-        cov = sum(a * (s[key].double() - int(s["count"]) * outer(mk, mk))
-                  / (int(s["count"]) - 1) for (a, s), mk in zip(used, means))
+        cov = sum(
+            a * (s[key].double() - int(s["count"]) * outer(mk, mk)) / (int(s["count"]) - 1)
+            for (a, s), mk in zip(used, means)
+        )
         return (n - 1) * cov + n * outer(m, m)
 
     gram = mix("gram", torch.outer if used[0][1]["gram"].dim() == 2 else torch.mul)
@@ -105,7 +107,7 @@ class DomainAccumulator:
 
     def update(self, x: torch.Tensor) -> None:
         """Add a batch (B, T, d) whose rows are calibration sequences ``calls*bs ...``."""
-        lab = self.labels[self.calls * self.batch_size:][: x.shape[0]]
+        lab = self.labels[self.calls * self.batch_size :][: x.shape[0]]
         self.calls += 1
         if lab.numel() != x.shape[0]:
             raise RuntimeError("calibration batch does not match the domain labels")
@@ -115,8 +117,10 @@ class DomainAccumulator:
 
     def stats(self, diag: bool = False) -> list[dict]:
         """Per-domain {gram, sum, count}; ``diag``: only the Gram's diagonal (d,)."""
-        return [{"gram": a.sumsq if diag else a.gram, "sum": a.sum, "sumsq": a.sumsq,
-                 "abssum": a.abssum, "count": a.count} for a in self.accs]
+        return [
+            {"gram": a.sumsq if diag else a.gram, "sum": a.sum, "sumsq": a.sumsq, "abssum": a.abssum, "count": a.count}
+            for a in self.accs
+        ]
 
 
 @dataclass
@@ -135,8 +139,7 @@ def attach_accumulators(layer, calib: CalibSet, batch_size: int, device) -> tupl
     accs, handles = {}, []
     for name in MODULES:
         mod = adapter_for(layer).output_module(layer, name)
-        acc = accs[name] = DomainAccumulator(mod.in_features, device, calib.labels, batch_size,
-                                             len(calib.names))
+        acc = accs[name] = DomainAccumulator(mod.in_features, device, calib.labels, batch_size, len(calib.names))
         handles.append(mod.register_forward_pre_hook(lambda _m, args, acc=acc: acc.update(args[0])))
     return accs, handles
 

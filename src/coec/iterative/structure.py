@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..arch import MODULES
+from ..arch import MODULES, AttnShape
 from ..calibrate import channel_sumsq
-from ..arch import AttnShape
 from ..selection import column_scores, group_scores, top_k_sorted
 from .state import PruneState, output_module, unit_params
 
@@ -21,8 +20,7 @@ def layer_scores(layer, stats: dict) -> tuple[torch.Tensor, torch.Tensor]:
     out = []
     for m in MODULES:
         st, w = stats[m], output_module(layer, m).weight.detach()
-        out.append(column_scores("flap", w, channel_sumsq(st).to(w.device), st["sum"].to(w.device),
-                                 st["count"]).cpu())
+        out.append(column_scores("flap", w, channel_sumsq(st).to(w.device), st["sum"].to(w.device), st["count"]).cpu())
     return out[0], out[1]
 
 
@@ -30,10 +28,11 @@ def uniform_keep(o_scores, d_scores, geom: AttnShape, n_groups: int, n_channels:
     """Local keep sets of one layer: the ``n_groups`` best KV groups (group score = sum of its
     o_proj column scores, as ``select.select_layer``) and the ``n_channels`` best channels."""
     if n_groups > geom.n_kv or n_channels > d_scores.numel():
-        raise ValueError(f"the schedule asks to keep {n_groups} groups / {n_channels} channels but "
-                         f"only {geom.n_kv} / {d_scores.numel()} remain (ratios must not decrease)")
-    return (top_k_sorted(group_scores(o_scores, geom), n_groups),
-            top_k_sorted(d_scores, n_channels))
+        raise ValueError(
+            f"the schedule asks to keep {n_groups} groups / {n_channels} channels but "
+            f"only {geom.n_kv} / {d_scores.numel()} remain (ratios must not decrease)"
+        )
+    return (top_k_sorted(group_scores(o_scores, geom), n_groups), top_k_sorted(d_scores, n_channels))
 
 
 def standardise(x: torch.Tensor) -> torch.Tensor:
@@ -47,8 +46,9 @@ def standardise(x: torch.Tensor) -> torch.Tensor:
     return (x - x.mean()) / sd
 
 
-def alam_keep(scores: list[tuple], geoms: list[AttnShape], state: PruneState, d_model: int,
-              ratio: float) -> list[tuple[list[int], list[int]]]:
+def alam_keep(
+    scores: list[tuple], geoms: list[AttnShape], state: PruneState, d_model: int, ratio: float
+) -> list[tuple[list[int], list[int]]]:
     """FLAP AL-AM: KV groups and channels of all layers ranked together.
 
     Attention: column scores squared, standardised per layer, averaged over each group's columns;
@@ -63,8 +63,10 @@ def alam_keep(scores: list[tuple], geoms: list[AttnShape], state: PruneState, d_
     for i, ((o, d), geom) in enumerate(zip(scores, geoms)):
         g = standardise(o**2).view(geom.n_kv, -1).mean(1)
         vals += [g, standardise(d)]
-        weights += [torch.full((geom.n_kv,), float(wg), dtype=torch.float64),
-                    torch.full((d.numel(),), float(wc), dtype=torch.float64)]
+        weights += [
+            torch.full((geom.n_kv,), float(wg), dtype=torch.float64),
+            torch.full((d.numel(),), float(wc), dtype=torch.float64),
+        ]
         owner += [(i, 0, j) for j in range(geom.n_kv)] + [(i, 1, j) for j in range(d.numel())]
     v, w = torch.cat(vals), torch.cat(weights)
     order = torch.sort(-v, stable=True).indices

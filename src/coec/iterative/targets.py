@@ -45,12 +45,13 @@ def check_config(config) -> None:
     for name, mix in known.items():
         for d in mix["domains"]:
             if d not in doms:
-                raise ValueError(f"config: iterative.mixes.{name}.domains names unknown domain "
-                                 f"{d!r} (known: {', '.join(doms) or 'none'})")
+                raise ValueError(
+                    f"config: iterative.mixes.{name}.domains names unknown domain "
+                    f"{d!r} (known: {', '.join(doms) or 'none'})"
+                )
     for name, dom in doms.items():
         if dom["source"] == "dataset" and dom.get("dataset") not in config["datasets"]:
-            raise ValueError(f"config: domains.{name}.dataset names unknown dataset "
-                             f"{dom.get('dataset')!r}")
+            raise ValueError(f"config: domains.{name}.dataset names unknown dataset {dom.get('dataset')!r}")
 
 
 def sized(config, calib, n) -> str:
@@ -71,8 +72,7 @@ def add_size_calibrations(config) -> None:
     if "calibration_size" not in it:
         return
     if size_base(config) is None:
-        raise ValueError("config: iterative.calibration_size needs a calibration "
-                         "(or iterative.table.calibration)")
+        raise ValueError("config: iterative.calibration_size needs a calibration (or iterative.table.calibration)")
     for row in it["calibration_size"]["rows"]:
         for n in it["calibration_size"]["nsamples"]:
             sized(config, row.get("calibration", size_base(config)), n)
@@ -105,8 +105,10 @@ def calibration_domains(config, calib) -> list[dict]:
     """[{name, alpha, dataset}] of an iterative calibration (one domain for `calibration`)."""
     known = mix_entries(config)
     if calib in known:
-        return [{"name": d, "alpha": float(a), "dataset": domain_spec(config, d)}
-                for d, a in known[calib]["domains"].items()]
+        return [
+            {"name": d, "alpha": float(a), "dataset": domain_spec(config, d)}
+            for d, a in known[calib]["domains"].items()
+        ]
     ds = calibration_entry(config, calib)["dataset"]
     return [{"name": ds, "alpha": 1.0, "dataset": dataset_spec(config, ds)}]
 
@@ -159,8 +161,9 @@ def table_spec(config, filename="ppl.json", metric="ppl") -> dict:
     t = section(config)["table"]
     mixes_cfg = mix_entries(config)
     models = t["models"]
-    rows = [{"labels": {"ratio": 0.0, "method": "dense"},
-             "cells": {m: f"{paths.dense_dir(m)}/{filename}" for m in models}}]
+    rows = [
+        {"labels": {"ratio": 0.0, "method": "dense"}, "cells": {m: f"{paths.dense_dir(m)}/{filename}" for m in models}}
+    ]
     groups = [None]
     for r in t["ratios"]:
         for row in t["rows"]:
@@ -169,12 +172,17 @@ def table_spec(config, filename="ppl.json", metric="ppl") -> dict:
             rows.append({"labels": {"ratio": float(r), "method": row["label"]}, "cells": cells})
             groups.append((float(r), row["label"], row.get("compare")))
     used = {n: mixes_cfg[n] for n in sorted({row.get("calibration") for row in t["rows"]} & set(mixes_cfg))}
-    spec = {"metric": metric, "digits": 2 if metric == "ppl" else 4, "models": models,
-            "label_columns": ["ratio", "method"], "rows": rows,
-            "caption": f"table_iterative: {metric} | calibration {t['calibration']} | mixes "
-                       f"{json.dumps(used, sort_keys=True)} | variants "
-                       f"{json.dumps(variant_entries(config), sort_keys=True)} | evaluation "
-                       f"{json.dumps(config['evaluation'], sort_keys=True)}"}
+    spec = {
+        "metric": metric,
+        "digits": 2 if metric == "ppl" else 4,
+        "models": models,
+        "label_columns": ["ratio", "method"],
+        "rows": rows,
+        "caption": f"table_iterative: {metric} | calibration {t['calibration']} | mixes "
+        f"{json.dumps(used, sort_keys=True)} | variants "
+        f"{json.dumps(variant_entries(config), sort_keys=True)} | evaluation "
+        f"{json.dumps(config['evaluation'], sort_keys=True)}",
+    }
     return with_comparisons(config, spec, groups, "iterative.table.rows")
 
 
@@ -191,13 +199,18 @@ def size_spec(config) -> dict:
     panels = {}
     for r in f["ratios"]:
         panels[f"{round(float(r) * 100)} % width pruned"] = {
-            row["label"]: [[n, row_file(f["model"], sized(config, row.get("calibration", base), n),
-                                        row, r, "ppl.json")] for n in f["nsamples"]]
-            for row in f["rows"]}
+            row["label"]: [
+                [n, row_file(f["model"], sized(config, row.get("calibration", base), n), row, r, "ppl.json")]
+                for n in f["nsamples"]
+            ]
+            for row in f["rows"]
+        }
     calibs = sorted({row.get("calibration", base) for row in f["rows"]})
     return size_figure_spec(
-        panels, calibration_entry(config, base)["seqlen"],
+        panels,
+        calibration_entry(config, base)["seqlen"],
         f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
         f"resized to N, selection recomputed at each N; variants "
         f"{json.dumps(variant_entries(config), sort_keys=True)}; eval "
-        f"{config['evaluation']['ppl_dataset']} seqlen {config['evaluation']['ppl_seqlen']}")
+        f"{config['evaluation']['ppl_dataset']} seqlen {config['evaluation']['ppl_seqlen']}",
+    )

@@ -36,8 +36,11 @@ class IterativeWiring:
         files: list[str] = []
         for d in self.mixes[wc.calib]["domains"]:
             dom = self.domains[d]
-            files += (self.w.dataset_input(dom["dataset"]) if dom["source"] == "dataset"
-                      else [f"{targets.domain_dir(d)}/calib.txt"])
+            files += (
+                self.w.dataset_input(dom["dataset"])
+                if dom["source"] == "dataset"
+                else [f"{targets.domain_dir(d)}/calib.txt"]
+            )
         return files
 
     def calib_params(self) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .. import artifacts as A
+from .. import artifacts
+from ..atomic import umask_modes
 from ..calibrate import gram_meta, gram_tensors, layer_call, layer_masks, layer_statistics
 from ..models import torch_dtype
 from ..progress import bar as progress_bar
@@ -60,14 +61,13 @@ class StreamPass:
     hidden states in a :class:`HiddenStore` (filled here from the embeddings unless it holds a
     resumed pass's states already)."""
 
-    def __init__(self, sm: StreamedModel, input_ids: torch.Tensor, batch_size: int,
-                 store: HiddenStore):
+    def __init__(self, sm: StreamedModel, input_ids: torch.Tensor, batch_size: int, store: HiddenStore):
         self.device = sm.device
         self.hidden = store
         if not len(store):
             with sm.embedding() as embed, torch.no_grad():
                 for s in range(0, input_ids.shape[0], batch_size):
-                    store.append(embed(input_ids[s:s + batch_size]))
+                    store.append(embed(input_ids[s : s + batch_size]))
         first = store[0].to(self.device)
         self.pos = torch.arange(input_ids.shape[1], device=self.device).unsqueeze(0)
         self.pe = sm.adapter.rotary(sm.model)(first, self.pos)
@@ -84,10 +84,10 @@ def _resume_state(work: Path, key: str) -> dict | None:
     """The checkpoint of a previous pass with the same fingerprint, or None (then the folder is
     cleared for a fresh pass)."""
     try:
-        state = A.read_json(work / PROGRESS)
+        state = artifacts.read_json(work / PROGRESS)
         if state.get("fingerprint") == key and (work / state["hidden"]).is_file():
             return state
-    except (A.ArtifactError, KeyError, TypeError, AttributeError):
+    except (artifacts.ArtifactError, KeyError, TypeError, AttributeError):
         pass
     if work.exists():
         log.info("%s: no usable checkpoint of this pass; starting afresh", work)
@@ -99,9 +99,16 @@ def _checkpoint(work: Path, store: HiddenStore, next_layer: int, key: str) -> No
     """Hidden states entering ``next_layer``, then progress.json naming them; older states last."""
     name = f"hidden-L{next_layer}.bin"
     store.save(work / name)
-    A.write_json(work / PROGRESS, {"fingerprint": key, "next_layer": next_layer, "hidden": name,
-                                   "shapes": [list(s) for s in store.shapes],
-                                   "dtype": str(store.dtype).removeprefix("torch.")})
+    artifacts.write_json(
+        work / PROGRESS,
+        {
+            "fingerprint": key,
+            "next_layer": next_layer,
+            "hidden": name,
+            "shapes": [list(s) for s in store.shapes],
+            "dtype": str(store.dtype).removeprefix("torch."),
+        },
+    )
     for old in work.glob("hidden-L*.bin"):
         if old.name != name:
             old.unlink()
@@ -113,7 +120,7 @@ def _publish(work: Path, out: Path) -> None:
     for p in list(work.iterdir()):
         if p.name != "meta.json" and not re.fullmatch(r"layer\d+\.safetensors", p.name):
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    A.umask_modes(work)
+    umask_modes(work)
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.{os.getpid()}.old.tmp")
@@ -128,10 +135,17 @@ def _publish(work: Path, out: Path) -> None:
         os.close(fd)
 
 
-def calibrate_streamed(sm: StreamedModel, input_ids: torch.Tensor, out_dir: str | Path,
-                       batch_size: int = 8, gram_dtype: str = "float32", meta: dict | None = None,
-                       budget_bytes: float = float("inf"), checkpoint_seconds: float = 600.0,
-                       progress: bool = True) -> dict:
+def calibrate_streamed(
+    sm: StreamedModel,
+    input_ids: torch.Tensor,
+    out_dir: str | Path,
+    batch_size: int = 8,
+    gram_dtype: str = "float32",
+    meta: dict | None = None,
+    budget_bytes: float = float("inf"),
+    checkpoint_seconds: float = 600.0,
+    progress: bool = True,
+) -> dict:
     """Grams of every layer's o_proj and down_proj inputs over ``input_ids`` (n_seq, seqlen)
     -> ``out_dir/layer{i}.safetensors`` + ``meta.json``, the files ``coec.calibrate.
     calibrate_to_dir`` writes for the loaded model, byte for byte. Resumes a killed pass (module
@@ -148,8 +162,9 @@ def calibrate_streamed(sm: StreamedModel, input_ids: torch.Tensor, out_dir: str 
         start, store = 0, HiddenStore(spill, budget_bytes)
     else:
         start = int(state["next_layer"])
-        store = HiddenStore.load(work / state["hidden"], state["shapes"], torch_dtype(state["dtype"]),
-                                 spill, budget_bytes)
+        store = HiddenStore.load(
+            work / state["hidden"], state["shapes"], torch_dtype(state["dtype"]), spill, budget_bytes
+        )
         log.info("resuming the calibration pass at layer %d (%s)", start, work)
     dt = torch_dtype(gram_dtype)
     try:
@@ -161,7 +176,7 @@ def calibrate_streamed(sm: StreamedModel, input_ids: torch.Tensor, out_dir: str 
                 stats = layer_statistics(lp, i, layer)
             del layer  # before the next layer is read, not after
             store.flip()
-            A.write_gram_layer(A.gram_path(work, i), gram_tensors(stats, dt))
+            artifacts.write_gram_layer(artifacts.gram_path(work, i), gram_tensors(stats, dt))
             del stats
             if i + 1 < sm.n_layers and time.monotonic() - last >= checkpoint_seconds:
                 _checkpoint(work, store, i + 1, key)
@@ -169,10 +184,16 @@ def calibrate_streamed(sm: StreamedModel, input_ids: torch.Tensor, out_dir: str 
         spilled, batches = store.spilled, len(store)
     finally:
         store.close()
-    A.write_json(work / "meta.json", info, "gram-meta")
+    artifacts.write_json(work / "meta.json", info, "gram-meta")
     _publish(work, out)
     info = {**info, "seconds": round(time.time() - t0, 3), "resumed_at": start}
-    log.info("calibrated %d layers on %d tokens in %.1fs (streamed%s; %d of %d batches on disk)",
-             info["n_layers"], info["tokens"], info["seconds"],
-             f", resumed at layer {start}" if start else "", spilled, batches)
+    log.info(
+        "calibrated %d layers on %d tokens in %.1fs (streamed%s; %d of %d batches on disk)",
+        info["n_layers"],
+        info["tokens"],
+        info["seconds"],
+        f", resumed at layer {start}" if start else "",
+        spilled,
+        batches,
+    )
     return info

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import artifacts as A
+from .. import artifacts
 from ..arch import ModelError
 
 INDEX = "model.safetensors.index.json"
@@ -31,19 +31,25 @@ def weight_map(model_dir: str | Path) -> dict[str, str]:
     folder = Path(model_dir)
     index = folder / INDEX
     if index.is_file():
-        wm = A.read_json(index).get("weight_map")
+        wm = artifacts.read_json(index).get("weight_map")
         if not isinstance(wm, dict) or not wm:
-            raise A.ArtifactError(index, "missing weight_map")
+            raise artifacts.ArtifactError(index, "missing weight_map")
         return {str(k): str(v) for k, v in wm.items()}
     shards = [folder / SINGLE] if (folder / SINGLE).is_file() else sorted(folder.glob("*.safetensors"))
     if shards:
-        return {name: shard.name for shard in shards
-                for name in A.safetensors_header(shard) if name != "__metadata__"}
+        return {
+            name: shard.name
+            for shard in shards
+            for name in artifacts.safetensors_header(shard)
+            if name != "__metadata__"
+        }
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES) if folder.is_dir() else []
     if pickles:
-        raise ModelError(f"{folder}: the weights are PyTorch pickles ({pickles[0]}), which cannot "
-                         "be read one layer at a time; convert the checkpoint to safetensors "
-                         "(save_pretrained(..., safe_serialization=True))")
+        raise ModelError(
+            f"{folder}: the weights are PyTorch pickles ({pickles[0]}), which cannot "
+            "be read one layer at a time; convert the checkpoint to safetensors "
+            "(save_pretrained(..., safe_serialization=True))"
+        )
     raise ModelError(f"{folder}: no safetensors weights ({SINGLE} or {INDEX})")
 
 
@@ -69,11 +75,11 @@ class Checkpoint:
         raises ``ArtifactError`` naming the folder; a damaged shard names the shard."""
         missing = [n for n in names if n not in self.map]
         if missing:
-            raise A.ArtifactError(self.dir, f"tensors not in the checkpoint: {missing[:3]}")
+            raise artifacts.ArtifactError(self.dir, f"tensors not in the checkpoint: {missing[:3]}")
         by_shard: dict[str, list[str]] = {}
         for n in names:
             by_shard.setdefault(self.map[n], []).append(n)
         out: dict[str, torch.Tensor] = {}
         for shard, ns in by_shard.items():
-            out.update(A.read_tensors(self.dir / shard, ns, check_finite=False))
+            out.update(artifacts.read_tensors(self.dir / shard, ns, check_finite=False))
         return out

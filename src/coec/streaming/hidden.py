@@ -14,12 +14,12 @@ back into a new store (:meth:`load`).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
-from .. import artifacts as A
+from .. import artifacts
 
 _MAX_IO = 1 << 30  # bytes per read/write call (a single call moves at most ~2 GiB on Linux)
 
@@ -42,7 +42,7 @@ def write_at(fd: int, offset: int, t: torch.Tensor) -> None:
     view = memoryview(_byte_view(t.contiguous()))
     done = 0
     while done < len(view):
-        done += os.pwrite(fd, view[done:done + _MAX_IO], offset + done)
+        done += os.pwrite(fd, view[done : done + _MAX_IO], offset + done)
 
 
 def read_at(fd: int, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
@@ -51,9 +51,9 @@ def read_at(fd: int, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
     view = memoryview(_byte_view(out))
     done = 0
     while done < len(view):
-        got = os.preadv(fd, [view[done:done + _MAX_IO]], offset + done)
+        got = os.preadv(fd, [view[done : done + _MAX_IO]], offset + done)
         if got <= 0:
-            raise A.ArtifactError(f"fd {fd}", f"short read at byte {offset + done}")
+            raise artifacts.ArtifactError(f"fd {fd}", f"short read at byte {offset + done}")
         done += got
     return out
 
@@ -69,7 +69,7 @@ class HiddenStore:
         self.shapes: list[tuple[int, ...]] = []
         self.dtype: torch.dtype | None = None
         self.memory: list[torch.Tensor] = []  # batches 0 .. len(memory) - 1
-        self.offsets: list[int] = []         # file offset of each spilled batch
+        self.offsets: list[int] = []  # file offset of each spilled batch
         self._fds: list[int] = []
         self._gen = 0
 
@@ -94,7 +94,7 @@ class HiddenStore:
             self.dtype = h.dtype
         elif h.dtype != self.dtype:
             raise TypeError(f"batch {len(self)} is {h.dtype}, the store holds {self.dtype}")
-        in_memory = sum(nbytes(s, self.dtype) for s in self.shapes[:len(self.memory)])
+        in_memory = sum(nbytes(s, self.dtype) for s in self.shapes[: len(self.memory)])
         fits = in_memory + nbytes(h.shape, h.dtype) <= self.budget
         if fits and self.spilled == 0:
             self.memory.append(h)
@@ -109,8 +109,7 @@ class HiddenStore:
     def __getitem__(self, b: int) -> torch.Tensor:
         if b < len(self.memory):
             return self.memory[b]
-        return read_at(self._fds[self._gen], self.offsets[b - len(self.memory)], self.shapes[b],
-                       self.dtype)
+        return read_at(self._fds[self._gen], self.offsets[b - len(self.memory)], self.shapes[b], self.dtype)
 
     def __setitem__(self, b: int, h: torch.Tensor) -> None:
         h = h.detach().to("cpu")
@@ -132,16 +131,17 @@ class HiddenStore:
 
     def save(self, path: str | Path) -> None:
         """Every batch, in order, as raw bytes in one file (atomic, fsynced)."""
-        A.write_chunks(path, (memoryview(_byte_view(self[b].contiguous())) for b in range(len(self))))
+        artifacts.write_chunks(path, (memoryview(_byte_view(self[b].contiguous())) for b in range(len(self))))
 
     @classmethod
-    def load(cls, path: str | Path, shapes: list, dtype: torch.dtype, folder: str | Path,
-             budget_bytes: float) -> "HiddenStore":
+    def load(
+        cls, path: str | Path, shapes: list, dtype: torch.dtype, folder: str | Path, budget_bytes: float
+    ) -> HiddenStore:
         """A store filled from a :meth:`save` file of batches of ``shapes`` and ``dtype``."""
         path = Path(path)
         want = sum(nbytes(s, dtype) for s in shapes)
         if not path.is_file() or path.stat().st_size != want:
-            raise A.ArtifactError(path, f"expected {want} bytes of hidden states")
+            raise artifacts.ArtifactError(path, f"expected {want} bytes of hidden states")
         store = cls(folder, budget_bytes)
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
-from .. import artifacts as A
+from .. import artifacts
 from ..arch import MODULES, ModelError, adapter_for
 from ..models import load_config, resolve_device, torch_dtype
 from .checkpoint import Checkpoint
@@ -43,20 +43,21 @@ class CellWeights:
     finite) when the layer streams."""
 
     def __init__(self, keep_path: str | Path | None, comp_files: list[str] | None, n_layers: int):
-        self.keep = A.read_keep(keep_path, n_layers) if keep_path else None
+        self.keep = artifacts.read_keep(keep_path, n_layers) if keep_path else None
         self.files: dict[int, list[tuple[Path, list[str]]]] = {}
         for path in map(Path, comp_files or []):
-            meta = A.tensors_metadata(path)
-            if meta.get(A.FORMAT_KEY) != "comp-block":
-                A.read_tensors(path, [], fmt="comp-block")  # raises the format error naming it
+            meta = artifacts.tensors_metadata(path)
+            if meta.get(artifacts.FORMAT_KEY) != "comp-block":
+                artifacts.read_tensors(path, [], fmt="comp-block")  # raises the format error naming it
             by_layer: dict[int, list[str]] = {}
-            for key in A.safetensors_header(path):
+            for key in artifacts.safetensors_header(path):
                 if key == "__metadata__":
                     continue
                 m = _COMP_KEY.match(key)
                 if not m:
-                    raise A.ArtifactError(path, f"unexpected tensor {key} (expected "
-                                                "layer<i>.<module>.weight|bias)")
+                    raise artifacts.ArtifactError(
+                        path, f"unexpected tensor {key} (expected layer<i>.<module>.weight|bias)"
+                    )
                 by_layer.setdefault(int(m.group(1)), []).append(key)
             for i, keys in by_layer.items():
                 self.files.setdefault(i, []).append((path, keys))
@@ -69,7 +70,7 @@ class CellWeights:
         """``{module}.weight|bias`` of layer i's compensated outputs (empty: none)."""
         out = {}
         for path, keys in self.files.get(i, []):
-            for key, t in A.read_tensors(path, keys, fmt="comp-block").items():
+            for key, t in artifacts.read_tensors(path, keys, fmt="comp-block").items():
                 out[key.split(".", 1)[1]] = t
         return out
 
@@ -79,8 +80,9 @@ def meta_skeleton(config, dtype: torch.dtype, trust_remote_code: bool = False) -
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa",
-                                                 trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
+        )
     return model.eval()
 
 
@@ -95,14 +97,20 @@ class StreamedModel:
     ``dtype``: the compute dtype every floating tensor is cast to (as ``from_pretrained(dtype=)``
     does); ``device``: where materialised parts live; ``cell``: a pruned cell's weights."""
 
-    def __init__(self, model_dir: str | Path, dtype: str | torch.dtype = "float32",
-                 device: str | torch.device | None = "cpu", cell: CellWeights | None = None,
-                 revision: str | None = None, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        dtype: str | torch.dtype = "float32",
+        device: str | torch.device | None = "cpu",
+        cell: CellWeights | None = None,
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+    ):
         self.dir = Path(model_dir)
         self.ckpt = Checkpoint(self.dir)
         self.config = load_config(self.dir, revision, trust_remote_code)
         self.adapter = adapter_for(self.config)
-        self.geom = self.adapter.attention_geometry(self.config)
+        self.geom = self.adapter.attention_shape(self.config)
         self.dtype = torch_dtype(dtype)
         self.device = resolve_device(device)
         self.model = meta_skeleton(self.config, self.dtype, trust_remote_code)
@@ -133,7 +141,7 @@ class StreamedModel:
         for alias in [name, *self._aliases.get(name, [])]:
             if alias in self.ckpt:
                 return alias
-        raise A.ArtifactError(self.dir, f"tensor {name} is not in the checkpoint")
+        raise artifacts.ArtifactError(self.dir, f"tensor {name} is not in the checkpoint")
 
     def materialise(self, module: nn.Module) -> nn.Module:
         """A copy of a skeleton module with its tensors read from the checkpoint, cast to the
@@ -146,8 +154,9 @@ class StreamedModel:
         for k, ref in state.items():
             t = tensors[stored[k]]
             if tuple(t.shape) != tuple(ref.shape):
-                raise A.ArtifactError(self.dir, f"tensor {stored[k]} has shape {tuple(t.shape)}, "
-                                                f"the config implies {tuple(ref.shape)}")
+                raise artifacts.ArtifactError(
+                    self.dir, f"tensor {stored[k]} has shape {tuple(t.shape)}, the config implies {tuple(ref.shape)}"
+                )
             state[k] = t.to(device=self.device, dtype=ref.dtype if ref.is_floating_point() else None)
         new.load_state_dict(state, strict=True, assign=True)
         new.requires_grad_(False)  # evaluation only: no autograd graph can hold a released part
@@ -176,8 +185,10 @@ class StreamedModel:
     def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """A function last hidden states (b, T, d) -> logits (b, T, V): final norm, LM head and
         the family's logit divisor, as the model's forward computes them."""
-        held = [self.materialise(self.adapter.backbone(self.model).norm),
-                self.materialise(self.model.get_output_embeddings())]
+        held = [
+            self.materialise(self.adapter.backbone(self.model).norm),
+            self.materialise(self.model.get_output_embeddings()),
+        ]
         div = self.adapter.logit_divisor(self.config)
 
         def logits(h: torch.Tensor) -> torch.Tensor:
@@ -223,8 +234,7 @@ class StreamedModel:
         """Parameters of the (pruned, compensated) model, tied ones once: the skeleton's outside
         the decoder layers plus every built layer's. Raises unless every layer was built."""
         if len(self.layer_params) != self.n_layers:
-            raise RuntimeError(f"param_count needs every layer built ({len(self.layer_params)} "
-                               f"of {self.n_layers})")
+            raise RuntimeError(f"param_count needs every layer built ({len(self.layer_params)} of {self.n_layers})")
         in_layers = {id(p) for p in self.layers.parameters()}
         outside = sum(p.numel() for p in self.model.parameters() if id(p) not in in_layers)
         return outside + sum(self.layer_params.values())

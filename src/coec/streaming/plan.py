@@ -1,6 +1,6 @@
 """Memory and time plan of the streamed stages, and the SLURM resources it implies.
 
-Pure arithmetic on architecture numbers (``cost._dims``) and stage settings; no I/O. A stage's
+Pure arithmetic on architecture numbers (``cost.arch_dims``) and stage settings; no I/O. A stage's
 peak resident memory is a measured baseline (the interpreter, torch, transformers, lm-eval) plus
 what the stage holds at its largest moment (GiB = 2**30 bytes; ``w`` = bytes per compute-dtype
 value, ``h`` hidden size, ``d_a`` = heads x head_dim, ``d_ff`` the MLP width, ``V`` vocabulary):
@@ -29,9 +29,10 @@ tests/unit/test_stream_plan.py. :func:`slurm_resources` turns a plan into ``gpu`
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from ..cost import _as_dict, _dims, _param_breakdown, memory_plan
+from ..cost import arch_dims, config_dict, memory_plan, param_breakdown
 
 GIB = 2**30
 
@@ -39,16 +40,15 @@ GIB = 2**30
 #: transformers, the tokenized text (calibrate: the whole calibration split), lm-eval and its
 #: task data (zeroshot). Measured on the CPU as the peaks of a 2-layer, 64-wide Llama with
 #: SmolLM2's tokenizer on the embedded text (benchmarks/results/stream_memory_tiny_cpu.txt).
-BASELINE_GIB = {"calibrate": 0.75, "select": 0.31, "compensate": 0.31, "ppl": 0.52, "zeroshot": 0.72,
-                "export": 0.52}
+BASELINE_GIB = {"calibrate": 0.75, "select": 0.31, "compensate": 0.31, "ppl": 0.52, "zeroshot": 0.72, "export": 0.52}
 #: Host memory a CUDA context and its kernels add to a GPU job (GiB; not measured here).
 CUDA_CONTEXT_GIB = 2.0
 #: Planning constants of the runtime model (an A100/H100-class GPU and a shared file system).
 GPU_MEMORY_GIB = 80.0
-FORWARD_TFLOPS = 100.0      # bf16 decoder forward; one H200 measured 480 (bench_foundation_h200.txt)
-GRAM_TFLOPS = 15.0          # Gram products (float32 accumulation); one H200 measured 29.5
-READ_GB_S = 1.0             # checkpoint reads
-WRITE_GB_S = 1.0            # Gram writes
+FORWARD_TFLOPS = 100.0  # bf16 decoder forward; one H200 measured 480 (bench_foundation_h200.txt)
+GRAM_TFLOPS = 15.0  # Gram products (float32 accumulation); one H200 measured 29.5
+READ_GB_S = 1.0  # checkpoint reads
+WRITE_GB_S = 1.0  # Gram writes
 COMPENSATE_8B_LAYER_S = 50  # one COEC layer (o_proj + down_proj), Llama-3.1-8B, one H200
 #: Tokens of the seven paper tasks' loglikelihood requests, all documents (context + choice,
 #: one sequence per shared context), all seven tasks, counted with the SmolLM2 tokenizer on the
@@ -65,29 +65,42 @@ def _w(dtype: str) -> int:
 def _parts(config: Any) -> dict[str, int]:
     """Architecture numbers: hidden, d_a, d_ff, vocab, layers, parameters of one layer and of
     the embedding (and of an untied head)."""
-    d = _dims(_as_dict(config))
-    p = _param_breakdown(d)
-    return {"h": d["hidden"], "da": d["heads"] * d["head_dim"], "ff": d["ffn"], "V": d["vocab"],
-            "L": d["layers"], "layer": (p["attention"] + p["mlp"]) // d["layers"] + 2 * d["hidden"],
-            "embed": p["embed"], "head": p["lm_head"] or p["embed"], "params": sum(p.values())}
+    d = arch_dims(config_dict(config))
+    p = param_breakdown(d)
+    return {
+        "h": d["hidden"],
+        "da": d["heads"] * d["head_dim"],
+        "ff": d["ffn"],
+        "V": d["vocab"],
+        "L": d["layers"],
+        "layer": (p["attention"] + p["mlp"]) // d["layers"] + 2 * d["hidden"],
+        "embed": p["embed"],
+        "head": p["lm_head"] or p["embed"],
+        "params": sum(p.values()),
+    }
 
 
-def calibrate_memory(a: Mapping, nsamples: int, seqlen: int, batch: int, w: int, gram_bytes: int,
-                     budget: float, gpu: bool) -> tuple[float, float]:
+def calibrate_memory(
+    a: Mapping, nsamples: int, seqlen: int, batch: int, w: int, gram_bytes: int, budget: float, gpu: bool
+) -> tuple[float, float]:
     """(host bytes, device bytes) of a calibration pass at its largest moment."""
     hidden = min(nsamples * seqlen * a["h"] * w, budget)
     grams = a["da"] ** 2 + a["ff"] ** 2
     toks = batch * seqlen
-    work = (toks * (3 * a["ff"] + 2 * a["h"]) * 4  # a batch's MLP activations
-            + toks * a["ff"] * 4 + min(1024, a["ff"]) * a["ff"] * 4)  # upcast batch, block product
+    work = (
+        toks * (3 * a["ff"] + 2 * a["h"]) * 4  # a batch's MLP activations
+        + toks * a["ff"] * 4
+        + min(1024, a["ff"]) * a["ff"] * 4
+    )  # upcast batch, block product
     layer, embed = a["layer"] * w, a["embed"] * w
     if not gpu:  # the layer is dropped before the accumulators are copied for writing
         return hidden + max(embed, layer + grams * 8 + work, grams * (8 + gram_bytes)), 0.0
     return max(embed, layer) + hidden + grams * gram_bytes, layer + grams * 8 + work
 
 
-def eval_memory(a: Mapping, tokens: int, seqlen: int, batch: int, w: int, budget: float,
-                gpu: bool, log_softmax: bool) -> tuple[float, float]:
+def eval_memory(
+    a: Mapping, tokens: int, seqlen: int, batch: int, w: int, budget: float, gpu: bool, log_softmax: bool
+) -> tuple[float, float]:
     """(host bytes, device bytes) of a layer-sequential evaluation at its largest moment."""
     group = min(tokens * a["h"] * w, max(budget, batch * seqlen * a["h"] * w))
     toks = batch * seqlen
@@ -119,11 +132,16 @@ def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) 
         host, dev = (gram, solve) if gpu else (gram + solve, 0.0)
     elif stage in ("ppl", "zeroshot"):
         ppl = stage == "ppl"
-        host, dev = eval_memory(a, s["ppl_tokens"] if ppl else s["zs_tokens"],
-                                s["ppl_seqlen"] if ppl else min(s["zs_max_length"], s.get(
-                                    "zs_longest", ZEROSHOT_MAX_TOKENS)),
-                                s["ppl_batch"] if ppl else s["zs_batch"], w, budget, gpu,
-                                log_softmax=not ppl)
+        host, dev = eval_memory(
+            a,
+            s["ppl_tokens"] if ppl else s["zs_tokens"],
+            s["ppl_seqlen"] if ppl else min(s["zs_max_length"], s.get("zs_longest", ZEROSHOT_MAX_TOKENS)),
+            s["ppl_batch"] if ppl else s["zs_batch"],
+            w,
+            budget,
+            gpu,
+            log_softmax=not ppl,
+        )
     elif stage == "export":  # loads the whole model (coec export), on the CPU
         host, dev, gpu = a["params"] * w + a["layer"] * w, 0.0, False
     else:
@@ -145,8 +163,12 @@ def stage_seconds(config: Any, stage: str, settings: Mapping) -> float:
         tokens = s["nsamples"] * s["seqlen"]
         gram_flops = a["L"] * tokens * 1.1 * (a["da"] ** 2 + a["ff"] ** 2)
         writes = a["L"] * (a["da"] ** 2 + a["ff"] ** 2) * _w(s.get("gram_dtype", "float32"))
-        return (ckpt / (READ_GB_S * 1e9) + flops(tokens) / (FORWARD_TFLOPS * 1e12)
-                + gram_flops / (GRAM_TFLOPS * 1e12) + writes / (WRITE_GB_S * 1e9))
+        return (
+            ckpt / (READ_GB_S * 1e9)
+            + flops(tokens) / (FORWARD_TFLOPS * 1e12)
+            + gram_flops / (GRAM_TFLOPS * 1e12)
+            + writes / (WRITE_GB_S * 1e9)
+        )
     if stage == "select":
         return a["L"] * (a["da"] ** 2 + a["ff"] ** 2) * 4 / (READ_GB_S * 1e9) + 60
     if stage == "compensate":
@@ -173,8 +195,11 @@ def slurm_resources(config: Any, stage: str, settings: Mapping) -> dict[str, int
     if stage == "calibrate" and settings.get("loaded"):  # the iterative stages share these resources
         host = max(host, loaded_calibrate_gib(config, settings))
     minutes = 2 * stage_seconds(config, stage, settings) / 60 + 10
-    return {"gpu": 0 if stage == "export" else 1, "mem_mb": round_up((1.25 * host + 2) * 1024, 4096),
-            "runtime": round_up(minutes, 30)}
+    return {
+        "gpu": 0 if stage == "export" else 1,
+        "mem_mb": round_up((1.25 * host + 2) * 1024, 4096),
+        "runtime": round_up(minutes, 30),
+    }
 
 
 def loaded_calibrate_gib(config: Any, settings: Mapping) -> float:
@@ -190,11 +215,20 @@ def loaded_calibrate_gib(config: Any, settings: Mapping) -> float:
 
 #: The published architecture of each model of workflow/configs/paper.yaml (arch.published).
 PAPER_ARCHS = {
-    "llama-3.1-8b": "Llama-3.1-8B", "llama-3-70b": "Llama-3-70B", "qwen2.5-7b": "Qwen2.5-7B",
-    "qwen2.5-14b": "Qwen2.5-14B", "qwen2.5-32b": "Qwen2.5-32B", "qwen2.5-72b": "Qwen2.5-72B",
-    "mistral-7b": "Mistral-7B-v0.1", "llama-2-7b": "Llama-2-7B", "llama-2-13b": "Llama-2-13B",
-    "llama-2-70b": "Llama-2-70B", "qwen3-8b": "Qwen3-8B", "qwen3-14b": "Qwen3-14B",
-    "qwen3-32b": "Qwen3-32B", "deepseek-r1-0528-qwen3-8b": "Qwen3-8B",
+    "llama-3.1-8b": "Llama-3.1-8B",
+    "llama-3-70b": "Llama-3-70B",
+    "qwen2.5-7b": "Qwen2.5-7B",
+    "qwen2.5-14b": "Qwen2.5-14B",
+    "qwen2.5-32b": "Qwen2.5-32B",
+    "qwen2.5-72b": "Qwen2.5-72B",
+    "mistral-7b": "Mistral-7B-v0.1",
+    "llama-2-7b": "Llama-2-7B",
+    "llama-2-13b": "Llama-2-13B",
+    "llama-2-70b": "Llama-2-70B",
+    "qwen3-8b": "Qwen3-8B",
+    "qwen3-14b": "Qwen3-14B",
+    "qwen3-32b": "Qwen3-32B",
+    "deepseek-r1-0528-qwen3-8b": "Qwen3-8B",
 }
 #: Tokens of WikiText-2's test split (ppl_max_windows: null): 0.34e6 with Llama-2's tokenizer,
 #: fewer with the larger vocabularies.
@@ -215,13 +249,22 @@ def paper_settings(cfg: Mapping, model: str) -> dict:
     ev, comp = cfg["evaluation"], cfg.get("compute", {})
     it = cfg.get("iterative", {})
     loaded = model in it.get("table", {}).get("models", []) or model == it.get("calibration_size", {}).get("model")
-    return {"dtype": cfg["models"][model]["dtype"], "loaded": loaded, "gram_dtype": big.get("gram_dtype", "float32"),
-            "nsamples": nsamples, "seqlen": big["seqlen"], "batch": big.get("batch_size", 8),
-            "ppl_tokens": PPL_TOKENS, "ppl_seqlen": ev["ppl_seqlen"], "ppl_batch": ev["ppl_batch_size"],
-            "zs_tokens": ZEROSHOT_TOKENS, "zs_max_length": ev["zeroshot_max_length"],
-            "zs_batch": ev["zeroshot_batch_size"], "block": comp.get("compensate_block", 1) or 1,
-            "budget_gib": comp.get("hidden_cache_budget_gb",
-                                   schema_default("compute.hidden_cache_budget_gb"))}
+    return {
+        "dtype": cfg["models"][model]["dtype"],
+        "loaded": loaded,
+        "gram_dtype": big.get("gram_dtype", "float32"),
+        "nsamples": nsamples,
+        "seqlen": big["seqlen"],
+        "batch": big.get("batch_size", 8),
+        "ppl_tokens": PPL_TOKENS,
+        "ppl_seqlen": ev["ppl_seqlen"],
+        "ppl_batch": ev["ppl_batch_size"],
+        "zs_tokens": ZEROSHOT_TOKENS,
+        "zs_max_length": ev["zeroshot_max_length"],
+        "zs_batch": ev["zeroshot_batch_size"],
+        "block": comp.get("compensate_block", 1) or 1,
+        "budget_gib": comp.get("hidden_cache_budget_gb", schema_default("compute.hidden_cache_budget_gb")),
+    }
 
 
 def paper_resources(cfg: Mapping) -> dict[str, dict[str, dict[str, int]]]:
@@ -260,8 +303,10 @@ def main(argv: list[str] | None = None) -> None:
         arch, s = PUBLISHED_ARCHS[PAPER_ARCHS[model]], paper_settings(cfg, model)
         for st, r in rules.items():
             m = stage_memory(arch, st, s, gpu=True)
-            print(f"| {model} | {st} | {m['host_gib']:.1f} | {m['device_gib']:.1f} | {r['gpu']} | "
-                  f"{r['mem_mb']} | {r['runtime']} |")
+            print(
+                f"| {model} | {st} | {m['host_gib']:.1f} | {m['device_gib']:.1f} | {r['gpu']} | "
+                f"{r['mem_mb']} | {r['runtime']} |"
+            )
 
 
 if __name__ == "__main__":

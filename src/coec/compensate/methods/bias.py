@@ -28,5 +28,13 @@ def solve(problem: Problem, options: BiasOptions) -> Compensation:
     return Compensation(weight=W, bias=b)
 
 
-METHOD = METHODS.register(Method(name="bias", options=BiasOptions, solve=solve, doc=BiasOptions.__doc__ or "",
-                                 needs_mean=True, needs_n_tokens=True))
+METHOD = METHODS.register(
+    Method(
+        name="bias",
+        options=BiasOptions,
+        solve=solve,
+        doc=BiasOptions.__doc__ or "",
+        needs_mean=True,
+        needs_n_tokens=True,
+    )
+)

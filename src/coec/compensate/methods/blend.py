@@ -25,8 +25,8 @@ from typing import Any, cast
 
 import torch
 
-from ..inputs import OtherCalibration, OtherCell
 from ..errors import OutputError
+from ..inputs import OtherCalibration, OtherCell
 from ..method import METHODS, CommonOptions, Compensation, Method, Problem
 from ..problem_checks import check_tensor
 from ..validators import boolean, choice, name_or_none, number, opt
@@ -43,17 +43,23 @@ class BlendOptions(CommonOptions):
     intercept, blended per module by the beta in [0, 1] that minimises the error on held-out
     calibration tokens (docs/blend.md)."""
 
-    base: str = opt("coec", "the `compensations` entry whose weights are blended (its cell is an input)",
-                    name_or_none(), "method")
-    holdout: str | None = opt(None, "the `calibration` entry (disjoint_from the cell's) whose Grams choose beta; "
-                                    "needed by mix holdout", name_or_none(allow_none=True), "method")
-    mix: str = opt("holdout", "holdout: beta fitted on the held-out Grams | base: beta 0 | ridge: beta 1",
-                   choice("holdout", "base", "ridge"), "method")
-    intercept: bool = opt(True, "add the best bias b = W0 m - W m_K (ridge on centred statistics)", boolean(),
-                          "method")
+    base: str = opt(
+        "coec", "the `compensations` entry whose weights are blended (its cell is an input)", name_or_none(), "method"
+    )
+    holdout: str | None = opt(
+        None,
+        "the `calibration` entry (disjoint_from the cell's) whose Grams choose beta; needed by mix holdout",
+        name_or_none(allow_none=True),
+        "method",
+    )
+    mix: str = opt(
+        "holdout",
+        "holdout: beta fitted on the held-out Grams | base: beta 0 | ridge: beta 1",
+        choice("holdout", "base", "ridge"),
+        "method",
+    )
+    intercept: bool = opt(True, "add the best bias b = W0 m - W m_K (ridge on centred statistics)", boolean(), "method")
     ridge: float = opt(1e-2, "lambda = ridge * mean(diag(Gxx)) of the ridge end (as lstsq)", number(0.0), "method")
-
-
 
 
 def intercept(W0: torch.Tensor, W: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -62,8 +68,9 @@ def intercept(W0: torch.Tensor, W: torch.Tensor, mean: torch.Tensor, keep: torch
     return W0 @ mean - W @ mean[keep]
 
 
-def affine_ridge(W0: torch.Tensor, gram_mean: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor,
-                 ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
+def affine_ridge(
+    W0: torch.Tensor, gram_mean: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor, ridge: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Ridge with an intercept: ``W = C_yx (C_xx + lam I)^-1`` on the centred second moments
     ``C = E[x x^T] - m m^T`` (lam = ridge * mean diag(C_xx), as ``lstsq``), ``b = W0 m - W m_K``.
     gram_mean (d_in, d_in) is E[x x^T] (a mean, not a sum). Returns (W (d_out, k), b (d_out,))."""
@@ -86,8 +93,9 @@ def _stack(W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return torch.cat([W, (b if b is not None else W.new_zeros(W.shape[0]))[:, None]], dim=1)
 
 
-def blend_weight(W0: torch.Tensor, base: _End, ridge: _End, gram_mean: torch.Tensor, mean: torch.Tensor,
-                 keep: torch.Tensor) -> tuple[float, dict[str, Any]]:
+def blend_weight(
+    W0: torch.Tensor, base: _End, ridge: _End, gram_mean: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor
+) -> tuple[float, dict[str, Any]]:
     """The beta in [0, 1] that minimises the held-out error of ``(1 - beta) base + beta ridge``.
 
     base, ridge: (W (d_out, k), b (d_out,) | None); gram_mean, mean: held-out E[x x^T], E[x].
@@ -168,8 +176,14 @@ def solve(problem: Problem, o: BlendOptions) -> Compensation:
     else:
         assert beta is not None  # mix holdout needs the held-out Grams (check_data)
         W = ((1.0 - beta) * Wb + beta * Wr.to(f64)).to(dtype)
-        b = None if bb is None and br is None else cast(torch.Tensor,  # one of them is a tensor
-            (1.0 - beta) * (bb if bb is not None else 0.0) + beta * (br if br is not None else 0.0))
+        b = (
+            None
+            if bb is None and br is None
+            else cast(
+                torch.Tensor,  # one of them is a tensor
+                (1.0 - beta) * (bb if bb is not None else 0.0) + beta * (br if br is not None else 0.0),
+            )
+        )
     if heldout is not None:
         info["heldout_relerr"] = heldout(W.to(f64), b)
     return Compensation(weight=W, bias=b.to(dtype) if b is not None else None, info=info)
@@ -191,8 +205,10 @@ def check_data(problem: Problem, o: BlendOptions) -> None:
             raise ValueError(f"base_bias has {bb.shape[0]} entries, expected d_out = {d_out}")
     hg = inputs.get("holdout_gram")
     if o.mix == "holdout" and hg is None:
-        raise ValueError("blend with mix 'holdout' requires holdout_gram, holdout_mean and holdout_count "
-                         "(the held-out calibration set's statistics)")
+        raise ValueError(
+            "blend with mix 'holdout' requires holdout_gram, holdout_mean and holdout_count "
+            "(the held-out calibration set's statistics)"
+        )
     if hg is not None:
         check_tensor("holdout_gram", hg, 2)
         if tuple(hg.shape) != (d_in, d_in):
@@ -204,8 +220,15 @@ def check_data(problem: Problem, o: BlendOptions) -> None:
             raise ValueError(f"holdout_mean has {inputs['holdout_mean'].shape[0]} entries, expected d_in = {d_in}")
 
 
-METHOD = METHODS.register(Method(
-    name="blend", options=BlendOptions, solve=solve, doc=BlendOptions.__doc__ or "",
-    inputs=(OtherCell("base", option="base"), OtherCalibration("holdout", option="holdout")),
-    needs_mean=True, needs_n_tokens=True, check_data=check_data,
-))
+METHOD = METHODS.register(
+    Method(
+        name="blend",
+        options=BlendOptions,
+        solve=solve,
+        doc=BlendOptions.__doc__ or "",
+        inputs=(OtherCell("base", option="base"), OtherCalibration("holdout", option="holdout")),
+        needs_mean=True,
+        needs_n_tokens=True,
+        check_data=check_data,
+    )
+)

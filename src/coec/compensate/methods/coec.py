@@ -49,60 +49,120 @@ class CoecOptions(CommonOptions):
     """coec: Algorithm 1 (Sec. 4, App. B); defaults are the paper's where it gives one."""
 
     alpha: float = opt(0.9, "Gram tempering G^alpha (Sec. 4.4, App. B)", number(0.0, 1.0, lo_open=True), "paper")
-    rescale: str = opt("gcv", "gcv: per-mode GCV rescale (Sec. 4.3) | global: s* only (RCPU / ablation)",
-                       choice("gcv", "global"), "paper")
-    right: str = opt("stiefel", "right rotation: stiefel = reduced St(r, k) (Sec. 4.2) | full = Q_r in O(k) "
-                                "(ablation) | none = left-only", choice("stiefel", "full", "none"), "paper")
-    align_lambda: float = opt(0.0, "lambda_a of the anchored alignment; the paper uses 50 on o_proj, 0 on "
-                                   "down_proj (set it per module)", number(0.0), "paper")
+    rescale: str = opt(
+        "gcv",
+        "gcv: per-mode GCV rescale (Sec. 4.3) | global: s* only (RCPU / ablation)",
+        choice("gcv", "global"),
+        "paper",
+    )
+    right: str = opt(
+        "stiefel",
+        "right rotation: stiefel = reduced St(r, k) (Sec. 4.2) | full = Q_r in O(k) (ablation) | none = left-only",
+        choice("stiefel", "full", "none"),
+        "paper",
+    )
+    align_lambda: float = opt(
+        0.0,
+        "lambda_a of the anchored alignment; the paper uses 50 on o_proj, 0 on down_proj (set it per module)",
+        number(0.0),
+        "paper",
+    )
     anchor_rank: int = opt(16, "r_p, rank of the alignment anchor (Sec. 4.5)", number(1, integer=True), "paper")
-    align: str = opt("projector", "projector: the paper's penalty | angle: mean sin^2 of the principal angles "
-                                  "to the anchor (App. C's measure; needs no value_proj)",
-                     choice("projector", "angle"), "paper")
+    align: str = opt(
+        "projector",
+        "projector: the paper's penalty | angle: mean sin^2 of the principal angles "
+        "to the anchor (App. C's measure; needs no value_proj)",
+        choice("projector", "angle"),
+        "paper",
+    )
     max_rounds: int = opt(50, "cap on alternation rounds (App. B)", number(0, integer=True), "paper")
     tol: float = opt(1e-4, "early stop on the change of the objective (App. B)", number(0.0), "paper")
-    tol_mode: str = opt("relative", "relative (App. B's reading) | absolute (Alg. 1's reading) change of the "
-                                    "objective", choice("relative", "absolute"), "paper")
-    delta: float = opt(7e-4, "right-solve stop: change of R below delta (App. B)", number(0.0, lo_open=True),
-                       "paper")
-    delta_norm: str = opt("rms", "how the change of R is measured: rms = ||dR||_F / sqrt(r) | fro = ||dR||_F",
-                          choice("rms", "fro"), "paper")
-    kappa: float | None = opt(10.0, "per-mode dose band around s* sigma_i; null disables (App. B)",
-                              number(1.0, allow_none=True), "paper")
-    eta: float = opt(1.0, "right-solve step multiplier (the paper gives none); backtracking halves it",
-                     number(0.0, lo_open=True))
-    eta_scale: str = opt("rayleigh", "step unit: rayleigh = exact line search of the quadratic model | "
-                                     "lipschitz = 1/(s^2 L0) | raw = 1/s^2 (eta carries units)",
-                         choice("rayleigh", "lipschitz", "raw"))
-    right_solver: str = opt("gd", "reduced-Stiefel right solve: gd = Riemannian gradient steps (Alg. 1) | cg = "
-                                  "Polak-Ribiere+ conjugate directions (beyond the paper)", choice("gd", "cg"))
-    precondition: str = opt("none", "right-solve metric: none = Riemannian gradient (Alg. 1) | gram = directions "
-                                    "(Xi (Gxx + mu I)^-1) projected | newton = also rows / (S^2 + mu max S^2), the "
-                                    "Newton direction at fixed scale (beyond the paper)",
-                            choice("none", "gram", "newton"))
-    precondition_damping: float = opt(3.0, "mu of precondition, relative to mean(diag Gxx) (and to max S^2 for "
-                                           "newton's rows)", number(0.0, lo_open=True))
+    tol_mode: str = opt(
+        "relative",
+        "relative (App. B's reading) | absolute (Alg. 1's reading) change of the objective",
+        choice("relative", "absolute"),
+        "paper",
+    )
+    delta: float = opt(7e-4, "right-solve stop: change of R below delta (App. B)", number(0.0, lo_open=True), "paper")
+    delta_norm: str = opt(
+        "rms",
+        "how the change of R is measured: rms = ||dR||_F / sqrt(r) | fro = ||dR||_F",
+        choice("rms", "fro"),
+        "paper",
+    )
+    kappa: float | None = opt(
+        10.0, "per-mode dose band around s* sigma_i; null disables (App. B)", number(1.0, allow_none=True), "paper"
+    )
+    eta: float = opt(
+        1.0, "right-solve step multiplier (the paper gives none); backtracking halves it", number(0.0, lo_open=True)
+    )
+    eta_scale: str = opt(
+        "rayleigh",
+        "step unit: rayleigh = exact line search of the quadratic model | "
+        "lipschitz = 1/(s^2 L0) | raw = 1/s^2 (eta carries units)",
+        choice("rayleigh", "lipschitz", "raw"),
+    )
+    right_solver: str = opt(
+        "gd",
+        "reduced-Stiefel right solve: gd = Riemannian gradient steps (Alg. 1) | cg = "
+        "Polak-Ribiere+ conjugate directions (beyond the paper)",
+        choice("gd", "cg"),
+    )
+    precondition: str = opt(
+        "none",
+        "right-solve metric: none = Riemannian gradient (Alg. 1) | gram = directions "
+        "(Xi (Gxx + mu I)^-1) projected | newton = also rows / (S^2 + mu max S^2), the "
+        "Newton direction at fixed scale (beyond the paper)",
+        choice("none", "gram", "newton"),
+    )
+    precondition_damping: float = opt(
+        3.0,
+        "mu of precondition, relative to mean(diag Gxx) (and to max S^2 for newton's rows)",
+        number(0.0, lo_open=True),
+    )
     max_inner_steps: int = opt(100, "cap on accepted right-solve steps per round", number(1, integer=True))
     max_backtracks: int = opt(30, "halvings of eta before a right solve gives up", number(0, integer=True))
-    gcv_grid: tuple[float, float, int] = opt((1e-4, 1e5, 120), "GCV lambda grid (lo, hi, n), log-spaced, times "
-                                                               "median(e_i) (App. B)", gcv_grid(), "paper")
-    psd_clip: bool = opt(True, "clip negative eigenvalues of G before the power, also at alpha = 1 "
-                               "(App. B; else the objective can be unbounded below)", boolean(), "paper")
-    temper_dtype: str = opt("float64", "dtype of the eigh of the full Gram and of the reported errors",
-                            float_dtype(allow_none=False))
-    left_polar: str = opt("auto", "polar factor of the left rotation: svd (paper's U V^T) | eigh | newton | "
-                                  "auto = eigh on CUDA, svd on CPU", choice("auto", "svd", "eigh", "newton"))
-    setup_svd: str = opt("auto", "one-off factorisations (thin SVD of W_K, anchor frames): svd | eigh | "
-                                 "auto = eigh on CUDA, svd on CPU", choice("auto", "svd", "eigh"))
-    cayley_inverse: str = opt("newton_schulz", "inverse inside the Cayley retraction (square right solves): "
-                                               "newton_schulz (App. B) | solve (one LU solve)",
-                              choice("newton_schulz", "solve"))
-    direction_matmul: str = opt("float32", "right-solve direction and step size products: float32 | tf32 "
-                                           "(CUDA tensor cores)", choice("float32", "tf32"))
-    rg_update: str = opt("auto", "each trial's R Gxx: product | carry (no (r, k, k) product) | auto = carry "
-                                 "on CUDA, product on CPU", choice("auto", "product", "carry"))
-    rg_refresh: int = opt(4, "with carry: form R Gxx by a product after this many carried updates "
-                             "(0 = never)", number(0, integer=True))
+    gcv_grid: tuple[float, float, int] = opt(
+        (1e-4, 1e5, 120), "GCV lambda grid (lo, hi, n), log-spaced, times median(e_i) (App. B)", gcv_grid(), "paper"
+    )
+    psd_clip: bool = opt(
+        True,
+        "clip negative eigenvalues of G before the power, also at alpha = 1 "
+        "(App. B; else the objective can be unbounded below)",
+        boolean(),
+        "paper",
+    )
+    temper_dtype: str = opt(
+        "float64", "dtype of the eigh of the full Gram and of the reported errors", float_dtype(allow_none=False)
+    )
+    left_polar: str = opt(
+        "auto",
+        "polar factor of the left rotation: svd (paper's U V^T) | eigh | newton | auto = eigh on CUDA, svd on CPU",
+        choice("auto", "svd", "eigh", "newton"),
+    )
+    setup_svd: str = opt(
+        "auto",
+        "one-off factorisations (thin SVD of W_K, anchor frames): svd | eigh | auto = eigh on CUDA, svd on CPU",
+        choice("auto", "svd", "eigh"),
+    )
+    cayley_inverse: str = opt(
+        "newton_schulz",
+        "inverse inside the Cayley retraction (square right solves): newton_schulz (App. B) | solve (one LU solve)",
+        choice("newton_schulz", "solve"),
+    )
+    direction_matmul: str = opt(
+        "float32",
+        "right-solve direction and step size products: float32 | tf32 (CUDA tensor cores)",
+        choice("float32", "tf32"),
+    )
+    rg_update: str = opt(
+        "auto",
+        "each trial's R Gxx: product | carry (no (r, k, k) product) | auto = carry on CUDA, product on CPU",
+        choice("auto", "product", "carry"),
+    )
+    rg_refresh: int = opt(
+        4, "with carry: form R Gxx by a product after this many carried updates (0 = never)", number(0, integer=True)
+    )
 
 
 def check_options(o: CoecOptions, module: str | None) -> tuple[str, str] | None:
@@ -110,11 +170,15 @@ def check_options(o: CoecOptions, module: str | None) -> tuple[str, str] | None:
     preconditioned direction needs the reduced-Stiefel solve and its line search; the
     projector penalty needs the pruned v_proj, which only o_proj has."""
     if o.precondition != "none" and (o.right != "stiefel" or o.eta_scale != "rayleigh"):
-        return "precondition", (f"{o.precondition!r} needs right: stiefel and eta_scale: rayleigh "
-                                f"(got right: {o.right}, eta_scale: {o.eta_scale})")
+        return "precondition", (
+            f"{o.precondition!r} needs right: stiefel and eta_scale: rayleigh "
+            f"(got right: {o.right}, eta_scale: {o.eta_scale})"
+        )
     if module is not None and module != "o_proj" and o.align_lambda > 0 and o.align == "projector":
-        return "align_lambda", ("align_lambda > 0 with align 'projector' needs the pruned v_proj, which only "
-                                "o_proj has; set it under o_proj: (or use align: angle)")
+        return "align_lambda", (
+            "align_lambda > 0 with align 'projector' needs the pruned v_proj, which only "
+            "o_proj has; set it under o_proj: (or use align: angle)"
+        )
     return None
 
 
@@ -127,8 +191,10 @@ def check_data(problem: Problem, o: CoecOptions) -> None:
     if vp is not None:
         check_tensor("value_proj", vp, 2)
         if vp.shape[0] != problem.k:
-            raise ValueError(f"value_proj must have k = len(keep) = {problem.k} rows (query-head layout), "
-                             f"got shape {tuple(vp.shape)}")
+            raise ValueError(
+                f"value_proj must have k = len(keep) = {problem.k} rows (query-head layout), "
+                f"got shape {tuple(vp.shape)}"
+            )
     if o.align_lambda > 0 and o.align == "projector" and vp is None:
         raise ValueError("align_lambda > 0 with align='projector' requires value_proj (k x d_model pruned v_proj)")
     if o.align_lambda > 0 or vp is not None:
@@ -147,24 +213,48 @@ def solver_settings(o: CoecOptions) -> CoecSettings:
         rounds=RoundSettings(max_rounds=int(o.max_rounds), tol=float(o.tol), tol_mode=o.tol_mode),
         right=o.right,
         right_solve=RightSolveSettings(
-            eta=float(o.eta), eta_scale=o.eta_scale, delta=float(o.delta), delta_norm=o.delta_norm,
-            max_steps=int(o.max_inner_steps), max_backtracks=int(o.max_backtracks), method=o.right_solver,
-            cayley_inverse=o.cayley_inverse, direction_matmul=o.direction_matmul, rg_update=o.rg_update,
-            rg_refresh=int(o.rg_refresh)),
-        precondition=o.precondition, precondition_damping=float(o.precondition_damping),
-        left_polar=o.left_polar, setup_svd=o.setup_svd,
+            eta=float(o.eta),
+            eta_scale=o.eta_scale,
+            delta=float(o.delta),
+            delta_norm=o.delta_norm,
+            max_steps=int(o.max_inner_steps),
+            max_backtracks=int(o.max_backtracks),
+            method=o.right_solver,
+            cayley_inverse=o.cayley_inverse,
+            direction_matmul=o.direction_matmul,
+            rg_update=o.rg_update,
+            rg_refresh=int(o.rg_refresh),
+        ),
+        precondition=o.precondition,
+        precondition_damping=float(o.precondition_damping),
+        left_polar=o.left_polar,
+        setup_svd=o.setup_svd,
         reported={f.name: getattr(o, f.name) for f in fields(o) if f.name not in common},
     )
 
 
 def solve(problem: Problem, options: CoecOptions) -> Compensation:
-    return coec(problem.W0, problem.gram, problem.keep, solver_settings(options),
-                value_proj=problem.inputs.get("value_proj"), device=problem.device, compute_dtype=problem.dtype)
+    return coec(
+        problem.W0,
+        problem.gram,
+        problem.keep,
+        solver_settings(options),
+        value_proj=problem.inputs.get("value_proj"),
+        device=problem.device,
+        compute_dtype=problem.dtype,
+    )
 
 
-METHOD = METHODS.register(Method(
-    name="coec", options=CoecOptions, solve=solve, doc=CoecOptions.__doc__ or "",
-    inputs=(ValueProjection("value_proj", needed=lambda o: o.align_lambda > 0),),
-    reports_errors=True, default_dtype=lambda device: torch.float32,
-    check_options=check_options, check_data=check_data,
-))
+METHOD = METHODS.register(
+    Method(
+        name="coec",
+        options=CoecOptions,
+        solve=solve,
+        doc=CoecOptions.__doc__ or "",
+        inputs=(ValueProjection("value_proj", needed=lambda o: o.align_lambda > 0),),
+        reports_errors=True,
+        default_dtype=lambda device: torch.float32,
+        check_options=check_options,
+        check_data=check_data,
+    )
+)

@@ -17,8 +17,9 @@ class RcpuOptions(CommonOptions):
     """rcpu: left rotation polar(Gyx W_K^T) and the global scale s* (RCPU)."""
 
 
-def rotate_and_scale(W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor,
-                     record: list[str] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+def rotate_and_scale(
+    W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor, record: list[str] | None = None
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """RCPU: ``Q = polar(Gyx W_K^T)`` in O(d_out), ``W = Q W_K``, global scale
     ``s* = <Gyx, W> / <W, W Gxx>`` applied only when the denominator is positive (App. B).
 
@@ -39,10 +40,11 @@ def rotate_and_scale(W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor,
 
 def solve(problem: Problem, options: RcpuOptions) -> Compensation:
     metric = problem.metric
-    W, ri = rotate_and_scale(problem.W0.to(problem.dtype), metric.G.to(problem.dtype), problem.keep,
-                             metric.fallbacks)
-    return Compensation(weight=W, info={"scale": ri["scale"], "scale_skipped": 0 if ri["scale_ok"] else 1,
-                                        "svd_fallbacks": metric.fallbacks})
+    W, ri = rotate_and_scale(problem.W0.to(problem.dtype), metric.G.to(problem.dtype), problem.keep, metric.fallbacks)
+    return Compensation(
+        weight=W,
+        info={"scale": ri["scale"], "scale_skipped": 0 if ri["scale_ok"] else 1, "svd_fallbacks": metric.fallbacks},
+    )
 
 
 METHOD = METHODS.register(Method(name="rcpu", options=RcpuOptions, solve=solve, doc=RcpuOptions.__doc__ or ""))

@@ -1,0 +1,43 @@
+"""Rendering of results: a table as GitHub Markdown, a figure's caption and its atomic save.
+Shared by the paper's tables and figures (``coec.report``) and the measured deployment table
+(``coec.deploy``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from . import atomic
+
+
+def to_markdown(df: pd.DataFrame, digits: int = 2, caption: str = "") -> str:
+    """A GitHub Markdown table (no extra dependency), numbers rounded to ``digits``."""
+
+    def fmt(v):
+        if isinstance(v, float):
+            return "–" if math.isnan(v) else f"{v:.{digits}f}"
+        return str(v)
+
+    head = "| " + " | ".join(df.columns) + " |"
+    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    text = "\n".join([head, sep, *body]) + "\n"
+    return f"{caption}\n\n{text}" if caption else text
+
+
+def set_caption(fig, text: str, width: int = 150) -> None:
+    """The caption as a wrapped title, with room kept for it above the panels; lines no wider
+    than the figure (about 14 characters an inch at 8 pt: a one-panel figure is 4.2 in wide)."""
+    import textwrap
+
+    lines = textwrap.wrap(text, min(width, int(fig.get_figwidth() * 14))) or [""]
+    fig.suptitle("\n".join(lines), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.035 * len(lines)))
+
+
+def save_figure(fig, out: str | Path) -> None:
+    out = Path(out)
+    with atomic.atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=130, format=out.suffix.lstrip(".") or "png")
