@@ -292,19 +292,12 @@ class Wiring:
         """The streaming options of a calibrate / ppl / zeroshot job (``coec.streaming.options``)
         from the config's ``compute`` section, as resources named by the option: they change a
         job's memory and time, never its result (the streamed and the loaded model give the same
-        files, docs/streaming.md), so a change reruns nothing, as a change of ``mem_mb`` does not."""
+        files, docs/streaming.md), so a change reruns nothing, as a change of ``mem_mb`` does not.
+        The rules pass each as ``--<flag> {resources.<name>:q}``."""
         from .streaming.options import OPTIONS, STAGE_OPTIONS
 
         compute = self.config["compute"]
         return {dest: str(compute[OPTIONS[dest][1].removeprefix("compute.")]) for dest in STAGE_OPTIONS[stage]}
-
-    @staticmethod
-    def stream_flags(stage: str) -> str:
-        """The shell words passing :meth:`stream_resources` to the job (``--hidden-budget-gb
-        {resources.hidden_budget_gb:q}`` ...)."""
-        from .streaming.options import OPTIONS, STAGE_OPTIONS
-
-        return " ".join(f"{OPTIONS[dest][0]} {{resources.{dest}:q}}" for dest in STAGE_OPTIONS[stage])
 
     def export_resources(self) -> dict[str, Any]:
         """``resources.export`` where the config sets it; else the ppl job's memory and runtime

@@ -35,5 +35,6 @@ rule calibrate:
         "OMP_NUM_THREADS={threads} {PY} calibrate --model {params.model:q} --dataset {params.dataset:q} "
         "--nsamples {params.nsamples:q} --seqlen {params.seqlen:q} --seed {params.seed:q} "
         "--batch-size {params.batch:q} --dtype {params.dtype:q} --gram-dtype {params.gram_dtype:q} "
-        "--device {params.device:q} --expect {params.expect:q} {params.hub} " + W.stream_flags("calibrate") + " "
+        "--device {params.device:q} --expect {params.expect:q} {params.hub} "
+        "--hidden-budget-gb {resources.hidden_budget_gb:q} --checkpoint-minutes {resources.checkpoint_minutes:q} "
         "--out {output:q} > {log:q} 2>&1"

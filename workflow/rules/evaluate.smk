@@ -34,7 +34,8 @@ rule ppl_dense:
         "OMP_NUM_THREADS={threads} {PY} {params.command} --model {params.model:q} --dataset {params.dataset:q} --seqlen {params.seqlen:q} "
         "--max-windows {params.max_windows:q} --batch-size {params.batch:q} --dtype {params.dtype:q} "
         "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} {params.extra} {params.dmap} "
-        + W.stream_flags("ppl") + " > {log:q} 2>&1"
+        "--hidden-budget-gb {resources.hidden_budget_gb:q} --stream-eval-above-gb {resources.stream_eval_above_gb:q} "
+        "> {log:q} 2>&1"
 
 
 use rule ppl_dense as ppl_cell with:
@@ -80,7 +81,8 @@ rule zeroshot_dense:
         "{params.data} --limit {params.limit:q} --batch-size {params.batch:q} "
         "--max-length {params.max_length:q} --dtype {params.dtype:q} --device {params.device:q} "
         "--expect {params.expect:q} {params.hub} {params.samples} --out {output[0]:q} {params.extra} {params.dmap} "
-        + W.stream_flags("zeroshot") + " > {log:q} 2>&1"
+        "--hidden-budget-gb {resources.hidden_budget_gb:q} --stream-eval-above-gb {resources.stream_eval_above_gb:q} "
+        "> {log:q} 2>&1"
 
 
 use rule zeroshot_dense as zeroshot_cell with:
