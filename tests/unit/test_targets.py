@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coec import targets
+from coec import paths, targets
 from coec.config import fill_defaults
 from coec.iterative import targets as iterative_targets
 from conftest import TEST_CONFIG, in_work_folder
@@ -91,9 +91,9 @@ def config() -> dict:
 
 
 def test_paths():
-    assert targets.fmt_ratio(0.30) == "0.3" and targets.fmt_ratio("0.5") == "0.5"
-    assert targets.cell_dir("m", "c8", "flap", 0.30) == "results/m/c8/flap-0.3"
-    assert targets.cell_dir("m", "c8", "flap", 0.3, "coec") == "results/m/c8/flap-0.3/coec"
+    assert paths.fmt_ratio(0.30) == "0.3" and paths.fmt_ratio("0.5") == "0.5"
+    assert paths.cell_dir("m", "c8", "flap", 0.30) == "results/m/c8/flap-0.3"
+    assert paths.cell_dir("m", "c8", "flap", 0.3, "coec") == "results/m/c8/flap-0.3/coec"
     cfg = config()
     assert targets.model_path(cfg, "tiny") == "/m/tiny"
     assert targets.model_path(cfg, "emb") == "resources/models/emb"
