@@ -366,7 +366,7 @@ def run_zeroshot(
     in ``out`` (zeroshot.json), lm-eval's own records next to it (``zeroshot_lm_eval.json``;
     ``zeroshot_samples/<task>.jsonl`` with ``log_samples``; docs/zeroshot.md). A model that
     streams (``streaming.stages.streams``) is scored layer by layer instead (``LayerwiseLM``)."""
-    from .evaluate.zeroshot import write_records, zeroshot_with_records
+    from .evaluate.zeroshot import write_zeroshot, zeroshot_with_records
     from .streaming import stages
 
     if stages.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
@@ -400,18 +400,8 @@ def run_zeroshot(
         max_length=max_length,
         log_samples=log_samples,
     )
-    res.update(
-        {
-            "model": model_provenance(model_src, revision, trust_remote_code),
-            "dtype": dtype,
-            "cell": cell or {},
-            "total_seconds": round(time.time() - t0, 3),
-        }
-    )
-    write_records(records, out)
-    log_timings(str(out), res)
-    artifacts.write_result(out, res, "zeroshot")  # timings stay in the log
-    return res
+    provenance = model_provenance(model_src, revision, trust_remote_code)
+    return write_zeroshot(out, res, records, provenance, dtype, cell, t0)
 
 
 def prepare_zeroshot(out_dir: str) -> dict:

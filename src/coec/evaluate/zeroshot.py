@@ -194,6 +194,21 @@ def write_records(records: dict, out_json: str | Path) -> list[Path]:
     return paths
 
 
+def write_zeroshot(
+    out: str | Path, res: dict, records: dict, provenance: dict, dtype: str, cell: dict | None, t0: float
+) -> dict:
+    """The summary ``out`` (zeroshot.json: ``res`` with the model's provenance, dtype, cell and
+    the seconds since ``t0``, timings logged and kept out of the file) and lm-eval's records next
+    to it (:func:`write_records`); the loaded and the streamed evaluation both end here."""
+    from ..artifacts import log_timings, write_result
+
+    res.update({"model": provenance, "dtype": dtype, "cell": cell or {}, "total_seconds": round(time.time() - t0, 3)})
+    write_records(records, out)
+    log_timings(str(out), res)
+    write_result(out, res, "zeroshot")  # timings stay in the log
+    return res
+
+
 def rescore_samples(rows: Iterable[dict], target_delimiter: str = " ") -> dict[str, float]:
     """Recompute a multiple-choice task's ``acc`` and ``acc_norm`` from lm-eval's per-sample
     records (one JSONL row each): the argmax of the choices' log-likelihoods, raw and divided

@@ -191,7 +191,7 @@ def stream_zeroshot(
 ) -> dict:
     """``pipeline.run_zeroshot`` with every request scored layer by layer (``LayerwiseLM``)."""
     from ..evaluate.layerwise_lm import LayerwiseLM
-    from ..evaluate.zeroshot import write_records, zeroshot_with_records
+    from ..evaluate.zeroshot import write_zeroshot, zeroshot_with_records
 
     t0 = time.time()
     sm, tok = open_model(model_src, dtype, device, keep_path, comp_files, revision, trust_remote_code)
@@ -207,17 +207,5 @@ def stream_zeroshot(
         log_samples=log_samples,
         lm=lm,
     )
-    res.update(
-        {
-            "model": model_provenance(model_src, revision, trust_remote_code),
-            "dtype": dtype,
-            "cell": cell or {},
-            "total_seconds": round(time.time() - t0, 3),
-        }
-    )
-    from ..artifacts import log_timings
-
-    write_records(records, out)
-    log_timings(str(out), res)
-    artifacts.write_result(out, res, "zeroshot")  # timings stay in the log
-    return res
+    provenance = model_provenance(model_src, revision, trust_remote_code)
+    return write_zeroshot(out, res, records, provenance, dtype, cell, t0)
