@@ -255,6 +255,28 @@ def export_options_of_other_formats(args) -> list[str]:
     ]
 
 
+def run_ppl_args(a: argparse.Namespace, options: dict) -> None:
+    """``coec ppl`` and ``coec iterative ppl``: the perplexity stage from parsed arguments,
+    ``options`` the hub and streaming options."""
+    from . import pipeline
+
+    pipeline.run_ppl(
+        a.model,
+        a.dataset,
+        a.seqlen,
+        a.max_windows,
+        a.batch_size,
+        a.dtype,
+        a.device,
+        a.out,
+        a.keep,
+        a.comp,
+        a.cell,
+        a.device_map,
+        **options,
+    )
+
+
 def run_guarded(stage: str, fn) -> int:
     """Run one stage with logging; a bad input ends it with one error line and exit code 2."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -308,21 +330,7 @@ def _dispatch(a) -> None:
     elif a.stage == "compensate":
         pipeline.run_compensate(a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device, **hub)
     elif a.stage == "ppl":
-        pipeline.run_ppl(
-            a.model,
-            a.dataset,
-            a.seqlen,
-            a.max_windows,
-            a.batch_size,
-            a.dtype,
-            a.device,
-            a.out,
-            a.keep,
-            a.comp,
-            a.cell,
-            a.device_map,
-            **hub,
-        )
+        run_ppl_args(a, hub)
     elif a.stage == "zeroshot":
         pipeline.run_zeroshot(
             a.model,

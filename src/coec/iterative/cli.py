@@ -15,6 +15,7 @@ from ..cli import (
     json_arg,
     optional_int,
     run_guarded,
+    run_ppl_args,
     stream_options,
 )
 from ..selection import ROUNDINGS
@@ -186,21 +187,4 @@ def _dispatch(a) -> None:
     elif a.cmd == "prepare-domain":
         build_domain(a.spec, a.out, a.datasets)
     elif a.cmd == "ppl":  # per-layer widths may differ (AL-AM): build_model prunes them as they are
-        from ..pipeline import run_ppl
-
-        run_ppl(
-            a.model,
-            a.dataset,
-            a.seqlen,
-            a.max_windows,
-            a.batch_size,
-            a.dtype,
-            a.device,
-            a.out,
-            a.keep,
-            a.comp,
-            a.cell,
-            device_map=a.device_map,
-            **hub,
-            **stream_options(a),
-        )
+        run_ppl_args(a, {**hub, **stream_options(a)})
