@@ -18,8 +18,9 @@ device where the solve runs (None: W0's). Options: the method's dataclass
 
 Reported errors (``info``): ``relerr_before`` of the pruned weight W0[:, K], ``relerr_after`` of
 the module as the method returns it (with its bias, if any; then ``relerr_after_weight_only``
-too), all from one float64 product per module (``errors.OutputError``), unless the method
-reports its own (coec: in its untempered metric).
+too), in float64 on the PSD-checked metric from the residual (``errors.residual_errors``: one
+``W0 G`` product and the pruned block ``G[P, P]``; a weight other than W0[:, K] adds one
+product), unless the method reports its own (coec: in its untempered metric).
 
 Solver watchdog (App. B; not an option, since it does not change results): the device entries of
 the SVD and eigh fallback chains run with a wall-clock limit, 600 s on CUDA and none on the CPU
@@ -37,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .errors import OutputError
+from .errors import residual_errors
 from .method import Compensation, Method, Problem
 from .options import method as _method
 from .options import resolve
@@ -80,7 +81,8 @@ _NO_LOOP: dict[str, Any] = dict(
 
 def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, Any]:
     """``info`` of a method that reports no errors of its own: the metric's outcome, the method's
-    info, the errors before and after (float64, one ``W0 G`` product), the loop keys."""
+    info, the errors before and after on the metric (``errors.residual_errors``: one ``W0 G``
+    product and the pruned block, float64), the loop keys."""
     metric = problem.metric
     info: dict[str, Any] = {
         "method": m.name,
@@ -89,21 +91,18 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
         "gram_psd": metric.psd,
         **out.info,
     }
-    W0_64 = problem.W0.to(torch.float64)
-    mean = problem.mean.to(problem.device, torch.float64) if problem.mean is not None else None
-    n = problem.n_tokens
-    err = OutputError(
-        W0_64, metric.G, problem.keep, mean, metric.scale / float(n) if n is not None else None
-    )  # E[x x^T] = scale G
-    pruned = W0_64[:, problem.keep]
-    info["relerr_before"] = err(pruned)
-    W = out.weight.to(torch.float64)
-    weight_only = info["relerr_before"] if torch.equal(W, pruned) else err(out.weight)
-    if out.bias is None:
-        info["relerr_after"] = weight_only
-    else:  # what the method did: the module with its bias
-        info["relerr_after"] = err(out.weight, out.bias)
-        info["relerr_after_weight_only"] = weight_only
+    n = problem.n_tokens  # the Gram is scale * G over n tokens: G over n / scale
+    info.update(
+        residual_errors(
+            problem.W0,
+            metric.G,
+            problem.keep,
+            out.weight,
+            out.bias,
+            problem.mean,
+            n / metric.scale if n is not None else None,
+        )
+    )
     info.setdefault("scale_skipped", 0)
     info.setdefault("svd_fallbacks", metric.fallbacks)
     info.update(_NO_LOOP)

@@ -17,7 +17,7 @@ from ..profiling import span
 from .alignment import Alignment, alignment_setup
 from .descent import RightSolveSettings
 from .errors import relerr
-from .gram import gram_psd, normalize_gram, power_max_eig, temper_gram
+from .gram import gram_psd, normalize_gram_, power_max_eig, temper_gram
 from .stiefel import Preconditioner, RightProblem, make_preconditioner
 
 __all__ = [
@@ -180,7 +180,7 @@ def slices(
     compute dtype. App. B: the untempered metric of the reported errors is the PSD projection of
     an indefinite Gram (a PSD one, round-off included, is used as it is)."""
     dev, tdt = plan.device, plan.temper_dtype
-    G0 = normalize_gram(gram.to(dev, tdt))
+    G0 = normalize_gram_(gram.to(dev, tdt, copy=True))
     with span("coec.setup.temper"):
         tg = temper_gram(G0, temper.alpha, clip=temper.psd_clip, record=record)
     with span("coec.setup.psd"):
@@ -189,9 +189,9 @@ def slices(
     del tg
     W0t = W0.to(dev, tdt)
     WG = W0t @ G0
-    Gxx0, Gyx0, c0 = G0[keep][:, keep], WG[:, keep], float((WG * W0t).sum())  # untempered metric
+    Gxx0, Gyx0, c0 = G0[keep[:, None], keep], WG[:, keep], float((WG * W0t).sum())  # untempered metric
     WG = W0t @ Gt
-    Gxx_t, Gyx_t, c = Gt[keep][:, keep], WG[:, keep], float((WG * W0t).sum())  # tempered metric
+    Gxx_t, Gyx_t, c = Gt[keep[:, None], keep], WG[:, keep], float((WG * W0t).sum())  # tempered metric
     del G0, Gt, WG
     Gxx, Gyx = Gxx_t.to(plan.dtype), Gyx_t.to(plan.dtype)
     lam_max = lam_t if math.isfinite(lam_t) else power_max_eig(Gxx)

@@ -2,13 +2,19 @@
 
 Conventions: ``G`` is a calibration Gram ``sum_t x_t x_t^T`` (or its mean), ``Gxx = G[K, K]``,
 ``Gyx = W0 G[:, K]`` and ``c = ||Y||^2 = tr(W0 G W0^T)``.
+
+Two forms of the same errors: :class:`OutputError` expands the square (``q - 2 p + c``, the
+metric of the methods that solve with the Gram, after App. B's PSD check); :func:`residual_errors`
+forms the residual's own quadratic form (``tr(R G R^T)``, R = W0 - [W on K]), which for a weight
+that keeps ``W0[:, K]`` needs only the pruned block ``G[P, P]`` besides ``c``: the diagnostics of the
+methods that only slice and add (none, bias).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["relerr", "OutputError"]
+__all__ = ["relerr", "OutputError", "output_energy", "residual_errors"]
 
 
 def relerr(W: torch.Tensor, Gxx: torch.Tensor, Gyx: torch.Tensor, c: float) -> float:
@@ -45,7 +51,7 @@ class OutputError:
         W0 = W0.to(dt)
         WG = W0 @ G
         self.dtype, self.keep = dt, keep
-        self.Gxx, self.Gyx, self.c = G[keep][:, keep], WG[:, keep], float((WG * W0).sum())
+        self.Gxx, self.Gyx, self.c = G[keep[:, None], keep], WG[:, keep], float((WG * W0).sum())
         self.scale = scale
         self.mean_k = mean.to(dt)[keep] if mean is not None else None
         self.W0m = W0 @ mean.to(dt) if mean is not None else None
@@ -65,3 +71,76 @@ class OutputError:
         err = relerr(W, self.Gxx, self.Gyx, self.c) * sc
         err += -2.0 * float(b @ (self.W0m - W @ self.mean_k)) + float(b @ b)
         return err / sc
+
+
+#: Columns of G converted to float64 at a time by ``output_energy``.
+ENERGY_BLOCK = 2048
+
+
+def output_energy(W0: torch.Tensor, G: torch.Tensor, block: int = ENERGY_BLOCK) -> float:
+    """``c = tr(W0 G W0^T)`` in float64 (W0 (d_out, d_in), G (d_in, d_in) in any float dtype),
+    over blocks of ``block`` columns of G: no float64 copy of the whole Gram."""
+    W = W0.to(torch.float64)
+    c = 0.0
+    for j in range(0, G.shape[1], block):
+        cols = G[:, j : j + block].to(torch.float64)
+        c += float(((W @ cols) * W[:, j : j + block]).sum())
+    return c
+
+
+def residual_errors(
+    W0: torch.Tensor,
+    G: torch.Tensor,
+    keep: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mean: torch.Tensor | None = None,
+    n_tokens: float | None = None,
+) -> dict[str, float]:
+    """The errors of a pruned module from its residual (paper Sec. 3.1), in float64.
+
+    W0 (d_out, d_in), G (d_in, d_in) the Gram ``sum_t x_t x_t^T`` over ``n_tokens`` tokens (its
+    symmetric part counts), keep (k,), weight (d_out, k), bias (d_out,) or None, mean (d_in,) the
+    channel means E[x]. The residual ``W0 x - W x_K - b = R x - b`` with ``R[:, P] = W0[:, P]``,
+    ``R[:, K] = W0[:, K] - W``; its error relative to ``c = E||W0 x||^2``:
+    ``(tr(R G R^T) / N - 2 b^T R m + ||b||^2) / (c / N)``.
+
+    Returns ``relerr_before`` (``W0[:, K]``: ``tr(W0_P G_PP W0_P^T) / c``), ``relerr_after`` (the
+    module as given, with its bias) and, with a bias, ``relerr_after_weight_only``. Cost: ``c``
+    (one ``d_out d_in^2`` product) and, for a weight equal to ``W0[:, K]``, the pruned block
+    ``d_out |P|^2``; another weight adds one ``d_out d_in^2`` product.
+    """
+    dev = W0.device
+    W0 = W0.to(torch.float64)
+    keep = keep.to(dev)
+    pruned = torch.ones(W0.shape[1], dtype=torch.bool, device=dev)
+    pruned[keep] = False
+    P = pruned.nonzero().squeeze(1)
+    c = output_energy(W0, G)
+    if not c > 0:
+        nan = float("nan")
+        return {
+            "relerr_before": nan,
+            "relerr_after": nan,
+            **({"relerr_after_weight_only": nan} if bias is not None else {}),
+        }
+    WP = W0[:, P]
+    e_before = float(((WP @ G[P[:, None], P].to(torch.float64)) * WP).sum())
+    W = weight.to(dev, torch.float64)
+    if torch.equal(W, W0[:, keep]):
+        R, e_weight = None, e_before
+    else:
+        R = W0.clone()
+        R[:, keep] -= W
+        e_weight = output_energy(R, G)
+    out = {"relerr_before": e_before / c, "relerr_after": e_weight / c}
+    if bias is None:
+        return out
+    if mean is None or n_tokens is None:
+        raise ValueError("the error of a module with a bias needs the channel means and the Gram's token count")
+    b, m = bias.to(dev, torch.float64), mean.to(dev, torch.float64)
+    Rm = WP @ m[P] if R is None else R @ m
+    n = float(n_tokens)
+    out["relerr_after_weight_only"] = out["relerr_after"]
+    out["relerr_after"] = (e_weight / n - 2.0 * float(b @ Rm) + float(b @ b)) / (c / n)
+    return out

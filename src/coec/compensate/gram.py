@@ -18,6 +18,8 @@ from .linalg import eigh
 
 __all__ = [
     "gram_scale",
+    "symmetrize_",
+    "normalize_gram_",
     "normalize_gram",
     "Tempered",
     "temper_gram",
@@ -36,15 +38,43 @@ def gram_scale(G: torch.Tensor) -> float:
     return t if t > 0 and math.isfinite(t) else 1.0
 
 
+#: Rows/columns per block of ``symmetrize_`` (a block pair's temporary: 2 x 1024^2 values).
+SYM_BLOCK = 1024
+
+
+def symmetrize_(G: torch.Tensor, block: int = SYM_BLOCK) -> torch.Tensor:
+    """``G <- 0.5 (G + G^T)`` in place, G (d, d); returns G.
+
+    The same bits as ``0.5 * (G + G.mT)`` (IEEE addition commutes, so entries (i, j) and (j, i)
+    get the same sum) with one (block, block) temporary instead of two (d, d) copies: at
+    d_ff = 14336 in float64 that is 1.5 GiB less at the compensation job's peak.
+    """
+    d = G.shape[0]
+    for i in range(0, d, block):
+        for j in range(i, d, block):
+            upper, lower = G[i : i + block, j : j + block], G[j : j + block, i : i + block]
+            s = torch.add(upper, lower.mT).mul_(0.5)
+            upper.copy_(s)
+            lower.copy_(s.mT)
+    return G
+
+
+def normalize_gram_(G: torch.Tensor) -> torch.Tensor:
+    """``normalize_gram`` in place (G (d, d) is overwritten and returned): symmetrise, then
+    divide by ``tr(G) / d``; a zero or non-finite trace leaves G symmetrised, unscaled."""
+    G = symmetrize_(G)
+    t = float(torch.diagonal(G).sum()) / G.shape[0]
+    return G.div_(t) if t > 0 and math.isfinite(t) else G
+
+
 def normalize_gram(G: torch.Tensor) -> torch.Tensor:
-    """``G / (tr(G) / d)`` after symmetrising, so a sum and a mean Gram give the same matrix.
+    """``G / (tr(G) / d)`` after symmetrising, so a sum and a mean Gram give the same matrix
+    (a new tensor; ``normalize_gram_`` overwrites G instead).
 
     Every compensation objective is invariant to a positive scaling of G; this only removes the
     N-dependence from the floating-point path. A zero-trace G is returned symmetrised, unscaled.
     """
-    G = torch.add(G, G.mT).mul_(0.5)  # = 0.5 * (G + G^T), without a second temporary
-    t = float(torch.diagonal(G).sum()) / G.shape[0]
-    return G.div_(t) if t > 0 and math.isfinite(t) else G
+    return normalize_gram_(G.clone())
 
 
 @dataclass(frozen=True)
@@ -78,8 +108,7 @@ def temper_gram(G: torch.Tensor, alpha: float, clip: bool = True, record: list[s
     max_eig = float(mu.max())
     mu = mu.clamp_min(0.0)
     mu_a = mu if alpha == 1.0 else mu.pow(alpha)
-    Ga = (E * mu_a) @ E.mT
-    Ga = 0.5 * (Ga + Ga.mT)
+    Ga = symmetrize_((E * mu_a) @ E.mT)
     return Tempered(G=Ga, lambda_max=float(mu_a.max()), n_negative=n_neg, min_eig=min_eig, max_eig=max_eig)
 
 
@@ -93,8 +122,7 @@ def psd_project(G: torch.Tensor, record: list[str] | None = None) -> tuple[torch
     eigenvalues), with ``{"min_eig", "max_eig", "clipped"}`` (eigenvalues set to 0)."""
     mu, E = eigh(G, record)
     info = {"min_eig": float(mu.min()), "max_eig": float(mu.max()), "clipped": int((mu < 0).sum())}
-    Gp = (E * mu.clamp_min(0.0)) @ E.mT
-    return 0.5 * (Gp + Gp.mT), info
+    return symmetrize_((E * mu.clamp_min(0.0)) @ E.mT), info
 
 
 PSD_ACTION = (
@@ -121,7 +149,8 @@ def gram_psd(
         lam = power_max_eig(G)
         shifted = G.clone()
         shifted.diagonal().add_(tol * max(lam, 0.0))  # G + tol lambda_max I
-        _, bad = torch.linalg.cholesky_ex(shifted)
+        # factorised in place (out= the input): no (d, d) factor beside G and its shifted copy
+        _, bad = torch.linalg.cholesky_ex(shifted, out=(shifted, torch.empty((), dtype=torch.int32, device=G.device)))
         del shifted
         if int(bad) == 0:
             return G, {"indefinite": False}

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..registry import Registry
-from .gram import gram_psd, gram_scale, normalize_gram
+from .gram import gram_psd, gram_scale, normalize_gram_
 from .inputs import MethodInput
 from .validators import float_dtype, opt
 
@@ -96,20 +96,19 @@ class Problem:
     def metric(self) -> Metric:
         """The float64 metric (normalised, PSD-checked Gram), formed once per problem."""
         fallbacks: list[str] = []
-        g64 = self.gram.to(self.device, torch.float64)
+        g64 = self.gram.to(self.device, torch.float64, copy=True)  # normalised in place below
         scale = gram_scale(g64)
-        G, psd = gram_psd(normalize_gram(g64), fallbacks)
+        G, psd = gram_psd(normalize_gram_(g64), fallbacks)
         return Metric(G=G, psd=psd, fallbacks=fallbacks, scale=scale)
 
     def mean_gram(self) -> torch.Tensor:
         """``E[x x^T]`` in float64 (the Gram over ``n_tokens``, symmetrised), with the metric's PSD
         projection when the Gram was indefinite."""
-        from .gram import psd_project
+        from .gram import psd_project, symmetrize_
 
         if self.n_tokens is None:
             raise ValueError("the mean Gram needs n_tokens")
-        gm = self.gram.to(self.device, torch.float64) / float(self.n_tokens)
-        gm = 0.5 * (gm + gm.mT)
+        gm = symmetrize_(self.gram.to(self.device, torch.float64) / float(self.n_tokens))
         return psd_project(gm)[0] if self.metric.psd.get("indefinite") else gm
 
 

@@ -24,17 +24,26 @@ def ridge_refit(W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor, ridge: fl
     by Cholesky; if the system is not positive definite (ridge 0 on a singular or indefinite Gxx)
     the minimum-norm least-squares solution is used instead.
     """
-    G64, W64 = G.to(torch.float64), W0.to(torch.float64)
-    Gxx = G64[keep][:, keep]
-    Gyx = W64 @ G64[:, keep]
-    lam = ridge * float(torch.diagonal(Gxx).mean())
-    A = Gxx + lam * torch.eye(Gxx.shape[0], dtype=Gxx.dtype, device=Gxx.device)
-    L, info = torch.linalg.cholesky_ex(A)
-    if int(info) == 0:
+    G64 = G.to(torch.float64)
+    # Gyx first, and W0 in float64 only for it: the (d_in, k) slice is gone before the (k, k) ones exist
+    Gyx = W0.to(torch.float64) @ G64[:, keep]
+    A = shifted_gxx(G64, keep, ridge)
+    L, info = torch.linalg.cholesky_ex(A, out=(A, torch.empty((), dtype=torch.int32, device=A.device)))
+    if int(info) == 0:  # factorised in place: L is A's storage
         X = torch.cholesky_solve(Gyx.mT, L)
     else:
-        X = torch.linalg.pinv(A, hermitian=True) @ Gyx.mT
+        X = torch.linalg.pinv(shifted_gxx(G64, keep, ridge), hermitian=True) @ Gyx.mT
     return X.mT.to(W0.dtype)
+
+
+def shifted_gxx(G: torch.Tensor, keep: torch.Tensor, ridge: float) -> torch.Tensor:
+    """``Gxx + lam I`` (k, k) with ``lam = ridge * mean(diag(Gxx))``, formed in place on the one
+    (k, k) copy: the bits of ``Gxx + lam * eye(k)`` (``x + lam * 0.0`` is x but for -0.0 -> +0.0,
+    as in that sum), without the identity or a second (k, k) matrix."""
+    A = G[keep[:, None], keep]
+    lam = ridge * float(torch.diagonal(A).mean())
+    A.add_(lam * 0.0).diagonal().add_(lam)
+    return A
 
 
 def solve(problem: Problem, options: LstsqOptions) -> Compensation:

@@ -27,8 +27,8 @@ def rotate_and_scale(
     ``scale``, ``scale_ok``, ``Q`` (d_out, d_out)); SVD fallbacks are appended to ``record``.
     """
     WK = W0[:, keep]
-    Gxx = G[keep][:, keep]
     Gyx = W0 @ G[:, keep]
+    Gxx = G[keep[:, None], keep]
     Q = polar(Gyx @ WK.mT, record)
     W = Q @ WK
     num = float((Gyx * W).sum())
