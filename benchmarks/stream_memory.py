@@ -289,6 +289,7 @@ def main() -> None:
         "seqlen": a.seqlen,
         "batch": a.batch,
         "ratio": a.ratio,
+        "method": json.loads(a.comp)["method"],
         "ppl_tokens": a.windows * a.ppl_seqlen,
         "ppl_seqlen": a.ppl_seqlen,
         "ppl_batch": a.ppl_batch,

@@ -11,7 +11,9 @@ value, ``h`` hidden size, ``d_a`` = heads x head_dim, ``d_ff`` the MLP width, ``
   activations and Gram temporaries; the accumulators with their stored copies (``gram_bytes``
   each; the layer is gone by then); the embedding (while the sequences are embedded).
 * select: one layer's o_proj / down_proj weights as stored and in float64, and its Gram file.
-* compensate: one down_proj's solve (``cost.memory_plan``'s ``comp_down_peak_gb``) and its Gram.
+* compensate: one down_proj's solve and its Gram: for coec (``settings["method"]``, the default)
+  ``cost.memory_plan``'s ``comp_down_peak_gb`` (the eigh of the full Gram), for the other methods
+  the float64 metric and one more (d_ff, d_ff) buffer (``compensate_solve_bytes``).
 * export (not streamed): the whole model in the compute dtype, on the CPU.
 * ppl / zeroshot: one group's hidden states (at most the budget), plus the largest of the
   embedding, one layer with a batch's activations, and the head with a batch's float32 logits
@@ -112,12 +114,30 @@ def eval_memory(
     return group + max(embed, layer, head), max(layer + act, head + logits)
 
 
+#: Methods whose down_proj solve decomposes the whole Gram (coec's tempering ``G^alpha``: an eigh
+#: with LAPACK's 2 d_ff^2 workspace); the others factor it by Cholesky at most.
+EIGH_METHODS = frozenset({"coec"})
+
+
+def compensate_solve_bytes(config: Any, a: Mapping, ratio: float, method: str, gram_bytes: int, gpu: bool) -> float:
+    """Bytes of one down_proj solve beside the Gram as read: for an eigh method
+    ``cost.memory_plan``'s ``comp_down_peak_gb``; for the others the float64 metric and one more
+    (d_ff, d_ff) buffer (App. B's shifted copy, factored in place; the ridge solve's slices and
+    factor are smaller) and W0 in float64. On the CPU the Gram file's mapped pages count too."""
+    if method in EIGH_METHODS:
+        solve = memory_plan(config, ratio=ratio)["comp_down_peak_gb"] * GIB
+    else:
+        solve = 2 * a["ff"] ** 2 * 8 + a["h"] * a["ff"] * 8
+    return solve if gpu else solve + a["ff"] ** 2 * gram_bytes
+
+
 def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) -> dict[str, float]:
     """``{"host_gib", "device_gib"}`` of a stage (calibrate, select, compensate, ppl, zeroshot).
 
     ``settings``: ``dtype`` (compute), ``gram_dtype``, ``nsamples``, ``seqlen``, ``batch``
-    (calibration), ``ratio``, ``ppl_tokens``, ``ppl_seqlen``, ``ppl_batch``, ``zs_tokens``,
-    ``zs_max_length``, ``zs_batch``, ``budget_gib`` (``compute.hidden_cache_budget_gb``)."""
+    (calibration), ``ratio``, ``method`` (compensation; default coec), ``ppl_tokens``,
+    ``ppl_seqlen``, ``ppl_batch``, ``zs_tokens``, ``zs_max_length``, ``zs_batch``, ``budget_gib``
+    (``compute.hidden_cache_budget_gb``)."""
     a, s = _parts(config), settings
     w, gb = _w(s["dtype"]), _w(s.get("gram_dtype", "float32"))
     budget = s["budget_gib"] * GIB
@@ -127,7 +147,7 @@ def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) 
         # o_proj and down_proj as stored and as float64 (the scores), both layers' Gram files
         host, dev = (a["h"] * (a["da"] + a["ff"])) * (w + 8) + (a["da"] ** 2 + a["ff"] ** 2) * gb, 0.0
     elif stage == "compensate":
-        solve = memory_plan(config, ratio=s.get("ratio", 0.3))["comp_down_peak_gb"] * GIB
+        solve = compensate_solve_bytes(config, a, s.get("ratio", 0.3), s.get("method", "coec"), gb, gpu)
         gram = a["ff"] ** 2 * gb + 3 * a["h"] * a["ff"] * 4
         host, dev = (gram, solve) if gpu else (gram + solve, 0.0)
     elif stage in ("ppl", "zeroshot"):
