@@ -4,6 +4,9 @@ the compensation code (memory, speed, structure) leaves each weight and bias byt
     PYTHONPATH=<old checkout>/src python benchmarks/method_digests.py --out before.json
     python benchmarks/method_digests.py --out after.json --compare before.json   # exit 1 on a change
 
+Run both sides with the same thread count (e.g. ``OMP_NUM_THREADS=1``): a BLAS splits its sums by
+thread, so two thread counts give two sets of bits on the same code.
+
 Problems: o_proj- and down_proj-like shapes, Grams that are PSD sums, have dead channels (exact
 zeros, signed zeros after normalisation), are indefinite beyond App. B's tolerance, or are given
 in float32 / float64; each method with its default options and the option values that take other

@@ -146,3 +146,39 @@ def test_compensate_reports_the_residual_errors_on_the_metric(method):
         assert out.info["relerr_after"] < out.info["relerr_after_weight_only"] == out.info["relerr_before"]
     if method in ("lstsq", "rcpu"):
         assert out.info["relerr_after"] < out.info["relerr_before"]
+
+
+@pytest.mark.parametrize("n", [1, 17, 64, 130])
+def test_eigh_in_place_gives_the_bits_and_strides_of_a_copy(n):
+    """COEC's tempering decomposes the Gram in its own storage on the CPU in float64; the
+    eigenvectors, and the tempered Gram formed from them, are those of a decomposition of a copy."""
+    from coec.compensate.linalg import eigh, eigh_overwrites
+
+    g = torch.Generator().manual_seed(n)
+    X = torch.randn(3 * n + 1, n, generator=g, dtype=torch.float64)
+    G = normalize_gram(X.T @ X)
+    assert eigh_overwrites(G) and not eigh_overwrites(G.float())
+    w0, E0 = eigh(G.clone())
+    M = G.clone()
+    w1, E1 = eigh(M, overwrite=True)
+    assert E1.data_ptr() == M.data_ptr() and E1.stride() == E0.stride()
+    assert torch.equal(w0, w1) and torch.equal(E0, E1)
+    assert torch.equal(temper_gram(G.clone(), 0.9).G, temper_gram(G.clone(), 0.9, overwrite=True).G)
+    F = G.float()
+    w2, E2 = eigh(F, overwrite=True)  # not the last entry of the fallback chain: F is left as it was
+    assert torch.equal(F, G.float())
+
+
+def test_coec_setup_reforms_the_metric_after_an_in_place_decomposition():
+    """The untempered errors come from the metric formed again after tempering: the same numbers
+    as from the metric kept beside it."""
+    W0, G, mean, keep, n = _problem(d_out=20, d_in=40, k=28)
+    out = compensate(W0, G, mean, keep, "coec", align_lambda=0.0, max_rounds=2)
+    Gn = normalize_gram(G)
+    Gxx, Gyx = Gn[keep][:, keep], (W0 @ Gn)[:, keep]
+    c = float(((W0 @ Gn) * W0).sum())
+    from coec.compensate.errors import relerr
+
+    # coec reports the errors of its float32 weights (the compute dtype)
+    assert out.info["relerr_before"] == pytest.approx(relerr(W0[:, keep], Gxx, Gyx, c), rel=1e-6)
+    assert out.info["relerr_after"] == pytest.approx(relerr(out.weight, Gxx, Gyx, c), rel=1e-6)

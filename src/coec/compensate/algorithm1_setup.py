@@ -18,6 +18,7 @@ from .alignment import Alignment, alignment_setup
 from .descent import RightSolveSettings
 from .errors import relerr
 from .gram import gram_psd, normalize_gram_, power_max_eig, temper_gram
+from .linalg import eigh_overwrites
 from .stiefel import Preconditioner, RightProblem, make_preconditioner
 
 __all__ = [
@@ -181,8 +182,15 @@ def slices(
     an indefinite Gram (a PSD one, round-off included, is used as it is)."""
     dev, tdt = plan.device, plan.temper_dtype
     G0 = normalize_gram_(gram.to(dev, tdt, copy=True))
+    # On the CPU in float64 the decomposition overwrites G0 (no (d, d) copy beside LAPACK's
+    # workspace), and the metric is formed again after it: the same bits, one copy less.
+    decomposed = not (temper.alpha == 1.0 and not temper.psd_clip)
+    overwrite = decomposed and eigh_overwrites(G0)
     with span("coec.setup.temper"):
-        tg = temper_gram(G0, temper.alpha, clip=temper.psd_clip, record=record)
+        tg = temper_gram(G0, temper.alpha, clip=temper.psd_clip, record=record, overwrite=overwrite)
+    if overwrite:
+        del G0
+        G0 = normalize_gram_(gram.to(dev, tdt, copy=True))
     with span("coec.setup.psd"):
         G0, psd = gram_psd(G0, record, min_eig=tg.min_eig, max_eig=tg.max_eig)
     Gt, lam_t, n_negative = tg.G, tg.lambda_max, tg.n_negative
@@ -190,9 +198,10 @@ def slices(
     W0t = W0.to(dev, tdt)
     WG = W0t @ G0
     Gxx0, Gyx0, c0 = G0[keep[:, None], keep], WG[:, keep], float((WG * W0t).sum())  # untempered metric
+    del G0, WG
     WG = W0t @ Gt
     Gxx_t, Gyx_t, c = Gt[keep[:, None], keep], WG[:, keep], float((WG * W0t).sum())  # tempered metric
-    del G0, Gt, WG
+    del Gt, WG
     Gxx, Gyx = Gxx_t.to(plan.dtype), Gyx_t.to(plan.dtype)
     lam_max = lam_t if math.isfinite(lam_t) else power_max_eig(Gxx)
     return Slices(

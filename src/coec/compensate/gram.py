@@ -90,19 +90,21 @@ class Tempered:
     max_eig: float | None = None
 
 
-def temper_gram(G: torch.Tensor, alpha: float, clip: bool = True, record: list[str] | None = None) -> Tempered:
+def temper_gram(
+    G: torch.Tensor, alpha: float, clip: bool = True, record: list[str] | None = None, overwrite: bool = False
+) -> Tempered:
     """Spectral tempering ``G^alpha = E diag(mu^alpha) E^T`` of the FULL Gram (paper Sec. 4.4, eq. G^alpha).
 
     G (d, d) symmetric. Negative eigenvalues (round-off, or an indefinite estimate) are clipped to
     0 before the power when ``clip`` (always for alpha < 1: mu^alpha is undefined for mu < 0).
     Clipping matters even at alpha = 1: an indefinite metric makes the two-sided objective
     unbounded below (docs/design.md). The eigh falls back to float64 on the CPU (``eigh``, recorded in
-    ``record``).
+    ``record``). ``overwrite``: G may be overwritten by the decomposition (``linalg.eigh_overwrites``).
     """
     if alpha == 1.0 and not clip:
         lam = power_max_eig(G)
         return Tempered(G=G, lambda_max=lam, n_negative=0, min_eig=float("nan"))
-    mu, E = eigh(G, record)
+    mu, E = eigh(G, record, overwrite=overwrite)
     n_neg = int((mu < 0).sum())
     min_eig = float(mu.min())
     max_eig = float(mu.max())

@@ -63,18 +63,32 @@ def svd(A: torch.Tensor, record: list[str] | None = None) -> tuple[torch.Tensor,
     raise RuntimeError(f"SVD failed on every driver of the fallback chain {SVD_CHAIN}: {last}")
 
 
-def eigh(M: torch.Tensor, record: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def eigh_overwrites(M: torch.Tensor) -> bool:
+    """Whether ``eigh(M, overwrite=True)`` factors M in its own storage: float64 on the CPU, the
+    last entry of the fallback chain (an earlier entry must leave M intact for the next)."""
+    return M.device.type == "cpu" and M.dtype == torch.float64
+
+
+def eigh(
+    M: torch.Tensor, record: list[str] | None = None, overwrite: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric eigendecomposition ``M = E diag(w) E^T`` (w ascending) with a fallback.
 
     The solver on M's device and dtype first, under the watchdog; an exception (e.g. a cuSOLVER
     convergence failure), a non-finite result or a timeout (recorded as ``"eigh:timeout"``) moves
     to float64 on the CPU, recorded as ``"eigh->cpu_float64"``; the factors return in M's dtype
     and device. Raises if both fail (float64 on the CPU is the last entry: a float64 CPU input
-    has no fallback and no time limit).
+    has no fallback and no time limit). ``overwrite``: M (exactly symmetric) may be overwritten
+    (with the eigenvectors, when ``eigh_overwrites(M)``; the same bits and strides as a copy's).
     """
-    last_entry = M.device.type == "cpu" and M.dtype == torch.float64
+    last_entry = eigh_overwrites(M)
     try:
-        if last_entry:
+        if last_entry and overwrite:  # E in M's storage: no (n, n) copy beside LAPACK's workspace
+            # through the column-major view, so E has the strides (and the products after it the
+            # bits) of a copy's eigenvectors; M is exactly symmetric, so the view holds M
+            Mt = M.mT
+            w, E = torch.linalg.eigh(Mt, out=(torch.empty(M.shape[-1], dtype=M.dtype, device=M.device), Mt))
+        elif last_entry:
             w, E = torch.linalg.eigh(M)
         else:
             w, E = watched(lambda: torch.linalg.eigh(M), M.device, "eigh", record)
