@@ -3,11 +3,11 @@
 Conventions: ``G`` is a calibration Gram ``sum_t x_t x_t^T`` (or its mean), ``Gxx = G[K, K]``,
 ``Gyx = W0 G[:, K]`` and ``c = ||Y||^2 = tr(W0 G W0^T)``.
 
-Two forms of the same errors: :class:`OutputError` expands the square (``q - 2 p + c``, the
-metric of the methods that solve with the Gram, after App. B's PSD check); :func:`residual_errors`
-forms the residual's own quadratic form (``tr(R G R^T)``, R = W0 - [W on K]), which for a weight
-that keeps ``W0[:, K]`` needs only the pruned block ``G[P, P]`` besides ``c``: the diagnostics of the
-methods that only slice and add (none, bias).
+Two forms of the same errors: :func:`residual_errors` forms the residual's own quadratic form
+(``tr(R G R^T)``, R = W0 - [W on K]), which for a weight that keeps ``W0[:, K]`` needs only the
+pruned block ``G[P, P]`` besides ``c`` and cannot go below 0 on a PSD metric: the errors every
+method without its own report (``compensate``). :class:`OutputError` expands the square
+(``q - 2 p + c``) once for many candidate weights of one module (blend's held-out error).
 """
 
 from __future__ import annotations
