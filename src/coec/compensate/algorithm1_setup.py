@@ -182,13 +182,12 @@ def slices(
     an indefinite Gram (a PSD one, round-off included, is used as it is)."""
     dev, tdt = plan.device, plan.temper_dtype
     G0 = normalize_gram_(gram.to(dev, tdt, copy=True))
-    # On the CPU in float64 the decomposition overwrites G0 (no (d, d) copy beside LAPACK's
+    # On the CPU in float64 a decomposition overwrites G0 (no (d, d) copy beside LAPACK's
     # workspace), and the metric is formed again after it: the same bits, one copy less.
-    decomposed = not (temper.alpha == 1.0 and not temper.psd_clip)
-    overwrite = decomposed and eigh_overwrites(G0)
+    overwrite = eigh_overwrites(G0)
     with span("coec.setup.temper"):
         tg = temper_gram(G0, temper.alpha, clip=temper.psd_clip, record=record, overwrite=overwrite)
-    if overwrite:
+    if overwrite and tg.G is not G0:  # decomposed (G0 itself is returned when nothing is to temper)
         del G0
         G0 = normalize_gram_(gram.to(dev, tdt, copy=True))
     with span("coec.setup.psd"):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .linalg import eigh
+from .linalg import cholesky_in_place, eigh
 
 __all__ = [
     "gram_scale",
@@ -151,10 +151,9 @@ def gram_psd(
         lam = power_max_eig(G)
         shifted = G.clone()
         shifted.diagonal().add_(tol * max(lam, 0.0))  # G + tol lambda_max I
-        # factorised in place (out= the input): no (d, d) factor beside G and its shifted copy
-        _, bad = torch.linalg.cholesky_ex(shifted, out=(shifted, torch.empty((), dtype=torch.int32, device=G.device)))
+        positive = cholesky_in_place(shifted)  # no (d, d) factor beside G and its shifted copy
         del shifted
-        if int(bad) == 0:
+        if positive:
             return G, {"indefinite": False}
     elif min_eig >= -tol * max(max_eig, 0.0):
         return G, {"indefinite": False, "min_eig": min_eig, "max_eig": max_eig}

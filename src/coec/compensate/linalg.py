@@ -63,6 +63,13 @@ def svd(A: torch.Tensor, record: list[str] | None = None) -> tuple[torch.Tensor,
     raise RuntimeError(f"SVD failed on every driver of the fallback chain {SVD_CHAIN}: {last}")
 
 
+def cholesky_in_place(A: torch.Tensor) -> bool:
+    """Factor a symmetric A (n, n) as ``L L^T`` in A's own storage (A becomes L: no (n, n) factor
+    beside it; the bits of ``torch.linalg.cholesky_ex(A)``). True when A was positive definite."""
+    _, info = torch.linalg.cholesky_ex(A, out=(A, torch.empty((), dtype=torch.int32, device=A.device)))
+    return int(info) == 0
+
+
 def eigh_overwrites(M: torch.Tensor) -> bool:
     """Whether ``eigh(M, overwrite=True)`` factors M in its own storage: float64 on the CPU, the
     last entry of the fallback chain (an earlier entry must leave M intact for the next)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..linalg import cholesky_in_place
 from ..method import METHODS, CommonOptions, Compensation, Method, Problem
 from ..validators import number, opt
 
@@ -28,9 +29,8 @@ def ridge_refit(W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor, ridge: fl
     # Gyx first, and W0 in float64 only for it: the (d_in, k) slice is gone before the (k, k) ones exist
     Gyx = W0.to(torch.float64) @ G64[:, keep]
     A = shifted_gxx(G64, keep, ridge)
-    L, info = torch.linalg.cholesky_ex(A, out=(A, torch.empty((), dtype=torch.int32, device=A.device)))
-    if int(info) == 0:  # factorised in place: L is A's storage
-        X = torch.cholesky_solve(Gyx.mT, L)
+    if cholesky_in_place(A):  # A is now its factor L
+        X = torch.cholesky_solve(Gyx.mT, A)
     else:
         X = torch.linalg.pinv(shifted_gxx(G64, keep, ridge), hermitian=True) @ Gyx.mT
     return X.mT.to(W0.dtype)
