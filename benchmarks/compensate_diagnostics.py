@@ -8,6 +8,9 @@ Runs only the public ``compensate`` API, so the same script times two source tre
 ``--repeats`` interleaved runs, and the method alone, in CPU seconds of this process
 (``time.process_time``; on one thread this is the work done, whatever else the machine runs).
 Synthetic statistics: a Gram of ``4 d_in`` random tokens (its values do not change the cost).
+Where the tree has the calibration's Gram check (``coec.compensate.gram_check``), it also times
+both methods given the module's check, as a compensation job of the workflow runs them, and the
+check itself (formed once per calibration, not per job).
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ import time
 import torch
 
 from coec.compensate import compensate
+
+try:
+    from coec.compensate.gram_check import check_module
+except ImportError:  # a tree from before the Gram check
+    check_module = None
 
 # (name, d_out, d_in, kept columns): the embedded SmolLM2-135M at 30 % and a Qwen2.5-0.5B down_proj
 SHAPES = [
@@ -51,11 +59,21 @@ def main(argv=None) -> int:
         mask = torch.ones(d_in, dtype=torch.bool)
         mask[keep] = False
         times: dict[str, list[float]] = {"none": [], "bias": [], "method alone": []}
+        if check_module is not None:
+            times.update({"check (once)": [], "none checked": [], "bias checked": []})
         for _ in range(a.repeats):  # interleaved, so load changes hit every column alike
             for method in ("none", "bias"):
                 t = time.process_time()
                 compensate(W0, G, mean, keep, method, n_tokens=n)
                 times[method].append(time.process_time() - t)
+            if check_module is not None:
+                t = time.process_time()
+                check = check_module(W0, G)
+                times["check (once)"].append(time.process_time() - t)
+                for method in ("none", "bias"):
+                    t = time.process_time()
+                    compensate(W0, G, mean, keep, method, n_tokens=n, gram_check=check)
+                    times[f"{method} checked"].append(time.process_time() - t)
             t = time.process_time()
             W64 = W0.double()
             W64[:, keep], W64[:, mask] @ mean[mask]

@@ -3,6 +3,10 @@ the compensation code (memory, speed, structure) leaves each weight and bias byt
 
     PYTHONPATH=<old checkout>/src python benchmarks/method_digests.py --out before.json
     python benchmarks/method_digests.py --out after.json --compare before.json   # exit 1 on a change
+    python benchmarks/method_digests.py --gram-check --out checked.json --compare before.json
+
+``--gram-check``: every method is given its problem's Gram check (``coec.compensate.gram_check``,
+formed once per calibration by the workflow), as a compensation job of the workflow runs it.
 
 Run both sides with the same thread count (e.g. ``OMP_NUM_THREADS=1``): a BLAS splits its sums by
 thread, so two thread counts give two sets of bits on the same code.
@@ -74,8 +78,11 @@ def digest(t: torch.Tensor | None) -> str | None:
     return None if t is None else hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
-def run(seeds: int) -> dict[str, dict]:
+def run(seeds: int, gram_check: bool = False) -> dict[str, dict]:
     from coec.compensate import compensate
+
+    if gram_check:
+        from coec.compensate.gram_check import check_module
 
     res: dict[str, dict] = {}
     for seed in range(seeds):
@@ -87,9 +94,18 @@ def run(seeds: int) -> dict[str, dict]:
                     inputs = {"value_proj": p["value_proj"]}
                 if method == "blend":
                     inputs = {"base_weight": p["W0"][:, p["keep"]] * 1.1, "base_bias": None}
+                extra = {"gram_check": check_module(p["W0"], p["gram"])} if gram_check else {}
                 try:
                     out = compensate(
-                        p["W0"], p["gram"], p["mean"], p["keep"], method, inputs=inputs, n_tokens=p["n_tokens"], **opts
+                        p["W0"],
+                        p["gram"],
+                        p["mean"],
+                        p["keep"],
+                        method,
+                        inputs=inputs,
+                        n_tokens=p["n_tokens"],
+                        **extra,
+                        **opts,
                     )
                 except Exception as exc:  # noqa: BLE001 - a refusal is a result too
                     res[key] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -109,9 +125,10 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--compare")
+    ap.add_argument("--gram-check", action="store_true", help="give every method its problem's Gram check")
     a = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    res = run(a.seeds)
+    res = run(a.seeds, a.gram_check)
     with open(a.out, "w") as fh:
         json.dump(res, fh, indent=1, sort_keys=True)
     print(f"{len(res)} method runs -> {a.out}")

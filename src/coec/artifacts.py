@@ -33,6 +33,7 @@ VERSION_KEY = "coec_format_version"
 FORMATS = {
     "gram": 1,  # results/{model}/grams/{calib}/layer{i}.safetensors
     "gram-meta": 1,  # results/{model}/grams/{calib}/meta.json
+    "gram-check": 1,  # results/{model}/gram_checks/{calib}.json
     "keep": 1,  # results/{model}/{calib}/{select}-{ratio}/keep.json
     "comp-block": 1,  # .../{comp}/block{a}-{b}.safetensors (also the iterative block file)
     "comp-info": 1,  # .../{comp}/block{a}-{b}.json
@@ -384,6 +385,31 @@ def read_gram_meta(gram_dir: str | Path) -> dict:
     if not isinstance(obj.get("n_layers"), int):
         raise ArtifactError(Path(gram_dir) / "meta.json", "missing n_layers")
     return obj
+
+
+def read_gram_checks(path: str | Path, n_layers: int | None = None) -> list[dict]:
+    """gram_checks/{calib}.json: per layer, ``{"o_proj": GramCheck, "down_proj": GramCheck}``
+    (``coec.compensate.gram_check``)."""
+    from .compensate.gram_check import GramCheck
+
+    path = Path(path)
+    layers = read_json(path, "gram-check").get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise ArtifactError(path, "missing layers")
+    if n_layers is not None and len(layers) != n_layers:
+        raise ArtifactError(path, f"has {len(layers)} layers, the model {n_layers}")
+    out = []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict):
+            raise ArtifactError(path, f"layers[{i}] is not an object")
+        checks = {}
+        for module in ("o_proj", "down_proj"):
+            try:
+                checks[module] = GramCheck.from_json(layer.get(module))
+            except ValueError as exc:
+                raise ArtifactError(path, f"layers[{i}].{module}: {exc}") from None
+        out.append(checks)
+    return out
 
 
 def read_keep(path: str | Path, n_layers: int | None = None) -> dict:

@@ -53,7 +53,7 @@ def _cell_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--out", required=True)
 
 
-MODEL_STAGES = ("calibrate", "select", "compensate", "ppl", "zeroshot", "geometry", "export")
+MODEL_STAGES = ("calibrate", "gram-check", "select", "compensate", "ppl", "zeroshot", "geometry", "export")
 EXPECT_HELP = (
     'JSON of what the config says of the model, e.g. {"model": "models.tiny", "num_layers": 2, '
     '"seqlen_key": "evaluation.ppl_seqlen"}; checked against its config.json first'
@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     config_arg(s, "--device", "compute.device")
     s.add_argument("--out", required=True)
 
+    s = sub.add_parser("gram-check", help="App. B's verdict on every Gram and each module's output energy")
+    s.add_argument("--model", required=True)
+    s.add_argument("--grams", required=True)
+    config_arg(s, "--device", "compute.device")
+    s.add_argument("--out", required=True)
+
     s = sub.add_parser("select", help="column scores -> keep.json")
     s.add_argument("--model", required=True)
     s.add_argument("--grams", required=True)
@@ -147,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--first", type=int, required=True)
     s.add_argument("--last", type=int, required=True)
     config_arg(s, "--device", "compute.device")
+    s.add_argument(
+        "--gram-check",
+        default=None,
+        help="gram_checks/{calib}.json of the Grams (coec gram-check); none: formed in this job",
+    )
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("ppl", help="perplexity of a dense or pruned/compensated model")
@@ -328,7 +339,11 @@ def _dispatch(a) -> None:
             a.model, a.grams, a.method, a.ratio, a.group_rounding, a.out, options=json.loads(a.options), **hub
         )
     elif a.stage == "compensate":
-        pipeline.run_compensate(a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device, **hub)
+        pipeline.run_compensate(
+            a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device, gram_check=a.gram_check, **hub
+        )
+    elif a.stage == "gram-check":
+        pipeline.run_gram_check(a.model, a.grams, a.out, a.device, **hub)
     elif a.stage == "ppl":
         run_ppl_args(a, hub)
     elif a.stage == "zeroshot":

@@ -30,6 +30,7 @@ __all__ = [
     "model_dir",
     "text_dir",
     "grams_dir",
+    "gram_check_file",
     "selection_dir",
     "keep_file",
     "cell_dir",
@@ -63,6 +64,11 @@ def text_dir(dataset: str) -> str:
 def grams_dir(model: str, calib: str) -> str:
     """Folder of the Grams of ``model`` on calibration set ``calib`` (one file per layer)."""
     return f"{RESULTS}/{model}/grams/{calib}"
+
+
+def gram_check_file(model: str, calib: str) -> str:
+    """App. B's verdict on every Gram of ``model`` on ``calib`` and each module's output energy."""
+    return f"{RESULTS}/{model}/gram_checks/{calib}.json"
 
 
 def selection_dir(model: str, calib: str, select: str, ratio: float | str) -> str:

@@ -115,6 +115,40 @@ def run_select(
     return keep
 
 
+def run_gram_check(
+    model_src: str,
+    gram_dir: str,
+    out: str,
+    device: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
+    """App. B's verdict on every layer's o_proj and down_proj Gram and each module's output
+    energy on it (``compensate.gram_check.check_module``) -> gram_checks/{calib}.json, read by
+    every compensation job of the calibration whose method reports no errors of its own."""
+    from .compensate.gram_check import check_module
+
+    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
+    cfg = load_config(model_dir, revision, trust_remote_code)
+    dev = resolve_device(device)
+    layers = []
+    for i in progress_bar(range(cfg.num_hidden_layers), desc="gram check", unit="layer"):
+        names = layer_tensor_names(i, cfg)
+        w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
+        layer = {}
+        for module in ("o_proj", "down_proj"):
+            chk = check_module(w[names[module]].to(dev), read_gram_layer(gram_dir, i, module)["gram"].to(dev))
+            layer[module] = chk.to_json()
+            if chk.psd.get("indefinite"):
+                log.info(
+                    "layer %d %s: indefinite Gram (min eig %s): PSD projection", i, module, _num(chk.psd["min_eig"])
+                )
+        layers.append(layer)
+    result = {"layers": layers, "model": model_provenance(model_src, revision, trust_remote_code, model_dir)}
+    artifacts.write_json(out, result, "gram-check")
+    return result
+
+
 def _num(x) -> str:
     """A logged number: 4 significant digits, or n/a (info stores non-finite values as None)."""
     return f"{x:.4g}" if isinstance(x, (int, float)) else "n/a"
@@ -145,13 +179,15 @@ def run_compensate(
     device: str | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    gram_check: str | None = None,
 ) -> dict:
     """Compensate o_proj and down_proj of layers ``first..last`` -> one safetensors file with
     ``layer{i}.{module}.weight|bias`` and a JSON twin with each module's ``info``.
 
     ``spec`` is a config ``compensations`` entry; its ``inputs`` holds the paths of the method's
     declared inputs (``Method.inputs``: another cell's block file, another calibration's Grams),
-    which the workflow passes as rule inputs."""
+    which the workflow passes as rule inputs. ``gram_check``: the calibration's
+    gram_checks/{calib}.json (``run_gram_check``), used by methods without errors of their own."""
     from .compensate import compensate
     from .compensate.inputs import Module
     from .compensate.options import method as registered
@@ -163,6 +199,7 @@ def run_compensate(
     keep = artifacts.read_keep(keep_path, cfg.num_hidden_layers)
     dev = resolve_device(device)
     m = registered(spec["method"])
+    checks = artifacts.read_gram_checks(gram_check, cfg.num_hidden_layers) if gram_check else None
     paths_in = spec.get("inputs") or {}
     handles = {inp.name: inp.open(paths_in.get(inp.name), first, last) for inp in m.inputs}
     tensors, infos = {}, {}
@@ -193,6 +230,7 @@ def run_compensate(
                 m.name,
                 inputs=extra,
                 n_tokens=st["count"],
+                gram_check=checks[i][module] if checks is not None and not m.reports_errors else None,
                 **opts,
             )
             tensors[f"layer{i}.{module}.weight"] = res.weight.detach().cpu().contiguous()

@@ -36,6 +36,16 @@ def method_inputs(config, comp, model, calib, select, ratio, first, last) -> dic
     return {name: p for name, p in paths_in.items() if p is not None}
 
 
+def gram_check_input(config, comp, model, calib) -> list[str]:
+    """The Gram check a compensate job reads (``compensate.gram_check``): the calibration's, for a
+    method that reports no errors of its own; none for one that does (coec)."""
+    from .compensate.options import method
+
+    return (
+        [] if method(config["compensations"][comp]["method"]).reports_errors else [paths.gram_check_file(model, calib)]
+    )
+
+
 def model_path(config, name) -> str:
     """What the CLI loads: the converted folder for embedded models, else the hub id / dir."""
     m = config["models"][name]

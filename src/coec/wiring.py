@@ -161,6 +161,14 @@ class Wiring:
         name -> path: e.g. blend's base cell block of the same layers and held-out Grams."""
         return targets.method_inputs(self.config, wc.comp, wc.model, wc.calib, wc.select, wc.ratio, wc.first, wc.last)
 
+    def gram_check_input(self, wc: Any) -> list[str]:
+        """The compensate job's Gram check: [path] for a method without errors of its own, else []."""
+        return targets.gram_check_input(self.config, wc.comp, wc.model, wc.calib)
+
+    def gram_check_arg(self, wc: Any) -> str:
+        """``--gram-check <path>`` of a compensate job that reads one, else nothing."""
+        return " ".join(f"--gram-check {shlex_quote(p)}" for p in self.gram_check_input(wc))
+
     def compensate_spec(self, wc: Any) -> str:
         """--spec of a compensation job: the config entry, plus its method's input paths."""
         extra = self.method_inputs(wc)

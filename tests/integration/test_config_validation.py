@@ -463,6 +463,67 @@ def test_indefinite_gram_in_the_compensate_stage(tiny_model, grams, tmp_path, me
     assert "indefinite Gram: PSD projection" in res.stderr
 
 
+# ----------------------------------------------------------------------------- the Gram check
+def _compensate_stage(capsys, model, grams_dir, keep, spec, out, *extra) -> tuple[int, str]:
+    return _stage(
+        capsys,
+        "compensate",
+        "--model",
+        str(model),
+        "--grams",
+        str(grams_dir),
+        "--keep",
+        str(keep),
+        "--spec",
+        json.dumps(spec),
+        "--first",
+        "0",
+        "--last",
+        "1",
+        "--device",
+        "cpu",
+        *extra,
+        "--out",
+        str(out),
+    )
+
+
+def test_compensate_stage_with_the_gram_check_writes_the_files_it_writes_without(tiny_model, grams, tmp_path, capsys):
+    """``coec gram-check`` once, then every method without errors of its own: the same block and
+    info bytes as the job forming App. B's check and the output energy itself, on a PSD layer
+    and an indefinite one. A bad check file is refused in one line naming it, nothing written."""
+    work, _ = grams
+    _make_indefinite(work / "grams", tmp_path / "grams")
+    check = tmp_path / "gram_check.json"
+    rc, err = _stage(
+        capsys, "gram-check", "--model", str(tiny_model), "--grams", str(tmp_path / "grams"), "--device", "cpu",
+        "--out", str(check),
+    )  # fmt: skip
+    assert rc == 0, err
+    layers = json.loads(check.read_text())["layers"]
+    assert [layer["o_proj"]["psd"]["indefinite"] for layer in layers] == [True, False]
+    for spec in ({"method": "none"}, {"method": "bias"}, {"method": "lstsq", "ridge": 0.01}, {"method": "rcpu"}):
+        name = spec["method"]
+        outs = {}
+        for variant, extra in (("without", ()), ("with", ("--gram-check", str(check)))):
+            out = tmp_path / variant / name / "block0-1.safetensors"
+            rc, err = _compensate_stage(capsys, tiny_model, tmp_path / "grams", work / "keep.json", spec, out, *extra)
+            assert rc == 0, err
+            assert "formed from another" not in err
+            outs[variant] = (out.read_bytes(), out.with_suffix(".json").read_bytes())
+        assert outs["with"] == outs["without"], name
+    bad = tmp_path / "bad_check.json"
+    obj = json.loads(check.read_text())
+    obj["layers"] = obj["layers"][:1]
+    bad.write_text(json.dumps(obj))
+    out = tmp_path / "refused" / "block0-1.safetensors"
+    rc, err = _compensate_stage(capsys, tiny_model, tmp_path / "grams", work / "keep.json", {"method": "none"}, out,
+                                "--gram-check", str(bad))  # fmt: skip
+    lines = [ln for ln in err.splitlines() if ln.startswith("coec compensate: error:")]
+    assert rc == 2 and len(lines) == 1 and str(bad) in lines[0] and "has 1 layers, the model 2" in lines[0]
+    assert not out.exists()
+
+
 # ----------------------------------------------------------------------------- the workflow
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [

@@ -144,6 +144,7 @@ def test_changed_weights_replan_exactly_that_models_jobs(two_models):
         plan = planned_models(res.stdout)
         assert plan == {
             "calibrate": {"a"},
+            "gram_check": {"a"},
             "select": {"a"},
             "compensate": {"a"},
             "ppl_dense": {"a"},
@@ -152,12 +153,13 @@ def test_changed_weights_replan_exactly_that_models_jobs(two_models):
         }, plan
         assert job_counts(res.stdout) == {
             "calibrate": 1,
+            "gram_check": 1,
             "select": 2,
             "compensate": 1,
             "ppl_dense": 1,
             "ppl_cell": 2,
             "table": 1,
-            "total": 8,
+            "total": 9,
         }
         assert "contents changed" in res.stderr
         # a job planned for the old weights that starts now stops before any work, naming the file
@@ -222,7 +224,7 @@ def test_resharding_replans_that_model(two_models):
         res = snakemake(work, cfg, "-n", "results/table1.csv")
         plan = planned_models(res.stdout)
         assert plan.pop("table") == {None} and set().union(*plan.values()) == {"b"}, plan
-        assert job_counts(res.stdout)["total"] == 8
+        assert job_counts(res.stdout)["total"] == 9
     finally:
         for fname in shards:
             (folder / fname).unlink(missing_ok=True)

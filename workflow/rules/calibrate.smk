@@ -38,3 +38,33 @@ rule calibrate:
         "--device {params.device:q} --expect {params.expect:q} {params.hub} "
         "--hidden-budget-gb {resources.hidden_budget_gb:q} --checkpoint-minutes {resources.checkpoint_minutes:q} "
         "--out {output:q} > {log:q} 2>&1"
+
+
+# App. B's verdict on every Gram of a calibration and each compensated module's output energy on
+# it, formed once and read by every compensation job whose method reports no errors of its own
+# (coec.compensate.gram_check); the compensation job's resources.
+
+
+rule gram_check:
+    conda:
+        "../../envs/coec.yaml"
+    input:
+        model=W.model_input,
+        grams=rules.calibrate.output[0],
+    output:
+        paths.gram_check_file("{model}", "{calib}"),
+    params:
+        model=W.model_path,
+        device=config["compute"]["device"],
+        expect=W.expect,
+        hub=W.hub,
+    log:
+        paths.log_file("gram_check", "{model}", "{calib}"),
+    benchmark:
+        paths.benchmark_file("gram_check", "{model}", "{calib}")
+    threads: W.threads("compensate")
+    resources:
+        **W.rule_resources("compensate"),
+    shell:
+        "OMP_NUM_THREADS={threads} {PY} gram-check --model {params.model:q} --grams {input.grams:q} "
+        "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} > {log:q} 2>&1"

@@ -2,6 +2,7 @@
 # 1 on a cluster = one GPU job per layer). Options come from config.compensations.<comp>, so
 # changing one method's options reruns only that method's cells; a method's extra inputs (another
 # cell's weights, held-out Grams) come from its registered declaration (coec.compensate.inputs).
+# A method without errors of its own reads the calibration's Gram check (rule gram_check).
 
 
 rule compensate:
@@ -12,6 +13,7 @@ rule compensate:
         model=W.model_input,
         grams=rules.calibrate.output[0],
         keep=rules.select.output[0],
+        gram_check=W.gram_check_input,
     output:
         weights=paths.block_file(CELL, "{first}", "{last}"),
         info=paths.block_info_file(CELL, "{first}", "{last}"),
@@ -21,6 +23,7 @@ rule compensate:
         device=config["compute"]["device"],
         expect=W.expect,
         hub=W.hub,
+        gram_check=W.gram_check_arg,
     log:
         paths.log_file("compensate", CELL_LOG, "block{first}-{last}"),
     benchmark:
@@ -31,4 +34,5 @@ rule compensate:
     shell:
         "OMP_NUM_THREADS={threads} {PY} compensate --model {params.model:q} --grams {input.grams:q} "
         "--keep {input.keep:q} --spec {params.spec:q} --first {wildcards.first:q} --last {wildcards.last:q} "
-        "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output.weights:q} > {log:q} 2>&1"
+        "--device {params.device:q} --expect {params.expect:q} {params.hub} {params.gram_check} --out {output.weights:q} "
+        "> {log:q} 2>&1"

@@ -13,7 +13,9 @@ mean diagonal first); mean (d_in,) channel means (needed by bias and blend); kee
 unique kept column indices; n_tokens the tokens gram sums over (needed by the methods that
 return a bias, whose error needs the Gram's scale); inputs the method's extra data
 (``Method.inputs``: blend's ``base_weight``/``base_bias``/``holdout_*``, coec's ``value_proj``);
-device where the solve runs (None: W0's). Options: the method's dataclass
+device where the solve runs (None: W0's); gram_check the calibration's ``GramCheck`` of the
+module (``coec.compensate.gram_check``: App. B's verdict and the output energy, formed once per
+calibration; None forms them here). Options: the method's dataclass
 (``coec.compensate.methods.<name>``; docs/compensation-options.md).
 
 Reported errors (``info``): ``relerr_before`` of the pruned weight W0[:, K], ``relerr_after`` of
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 
 from .errors import residual_errors
+from .gram_check import GramCheck
 from .method import Compensation, Method, Problem
 from .options import method as _method
 from .options import resolve
@@ -80,31 +83,38 @@ _NO_LOOP: dict[str, Any] = dict(
 
 
 def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, Any]:
-    """``info`` of a method that reports no errors of its own: the metric's outcome, the method's
-    info, the errors before and after on the metric (``errors.residual_errors``: one ``W0 G``
-    product and the pruned block, float64), the loop keys."""
-    metric = problem.metric
+    """``info`` of a method that reports no errors of its own: App. B's outcome, the method's
+    info, the errors before and after on the metric (``errors.residual_errors``: the output
+    energy, the pruned block, and for a weight other than ``W0[:, K]`` one product of its
+    residual; float64), the loop keys. With the calibration's Gram check, a method that keeps
+    ``W0[:, K]`` (none, bias) never forms the whole float64 metric."""
+    keep = problem.keep
+    pruned = torch.ones(problem.d_in, dtype=torch.bool, device=problem.device)
+    pruned[keep] = False
+    kept_w0 = torch.equal(out.weight.to(problem.device, torch.float64), problem.W0[:, keep].to(torch.float64))
     info: dict[str, Any] = {
         "method": m.name,
         "compute_dtype": str(problem.dtype).replace("torch.", ""),
         "device": str(problem.device),
-        "gram_psd": metric.psd,
+        "gram_psd": problem.psd,
         **out.info,
     }
     n = problem.n_tokens  # the Gram is scale * G over n tokens: G over n / scale
     info.update(
         residual_errors(
             problem.W0,
-            metric.G,
-            problem.keep,
+            None if kept_w0 else problem.metric.G,
+            keep,
             out.weight,
             out.bias,
             problem.mean,
-            n / metric.scale if n is not None else None,
+            n / problem.scale if n is not None else None,
+            c=problem.energy,
+            pruned_gram=problem.metric_block(pruned.nonzero().squeeze(1)),
         )
     )
     info.setdefault("scale_skipped", 0)
-    info.setdefault("svd_fallbacks", metric.fallbacks)
+    info.setdefault("svd_fallbacks", problem.fallbacks)
     info.update(_NO_LOOP)
     return info
 
@@ -119,6 +129,7 @@ def compensate(
     inputs: Mapping[str, Any] | None = None,
     n_tokens: float | None = None,
     device: str | torch.device | None = None,
+    gram_check: GramCheck | None = None,
     **options: Any,
 ) -> Compensation:
     """Compensate one pruned module (paper Sec. 3–4) with a registered method; see the module
@@ -140,6 +151,7 @@ def compensate(
         n_tokens=n_tokens,
         inputs=dict(inputs or {}),
         dtype=m.dtype(o, dev),
+        check=gram_check,
     )
     if m.check_data is not None:
         m.check_data(problem, o)

@@ -90,12 +90,14 @@ def output_energy(W0: torch.Tensor, G: torch.Tensor, block: int = ENERGY_BLOCK) 
 
 def residual_errors(
     W0: torch.Tensor,
-    G: torch.Tensor,
+    G: torch.Tensor | None,
     keep: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     mean: torch.Tensor | None = None,
     n_tokens: float | None = None,
+    c: float | None = None,
+    pruned_gram: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """The errors of a pruned module from its residual (paper Sec. 3.1), in float64.
 
@@ -108,7 +110,10 @@ def residual_errors(
     Returns ``relerr_before`` (``W0[:, K]``: ``tr(W0_P G_PP W0_P^T) / c``), ``relerr_after`` (the
     module as given, with its bias) and, with a bias, ``relerr_after_weight_only``. Cost: ``c``
     (one ``d_out d_in^2`` product) and, for a weight equal to ``W0[:, K]``, the pruned block
-    ``d_out |P|^2``; another weight adds one ``d_out d_in^2`` product.
+    ``d_out |P|^2``; another weight adds one ``d_out d_in^2`` product. ``c``: the output energy
+    when it is known (``Problem.energy``: formed once per calibration), else formed here;
+    ``pruned_gram``: ``G[P, P]`` (P the pruned columns, ascending) when it is known
+    (``Problem.metric_block``). G may be None when both are given and the weight is ``W0[:, K]``.
     """
     dev = W0.device
     W0 = W0.to(torch.float64)
@@ -116,7 +121,11 @@ def residual_errors(
     pruned = torch.ones(W0.shape[1], dtype=torch.bool, device=dev)
     pruned[keep] = False
     P = pruned.nonzero().squeeze(1)
-    c = output_energy(W0, G)
+    if G is None and (c is None or pruned_gram is None):
+        raise ValueError("the errors need the Gram, or its output energy and pruned block")
+    if c is None and G is not None:
+        c = output_energy(W0, G)
+    assert c is not None
     if not c > 0:
         nan = float("nan")
         return {
@@ -125,10 +134,14 @@ def residual_errors(
             **({"relerr_after_weight_only": nan} if bias is not None else {}),
         }
     WP = W0[:, P]
-    e_before = float(((WP @ G[P[:, None], P].to(torch.float64)) * WP).sum())
+    GPP = pruned_gram if pruned_gram is not None or G is None else G[P[:, None], P]
+    assert GPP is not None
+    e_before = float(((WP @ GPP.to(torch.float64)) * WP).sum())
     W = weight.to(dev, torch.float64)
     if torch.equal(W, W0[:, keep]):
         R, e_weight = None, e_before
+    elif G is None:
+        raise ValueError("the error of a weight other than W0[:, K] needs the Gram")
     else:
         R = W0.clone()
         R[:, keep] -= W

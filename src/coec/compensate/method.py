@@ -13,10 +13,11 @@ compensate stage) reads the registry.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +25,11 @@ from ..registry import Registry
 from .gram import gram_psd, gram_scale, normalize_gram_
 from .inputs import MethodInput
 from .validators import float_dtype, opt
+
+if TYPE_CHECKING:
+    from .gram_check import GramCheck
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CommonOptions", "Problem", "Metric", "Compensation", "Method", "METHODS", "MODULES"]
 
@@ -48,13 +54,16 @@ class CommonOptions:
 class Metric:
     """The reconstruction metric of a problem (paper Sec. 3.1, App. B): the Gram normalised to
     unit mean diagonal in float64 (``G``, (d_in, d_in)), replaced by its PSD projection when it is
-    indefinite (``psd`` records the outcome), the solver fallbacks recorded on the way, and the
-    factor the normalisation divided by (``scale``: the Gram is ``scale * G``)."""
+    indefinite (``psd`` records the outcome), the solver fallbacks recorded on the way, the
+    factor the normalisation divided by (``scale``: the Gram is ``scale * G``), and whether the
+    problem's :class:`~coec.compensate.gram_check.GramCheck` was formed from this Gram
+    (``checked``: its PSD verdict was used)."""
 
     G: torch.Tensor
     psd: dict[str, Any]
     fallbacks: list[str]
     scale: float
+    checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,9 @@ class Problem:
     method's result depends on which); mean (d_in,) the channel means or None; keep (k,) the
     sorted, unique kept input columns (long); n_tokens the tokens ``gram`` sums over (None when
     unknown); inputs the method's declared extra data (``Method.inputs``), by name; dtype the
-    dtype the method solves in (``Method.dtype``).
+    dtype the method solves in (``Method.dtype``); check the calibration's
+    :class:`~coec.compensate.gram_check.GramCheck` of this module, or None (then the metric's
+    PSD check and output energy are formed here).
     """
 
     W0: torch.Tensor
@@ -75,6 +86,7 @@ class Problem:
     n_tokens: float | None = None
     inputs: Mapping[str, Any] = field(default_factory=dict)
     dtype: torch.dtype = torch.float64
+    check: GramCheck | None = None
 
     @property
     def device(self) -> torch.device:
@@ -93,13 +105,76 @@ class Problem:
         return int(self.keep.numel())
 
     @cached_property
+    def checked(self) -> bool:
+        """Whether ``check`` was formed from this Gram (``GramCheck.fits_gram``); a check of
+        another Gram is not used, and the log says so."""
+        if self.check is None:
+            return False
+        if self.check.fits_gram(self.gram):
+            return True
+        log.warning("the Gram check was formed from another Gram (stale?): App. B's check is run again")
+        return False
+
+    @property
+    def _check_stands_in(self) -> bool:
+        """The check replaces the metric for what it holds: it fits, the Gram is PSD (the metric
+        is the normalised Gram itself) and the metric has not been formed anyway."""
+        fits = self.checked and self.check is not None and not self.check.psd["indefinite"]
+        return fits and "metric" not in vars(self)
+
+    @cached_property
     def metric(self) -> Metric:
-        """The float64 metric (normalised, PSD-checked Gram), formed once per problem."""
+        """The float64 metric (normalised, PSD-checked Gram), formed once per problem; App. B's
+        verdict comes from ``check`` when it was formed from this Gram."""
         fallbacks: list[str] = []
         g64 = self.gram.to(self.device, torch.float64, copy=True)  # normalised in place below
         scale = gram_scale(g64)
-        G, psd = gram_psd(normalize_gram_(g64), fallbacks)
-        return Metric(G=G, psd=psd, fallbacks=fallbacks, scale=scale)
+        G = normalize_gram_(g64)
+        chk = self.check if self.checked else None
+        if chk is not None and not chk.psd["indefinite"]:
+            psd = dict(chk.psd)
+        elif chk is not None:  # indefinite: its eigenvalues decide, no Cholesky
+            G, psd = gram_psd(G, fallbacks, min_eig=chk.psd.get("min_eig"), max_eig=chk.psd.get("max_eig"))
+        else:
+            G, psd = gram_psd(G, fallbacks)
+        return Metric(G=G, psd=psd, fallbacks=fallbacks, scale=scale, checked=chk is not None)
+
+    @property
+    def psd(self) -> dict[str, Any]:
+        """App. B's outcome for the Gram (``Metric.psd``), without forming the metric when the
+        check stands in for it."""
+        return dict(self.check.psd) if self._check_stands_in and self.check is not None else self.metric.psd
+
+    @property
+    def scale(self) -> float:
+        """``Metric.scale`` (the Gram is ``scale * G``), from the check when it stands in."""
+        return self.check.scale if self._check_stands_in and self.check is not None else self.metric.scale
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """``Metric.fallbacks``: none when the metric was not formed (a PSD Gram needs no eigh)."""
+        return self.metric.fallbacks if "metric" in vars(self) else []
+
+    def metric_block(self, idx: torch.Tensor) -> torch.Tensor:
+        """``metric.G[idx][:, idx]`` (len(idx), len(idx)); when the check stands in for the
+        metric, formed from the Gram's block alone with the bits of the whole metric's
+        (``normalize_gram_`` entry by entry: ``(g_ij + g_ji) * 0.5 / scale``)."""
+        if self._check_stands_in and self.check is not None:
+            B = self.gram[idx[:, None], idx].to(torch.float64)
+            return torch.add(B, B.mT).mul_(0.5).div_(self.check.scale)
+        return self.metric.G[idx[:, None], idx]
+
+    @cached_property
+    def energy(self) -> float:
+        """``c = tr(W0 G W0^T)`` on the metric (``errors.output_energy``), from ``check`` when it
+        was formed from this Gram and this weight."""
+        from .errors import output_energy
+
+        if self.checked and self.check is not None and self.check.energy is not None:
+            if self.check.fits_weight(self.W0):
+                return self.check.energy
+            log.warning("the Gram check was formed from another weight (stale?): the output energy is formed again")
+        return output_energy(self.W0, self.metric.G)
 
     def mean_gram(self) -> torch.Tensor:
         """``E[x x^T]`` in float64 (the Gram over ``n_tokens``, symmetrised), with the metric's PSD
@@ -109,7 +184,7 @@ class Problem:
         if self.n_tokens is None:
             raise ValueError("the mean Gram needs n_tokens")
         gm = symmetrize_(self.gram.to(self.device, torch.float64) / float(self.n_tokens))
-        return psd_project(gm)[0] if self.metric.psd.get("indefinite") else gm
+        return psd_project(gm)[0] if self.psd.get("indefinite") else gm
 
 
 @dataclass
