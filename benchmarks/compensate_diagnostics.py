@@ -24,7 +24,7 @@ import torch
 from coec.compensate import compensate
 
 try:
-    from coec.compensate.gram_check import check_module
+    from coec.compensate.method import check_module
 except ImportError:  # a tree from before the Gram check
     check_module = None
 
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                 times["check (once)"].append(time.process_time() - t)
                 for method in ("none", "bias"):
                     t = time.process_time()
-                    compensate(W0, G, mean, keep, method, n_tokens=n, gram_check=check)
+                    compensate(W0, G, mean, keep, method, n_tokens=n, inputs={"gram_check": check})
                     times[f"{method} checked"].append(time.process_time() - t)
             t = time.process_time()
             W64 = W0.double()

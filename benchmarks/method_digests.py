@@ -82,7 +82,7 @@ def run(seeds: int, gram_check: bool = False) -> dict[str, dict]:
     from coec.compensate import compensate
 
     if gram_check:
-        from coec.compensate.gram_check import check_module
+        from coec.compensate.method import check_module
 
     res: dict[str, dict] = {}
     for seed in range(seeds):
@@ -94,7 +94,6 @@ def run(seeds: int, gram_check: bool = False) -> dict[str, dict]:
                     inputs = {"value_proj": p["value_proj"]}
                 if method == "blend":
                     inputs = {"base_weight": p["W0"][:, p["keep"]] * 1.1, "base_bias": None}
-                extra = {"gram_check": check_module(p["W0"], p["gram"])} if gram_check else {}
                 try:
                     out = compensate(
                         p["W0"],
@@ -102,9 +101,8 @@ def run(seeds: int, gram_check: bool = False) -> dict[str, dict]:
                         p["mean"],
                         p["keep"],
                         method,
-                        inputs=inputs,
+                        inputs={**inputs, "gram_check": check_module(p["W0"], p["gram"])} if gram_check else inputs,
                         n_tokens=p["n_tokens"],
-                        **extra,
                         **opts,
                     )
                 except Exception as exc:  # noqa: BLE001 - a refusal is a result too

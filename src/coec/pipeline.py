@@ -124,9 +124,9 @@ def run_gram_check(
     trust_remote_code: bool = False,
 ) -> dict:
     """App. B's verdict on every layer's o_proj and down_proj Gram and each module's output
-    energy on it (``compensate.gram_check.check_module``) -> gram_checks/{calib}.json, read by
+    energy on it (``compensate.method.check_module``) -> gram_checks/{calib}.json, read by
     every compensation job of the calibration whose method reports no errors of its own."""
-    from .compensate.gram_check import check_module
+    from .compensate.method import check_module
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
     cfg = load_config(model_dir, revision, trust_remote_code)
@@ -189,6 +189,7 @@ def run_compensate(
     which the workflow passes as rule inputs. ``gram_check``: the calibration's
     gram_checks/{calib}.json (``run_gram_check``), used by methods without errors of their own."""
     from .compensate import compensate
+    from .compensate.gram_check import GRAM_CHECK
     from .compensate.inputs import Module
     from .compensate.options import method as registered
     from .compensate.options import module_options, resolve
@@ -222,6 +223,8 @@ def run_compensate(
             extra: dict = {}
             for inp in m.inputs:
                 extra.update(inp.for_module(handles[inp.name], where, typed))
+            if checks is not None and not m.reports_errors:
+                extra[GRAM_CHECK] = checks[i][module]
             res = compensate(
                 w[names[module]].to(dev),
                 st["gram"].to(dev),
@@ -230,7 +233,6 @@ def run_compensate(
                 m.name,
                 inputs=extra,
                 n_tokens=st["count"],
-                gram_check=checks[i][module] if checks is not None and not m.reports_errors else None,
                 **opts,
             )
             tensors[f"layer{i}.{module}.weight"] = res.weight.detach().cpu().contiguous()

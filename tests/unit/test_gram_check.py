@@ -13,7 +13,8 @@ import torch
 import coec.compensate.errors as errors
 import coec.compensate.method as method_module
 from coec.compensate import compensate
-from coec.compensate.gram_check import GramCheck, check_module
+from coec.compensate.gram_check import GRAM_CHECK, GramCheck
+from coec.compensate.method import check_module
 
 METHODS = ("none", "bias", "lstsq", "rcpu")
 
@@ -34,7 +35,7 @@ def _problem(d_out=20, d_in=48, k=30, n=200, seed=0, indefinite=False):
 
 def _run(W0, G, mean, keep, n, method, check=None):
     opts = {"ridge": 0.01} if method == "lstsq" else {}
-    out = compensate(W0, G, mean, keep, method, n_tokens=n, gram_check=check, **opts)
+    out = compensate(W0, G, mean, keep, method, n_tokens=n, inputs={GRAM_CHECK: check} if check else None, **opts)
     info = {k: v for k, v in out.info.items() if k != "seconds"}
     return out, info
 

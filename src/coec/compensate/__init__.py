@@ -13,9 +13,9 @@ mean diagonal first); mean (d_in,) channel means (needed by bias and blend); kee
 unique kept column indices; n_tokens the tokens gram sums over (needed by the methods that
 return a bias, whose error needs the Gram's scale); inputs the method's extra data
 (``Method.inputs``: blend's ``base_weight``/``base_bias``/``holdout_*``, coec's ``value_proj``);
-device where the solve runs (None: W0's); gram_check the calibration's ``GramCheck`` of the
-module (``coec.compensate.gram_check``: App. B's verdict and the output energy, formed once per
-calibration; None forms them here). Options: the method's dataclass
+device where the solve runs (None: W0's). ``inputs["gram_check"]`` (``gram_check.GRAM_CHECK``),
+for any method: the calibration's ``GramCheck`` of the module (App. B's verdict and the output
+energy, formed once per calibration; without it they are formed here). Options: the method's dataclass
 (``coec.compensate.methods.<name>``; docs/compensation-options.md).
 
 Reported errors (``info``): ``relerr_before`` of the pruned weight W0[:, K], ``relerr_after`` of
@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from .errors import residual_errors
-from .gram_check import GramCheck
+from .errors import MetricParts, residual_errors
+from .gram_check import GRAM_CHECK
 from .method import Compensation, Method, Problem
 from .options import method as _method
 from .options import resolve
@@ -91,7 +91,6 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
     keep = problem.keep
     pruned = torch.ones(problem.d_in, dtype=torch.bool, device=problem.device)
     pruned[keep] = False
-    kept_w0 = torch.equal(out.weight.to(problem.device, torch.float64), problem.W0[:, keep].to(torch.float64))
     info: dict[str, Any] = {
         "method": m.name,
         "compute_dtype": str(problem.dtype).replace("torch.", ""),
@@ -100,17 +99,12 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
         **out.info,
     }
     n = problem.n_tokens  # the Gram is scale * G over n tokens: G over n / scale
+    parts = MetricParts(
+        energy=problem.energy, pruned=problem.metric_block(pruned.nonzero().squeeze(1)), whole=lambda: problem.metric.G
+    )
     info.update(
         residual_errors(
-            problem.W0,
-            None if kept_w0 else problem.metric.G,
-            keep,
-            out.weight,
-            out.bias,
-            problem.mean,
-            n / problem.scale if n is not None else None,
-            c=problem.energy,
-            pruned_gram=problem.metric_block(pruned.nonzero().squeeze(1)),
+            problem.W0, parts, keep, out.weight, out.bias, problem.mean, n / problem.scale if n is not None else None
         )
     )
     info.setdefault("scale_skipped", 0)
@@ -129,7 +123,6 @@ def compensate(
     inputs: Mapping[str, Any] | None = None,
     n_tokens: float | None = None,
     device: str | torch.device | None = None,
-    gram_check: GramCheck | None = None,
     **options: Any,
 ) -> Compensation:
     """Compensate one pruned module (paper Sec. 3–4) with a registered method; see the module
@@ -143,15 +136,17 @@ def compensate(
     o = resolve(method, options)  # unknown option, bad values, options that cannot work together
     keep = check_problem(W0, gram, mean, keep, method, m.needs_mean, n_tokens, m.needs_n_tokens)
     dev = torch.device(device) if device is not None else W0.device
+    extra = dict(inputs or {})
+    check = extra.pop(GRAM_CHECK, None)
     problem = Problem(
         W0=W0.to(dev),
         gram=gram.to(dev),
         mean=mean.to(dev) if mean is not None else None,
         keep=keep.to(dev),
         n_tokens=n_tokens,
-        inputs=dict(inputs or {}),
+        inputs=extra,
         dtype=m.dtype(o, dev),
-        check=gram_check,
+        check=check,
     )
     if m.check_data is not None:
         m.check_data(problem, o)

@@ -12,9 +12,12 @@ method without its own report (``compensate``). :class:`OutputError` expands the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["relerr", "OutputError", "output_energy", "residual_errors"]
+__all__ = ["relerr", "OutputError", "output_energy", "MetricParts", "residual_errors"]
 
 
 def relerr(W: torch.Tensor, Gxx: torch.Tensor, Gyx: torch.Tensor, c: float) -> float:
@@ -88,16 +91,27 @@ def output_energy(W0: torch.Tensor, G: torch.Tensor, block: int = ENERGY_BLOCK) 
     return c
 
 
+@dataclass(frozen=True)
+class MetricParts:
+    """What ``residual_errors`` needs of a metric G (d_in, d_in) it is not given whole: the output
+    energy ``tr(W0 G W0^T)``, the pruned block ``G[P, P]`` (P the pruned columns, ascending) and a
+    function that forms the whole G, called only for a weight other than ``W0[:, K]``
+    (``Problem.energy`` / ``metric_block`` / ``metric``: with the calibration's Gram check, none
+    and bias never form it)."""
+
+    energy: float
+    pruned: torch.Tensor
+    whole: Callable[[], torch.Tensor]
+
+
 def residual_errors(
     W0: torch.Tensor,
-    G: torch.Tensor | None,
+    G: torch.Tensor | MetricParts,
     keep: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     mean: torch.Tensor | None = None,
     n_tokens: float | None = None,
-    c: float | None = None,
-    pruned_gram: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """The errors of a pruned module from its residual (paper Sec. 3.1), in float64.
 
@@ -110,10 +124,8 @@ def residual_errors(
     Returns ``relerr_before`` (``W0[:, K]``: ``tr(W0_P G_PP W0_P^T) / c``), ``relerr_after`` (the
     module as given, with its bias) and, with a bias, ``relerr_after_weight_only``. Cost: ``c``
     (one ``d_out d_in^2`` product) and, for a weight equal to ``W0[:, K]``, the pruned block
-    ``d_out |P|^2``; another weight adds one ``d_out d_in^2`` product. ``c``: the output energy
-    when it is known (``Problem.energy``: formed once per calibration), else formed here;
-    ``pruned_gram``: ``G[P, P]`` (P the pruned columns, ascending) when it is known
-    (``Problem.metric_block``). G may be None when both are given and the weight is ``W0[:, K]``.
+    ``d_out |P|^2``; another weight adds one ``d_out d_in^2`` product. G may be given as its
+    parts (:class:`MetricParts`): then ``c`` and ``G[P, P]`` are taken from them.
     """
     dev = W0.device
     W0 = W0.to(torch.float64)
@@ -121,11 +133,7 @@ def residual_errors(
     pruned = torch.ones(W0.shape[1], dtype=torch.bool, device=dev)
     pruned[keep] = False
     P = pruned.nonzero().squeeze(1)
-    if G is None and (c is None or pruned_gram is None):
-        raise ValueError("the errors need the Gram, or its output energy and pruned block")
-    if c is None and G is not None:
-        c = output_energy(W0, G)
-    assert c is not None
+    c = G.energy if isinstance(G, MetricParts) else output_energy(W0, G)
     if not c > 0:
         nan = float("nan")
         return {
@@ -134,18 +142,15 @@ def residual_errors(
             **({"relerr_after_weight_only": nan} if bias is not None else {}),
         }
     WP = W0[:, P]
-    GPP = pruned_gram if pruned_gram is not None or G is None else G[P[:, None], P]
-    assert GPP is not None
+    GPP = G.pruned if isinstance(G, MetricParts) else G[P[:, None], P]
     e_before = float(((WP @ GPP.to(torch.float64)) * WP).sum())
     W = weight.to(dev, torch.float64)
     if torch.equal(W, W0[:, keep]):
         R, e_weight = None, e_before
-    elif G is None:
-        raise ValueError("the error of a weight other than W0[:, K] needs the Gram")
     else:
         R = W0.clone()
         R[:, keep] -= W
-        e_weight = output_energy(R, G)
+        e_weight = output_energy(R, G.whole() if isinstance(G, MetricParts) else G)
     out = {"relerr_before": e_before / c, "relerr_after": e_weight / c}
     if bias is None:
         return out

@@ -9,11 +9,12 @@ compensation job formed both again: for ``none`` and ``bias``, which only slice 
 were nearly all of the job.
 
 The ``gram_check`` stage forms them once per (model, calibration) with the code the compensation
-job would run (``check_module``: ``Problem.metric`` and ``errors.output_energy``); each job then
-reads its module's :class:`GramCheck` and uses it when it was formed from the same Gram and the
-same weight (``fits_gram`` / ``fits_weight``: trace and Frobenius norms in float64, to
-``FINGERPRINT_RTOL``), else forms them itself and says so in its log. Results are those of the
-job forming them itself: the same functions on the same tensors.
+job would run (``method.check_module``: ``Problem.metric`` and ``errors.output_energy``). Each
+job is given its module's :class:`GramCheck` (``compensate(..., inputs={GRAM_CHECK: check})``)
+and uses it when it was formed from the same Gram and the same weight (``fits_gram`` /
+``fits_weight``: trace and Frobenius norms in float64, to ``FINGERPRINT_RTOL``), else forms them
+itself and says so in its log. Results are those of the job forming them itself: the same
+functions on the same tensors.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["GramCheck", "FINGERPRINT_RTOL", "frobenius", "check_module"]
+__all__ = ["GramCheck", "GRAM_CHECK", "FINGERPRINT_RTOL", "frobenius"]
+
+#: The key of ``compensate``'s ``inputs`` that carries a module's check.
+GRAM_CHECK = "gram_check"
 
 #: Relative agreement of a check's fingerprints with the job's Gram and weight: far below any
 #: change of data, far above the reordered sums of another thread count.
@@ -97,22 +101,3 @@ class GramCheck:
             psd=dict(psd),
             energy=float(energy) if energy is not None else None,
         )
-
-
-def check_module(W0: torch.Tensor, gram: torch.Tensor) -> GramCheck:
-    """The check of one module: W0 (d_out, d_in) its weight, gram (d_in, d_in) its input's Gram
-    (``sum_t x_t x_t^T`` or its mean), both on the device the compensation jobs use. Runs
-    ``Problem.metric`` (normalise, App. B) and ``errors.output_energy`` on them."""
-    from .errors import output_energy
-    from .method import Problem
-
-    problem = Problem(W0=W0, gram=gram, mean=None, keep=torch.empty(0, dtype=torch.long, device=W0.device))
-    metric = problem.metric
-    c = output_energy(W0, metric.G)
-    return GramCheck(
-        scale=metric.scale,
-        gram_norm=frobenius(gram),
-        weight_norm=frobenius(W0),
-        psd=dict(metric.psd),
-        energy=c if math.isfinite(c) else None,
-    )

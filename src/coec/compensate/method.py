@@ -14,24 +14,23 @@ compensate stage) reads the registry.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..registry import Registry
 from .gram import gram_psd, gram_scale, normalize_gram_
+from .gram_check import GramCheck, frobenius
 from .inputs import MethodInput
 from .validators import float_dtype, opt
 
-if TYPE_CHECKING:
-    from .gram_check import GramCheck
-
 log = logging.getLogger(__name__)
 
-__all__ = ["CommonOptions", "Problem", "Metric", "Compensation", "Method", "METHODS", "MODULES"]
+__all__ = ["CommonOptions", "Problem", "Metric", "Compensation", "Method", "METHODS", "MODULES", "check_module"]
 
 #: The two compensated modules of a decoder layer (a config entry may override options per module).
 MODULES = ("o_proj", "down_proj")
@@ -185,6 +184,25 @@ class Problem:
             raise ValueError("the mean Gram needs n_tokens")
         gm = symmetrize_(self.gram.to(self.device, torch.float64) / float(self.n_tokens))
         return psd_project(gm)[0] if self.psd.get("indefinite") else gm
+
+
+def check_module(W0: torch.Tensor, gram: torch.Tensor) -> GramCheck:
+    """The calibration's check of one module (``coec.compensate.gram_check``): W0 (d_out, d_in)
+    its weight, gram (d_in, d_in) its input's Gram (``sum_t x_t x_t^T`` or its mean), both on the
+    device the compensation jobs use. Runs ``Problem.metric`` (normalise, App. B) and
+    ``errors.output_energy`` on them, the code a compensation job runs without a check."""
+    from .errors import output_energy
+
+    problem = Problem(W0=W0, gram=gram, mean=None, keep=torch.empty(0, dtype=torch.long, device=W0.device))
+    metric = problem.metric
+    c = output_energy(W0, metric.G)
+    return GramCheck(
+        scale=metric.scale,
+        gram_norm=frobenius(gram),
+        weight_norm=frobenius(W0),
+        psd=dict(metric.psd),
+        energy=c if math.isfinite(c) else None,
+    )
 
 
 @dataclass
