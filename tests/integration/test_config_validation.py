@@ -422,51 +422,9 @@ def test_indefinite_gram_every_method(method):
     assert ok["indefinite"] is False and "clipped" not in ok
 
 
-@pytest.mark.parametrize("method", ["none", "coec"])
-def test_indefinite_gram_in_the_compensate_stage(tiny_model, grams, tmp_path, method):
-    """App. B: negative eigenvalues clipped (recorded in info["gram_psd"]), finite errors on the
-    PSD projection, and no logging error anywhere in the stage's output."""
-    work, _ = grams
-    _make_indefinite(work / "grams", tmp_path / "grams")
-    spec = {"method": method, **({"max_rounds": 3} if method == "coec" else {})}
-    out = tmp_path / "block0-1.safetensors"
-    res = _coec(
-        "compensate",
-        "--model",
-        str(tiny_model),
-        "--grams",
-        str(tmp_path / "grams"),
-        "--keep",
-        str(work / "keep.json"),
-        "--spec",
-        json.dumps(spec),
-        "--first",
-        "0",
-        "--last",
-        "1",
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert LOGGING_ERROR not in res.stderr + res.stdout
-    info = json.loads(out.with_suffix(".json").read_text())
-    for module in ("o_proj", "down_proj"):
-        i0, i1 = info[f"layer0.{module}"], info[f"layer1.{module}"]
-        psd = i0["gram_psd"]
-        assert psd["indefinite"] is True and psd["clipped"] >= 1 and psd["min_eig"] < 0
-        assert "clipped negative eigenvalues" in psd["action"]
-        assert i1["gram_psd"]["indefinite"] is False  # the untouched layer is left as it is
-        for key in ("relerr_before", "relerr_after"):
-            assert isinstance(i0[key], float) and math.isfinite(i0[key]) and i0[key] >= -1e-9, (key, i0[key])
-    assert "indefinite Gram: PSD projection" in res.stderr
-
-
-# ----------------------------------------------------------------------------- the Gram check
-def _compensate_stage(capsys, model, grams_dir, keep, spec, out, *extra) -> tuple[int, str]:
-    return _stage(
-        capsys,
+def _compensate_args(model, grams_dir, keep, spec, out, *extra) -> list[str]:
+    """``coec compensate`` of layers 0-1 on the CPU (``extra``: more options)."""
+    return [
         "compensate",
         "--model",
         str(model),
@@ -485,7 +443,35 @@ def _compensate_stage(capsys, model, grams_dir, keep, spec, out, *extra) -> tupl
         *extra,
         "--out",
         str(out),
-    )
+    ]
+
+
+@pytest.mark.parametrize("method", ["none", "coec"])
+def test_indefinite_gram_in_the_compensate_stage(tiny_model, grams, tmp_path, method):
+    """App. B: negative eigenvalues clipped (recorded in info["gram_psd"]), finite errors on the
+    PSD projection, and no logging error anywhere in the stage's output."""
+    work, _ = grams
+    _make_indefinite(work / "grams", tmp_path / "grams")
+    spec = {"method": method, **({"max_rounds": 3} if method == "coec" else {})}
+    out = tmp_path / "block0-1.safetensors"
+    res = _coec(*_compensate_args(tiny_model, tmp_path / "grams", work / "keep.json", spec, out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert LOGGING_ERROR not in res.stderr + res.stdout
+    info = json.loads(out.with_suffix(".json").read_text())
+    for module in ("o_proj", "down_proj"):
+        i0, i1 = info[f"layer0.{module}"], info[f"layer1.{module}"]
+        psd = i0["gram_psd"]
+        assert psd["indefinite"] is True and psd["clipped"] >= 1 and psd["min_eig"] < 0
+        assert "clipped negative eigenvalues" in psd["action"]
+        assert i1["gram_psd"]["indefinite"] is False  # the untouched layer is left as it is
+        for key in ("relerr_before", "relerr_after"):
+            assert isinstance(i0[key], float) and math.isfinite(i0[key]) and i0[key] >= -1e-9, (key, i0[key])
+    assert "indefinite Gram: PSD projection" in res.stderr
+
+
+# ----------------------------------------------------------------------------- the Gram check
+def _compensate_stage(capsys, model, grams_dir, keep, spec, out, *extra) -> tuple[int, str]:
+    return _stage(capsys, *_compensate_args(model, grams_dir, keep, spec, out, *extra))
 
 
 def test_compensate_stage_with_the_gram_check_writes_the_files_it_writes_without(tiny_model, grams, tmp_path, capsys):
