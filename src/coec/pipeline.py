@@ -126,7 +126,7 @@ def run_gram_check(
     """App. B's verdict on every layer's o_proj and down_proj Gram and each module's output
     energy on it (``compensate.method.check_module``) -> gram_checks/{calib}.json, read by
     every compensation job of the calibration whose method reports no errors of its own."""
-    from .compensate.method import check_module
+    from .compensate.method import MODULES, check_module
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
     cfg = load_config(model_dir, revision, trust_remote_code)
@@ -136,7 +136,7 @@ def run_gram_check(
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
         layer = {}
-        for module in ("o_proj", "down_proj"):
+        for module in MODULES:
             chk = check_module(w[names[module]].to(dev), read_gram_layer(gram_dir, i, module)["gram"].to(dev))
             layer[module] = chk.to_json()
             if chk.psd.get("indefinite"):
