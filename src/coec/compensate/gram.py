@@ -32,9 +32,9 @@ __all__ = [
 
 
 def gram_scale(G: torch.Tensor) -> float:
-    """The factor ``normalize_gram`` divides G (d, d) by: ``tr(G) / d``, or 1 for a zero or
-    non-finite trace (then G is left unscaled)."""
-    t = float(torch.diagonal(G).sum()) / G.shape[0]
+    """The factor ``normalize_gram`` divides G (d, d) by: ``tr(G) / d`` summed in float64 (any
+    dtype of G), or 1 for a zero or non-finite trace (then G is left unscaled)."""
+    t = float(torch.diagonal(G).sum(dtype=torch.float64)) / G.shape[0]
     return t if t > 0 and math.isfinite(t) else 1.0
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .gram import gram_scale
+
 __all__ = ["GramCheck", "GRAM_CHECK", "FINGERPRINT_RTOL", "frobenius"]
 
 #: The key of ``compensate``'s ``inputs`` that carries a module's check.
@@ -61,11 +63,9 @@ class GramCheck:
     energy: float | None
 
     def fits_gram(self, gram: torch.Tensor) -> bool:
-        """Whether this check was formed from ``gram`` (d, d): its trace (as ``gram_scale``) and
-        Frobenius norm, in float64, agree to ``FINGERPRINT_RTOL``."""
-        t = float(torch.diagonal(gram).sum(dtype=torch.float64)) / gram.shape[0]
-        scale = t if t > 0 and math.isfinite(t) else 1.0
-        return _close(self.scale, scale) and _close(self.gram_norm, frobenius(gram))
+        """Whether this check was formed from ``gram`` (d, d): its ``gram_scale`` and Frobenius
+        norm, both in float64, agree to ``FINGERPRINT_RTOL``."""
+        return _close(self.scale, gram_scale(gram)) and _close(self.gram_norm, frobenius(gram))
 
     def fits_weight(self, W0: torch.Tensor) -> bool:
         """Whether this check's energy is that of ``W0`` (d_out, d_in)."""

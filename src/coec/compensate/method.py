@@ -54,15 +54,12 @@ class Metric:
     """The reconstruction metric of a problem (paper Sec. 3.1, App. B): the Gram normalised to
     unit mean diagonal in float64 (``G``, (d_in, d_in)), replaced by its PSD projection when it is
     indefinite (``psd`` records the outcome), the solver fallbacks recorded on the way, the
-    factor the normalisation divided by (``scale``: the Gram is ``scale * G``), and whether the
-    problem's :class:`~coec.compensate.gram_check.GramCheck` was formed from this Gram
-    (``checked``: its PSD verdict was used)."""
+    factor the normalisation divided by (``scale``: the Gram is ``scale * G``)."""
 
     G: torch.Tensor
     psd: dict[str, Any]
     fallbacks: list[str]
     scale: float
-    checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,7 @@ class Problem:
             G, psd = gram_psd(G, fallbacks, min_eig=chk.psd.get("min_eig"), max_eig=chk.psd.get("max_eig"))
         else:
             G, psd = gram_psd(G, fallbacks)
-        return Metric(G=G, psd=psd, fallbacks=fallbacks, scale=scale, checked=chk is not None)
+        return Metric(G=G, psd=psd, fallbacks=fallbacks, scale=scale)
 
     @property
     def psd(self) -> dict[str, Any]:
