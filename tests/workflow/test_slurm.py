@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts/slurm/local_cluster.sh"
 pytestmark = pytest.mark.slow
 
-GPU_RULES = {"calibrate", "compensate"}  # the trimmed config gives these gpu: 1
+GPU_RULES = {"calibrate", "compensate", "gram_check"}  # the trimmed config gives these gpu: 1
+# (gram_check runs with the compensate row's resources)
 
 
 def cluster_pids(state: Path) -> list[int]:
@@ -104,7 +105,8 @@ CELL = "results/tiny/c8/wanda_sp-0.5/coec/ppl.json"  # calibrate, select, 2 x co
 
 
 def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
-    """squeue mode: all of table1 (16 jobs); sacct mode: one COEC cell (5 jobs)."""
+    """squeue mode: all of table1 (17 jobs: one gram_check for the cells compensated without a
+    check of their own); sacct mode: one COEC cell (5 jobs, no gram_check)."""
     mode, env = cluster
     local, t_local = local_run
     work = tmp_path_factory.mktemp(f"slurm-{mode}")
@@ -136,7 +138,7 @@ def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
     print(f"trimmed workflow ({target}): local run of table1 {t_local:.0f} s, SLURM ({mode}) {t_slurm:.0f} s")
 
     stats = job_counts(out)
-    n_jobs = 16 if mode == "squeue" else 5
+    n_jobs = 17 if mode == "squeue" else 5
     submitted = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.", out)
     # every job went through sbatch, each its own SLURM job
     assert len(submitted) == stats["total"] == n_jobs
@@ -165,6 +167,7 @@ def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
     assert sorted(seen) == sorted(f"{jid}|COMPLETED" for jid, _ in submitted)
     if mode == "squeue":
         assert len(rules["compensate"]) == 3 * 2  # three compensated cells x two layers
+        assert len(rules["gram_check"]) == 1  # one per calibration, read by bias and rcpu
         # the same table as the local run, byte for byte
         assert (work / "results/table1.csv").read_bytes() == (local / "results/table1.csv").read_bytes()
     else:
