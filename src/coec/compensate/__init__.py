@@ -88,9 +88,6 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
     energy, the pruned block, and for a weight other than ``W0[:, K]`` one product of its
     residual; float64), the loop keys. With the calibration's Gram check, a method that keeps
     ``W0[:, K]`` (none, bias) never forms the whole float64 metric."""
-    keep = problem.keep
-    pruned = torch.ones(problem.d_in, dtype=torch.bool, device=problem.device)
-    pruned[keep] = False
     info: dict[str, Any] = {
         "method": m.name,
         "compute_dtype": str(problem.dtype).replace("torch.", ""),
@@ -99,12 +96,16 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
         **out.info,
     }
     n = problem.n_tokens  # the Gram is scale * G over n tokens: G over n / scale
-    parts = MetricParts(
-        energy=problem.energy, pruned=problem.metric_block(pruned.nonzero().squeeze(1)), whole=lambda: problem.metric.G
-    )
+    parts = MetricParts(energy=problem.energy, block=problem.metric_block, whole=lambda: problem.metric.G)
     info.update(
         residual_errors(
-            problem.W0, parts, keep, out.weight, out.bias, problem.mean, n / problem.scale if n is not None else None
+            problem.W0,
+            parts,
+            problem.keep,
+            out.weight,
+            out.bias,
+            problem.mean,
+            n / problem.scale if n is not None else None,
         )
     )
     info.setdefault("scale_skipped", 0)

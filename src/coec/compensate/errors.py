@@ -94,13 +94,13 @@ def output_energy(W0: torch.Tensor, G: torch.Tensor, block: int = ENERGY_BLOCK) 
 @dataclass(frozen=True)
 class MetricParts:
     """What ``residual_errors`` needs of a metric G (d_in, d_in) it is not given whole: the output
-    energy ``tr(W0 G W0^T)``, the pruned block ``G[P, P]`` (P the pruned columns, ascending) and a
-    function that forms the whole G, called only for a weight other than ``W0[:, K]``
-    (``Problem.energy`` / ``metric_block`` / ``metric``: with the calibration's Gram check, none
-    and bias never form it)."""
+    energy ``tr(W0 G W0^T)``, a function giving the block ``G[idx][:, idx]`` of ascending column
+    indices (called with the pruned columns P) and one that forms the whole G, called only for a
+    weight other than ``W0[:, K]`` (``Problem.energy`` / ``metric_block`` / ``metric``: with the
+    calibration's Gram check, none and bias never form it)."""
 
     energy: float
-    pruned: torch.Tensor
+    block: Callable[[torch.Tensor], torch.Tensor]
     whole: Callable[[], torch.Tensor]
 
 
@@ -142,7 +142,7 @@ def residual_errors(
             **({"relerr_after_weight_only": nan} if bias is not None else {}),
         }
     WP = W0[:, P]
-    GPP = G.pruned if isinstance(G, MetricParts) else G[P[:, None], P]
+    GPP = G.block(P) if isinstance(G, MetricParts) else G[P[:, None], P]
     e_before = float(((WP @ GPP.to(torch.float64)) * WP).sum())
     W = weight.to(dev, torch.float64)
     if torch.equal(W, W0[:, keep]):
