@@ -265,3 +265,38 @@ def test_workflow_writes_gguf_targets(work):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     archs = [gguf.GGUFReader(str(work / t)).get_field("general.architecture").contents() for t in GGUF_TARGETS]
     assert archs[:2] == ["llama", "llama"] and archs[2] in ("llama", "deci")
+
+
+CRASHING_WORKER = """
+import json, os, runpy, signal, sys
+job = json.loads(sys.argv[1])
+if job["runtime"] == "transformers" and job["dtype"] == "bfloat16" and "export" in job.get("path", ""):
+    os.kill(os.getpid(), signal.SIGSEGV)  # as llama.cpp's AMX matmul does on some CPUs
+runpy.run_module("coec.deploy.worker", run_name="__main__")
+"""
+
+
+def test_a_worker_killed_by_a_signal_fails_its_configuration_not_the_table(tiny_cells, tmp_path, monkeypatch):
+    """The pruned cell's bf16 worker dies with SIGSEGV in every repeat: that configuration is
+    run once, recorded as failed with its signal (.runs.json, the CSV's and the .md's status),
+    has no measurement, and every other configuration is measured in every repeat."""
+    from coec.deploy import measured
+
+    fake = tmp_path / "crashing_worker.py"
+    fake.write_text(CRASHING_WORKER)
+    monkeypatch.setattr(measured, "worker_command", lambda: [sys.executable, str(fake)])
+    out = tmp_path / "t.csv"
+    df = write_measured(tiny_spec(*tiny_cells, out, ["transformers-fp32", "transformers-bf16"], 2, False), out)
+    assert len(df) == 4 and list(pd.read_csv(out).columns) == list(df.columns)
+    bad = (df.cell == "cell") & (df.type == "bfloat16")
+    assert df[bad].status.tolist() == ["failed: SIGSEGV (signal 11)"]
+    assert (df[~bad].status == "ok").all()
+    speeds = ["prefill_tok_s", "decode_tok_s", "peak_rss_mb", "read_mb", "decode_speedup", "prefill_speedup"]
+    assert df[bad][speeds].isna().all(axis=None)
+    assert (df[~bad][["prefill_tok_s", "decode_tok_s"]] > 0).all(axis=None)
+    runs = json.loads(out.with_suffix(".runs.json").read_text())["configs"]
+    failed = [c for c in runs if c.get("failed")]
+    assert len(failed) == 1 and failed[0]["runs"] == []
+    assert failed[0]["failed"]["signal"] == "SIGSEGV" and failed[0]["failed"]["repeat"] == 1
+    assert all(len(c["runs"]) == 2 for c in runs if not c.get("failed"))
+    assert "failed: SIGSEGV (signal 11)" in out.with_suffix(".md").read_text()

@@ -13,6 +13,11 @@ folder) or build ({model, keep, comp}: assembled in memory), gguf {type: file}}]
 the dense model; ``runtimes`` (transformers-fp32, transformers-bf16, llamacpp-f16,
 llamacpp-q8_0, llamacpp-f32); ``prompt_tokens``, ``new_tokens``, ``repeats``, ``threads``
 (0: every core this process may use), ``device``, ``seed``, ``caption``, ``figure``.
+
+A worker that dies by a signal (llama.cpp's AMX matmul segfaults on some CPUs; docs/deploy.md)
+fails its configuration, not the table: the configuration's ``failed`` record (signal, repeat,
+the end of its stderr) goes to ``.runs.json``, its row says ``failed: SIGSEGV (signal 11)`` in
+``status`` with no measurement, and it is not run again; every other configuration still runs.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import sys
 from pathlib import Path
 
 from .. import artifacts
+from ..isolated import describe_exit, signal_name
 from .bounds import gguf_flops_per_token, prefill_context
 from .worker import MARK
 
@@ -45,6 +51,7 @@ MD_COLUMNS = {
     "cell": "cell",
     "runtime": "runtime",
     "type": "type",
+    "status": "status",
     "file_mb": "file MiB",
     "peak_rss_mb": "peak RSS MiB",
     "prefill_tok_s": "prefill tok/s",
@@ -107,21 +114,31 @@ def configurations(spec: dict) -> list[dict]:
     return out
 
 
+def worker_command() -> list[str]:
+    """The command a measurement runs (the job's JSON is appended)."""
+    return [sys.executable, "-m", "coec.deploy.worker"]
+
+
 def run_worker(config: dict, prompt: list[int], spec: dict, threads: int) -> dict:
-    """One measurement in a fresh process; its ``COEC_TIMING`` line as a dict."""
+    """One measurement in a fresh process; its ``COEC_TIMING`` line as a dict, or for a worker
+    killed by a signal {'failed': 'SIGSEGV (signal 11)', 'signal', 'returncode', 'stderr_tail'}.
+    Any other failure raises RuntimeError."""
     job = {k: config[k] for k in ("runtime", "dtype", "path", "build") if k in config}
     job.update(prompt=prompt, new_tokens=spec["new_tokens"], threads=threads, device=spec.get("device", "cpu"))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
-        [sys.executable, "-m", "coec.deploy.worker", json.dumps(job)],
+        [*worker_command(), json.dumps(job)],
         capture_output=True,
         text=True,
         env=env,
         timeout=spec.get("timeout_s", 3600),
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    tail = " ".join((proc.stderr or proc.stdout).split()[-40:])
+    if signal_name(proc.returncode):
+        rc = proc.returncode
+        return {"failed": describe_exit(rc), "signal": signal_name(rc), "returncode": rc, "stderr_tail": tail}
     if proc.returncode or not lines:
-        tail = " ".join((proc.stderr or proc.stdout).split()[-40:])
         raise RuntimeError(f"measuring {config['cell']} on {config['name']} failed: {tail}")
     return json.loads(lines[-1].removeprefix(MARK))
 
@@ -138,7 +155,14 @@ def measure_all(spec: dict) -> tuple[list[dict], dict]:
     for r in range(spec["repeats"]):
         order = configs[r % len(configs) :] + configs[: r % len(configs)]
         for c in order:
-            c["runs"].append(run_worker(c, prompt, spec, threads))
+            if c.get("failed"):
+                continue
+            run = run_worker(c, prompt, spec, threads)
+            if "failed" in run:
+                c["failed"] = {**run, "repeat": r + 1}
+                log.warning("repeat %d %s %s: the worker died with %s", r + 1, c["cell"], c["name"], run["failed"])
+                continue
+            c["runs"].append(run)
             log.info(
                 "repeat %d %s %s: prefill %.3fs decode %.3fs",
                 r + 1,
@@ -152,9 +176,13 @@ def measure_all(spec: dict) -> tuple[list[dict], dict]:
 
 
 def summarize(config: dict, spec: dict) -> dict:
-    """Median and best tokens/s, peak RSS and bytes read of one configuration's runs."""
+    """Median and best tokens/s, peak RSS and bytes read of one configuration's runs (NaN for a
+    configuration that failed)."""
     runs = config["runs"]
     p, n = spec["prompt_tokens"], spec["new_tokens"]
+    if config.get("failed"):
+        rates = (f"{k}_tok_{s}" for k in ("prefill", "decode") for s in ("s", "s_best", "cpu_s"))
+        return dict.fromkeys(("peak_rss_mb", "read_mb", *rates), float("nan"))
     out = {"peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "read_mb": runs[0]["read_bytes"] / 2**20}
     for key, tokens in (("prefill", p), ("decode", n)):
         wall = [r[f"{key}_s"] for r in runs]
@@ -199,6 +227,7 @@ def table_rows(configs: list[dict], spec: dict) -> list[dict]:
             "ratio": cells[c["cell"]]["ratio"],
             "runtime": c["runtime"],
             "type": c["dtype"],
+            "status": f"failed: {c['failed']['failed']}" if c.get("failed") else "ok",
             "file_mb": file_mb(c),
             "read_mb": s["read_mb"],
             "peak_rss_mb": s["peak_rss_mb"],

@@ -69,10 +69,10 @@ def time_transformers(model, prompt: list[int], new_tokens: int) -> dict[str, fl
 def load_llamacpp(path: str, n_ctx: int, n_batch: int, threads: int):
     """A llama.cpp context on a GGUF file for timing: default KV cache and attention settings (what
     a deployment gets), ``threads`` for both the prompt and the decode steps."""
-    from ..arch.gguf import bindings_model_class
+    from ..evaluate.llamacpp import open_gguf
 
-    return bindings_model_class()(
-        model_path=str(path),
+    return open_gguf(
+        path,
         n_ctx=n_ctx,
         n_batch=n_batch,
         n_ubatch=n_batch,

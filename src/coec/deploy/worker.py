@@ -7,7 +7,8 @@ bfloat16; llama.cpp: the GGUF's type, recorded only), ``path`` (an HF folder or 
 for a cell no HF class can hold (per-layer widths), ``build`` = {model, keep, comp} (the cell
 assembled in memory as ``coec ppl`` does), ``prompt`` (token ids), ``new_tokens``, ``threads``
 and ``device`` (transformers). Prints one line ``COEC_TIMING {json}``: prefill_s, decode_s,
-peak_rss_mb, read_bytes (weights read per decoded token), load_s.
+peak_rss_mb, read_bytes (weights read per decoded token), total_s; for llama.cpp, extra_bufts
+(False where the AMX guard loaded without llama.cpp's extra CPU buffers).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def _transformers(spec: dict) -> dict:
 
 
 def _llamacpp(spec: dict) -> dict:
+    from ..evaluate.llamacpp_amx import keep_extra_buffers
     from .bounds import gguf_read_bytes
     from .timing import load_llamacpp, time_llamacpp
 
@@ -52,7 +54,7 @@ def _llamacpp(spec: dict) -> dict:
         out = time_llamacpp(llm, spec["prompt"], spec["new_tokens"])
     finally:
         llm.close()
-    return {**out, "read_bytes": gguf_read_bytes(spec["path"])}
+    return {**out, "read_bytes": gguf_read_bytes(spec["path"]), "extra_bufts": keep_extra_buffers()}
 
 
 def measure(spec: dict) -> dict:

@@ -4,12 +4,16 @@ in-memory model (docs/export.md "GGUF").
 
 The KV cache is kept in f32 (llama.cpp's default is f16), so an f32 GGUF is compared against
 the fp32 model without a 16-bit rounding of every key and value; flash attention stays off.
-The bindings are an optional dependency (``pip install coec[llamacpp]``; it builds llama.cpp from
-source): :func:`unavailable` says why it cannot be imported.
+The bindings are an optional dependency (``bash scripts/setup.sh --llamacpp`` builds llama.cpp
+from source): :func:`unavailable` says why it cannot be imported. Every model is opened by
+:func:`open_gguf` (the AMX guard of ``llamacpp_amx``); :func:`gguf_logits` and
+:func:`gguf_perplexity` evaluate in a child process, so that a llama.cpp crash raises
+``coec.isolated.ProcessCrashed`` ("... died with SIGSEGV (signal 11)") instead of killing the caller.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
@@ -18,7 +22,11 @@ import numpy as np
 import torch
 
 from ..arch.gguf import bindings_model_class
+from ..isolated import call_isolated
+from .llamacpp_amx import ENV, extra_buffers_off, keep_extra_buffers
 from .ppl import summed_nll
+
+log = logging.getLogger(__name__)
 
 GGML_TYPE_F32 = 0  # ggml_type of the KV cache (type_k / type_v)
 
@@ -32,10 +40,23 @@ def unavailable() -> str | None:
     return None
 
 
+def open_gguf(path: str | Path, **kwargs):
+    """``llama_cpp.Llama(model_path=path, **kwargs)``, with llama.cpp's extra CPU buffers off on
+    a CPU with AMX whose bindings were built with AMX (``llamacpp_amx.keep_extra_buffers``)."""
+    model_class = bindings_model_class()
+    if keep_extra_buffers():
+        return model_class(model_path=str(path), **kwargs)
+    log.warning(
+        "llama.cpp: loading %s with use_extra_bufts=False (AMX CPU and AMX build, or %s=off; docs/deploy.md)", path, ENV
+    )
+    with extra_buffers_off():
+        return model_class(model_path=str(path), **kwargs)
+
+
 def load(path: str | Path, n_ctx: int, n_threads: int | None = None):
     """A llama.cpp context on ``path`` that keeps every position's logits (``logits_all``)."""
-    return bindings_model_class()(
-        model_path=str(path),
+    return open_gguf(
+        path,
         n_ctx=n_ctx,
         n_batch=n_ctx,
         n_ubatch=n_ctx,
@@ -59,7 +80,19 @@ def window_logits(llm, tokens: list[int] | torch.Tensor) -> np.ndarray:
 
 
 def gguf_logits(path: str | Path, windows: torch.Tensor, n_threads: int | None = None) -> np.ndarray:
-    """Logits (n_windows, seqlen, vocab) of every window of token ids (n_windows, seqlen)."""
+    """Logits (n_windows, seqlen, vocab) of every window of token ids (n_windows, seqlen),
+    computed in a child process (ProcessCrashed if llama.cpp dies)."""
+    return call_isolated(_gguf_logits, str(path), windows, n_threads, what=f"llama.cpp on {Path(path).name}")
+
+
+def gguf_perplexity(path: str | Path, windows: torch.Tensor, n_threads: int | None = None) -> dict:
+    """{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen', 'seconds'} of a GGUF file over
+    (n, seqlen) token windows, each scored from an empty cache (``evaluate.ppl.perplexity``'s
+    protocol and NLL sum), computed in a child process (ProcessCrashed if llama.cpp dies)."""
+    return call_isolated(_gguf_perplexity, str(path), windows, n_threads, what=f"llama.cpp on {Path(path).name}")
+
+
+def _gguf_logits(path: str, windows: torch.Tensor, n_threads: int | None) -> np.ndarray:
     llm = load(path, windows.shape[1], n_threads)
     try:
         return np.stack([window_logits(llm, w) for w in windows])
@@ -67,10 +100,7 @@ def gguf_logits(path: str | Path, windows: torch.Tensor, n_threads: int | None =
         llm.close()
 
 
-def gguf_perplexity(path: str | Path, windows: torch.Tensor, n_threads: int | None = None) -> dict:
-    """{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen', 'seconds'} of a GGUF file over
-    (n, seqlen) token windows, each scored from an empty cache (``evaluate.ppl.perplexity``'s
-    protocol and NLL sum)."""
+def _gguf_perplexity(path: str, windows: torch.Tensor, n_threads: int | None) -> dict:
     t0 = time.time()
     llm = load(path, windows.shape[1], n_threads)
     total, count = 0.0, 0
