@@ -8,6 +8,7 @@ Tests that run llama.cpp skip, naming why, when ``llama_cpp`` cannot be imported
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import gguf
@@ -188,6 +189,58 @@ def test_quantised_gguf_loads_and_runs(cells, llama_cpp, tmp_path, structure, gg
     print(f"llama {structure} bias {gguf_type}: {m}")
     assert m["rel"] <= tol, m
     assert m["ppl_rel"] <= ppl_tol, m
+
+
+QUANTIZED = [t for t in GGUF_TYPES if t not in ("f32", "f16")]  # every block-quantized type written
+
+
+@pytest.mark.parametrize("gguf_type", QUANTIZED)
+def test_every_quantized_type_is_evaluated_without_a_crash(cells, llama_cpp, tmp_path, gguf_type):
+    """The AMX remedy's test: a quantized GGUF is evaluated (not only loaded) by llama.cpp in a
+    child process. On a CPU with AMX, llama.cpp built with its AMX kernels and loaded with its
+    extra CPU buffers segfaults here (ggml-org/llama.cpp #20824), and the child's death fails
+    this test in one line (coec.isolated.ProcessCrashed: '... died with SIGSEGV (signal 11)')
+    instead of killing pytest; with the project's build (scripts/install_llamacpp.sh) or the
+    load-time guard it runs on every x86 CPU."""
+    from coec.evaluate.llamacpp_amx import describe
+
+    _, _, model, tok = cells["llama", "uniform", True]
+    path = tmp_path / f"{gguf_type}.gguf"
+    write_gguf(model, tok, path, gguf_type)
+    windows = text_windows(tok)
+    got = gguf_perplexity(path, windows, n_threads=2)
+    ref = perplexity(model, windows, batch_size=4, progress=False)["ppl"]
+    assert got["tokens_scored"] == windows.numel() - windows.shape[0]
+    assert math.isfinite(got["ppl"]) and abs(got["ppl"] / ref - 1) < 0.25, (got, ref, describe())
+
+
+def _extra_bufts_and_logits(path: str, window: torch.Tensor) -> tuple[bool, np.ndarray]:
+    """(use_extra_bufts the model was loaded with, logits of one window), in a child process."""
+    from coec.evaluate.llamacpp import load, window_logits
+
+    llm = load(path, window.numel(), 1)
+    try:
+        return bool(llm.model_params.use_extra_bufts), window_logits(llm, window)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_the_guard_loads_without_extra_buffers_and_the_model_runs(cells, llama_cpp, tmp_path, monkeypatch, mode):
+    """COEC_LLAMACPP_EXTRA_BUFTS=off (the guard's decision on an AMX CPU with an AMX build)
+    reaches the model parameters llama.cpp loads with, and the q8_0 model gives the model's
+    logits either way (run in a child process: 'on' is the crash's setting on such a CPU)."""
+    from coec.isolated import call_isolated
+
+    _, _, model, tok = cells["llama", "uniform", True]
+    path = tmp_path / "q8_0.gguf"
+    write_gguf(model, tok, path, "q8_0")
+    monkeypatch.setenv("COEC_LLAMACPP_EXTRA_BUFTS", mode)
+    w = random_windows(1)[0]
+    extra, got = call_isolated(_extra_bufts_and_logits, str(path), w)
+    assert extra is (mode == "on")
+    ref = hf_logits(model, w[None])[0]
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 6e-2
 
 
 def test_metadata_holds_widths_head_size_biases_and_rope(cells, tmp_path):
