@@ -107,6 +107,16 @@ def configurations(spec: dict) -> list[dict]:
     return out
 
 
+def check_runtimes(spec: dict) -> None:
+    """Before any measurement: the llama.cpp runtimes the spec asks for can run here (else one
+    line saying how to install them, ``coec.evaluate.llamacpp.require``)."""
+    from ..evaluate.llamacpp import require
+
+    wanted = [name for name in spec["runtimes"] if RUNTIMES[name][0] == "llama.cpp"]
+    if wanted:
+        require(f"table4_measured.runtimes {', '.join(wanted)} run in llama.cpp")
+
+
 def run_worker(config: dict, prompt: list[int], spec: dict, threads: int) -> dict:
     """One measurement in a fresh process; its ``COEC_TIMING`` line as a dict."""
     job = {k: config[k] for k in ("runtime", "dtype", "path", "build") if k in config}
@@ -226,6 +236,7 @@ def write_measured(spec: dict, out: str | Path):
     from ..rendering import to_markdown
     from .figure import plot_measured
 
+    check_runtimes(spec)
     configs, machine = measure_all(spec)
     df = pd.DataFrame(table_rows(configs, spec))
     out = Path(out)
