@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a template plug-in and a config that reaches Table 1 (docs/adding-a-method.md)",
     )
     s.add_argument("out", metavar="DIR", help="an absent or empty folder")
-    s.add_argument("--family", default="llama", help="model family: llama, qwen2, qwen3, mistral, granite")
+    s.add_argument("--family", default="llama", help="model family (a model_type coec.arch supports; default llama)")
     s.add_argument("--seed", type=int, default=0, help="seed of the random weights")
 
     s = sub.add_parser("prepare-text", help="extract the embedded Wikipedia text")

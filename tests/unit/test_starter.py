@@ -46,3 +46,13 @@ def test_template_scales_each_row_optimally(template):
         assert all(err(i, s[i]) <= err(i, s[i] + d) + 1e-9 for d in (-0.1, -0.01, 0.01, 0.1))
     assert out.info["relerr_after"] < out.info["relerr_before"]
     assert torch.equal(compensate(W0, X.T @ X, X.mean(0), keep, starter.METHOD, shrink=1.0).weight, W0[:, keep])
+
+
+def test_the_documented_template_is_the_starters():
+    """docs/adding-a-method.md shows the template's code: each of its lines (less comments) is a
+    line of method_template.py, so the page and the file do not drift apart."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "adding-a-method.md").read_text()
+    block = doc.split("## 2. Write the method", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    template = {line.split("  #")[0].rstrip() for line in Path(starter.__file__).with_name("method_template.py").open()}
+    shown = [line.split("  #")[0].rstrip() for line in block.splitlines() if line.strip()]
+    assert len(shown) > 15 and [line for line in shown if line not in template] == []
