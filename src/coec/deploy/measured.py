@@ -70,6 +70,16 @@ def machine_threads(threads: int) -> int:
         return os.cpu_count() or 1
 
 
+def check_runtimes(spec: dict) -> None:
+    """Before any measurement: the llama.cpp runtimes the spec asks for can run here (else one
+    line saying how to install them, ``coec.evaluate.llamacpp.require``)."""
+    from ..evaluate.llamacpp import require
+
+    wanted = [name for name in spec["runtimes"] if RUNTIMES[name][0] == "llama.cpp"]
+    if wanted:
+        require(f"table4_measured.runtimes {', '.join(wanted)} run in llama.cpp")
+
+
 def prompt_ids(spec: dict) -> list[int]:
     """``prompt_tokens`` token ids drawn with ``seed`` from the model's vocabulary (speed does not
     depend on the text; every configuration gets the same ids)."""
@@ -105,16 +115,6 @@ def configurations(spec: dict) -> list[dict]:
                 continue
             out.append({"cell": cell["label"], "name": name, "runtime": runtime, "dtype": dtype, **src})
     return out
-
-
-def check_runtimes(spec: dict) -> None:
-    """Before any measurement: the llama.cpp runtimes the spec asks for can run here (else one
-    line saying how to install them, ``coec.evaluate.llamacpp.require``)."""
-    from ..evaluate.llamacpp import require
-
-    wanted = [name for name in spec["runtimes"] if RUNTIMES[name][0] == "llama.cpp"]
-    if wanted:
-        require(f"table4_measured.runtimes {', '.join(wanted)} run in llama.cpp")
 
 
 def run_worker(config: dict, prompt: list[int], spec: dict, threads: int) -> dict:

@@ -21,8 +21,6 @@ from ..arch.gguf import bindings_model_class
 from .ppl import summed_nll
 
 GGML_TYPE_F32 = 0  # ggml_type of the KV cache (type_k / type_v)
-#: How to install the bindings (every message that asks for them names this command).
-INSTALL = "bash scripts/setup.sh --llamacpp"
 
 
 def unavailable() -> str | None:
@@ -32,14 +30,6 @@ def unavailable() -> str | None:
     except Exception as exc:  # an ImportError, or a shared library that does not load
         return f"llama-cpp-python is not importable: {type(exc).__name__}: {exc}"
     return None
-
-
-def require(what: str) -> None:
-    """Raise ValueError, one line, when the bindings cannot be imported: ``what`` (that needs
-    them), why not, and :data:`INSTALL`."""
-    why = unavailable()
-    if why is not None:
-        raise ValueError(f"{what}: {why}; install it with: {INSTALL}")
 
 
 def load(path: str | Path, n_ctx: int, n_threads: int | None = None):
@@ -102,3 +92,15 @@ def gguf_perplexity(path: str | Path, windows: torch.Tensor, n_threads: int | No
         "seqlen": int(windows.shape[1]),
         "seconds": round(time.time() - t0, 3),
     }
+
+
+#: How to install the bindings (every message that asks for them names this command).
+INSTALL = "bash scripts/setup.sh --llamacpp"
+
+
+def require(what: str) -> None:
+    """Raise ValueError, one line, when the bindings cannot be imported: ``what`` (that needs
+    them), why not, and :data:`INSTALL`."""
+    why = unavailable()
+    if why is not None:
+        raise ValueError(f"{what}: {why}; install it with: {INSTALL}")
