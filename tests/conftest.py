@@ -1,5 +1,5 @@
-"""Shared fixtures: tiny random Llama / Qwen2 / Qwen3 / Mistral / Granite models with a tiny offline tokenizer,
-saved to temp folders exactly as a hub checkpoint would be."""
+"""Shared fixtures: tiny random Llama / Qwen2 / Qwen3 / Mistral / Granite models with a tiny offline tokenizer
+(``coec.tiny``), saved to temp folders exactly as a hub checkpoint would be."""
 
 from __future__ import annotations
 
@@ -16,67 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-CORPUS = (
-    "The quick brown fox jumps over the lazy dog. Structured pruning removes whole columns "
-    "of weight matrices, attention heads and channels. A smaller dense model runs on standard "
-    "hardware without sparse kernels. Calibration statistics come from a small text sample. "
-) * 20
+from coec.tiny import CORPUS, make_model_dir, make_tokenizer, tiny_config
 
-
-def make_tokenizer(path: Path):
-    """A byte-level BPE tokenizer trained on a fixed corpus (deterministic, offline)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<eos>"],
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator([CORPUS], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
-    fast.save_pretrained(path)
-    return fast
-
-
-def tiny_config(family: str, **over):
-    """A 2-layer GQA config of the given family (4 query heads, 2 KV heads, head_dim 8)."""
-    from transformers import AutoConfig
-
-    kw = dict(
-        vocab_size=320,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    if family == "granite":  # non-trivial multipliers, so that forgetting one shows
-        kw.update(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.25, logits_scaling=2.0)
-    kw.update(over)
-    return AutoConfig.for_model(family, **kw)
-
-
-def make_model_dir(path: Path, family: str, dtype=torch.float32, seed: int = 0, **over) -> Path:
-    """Save a randomly initialised tiny model + tokenizer into ``path``."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, **over)).to(dtype)
-    # make biases (Qwen2 q/k/v) non-zero so slicing them is exercised
-    for name, p in model.named_parameters():
-        if name.endswith("bias"):
-            torch.nn.init.normal_(p, std=0.1)
-    model.save_pretrained(path)
-    make_tokenizer(path)
-    return path
+__all__ = ["CORPUS", "make_model_dir", "make_tokenizer", "tiny_config"]  # tests import them from here
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,10 @@
 """Every on-disk format between workflow rules, written and read in one place (docs/artifacts.md).
 
 Writers are atomic (``coec.atomic``: temp file, fsync, rename; mode ``0666 & ~umask``),
-safetensors included. Writers are deterministic: safetensors headers are serialised
-here with sorted keys (tensors in a fixed order, metadata sorted), JSON keeps the caller's key
-order, and nothing host- or time-dependent is written (:func:`without_timings`).
+safetensors included. Writers are deterministic: safetensors headers are serialised with sorted
+keys (tensors in a fixed order, metadata sorted; the byte layout is ``coec.safetensors_file``),
+JSON keeps the caller's key order, and nothing host- or time-dependent is written
+(:func:`without_timings`).
 
 Readers check what they read and raise :class:`ArtifactError`, one line ``<path>: <problem>``
 (truncated, not a safetensors file, wrong format version, missing tensor, wrong shape,
@@ -18,13 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import re
-import struct
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
+from .artifact_errors import ArtifactError, need_file
+from .artifact_errors import MissingArtifact as MissingArtifact  # artifacts.MissingArtifact, as ever
 from .atomic import write_chunks, write_text
+from .safetensors_file import safetensors_chunks, safetensors_header
 
 FORMAT_KEY = "coec_format"
 VERSION_KEY = "coec_format_version"
@@ -46,54 +49,7 @@ FORMATS = {
 #: Columns a geometry.csv must have (CSV files carry no version; their header is checked).
 GEOMETRY_COLUMNS = ("layer", "module", "r")
 
-_ST_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-_ST_DTYPES.update(
-    {
-        getattr(torch, n): code
-        for n, code in (
-            ("float8_e4m3fn", "F8_E4M3"),
-            ("float8_e5m2", "F8_E5M2"),
-            ("uint16", "U16"),
-            ("uint32", "U32"),
-            ("uint64", "U64"),
-        )
-        if hasattr(torch, n)
-    }
-)
-_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
 _TIMING = re.compile(r"(^|_)(seconds|secs|elapsed|duration|date|time|timestamp|hostname|host)(_|$)")
-
-
-class ArtifactError(ValueError):
-    """An unreadable, incomplete or mismatched artifact; the message is ``<path>: <problem>``."""
-
-    def __init__(self, path, problem: str | None = None):
-        self.path, self.problem = str(path), problem
-        super().__init__(str(path) if problem is None else f"{path}: {problem}")
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-    def __reduce__(self):
-        return (type(self), (self.path, self.problem))
-
-
-class MissingArtifact(ArtifactError, FileNotFoundError):
-    """An artifact that does not exist (also a FileNotFoundError)."""
-
-    def __init__(self, path, problem: str | None = "file not found"):
-        ArtifactError.__init__(self, path, problem)
 
 
 def with_format(obj: dict, fmt: str) -> dict:
@@ -155,38 +111,6 @@ def _version(fmt: str) -> int:
     return FORMATS[fmt]
 
 
-def _tensor_order(item):
-    name, t = item
-    return (-t.element_size(), name)
-
-
-def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None = None):
-    """The byte chunks of a safetensors file with a deterministic header: tensors ordered by
-    (item size descending, name) so every tensor is aligned, JSON keys sorted, header padded
-    with spaces to a multiple of 8 (as the safetensors library writes)."""
-    items = []
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
-        if t.dtype not in _ST_DTYPES:
-            raise TypeError(f"tensor {name!r} has dtype {t.dtype}, which safetensors here cannot store")
-        items.append((name, t.detach().to("cpu").contiguous()))
-    items.sort(key=_tensor_order)
-    header, offset = {}, 0
-    for name, t in items:
-        n = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in sorted(metadata.items())}
-    raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-    yield struct.pack("<Q", len(raw)) + raw
-    for _, t in items:
-        if t.numel():
-            yield memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
 def write_tensors(
     path: str | Path, tensors: dict[str, torch.Tensor], fmt: str | None = None, metadata: dict | None = None
 ) -> None:
@@ -200,13 +124,6 @@ def write_tensors(
 
 
 # ============================================================================ readers
-def _need_file(path: Path) -> None:
-    if not path.exists():
-        raise MissingArtifact(path)
-    if not path.is_file():
-        raise ArtifactError(path, "not a file")
-
-
 def _check_format(path: Path, found_fmt, found_version, fmt: str | None) -> None:
     """``fmt``'s name and version against what the file records (nothing recorded: version 1)."""
     if fmt is None:
@@ -221,39 +138,6 @@ def _check_format(path: Path, found_fmt, found_version, fmt: str | None) -> None
         raise ArtifactError(path, f"bad format version {found_version!r}") from None
     if version != want:
         raise ArtifactError(path, f"wrong format version {version} (expected {want})")
-
-
-def safetensors_header(path: str | Path) -> dict:
-    """The JSON header of a safetensors file, after checking that the file holds every byte the
-    header promises: ``<path>: truncated ...`` / ``not a safetensors file`` otherwise."""
-    path = Path(path)
-    _need_file(path)
-    size = path.stat().st_size
-    if size < 8:
-        raise ArtifactError(path, f"truncated ({size} bytes, not even a safetensors header)")
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > _MAX_HEADER:
-            raise ArtifactError(path, "not a safetensors file (no valid header)")
-        if 8 + n > size:
-            raise ArtifactError(path, f"truncated ({size} bytes; the header alone needs {8 + n})")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError
-        end = 0
-        for name, entry in header.items():
-            if name != "__metadata__":
-                a, b = entry["data_offsets"]
-                end = max(end, int(b))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise ArtifactError(path, "not a safetensors file (unreadable header)") from None
-    if size < 8 + n + end:
-        raise ArtifactError(path, f"truncated ({size} bytes, the header describes {8 + n + end})")
-    if size > 8 + n + end:
-        raise ArtifactError(path, f"{size - 8 - n - end} bytes after the last tensor (not a safetensors file?)")
-    return header
 
 
 def tensors_metadata(path: str | Path) -> dict:
@@ -319,7 +203,7 @@ def read_json(path: str | Path, fmt: str | None = None):
     """A JSON file, checked: parses (``bad JSON at line n``), and with ``fmt`` an object of that
     format and version (the format keys stay in the returned dict)."""
     path = Path(path)
-    _need_file(path)
+    need_file(path)
     text = path.read_text(encoding="utf-8")
     if not text.strip():
         raise ArtifactError(path, "empty file (truncated?)")
@@ -488,7 +372,7 @@ def read_csv_rows(path: str | Path, columns: Iterable[str] = ()) -> list[dict]:
     import pandas as pd
 
     path = Path(path)
-    _need_file(path)
+    need_file(path)
     try:
         df = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:

@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spec", type=json_arg, default={})
     s.add_argument("--out", required=True)
 
+    s = sub.add_parser(
+        "tiny-model",
+        help="a starter folder for a new method: a tiny random model with its tokenizer, text, "
+        "a template plug-in and a config that reaches Table 1 (docs/adding-a-method.md)",
+    )
+    s.add_argument("out", metavar="DIR", help="an absent or empty folder")
+    s.add_argument("--family", default="llama", help="model family (a model_type coec.arch supports; default llama)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+
     s = sub.add_parser("prepare-text", help="extract the embedded Wikipedia text")
     s.add_argument("--out", required=True)
     config_arg(s, "--eval-every", "datasets.*.eval_every", type=int)
@@ -316,6 +325,11 @@ def _dispatch(a) -> None:
         check_model_stage(a)
     if a.stage == "prepare-model":
         pipeline.prepare_model(a.spec, a.name, a.out)
+    elif a.stage == "tiny-model":
+        from .starter import run_command, write_starter
+
+        write_starter(a.out, a.family, a.seed)
+        print(f"wrote {a.out}; from the repository: {run_command(a.out)}")
     elif a.stage == "prepare-text":
         from .embedded import prepare_embedded_text
 

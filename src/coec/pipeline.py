@@ -193,6 +193,7 @@ def run_compensate(
     from .compensate.inputs import Module
     from .compensate.options import method as registered
     from .compensate.options import module_options, resolve
+    from .compensate.output_checks import MethodOutputError
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
     cfg = load_config(model_dir, revision, trust_remote_code)
@@ -225,16 +226,19 @@ def run_compensate(
                 extra.update(inp.for_module(handles[inp.name], where, typed))
             if checks is not None and not m.reports_errors:
                 extra[GRAM_CHECK] = checks[i][module]
-            res = compensate(
-                w[names[module]].to(dev),
-                st["gram"].to(dev),
-                st["mean"].to(dev),
-                cols.to(dev),
-                m.name,
-                inputs=extra,
-                n_tokens=st["count"],
-                **opts,
-            )
+            try:
+                res = compensate(
+                    w[names[module]].to(dev),
+                    st["gram"].to(dev),
+                    st["mean"].to(dev),
+                    cols.to(dev),
+                    m.name,
+                    inputs=extra,
+                    n_tokens=st["count"],
+                    **opts,
+                )
+            except MethodOutputError as exc:  # nothing is written: the job stops on one line
+                raise MethodOutputError(f"layer {i} {module}: {exc}") from None
             tensors[f"layer{i}.{module}.weight"] = res.weight.detach().cpu().contiguous()
             if res.bias is not None:
                 tensors[f"layer{i}.{module}.bias"] = res.bias.detach().cpu().contiguous()

@@ -32,8 +32,6 @@ and a timeout appears in ``info["svd_fallbacks"]`` as ``"<entry>:timeout"``.
 
 from __future__ import annotations
 
-import math
-import numbers
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -45,28 +43,10 @@ from .gram_check import GRAM_CHECK
 from .method import Compensation, Method, Problem
 from .options import method as _method
 from .options import resolve
+from .output_checks import check_cast, check_output, jsonable
 from .problem_checks import check_problem
 
 __all__ = ["compensate"]
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, bool) or x is None or isinstance(x, str):
-        return x
-    if isinstance(x, numbers.Integral):
-        return int(x)
-    if isinstance(x, numbers.Real):
-        x = float(x)
-        return x if math.isfinite(x) else None
-    if isinstance(x, torch.dtype):
-        return str(x).replace("torch.", "")
-    if isinstance(x, torch.device):
-        return str(x)
-    return str(x)
 
 
 #: What a method that reports no iterations has in ``info`` (the keys of coec's loop).
@@ -130,7 +110,9 @@ def compensate(
     docstring. Returns ``Compensation`` with weight (d_out, k) and bias (d_out,) | None in W0's
     dtype/device and a JSON-serialisable ``info`` (relerr_before / relerr_after, rounds,
     inner_steps, gcv_lambdas, objective_history, seconds, svd_fallbacks, ...).
-    Raises ValueError naming the problem for bad input or an unknown method/option.
+    Raises ValueError naming the problem for bad input or an unknown method/option, and
+    ``output_checks.MethodOutputError`` (a ValueError) when the method returns a weight or bias of
+    the wrong shape, non-finite values or an ``info`` that is not JSON.
     """
     t0 = time.perf_counter()
     m = _method(method)
@@ -152,8 +134,12 @@ def compensate(
     if m.check_data is not None:
         m.check_data(problem, o)
     out = m.solve(problem, o)
+    check_output(out, m.name, problem.d_out, problem.k)  # before anything uses it (MethodOutputError)
     info = dict(out.info) if m.reports_errors else _with_errors(problem, m, out)
     info["seconds"] = time.perf_counter() - t0
     weight = out.weight.to(W0.device, W0.dtype).contiguous()
     bias = out.bias.to(W0.device, W0.dtype) if out.bias is not None else None
-    return Compensation(weight=weight, bias=bias, info=_jsonable(info))
+    for name, t, src in (("weight", weight, out.weight), ("bias", bias, out.bias)):
+        if t is not None and src is not None and src.dtype != W0.dtype:
+            check_cast(m.name, name, t, W0.dtype)
+    return Compensation(weight=weight, bias=bias, info=jsonable(info))

@@ -77,6 +77,16 @@ def machine_threads(threads: int) -> int:
         return os.cpu_count() or 1
 
 
+def check_runtimes(spec: dict) -> None:
+    """Before any measurement: the llama.cpp runtimes the spec asks for can run here (else one
+    line saying how to install them, ``coec.evaluate.llamacpp.require``)."""
+    from ..evaluate.llamacpp import require
+
+    wanted = [name for name in spec["runtimes"] if RUNTIMES[name][0] == "llama.cpp"]
+    if wanted:
+        require(f"table4_measured.runtimes {', '.join(wanted)} run in llama.cpp")
+
+
 def prompt_ids(spec: dict) -> list[int]:
     """``prompt_tokens`` token ids drawn with ``seed`` from the model's vocabulary (speed does not
     depend on the text; every configuration gets the same ids)."""
@@ -255,6 +265,7 @@ def write_measured(spec: dict, out: str | Path):
     from ..rendering import to_markdown
     from .figure import plot_measured
 
+    check_runtimes(spec)
     configs, machine = measure_all(spec)
     df = pd.DataFrame(table_rows(configs, spec))
     out = Path(out)

@@ -122,3 +122,15 @@ def _gguf_perplexity(path: str, windows: torch.Tensor, n_threads: int | None) ->
         "seqlen": int(windows.shape[1]),
         "seconds": round(time.time() - t0, 3),
     }
+
+
+#: How to install the bindings (every message that asks for them names this command).
+INSTALL = "bash scripts/setup.sh --llamacpp"
+
+
+def require(what: str) -> None:
+    """Raise ValueError, one line, when the bindings cannot be imported: ``what`` (that needs
+    them), why not, and :data:`INSTALL`."""
+    why = unavailable()
+    if why is not None:
+        raise ValueError(f"{what}: {why}; install it with: {INSTALL}")
