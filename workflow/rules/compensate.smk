@@ -24,6 +24,7 @@ rule compensate:
         expect=W.expect,
         hub=W.hub,
         gram_check=W.gram_check_arg,
+        **W.plugin_params("compensate"),
     log:
         paths.log_file("compensate", CELL_LOG, "block{first}-{last}"),
     benchmark:
