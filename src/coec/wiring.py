@@ -182,6 +182,19 @@ class Wiring:
         """``--gram-check <path>`` of a compensate job that reads one, else nothing."""
         return " ".join(f"--gram-check {shlex_quote(p)}" for p in self.gram_check_input(wc))
 
+    def comp_constraint(self, base: bool) -> str:
+        """The ``comp`` wildcard of rule ``compensate_base`` (``base``: the cells whose blocks a
+        method of another cell reads, ``targets.base_cells``; each alternative looks behind at
+        its cell's folder) or of rule ``compensate`` (every other cell). ``snakemake --until
+        <rule>`` releases no job after a job of that rule, so blend's jobs can run under
+        ``--until compensate`` only when their base's blocks come from a rule of another name."""
+        import re
+
+        alt = "|".join(f"(?<={re.escape(d + '/')}){re.escape(c)}(?![^/])" for d, c in targets.base_cells(self.config))
+        if base:
+            return f"(?:{alt})" if alt else "(?!)"
+        return f"(?!{alt})[^/]+" if alt else "[^/]+"
+
     def compensate_spec(self, wc: Any) -> str:
         """--spec of a compensation job: the config entry, plus its method's input paths."""
         extra = self.method_inputs(wc)
