@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -56,3 +57,44 @@ def test_editing_a_plugin_reruns_exactly_its_cells(tmp_path):
     assert len(outputs) == 4 and all("/scaled/" in o or "table1" in o for o in outputs)
     new_sha = hashlib.sha256(plugin.read_bytes()).hexdigest()
     assert plan.count("reason: Params have changed") == 2 and plan.count(new_sha) == 2
+
+
+def test_each_job_uses_the_plugins_of_its_entries(tmp_path):
+    """The plug-ins a job's params hash: a model family's for every job that reads a model of
+    that family (every family plug-in for a hub model, whose family is unknown before it is
+    downloaded), a method's for its compensate jobs only; nothing for built-in entries."""
+    from types import SimpleNamespace
+
+    from coec.arch import ADAPTERS
+    from coec.compensate.method import METHODS
+    from coec.config import validate_config
+    from coec.registry import PLUGINS_ENV, forget_plugins
+    from coec.wiring import NO_PLUGINS, Wiring
+
+    family = tmp_path / "toy_family.py"
+    family.write_text('from coec.arch import ADAPTERS\n\nADAPTERS.register(ADAPTERS["llama"], name="toyfam")\n')
+    cfg, _ = write_trimmed_workflow(tmp_path)
+    config_json = tmp_path / "tiny-llama" / "config.json"
+    config_json.write_text(config_json.read_text().replace('"model_type": "llama"', '"model_type": "toyfam"'))
+    cfg["plugins"] = [str(family), str(PLUGIN)]
+    cfg["compensations"].update({m: {"method": m} for m in ("none", "bias", "rcpu")})  # config.yaml's
+    cfg["compensations"]["scaled"] = {"method": "global_scale"}
+    cfg["models"]["hub"] = {"source": "org/some-model", "num_layers": 2, "dtype": "float32"}
+    try:
+        with ADAPTERS.restored(), METHODS.restored():
+            W = Wiring(validate_config(cfg))
+            cell = dict(model="tiny", calib="c8", select="wanda_sp", ratio="0.5")
+            assert W.job_plugins("calibrate", SimpleNamespace(model="tiny", calib="c8")) == {str(family)}
+            assert W.job_plugins("compensate", SimpleNamespace(**cell, comp="scaled")) == {str(family), str(PLUGIN)}
+            assert W.job_plugins("compensate", SimpleNamespace(**cell, comp="coec")) == {str(family)}
+            assert W.job_plugins("ppl", SimpleNamespace(model="hub")) == {str(family)}
+            config_json.write_text(config_json.read_text().replace('"toyfam"', '"llama"'))
+            assert W.job_plugins("compensate", SimpleNamespace(**cell, comp="coec")) == set()
+            assert W.plugin_code(set()) is NO_PLUGINS
+            digest = hashlib.sha256(PLUGIN.read_bytes()).hexdigest()
+            assert json.loads(W.plugin_code({str(PLUGIN)})) == {str(PLUGIN): digest}
+            del cfg["plugins"]
+            assert Wiring(cfg).plugin_params("compensate") == {}
+    finally:
+        forget_plugins()
+        os.environ.pop(PLUGINS_ENV, None)

@@ -233,3 +233,30 @@ def test_the_options_page_includes_the_plugins_of_the_command_line_or_a_config(t
     bad = page("--plugins", "missing.py")
     assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
     assert "--plugins[0]: plug-in 'missing.py' could not be loaded: FileNotFoundError" in bad.stderr
+
+
+def test_a_plugin_module_is_hashed_over_its_source_files(tmp_path, monkeypatch):
+    """A module plug-in's sha256 is its file's; a package's covers every .py file under it, so an
+    edit to any of them changes it."""
+    import hashlib
+
+    from coec.registry import plugin_sha256, plugin_sources
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_single.py").write_text("X = 1\n")
+    assert plugin_sha256("my_single") == hashlib.sha256(b"X = 1\n").hexdigest()
+    pkg = tmp_path / "my_pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import sub\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "scores.py").write_text("Y = 1\n")
+    assert [p.relative_to(pkg).as_posix() for p in plugin_sources("my_pkg")] == [
+        "__init__.py",
+        "sub/__init__.py",
+        "sub/scores.py",
+    ]
+    before = plugin_sha256("my_pkg")
+    (pkg / "sub" / "scores.py").write_text("Y = 2\n")
+    assert plugin_sha256("my_pkg") != before
+    with pytest.raises(ValueError, match="no source file found"):
+        plugin_sha256("no_such_module_xyz")
