@@ -170,7 +170,7 @@ def registering_origin(module: str) -> Origin:
 
 
 def _module_of(entry: object) -> str:
-    fn = getattr(entry, "solve", None) or getattr(entry, "score", None) or entry
+    fn = getattr(entry, "solve", None) or getattr(entry, "columns", None) or entry
     return str(getattr(fn, "__module__", None) or type(entry).__module__)
 
 
