@@ -3,7 +3,10 @@ with one error line naming the offending key."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
+from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 
@@ -61,6 +64,18 @@ def _deref(node: dict, root: dict) -> dict:
 
 class ConfigError(ValueError):
     """A bad config key; the message is one line naming it."""
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A block (the Snakefile's reading of the config) whose ConfigError prints its one line to
+    stderr and exits with status 1: Snakemake prints an exception raised while it reads the
+    Snakefile with the traceback's frames after the message."""
+    try:
+        yield
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _path(parts) -> str:
@@ -173,6 +188,9 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
             )
         if error.validator == "additionalProperties":
             raise ConfigError(f"config: unknown key under {where}: {error.message}")
+        if error.validator == "enum" and isinstance(error.schema, dict) and "x-registry" in error.schema:
+            known = registries()[error.schema["x-registry"]]  # a method, score or task name
+            raise ConfigError(f"config: bad value at {where}: {known.unknown(error.instance)}")
         raise ConfigError(f"config: bad value at {where}: {error.message}")
     _fill_defaults(schema, config, schema)
     _check_references(config)

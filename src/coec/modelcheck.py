@@ -18,6 +18,7 @@ __all__ = [
     "shape_of",
     "read_shape",
     "config_shape",
+    "local_model_type",
     "check_expected",
     "check_keep",
     "check_identity",
@@ -46,6 +47,15 @@ def read_shape(model_dir: str | Path) -> dict | None:
     try:
         return shape_of(json.loads(path.read_text()))
     except (OSError, ValueError):
+        return None
+
+
+def local_model_type(source: str) -> str | None:
+    """The ``model_type`` of a local model folder's config.json; None for a hub id or an
+    unreadable folder."""
+    try:
+        return json.loads((Path(source).expanduser() / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
         return None
 
 

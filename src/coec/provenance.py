@@ -139,7 +139,8 @@ def model_provenance(
     model_dir: str | Path | None = None,
 ) -> dict:
     """``{source, revision, commit, trust_remote_code, weights_sha256}`` of a model source as a
-    stage loads it (``model_dir``: the folder already resolved from it, else resolved here)."""
+    stage loads it (``model_dir``: the folder already resolved from it, else resolved here), and
+    ``plugins`` when the stage used a plug-in's entries (``plugin_record``)."""
     if model_dir is None:
         from .models import resolve_model_dir
 
@@ -150,4 +151,14 @@ def model_provenance(
         "commit": resolved_commit(model_dir),
         "trust_remote_code": bool(trust_remote_code),
         "weights_sha256": weights_digest(model_dir),
+        **plugin_record(),
     }
+
+
+def plugin_record() -> dict:
+    """``{"plugins": {plug-in: sha256 of its code}}`` of the plug-ins whose entries (method,
+    score, model family, task, export format) this process looked up; ``{}`` when none, so a
+    result of built-in code alone is as it was."""
+    from .registry import USED_PLUGINS, plugin_digests
+
+    return {"plugins": plugin_digests(USED_PLUGINS)} if USED_PLUGINS else {}

@@ -25,6 +25,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
@@ -55,22 +56,42 @@ class Registry(Generic[E]):
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, E] = {}
+        self._origins: dict[str, Origin] = {}
 
     def register(self, entry: E, name: str | None = None) -> E:
         """Add ``entry`` under ``name`` (default ``entry.name``); a second entry of the same name
-        is refused (re-registering the same definition, as a re-imported module does, is a no-op)."""
+        is refused, naming where each came from: a module, or the plug-in (file or module name)
+        being loaded (re-registering the same definition, as a re-imported module does, is a
+        no-op)."""
         name = entry.name if name is None else name
+        origin = registering_origin(sys._getframe(1).f_globals.get("__name__", ""))
         old = self._entries.get(name)
         if old is not None and old is not entry and not _same_definition(old, entry):
-            raise ValueError(f"{self.kind} {name!r} is registered twice ({_origin(old)} and {_origin(entry)})")
+            first = self._origins.get(name, Origin(_module_of(old)))
+            raise ValueError(f"{self.kind} {name!r} is registered twice ({first.where} and {origin.where})")
         self._entries[name] = entry
+        self._origins.setdefault(name, origin)
         return entry
 
     def __getitem__(self, name: str) -> E:
         try:
-            return self._entries[name]
+            entry = self._entries[name]
         except (KeyError, TypeError):
             raise UnknownName(self.unknown(name)) from None
+        plugin = self.plugin_of(name)
+        if plugin is not None:
+            USED_PLUGINS.add(plugin)
+        return entry
+
+    def plugin_of(self, name: str) -> str | None:
+        """The plug-in (as the config names it) that registered ``name``; None for a built-in
+        entry or an unknown name."""
+        origin = self._origins.get(name)
+        return origin.plugin if origin is not None else None
+
+    def plugins(self) -> set[str]:
+        """Every plug-in that registered an entry here."""
+        return {o.plugin for o in self._origins.values() if o.plugin is not None}
 
     def unknown(self, name: object) -> str:
         """``unknown <kind> 'x'; did you mean 'y'? (available: a, b)``."""
@@ -97,11 +118,11 @@ class Registry(Generic[E]):
     def restored(self) -> Iterator[Registry[E]]:
         """A block after which the registry holds exactly its entries of before (for tests that
         register plug-ins in-process)."""
-        saved = dict(self._entries)
+        saved, origins = dict(self._entries), dict(self._origins)
         try:
             yield self
         finally:
-            self._entries = saved
+            self._entries, self._origins = saved, origins
 
     def values(self) -> Iterable[E]:
         return self._entries.values()
@@ -110,10 +131,47 @@ class Registry(Generic[E]):
         return self._entries.keys()
 
 
-def _origin(entry: object) -> str:
-    fn = getattr(entry, "solve", None) or getattr(entry, "score", None) or entry
-    mod = getattr(fn, "__module__", None) or type(entry).__module__
-    return str(mod)
+@dataclass(frozen=True)
+class Origin:
+    """Where an entry was registered: the module that called ``register`` and the plug-in being
+    imported then (None outside ``load_plugins``, or for the package's own modules)."""
+
+    module: str
+    loading: str | None = None
+
+    @property
+    def plugin(self) -> str | None:
+        """The plug-in (as the config names it) the entry comes from; None for a built-in."""
+        if self.loading is not None:
+            return self.loading
+        return next((spec for name, spec in _LOADED.items() if _within(self.module, name)), None)
+
+    @property
+    def where(self) -> str:
+        """The plug-in, else the module (for messages)."""
+        return self.plugin or self.module or "?"
+
+
+#: The plug-ins whose entries this process looked up (``Registry.__getitem__``): the code a
+#: stage's result depends on beyond the package (``coec.provenance.plugin_record``).
+USED_PLUGINS: set[str] = set()
+
+_LOADING: list[str] = []  # the plug-ins being imported now, innermost last
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def registering_origin(module: str) -> Origin:
+    """The origin of an entry registered from ``module`` now: the plug-in being imported, unless
+    ``module`` is the package's own (a built-in module the plug-in happened to import first)."""
+    return Origin(module, _LOADING[-1] if _LOADING and not _within(module, "coec") else None)
+
+
+def _module_of(entry: object) -> str:
+    fn = getattr(entry, "solve", None) or getattr(entry, "columns", None) or entry
+    return str(getattr(fn, "__module__", None) or type(entry).__module__)
 
 
 def _same_definition(old: object, new: object) -> bool:
@@ -143,7 +201,9 @@ def load_plugins(specs: Iterable[str], where: str = "plugins") -> list[str]:
         name = plugin_module_name(spec)
         names.append(name)
         if name in _LOADED or name in sys.modules:
+            _LOADED.setdefault(name, spec)
             continue
+        _LOADING.append(spec)
         try:
             if spec.endswith(".py"):
                 path = Path(spec).resolve()
@@ -165,6 +225,8 @@ def load_plugins(specs: Iterable[str], where: str = "plugins") -> list[str]:
             raise ValueError(
                 f"{where}[{i}]: plug-in {spec!r} could not be loaded: {type(exc).__name__}: {exc}"
             ) from None
+        finally:
+            _LOADING.pop()
         _LOADED[name] = spec
     return names
 
@@ -176,6 +238,7 @@ def forget_plugins() -> None:
         if spec.endswith(".py"):
             sys.modules.pop(name, None)
         del _LOADED[name]
+    USED_PLUGINS.clear()
 
 
 def plugins_from_env() -> list[str]:
@@ -184,3 +247,66 @@ def plugins_from_env() -> list[str]:
     specs = [s for s in raw.split(os.pathsep) if s]
     load_plugins(specs, PLUGINS_ENV)
     return specs
+
+
+def plugin_sources(spec: str) -> list[Path]:
+    """The source files of a plug-in: the file itself, or an importable module's file (every
+    ``.py`` file under a package's folder), sorted. ValueError when they cannot be found."""
+    if spec.endswith(".py"):
+        return [Path(spec).resolve()]
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or not Path(found.origin).is_file():
+        raise ValueError(f"plug-in {spec!r}: no source file found")
+    if found.submodule_search_locations:
+        return sorted(p for d in found.submodule_search_locations for p in Path(d).rglob("*.py"))
+    return [Path(found.origin)]
+
+
+def plugin_sha256(spec: str) -> str:
+    """sha256 of a plug-in's code: a single file's own sha256 (``sha256sum`` prints it), else
+    that of the manifest ``<path relative to the package> <sha256>`` per line over a package's
+    files."""
+    files = plugin_sources(spec)
+    digests = [(f, hashlib.sha256(f.read_bytes()).hexdigest()) for f in files]
+    if len(digests) == 1:
+        return digests[0][1]
+    root = Path(os.path.commonpath([f.parent for f in files]))
+    lines = "".join(f"{f.relative_to(root).as_posix()} {sha}\n" for f, sha in digests)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def plugin_digests(specs: Iterable[str]) -> dict[str, str]:
+    """``{plug-in: sha256 of its code}`` (``plugin_sha256``), sorted by plug-in."""
+    return {spec: plugin_sha256(spec) for spec in sorted(set(specs))}
+
+
+def add_plugin_options(parser) -> None:
+    """``--plugins`` and ``--config`` of a command that prints a page generated from the
+    registries, so that the page includes a researcher's plug-ins (``load_plugin_options``)."""
+    parser.add_argument("--plugins", nargs="+", default=[], metavar="PLUGIN", help="plug-in files or module names")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="a config whose `plugins` to load (files relative to the current folder)",
+    )
+
+
+def load_plugin_options(args) -> list[str]:
+    """Load the plug-ins ``add_plugin_options`` parsed: ``--plugins``, then each ``--config``'s
+    ``plugins``. ValueError (one line) for an unreadable config or a plug-in that fails."""
+    import yaml
+
+    loaded = load_plugins(args.plugins, "--plugins")
+    for path in args.config:
+        try:
+            cfg = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"--config {path}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        specs = cfg.get("plugins", []) if isinstance(cfg, dict) else []
+        loaded += load_plugins(specs if isinstance(specs, list) else [], f"{path}: plugins")
+    return loaded

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from . import paths
 from .paths import cell_dir, fmt_ratio
@@ -34,6 +35,43 @@ def method_inputs(config, comp, model, calib, select, ratio, first, last) -> dic
     job = Job(model=model, calib=calib, select=select, ratio=ratio, first=first, last=last)
     paths_in = {inp.name: inp.workflow_path(options, job) for inp in m.inputs}
     return {name: p for name, p in paths_in.items() if p is not None}
+
+
+def consumers(config) -> dict[str, list[str]]:
+    """{compensation: the compensations whose blocks its method reads (``OtherCell`` inputs:
+    blend's ``base``)}, for those that read any."""
+    from .compensate.inputs import OtherCell
+    from .compensate.options import method, resolve, top_level_options
+
+    out = {}
+    for name, spec in config["compensations"].items():
+        m = method(spec["method"])
+        cells = [inp for inp in m.inputs if isinstance(inp, OtherCell)]
+        if cells:
+            options = resolve(m.name, top_level_options(spec))
+            out[name] = sorted({getattr(options, inp.option) for inp in cells})
+    return out
+
+
+def base_cells(config) -> list[tuple[str, str]]:
+    """(selection folder, compensation) of every cell whose blocks a method of another cell of
+    the config's tables and Fig. 2 reads (blend's base), sorted."""
+    reads = consumers(config)
+    if not reads:
+        return []
+    files = [f for name in _table_names(config) for f in table_inputs(config, name)]
+    if "fig2" in config:
+        files += figure_inputs(fig2_spec(config))
+    out = set()
+    for f in files:
+        cell = Path(f).parent
+        for base in reads.get(cell.name, []) if cell.parent.name != paths.RESULTS else []:
+            out.add((cell.parent.as_posix(), base))
+    return sorted(out)
+
+
+def _table_names(config) -> list[str]:
+    return [t for t in ("table1", "table2", "table3") if t in config] + list(config.get("extra_tables") or {})
 
 
 def gram_check_input(config, comp, model, calib) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import paths, targets
 
-__all__ = ["Wiring", "coec_command", "SLURM_STRING_RESOURCES"]
+__all__ = ["Wiring", "coec_command", "SLURM_STRING_RESOURCES", "NO_PLUGINS"]
 
 SLURM_STRING_RESOURCES = ("slurm_partition", "slurm_account", "gpu_model", "slurm_extra")
 
@@ -36,6 +36,18 @@ def coec_command(deployment_methods: Any, executable: str = sys.executable) -> s
     return f"{shlex_quote(executable)} -m coec"
 
 
+class _NoPlugins:
+    """The ``plugins`` param of a job that no plug-in's code reaches: not a plain value, so
+    Snakemake leaves it out of the params it records and compares (such a job's params are
+    exactly those of a config without plug-ins)."""
+
+    def __repr__(self) -> str:
+        return "no plug-ins"
+
+
+NO_PLUGINS = _NoPlugins()
+
+
 class Wiring:
     """The wiring of one validated config (``coec.config.validate_config``)."""
 
@@ -46,6 +58,7 @@ class Wiring:
         self.evaluation = config["evaluation"]
         self.selections = selection_registry(config.get("selections"))
         self._identity: dict[str, dict[str, Any]] = {}
+        self._plugin_sha: dict[str, str] = {}
 
     # ------------------------------------------------------------------------- models and data
     def model(self, name: str) -> dict[str, Any]:
@@ -169,11 +182,75 @@ class Wiring:
         """``--gram-check <path>`` of a compensate job that reads one, else nothing."""
         return " ".join(f"--gram-check {shlex_quote(p)}" for p in self.gram_check_input(wc))
 
+    def comp_constraint(self, base: bool) -> str:
+        """The ``comp`` wildcard of rule ``compensate_base`` (``base``: the cells whose blocks a
+        method of another cell reads, ``targets.base_cells``; each alternative looks behind at
+        its cell's folder) or of rule ``compensate`` (every other cell). ``snakemake --until
+        <rule>`` releases no job after a job of that rule, so blend's jobs can run under
+        ``--until compensate`` only when their base's blocks come from a rule of another name."""
+        import re
+
+        alt = "|".join(f"(?<={re.escape(d + '/')}){re.escape(c)}(?![^/])" for d, c in targets.base_cells(self.config))
+        if base:
+            return f"(?:{alt})" if alt else "(?!)"
+        return f"(?!{alt})[^/]+" if alt else "[^/]+"
+
     def compensate_spec(self, wc: Any) -> str:
         """--spec of a compensation job: the config entry, plus its method's input paths."""
         extra = self.method_inputs(wc)
         spec = self.compensation(wc.comp)
         return json.dumps({**spec, "inputs": extra} if extra else spec, sort_keys=True)
+
+    # ------------------------------------------------------------------------- plug-in code
+    def plugin_params(self, rule: str) -> dict[str, Any]:
+        """``plugins``: the sha256 of the code of every plug-in a job of ``rule`` uses
+        (``job_plugins``), so that editing a plug-in reruns exactly its jobs (Snakemake's params
+        trigger) and, through their outputs, what reads them. No param without plug-ins; for a
+        job that uses none, ``NO_PLUGINS``, which Snakemake does not record."""
+        if not self.config.get("plugins"):
+            return {}
+        return {"plugins": lambda wc: self.plugin_code(self.job_plugins(rule, wc))}
+
+    def plugin_code(self, specs: set[str]) -> Any:
+        """JSON ``{plug-in: sha256 of its code}`` (hashed once per plan), or ``NO_PLUGINS``."""
+        from .registry import plugin_sha256
+
+        for spec in specs - set(self._plugin_sha):
+            self._plugin_sha[spec] = plugin_sha256(spec)
+        return json.dumps({s: self._plugin_sha[s] for s in sorted(specs)}) if specs else NO_PLUGINS
+
+    def job_plugins(self, rule: str, wc: Any) -> set[str]:
+        """The plug-ins whose entries a job uses: its model's family; a select job's score, a
+        compensate job's method, a zeroshot job's tasks."""
+        from .compensate.method import METHODS
+        from .evaluate.tasks import TASKS
+        from .selection import SCORES
+
+        used = self.family_plugins(wc.model) if hasattr(wc, "model") else set()
+        if rule == "select":
+            used.add(SCORES.plugin_of(self.selections[wc.select].score))
+        elif rule == "compensate":
+            used.add(METHODS.plugin_of(self.compensation(wc.comp)["method"]))
+        elif rule == "zeroshot":
+            used.update(TASKS.plugin_of(t) for t in self.evaluation.get("zeroshot_tasks", []))
+        return {p for p in used if p is not None}
+
+    def family_plugins(self, model: str) -> set[str]:
+        """The plug-in of a model's family (``coec.arch.ADAPTERS``), read from a local folder's
+        config.json; every family plug-in where the family is not known before a job runs (a
+        hub id); none for an embedded model (a built-in family)."""
+        from .arch import ADAPTERS
+        from .modelcheck import local_model_type
+
+        plugged = ADAPTERS.plugins()
+        m = self.model(model)
+        if not plugged or m["source"] == "embedded":
+            return set()
+        family = local_model_type(m["source"])
+        if family is None:
+            return plugged
+        spec = ADAPTERS.plugin_of(family)
+        return {spec} if spec else set()
 
     # ------------------------------------------------------------------------- evaluation
     def ppl_params(self) -> dict[str, Any]:

@@ -206,7 +206,7 @@ def test_trimmed_workflow_blend_cell(tmp_path):
     cfg["table1"]["rows"] = [{"selection": "wanda_sp", "compensation": "blend"}]
     path.write_text(yaml.safe_dump(cfg))
     counts = job_counts(snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(path)).stdout)
-    assert counts["calibrate"] == 2 and counts["compensate"] == 4  # coec and blend, 2 blocks each
+    assert counts["calibrate"] == 2 and counts["compensate"] == 2 and counts["compensate_base"] == 2  # 2 blocks each
     snakemake(tmp_path, "--cores", "2", "results/table1.csv", "--configfile", str(path))
     cell = tmp_path / "results/tiny/c8/wanda_sp-0.5"
     from coec.artifacts import read_comp_block
@@ -224,3 +224,36 @@ def test_trimmed_workflow_blend_cell(tmp_path):
         assert 0.0 <= i["beta"] <= 1.0
         assert i["heldout_relerr"] <= min(i["heldout_relerr_base"], i["heldout_relerr_ridge"]) + 1e-6
     assert json.loads((cell / "blend/ppl.json").read_text())["ppl"] > 1
+
+
+def test_until_compensate_plans_the_base_cells_blend_reads(tmp_path):
+    """``snakemake --until compensate`` stops after the compensations, blend's included: its base's
+    blocks come from rule compensate_base, whose jobs (unlike those of the rule --until names)
+    release the jobs after them; a config without blend has no compensate_base job."""
+    import yaml
+
+    from conftest import job_counts, snakemake, write_trimmed_workflow
+
+    cfg, path = write_trimmed_workflow(tmp_path)
+    cfg["calibration"]["c8h"] = dict(cfg["calibration"]["c8"], seed=1, disjoint_from="c8")
+    cfg["compensations"]["blend"] = {"method": "blend", "base": "coec", "holdout": "c8h"}
+    cfg["table1"]["rows"] = [
+        {"selection": "wanda_sp", "compensation": "blend"},
+        {"selection": "flap", "compensation": "coec"},  # a cell of the base no blend reads
+    ]
+    path.write_text(yaml.safe_dump(cfg))
+    res = snakemake(tmp_path, "-n", "--until", "compensate", "--configfile", str(path), check=False)
+    assert res.returncode == 0 and "Out of jobs ready" not in res.stdout + res.stderr, res.stderr[-2000:]
+    assert job_counts(res.stdout) == {
+        "calibrate": 2,  # the calibration and blend's held-out set
+        "gram_check": 1,
+        "select": 2,
+        "compensate": 4,  # blend and the flap cell's coec: 2 layers, one block each
+        "compensate_base": 2,  # the coec blocks blend reads
+        "total": 11,
+    }
+    cfg["table1"]["rows"] = [{"selection": "wanda_sp", "compensation": "coec"}]
+    del cfg["compensations"]["blend"]
+    path.write_text(yaml.safe_dump(cfg))
+    counts = job_counts(snakemake(tmp_path, "-n", "--until", "compensate", "--configfile", str(path)).stdout)
+    assert counts["compensate"] == 2 and "compensate_base" not in counts

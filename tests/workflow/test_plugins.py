@@ -153,3 +153,110 @@ def test_plugin_method_runs_through_the_trimmed_workflow_to_a_table1_row(tmp_pat
     info = json.loads((work / "results/tiny/c8/wanda_sp-0.5/scaled/block0-0.json").read_text())
     assert info["layer0.o_proj"]["method"] == "global_scale" and "scale" in info["layer0.down_proj"]
     assert info["layer0.down_proj"]["relerr_after"] <= info["layer0.down_proj"]["relerr_before"]
+
+
+SCORE_PLUGIN = """
+from coec.selection import SCORES, Score
+
+
+def columns(weight, stats, spec):
+    return weight.abs().sum(0).double()
+
+
+SCORES.register(Score("{name}", columns, "column L1 norm"))
+"""
+
+
+@pytest.mark.parametrize("spec_of", [lambda f: str(f), lambda f: f.stem], ids=["file", "module"])
+def test_a_plugin_reusing_a_builtin_name_is_named_as_the_second_origin(tmp_path, monkeypatch, spec_of):
+    """A score plug-in (as a file or a module name) that reuses a built-in name: the message names
+    the built-in's module and the plug-in as the config names it."""
+    from coec.selection import SCORES
+
+    plugin = tmp_path / "my_scores.py"
+    plugin.write_text(SCORE_PLUGIN.format(name="wanda_sp"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = spec_of(plugin)
+    with SCORES.restored(), pytest.raises(ValueError) as err:
+        load_plugins([spec])
+    forget_plugins()
+    sys.modules.pop("my_scores", None)
+    assert f"selection score 'wanda_sp' is registered twice (coec.selection and {spec})" in str(err.value)
+
+
+def test_a_method_defined_by_two_plugins_names_both_files(tmp_path):
+    second = tmp_path / "again.py"
+    second.write_text(PLUGIN.read_text())
+    with METHODS.restored(), pytest.raises(ValueError) as err:
+        load_plugins([str(PLUGIN), str(second)])
+    forget_plugins()
+    assert f"compensation method 'global_scale' is registered twice ({PLUGIN} and {second})" in str(err.value)
+    lstsq = tmp_path / "lstsq_again.py"
+    lstsq.write_text(PLUGIN.read_text().replace('name="global_scale"', 'name="lstsq"'))
+    with METHODS.restored(), pytest.raises(ValueError) as err:
+        load_plugins([str(lstsq)])
+    forget_plugins()
+    assert f"'lstsq' is registered twice (coec.compensate.methods.lstsq and {lstsq})" in str(err.value)
+
+
+def test_registries_know_which_plugin_registered_an_entry(plugin):
+    """Built-in entries have no plug-in; the plug-in's entry names its file, and a lookup of it
+    is recorded for the result's provenance (sha256 of the file)."""
+    import hashlib
+
+    from coec.provenance import plugin_record
+    from coec.registry import USED_PLUGINS
+    from coec.selection import SCORES
+
+    assert METHODS.plugin_of("coec") is None and SCORES.plugin_of("wanda_sp") is None
+    assert METHODS.plugin_of("global_scale") == str(PLUGIN) and METHODS.plugins() == {str(PLUGIN)}
+    USED_PLUGINS.clear()  # the fixture looked the method up
+    METHODS["coec"]
+    assert plugin_record() == {}
+    METHODS["global_scale"]
+    assert plugin_record() == {"plugins": {str(PLUGIN): hashlib.sha256(PLUGIN.read_bytes()).hexdigest()}}
+
+
+def test_the_options_page_includes_the_plugins_of_the_command_line_or_a_config(tmp_path):
+    def page(*args):
+        env = {k: v for k, v in os.environ.items() if k != PLUGINS_ENV}
+        cmd = [sys.executable, "-m", "coec.compensate.options_doc", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    assert "## `global_scale`" not in page().stdout
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text(yaml.safe_dump({"plugins": [str(PLUGIN)]}))
+    for args in (["--plugins", str(PLUGIN)], ["--config", str(cfg)]):
+        res = page(*args)
+        assert res.returncode == 0, res.stderr
+        assert "## `global_scale`" in res.stdout and "| `shrink` | method | 0 |" in res.stdout
+    bad = page("--plugins", "missing.py")
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
+    assert "--plugins[0]: plug-in 'missing.py' could not be loaded: FileNotFoundError" in bad.stderr
+
+
+def test_a_plugin_module_is_hashed_over_its_source_files(tmp_path, monkeypatch):
+    """A module plug-in's sha256 is its file's; a package's covers every .py file under it, so an
+    edit to any of them changes it."""
+    import hashlib
+
+    from coec.registry import plugin_sha256, plugin_sources
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_single.py").write_text("X = 1\n")
+    assert plugin_sha256("my_single") == hashlib.sha256(b"X = 1\n").hexdigest()
+    pkg = tmp_path / "my_pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import sub\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "scores.py").write_text("Y = 1\n")
+    assert [p.relative_to(pkg).as_posix() for p in plugin_sources("my_pkg")] == [
+        "__init__.py",
+        "sub/__init__.py",
+        "sub/scores.py",
+    ]
+    before = plugin_sha256("my_pkg")
+    (pkg / "sub" / "scores.py").write_text("Y = 2\n")
+    assert plugin_sha256("my_pkg") != before
+    with pytest.raises(ValueError, match="no source file found"):
+        plugin_sha256("no_such_module_xyz")

@@ -15,6 +15,7 @@ rule geometry:
         model=W.model_path,
         expect=W.expect,
         hub=W.hub,
+        **W.plugin_params("geometry"),
     log:
         paths.log_file("geometry", CELL_LOG),
     benchmark:

@@ -23,6 +23,7 @@ rule calibrate:
         device=config["compute"]["device"],
         expect=lambda wc: W.expect_json(wc.model, f"calibration.{wc.calib}.seqlen"),
         hub=W.hub,
+        **W.plugin_params("calibrate"),
     log:
         paths.log_file("calibrate", "{model}", "{calib}"),
     benchmark:
@@ -58,6 +59,7 @@ rule gram_check:
         device=config["compute"]["device"],
         expect=W.expect,
         hub=W.hub,
+        **W.plugin_params("gram_check"),
     log:
         paths.log_file("gram_check", "{model}", "{calib}"),
     benchmark:

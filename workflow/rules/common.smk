@@ -5,16 +5,15 @@ import json
 import re
 
 from coec import paths, targets
-from coec.config import SCHEMA, validate_config
+from coec.config import SCHEMA, one_line_errors, validate_config
 from coec.wiring import Wiring, coec_command
 
-validate_config(config, SCHEMA)  # the schema is package data of coec (src/coec/schemas/); loads plugins
-
-
-# Fig. 2 calibration sets: the base set with nsamples replaced
-targets.add_fig2_calibrations(config)
-
-W = Wiring(config)
+# a bad config stops here with its one line (no traceback) and exit status 1
+with one_line_errors():
+    validate_config(config, SCHEMA)  # the schema is package data of coec (src/coec/schemas/); loads plugins
+    # Fig. 2 calibration sets: the base set with nsamples replaced
+    targets.add_fig2_calibrations(config)
+    W = Wiring(config)
 PY = coec_command(workflow.deployment_settings.deployment_method)
 # envs/coec.post-deploy.sh installs this repository into a fresh --sdm conda environment
 os.environ.update(COEC_SOURCE=workflow.basedir)  # set for the post-deploy script, not read here

@@ -8,6 +8,8 @@
 rule compensate:
     conda:
         "../../envs/coec.yaml"
+    wildcard_constraints:
+        comp=W.comp_constraint(base=False),
     input:
         unpack(W.method_inputs),
         model=W.model_input,
@@ -24,6 +26,7 @@ rule compensate:
         expect=W.expect,
         hub=W.hub,
         gram_check=W.gram_check_arg,
+        **W.plugin_params("compensate"),
     log:
         paths.log_file("compensate", CELL_LOG, "block{first}-{last}"),
     benchmark:
@@ -36,3 +39,11 @@ rule compensate:
         "--keep {input.keep:q} --spec {params.spec:q} --first {wildcards.first:q} --last {wildcards.last:q} "
         "--device {params.device:q} --expect {params.expect:q} {params.hub} {params.gram_check} --out {output.weights:q} "
         "> {log:q} 2>&1"
+
+
+# The compensations another method reads the blocks of (blend's base) run as rule
+# compensate_base, the same job under another name: `snakemake --until compensate` releases no
+# job after a job of the rule it names, so blend's jobs could never start after their base's.
+use rule compensate as compensate_base with:
+    wildcard_constraints:
+        comp=W.comp_constraint(base=True),

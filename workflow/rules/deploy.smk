@@ -32,6 +32,7 @@ rule export_gguf:
         dtype=W.model_dtype,
         expect=W.expect,
         cell=W.cell_args,
+        **W.plugin_params("export_gguf"),
     log:
         paths.log_file("export", f"{CELL_LOG}-{{gguf_type}}"),
     benchmark:

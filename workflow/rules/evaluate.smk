@@ -22,6 +22,7 @@ rule ppl_dense:
         command="ppl",
         extra="",
         **W.ppl_params(),
+        **W.plugin_params("ppl"),
     log:
         paths.log_file("ppl", "{model}", "dense"),
     benchmark:
@@ -68,6 +69,7 @@ rule zeroshot_dense:
         dmap=W.device_map,
         extra="",
         **W.zeroshot_params(),
+        **W.plugin_params("zeroshot"),
     log:
         paths.log_file("zeroshot", "{model}", "dense"),
     benchmark:

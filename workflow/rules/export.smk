@@ -18,6 +18,7 @@ rule export:
         dtype=W.model_dtype,
         cell=lambda wc: json.dumps(dict(wc.items())),
         expect=W.expect,
+        **W.plugin_params("export"),
     log:
         paths.log_file("export", CELL_LOG),
     benchmark:

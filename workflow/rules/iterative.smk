@@ -56,6 +56,7 @@ rule iterative_grams:
         calib=alternatives(IT.mixes),
     params:
         **IT.calib_params(),
+        **W.plugin_params("iterative_grams"),
     log:
         paths.log_file("iterative", "grams", "{model}", "{calib}"),
     benchmark:
@@ -98,6 +99,7 @@ rule iterative_step:
         group_rounding=config["group_rounding"],
         init=IT.init_arg,
         outdir=IT.step_outdir,
+        **W.plugin_params("iterative_step"),
     log:
         paths.log_file("iterative", "{model}", "{calib}", "{method}", "steps", "{chain}"),
     benchmark:

@@ -15,6 +15,7 @@ rule select:
         method=W.selection_args,
         expect=W.expect,
         hub=W.hub,
+        **W.plugin_params("select"),
     log:
         paths.log_file("select", "{model}", "{calib}", "{select}-{ratio}"),
     benchmark:

@@ -1,10 +1,14 @@
 """docs/compensation-options.md, rendered from the registered methods' option dataclasses.
 
 python -m coec.compensate.options_doc > docs/compensation-options.md
+python -m coec.compensate.options_doc --plugins my_methods.py     # with a plug-in's methods
+python -m coec.compensate.options_doc --config my.yaml            # with the config's plugins
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import fields
 from typing import Any
 
@@ -12,7 +16,7 @@ from . import methods as _builtin  # noqa: F401  (registers the built-in methods
 from .method import METHODS
 from .validators import GROUPS
 
-__all__ = ["markdown"]
+__all__ = ["markdown", "main"]
 
 
 def _fmt_default(v: Any) -> str:
@@ -93,5 +97,21 @@ def markdown() -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """Print the page with the methods of any plug-ins named by ``--plugins`` or ``--config``."""
+    from ..registry import add_plugin_options, load_plugin_options
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    add_plugin_options(parser)
+    args = parser.parse_args(argv)
+    try:
+        load_plugin_options(args)
+    except ValueError as exc:
+        print(f"options_doc: error: {exc}", file=sys.stderr)
+        return 2
     print(markdown(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

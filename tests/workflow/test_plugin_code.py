@@ -1,0 +1,100 @@
+"""A plug-in's code is an input of the jobs that use it: editing the file reruns exactly the jobs
+of the entries it registered (here a method's compensate jobs) and what reads them, never a
+built-in method's cells; adding plug-ins to a config reruns nothing that ran without them; and
+the results record the plug-in's sha256."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from conftest import job_counts, snakemake, write_trimmed_workflow
+
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "global_scale.py"
+SCALED_JOBS = {"compensate": 2, "ppl_cell": 1, "table": 1, "total": 4}  # 2 layers, one block each
+
+
+def _plan(work: Path, cfg_path: Path, *extra: str):
+    return snakemake(work, "-n", "results/table1.csv", "--configfile", str(cfg_path), *extra)
+
+
+def test_editing_a_plugin_reruns_exactly_its_cells(tmp_path):
+    cfg, cfg_path = write_trimmed_workflow(tmp_path)
+    cfg["table1"]["rows"] = [
+        {"selection": "wanda_sp", "compensation": "none"},
+        {"selection": "wanda_sp", "compensation": "bias"},
+    ]
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    snakemake(tmp_path, "--cores", "2", "results/table1.csv", "--configfile", str(cfg_path))
+
+    plugin = tmp_path / "my_method.py"
+    shutil.copyfile(PLUGIN, plugin)
+    cfg["plugins"] = [str(plugin)]
+    cfg["compensations"]["scaled"] = {"method": "global_scale"}
+    cfg["table1"]["rows"].append({"selection": "wanda_sp", "compensation": "scaled"})
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    # the built-in cells' jobs now carry a plugins param, which must not rerun them
+    assert job_counts(_plan(tmp_path, cfg_path).stdout) == SCALED_JOBS
+    snakemake(tmp_path, "--cores", "2", "results/table1.csv", "--configfile", str(cfg_path))
+    res = _plan(tmp_path, cfg_path)
+    assert "Nothing to be done" in res.stdout + res.stderr
+
+    cell = tmp_path / "results/tiny/c8/wanda_sp-0.5"
+    record = json.loads((cell / "scaled/block0-0.json").read_text())["model"]
+    assert record["plugins"] == {str(plugin): hashlib.sha256(plugin.read_bytes()).hexdigest()}
+    assert "plugins" not in json.loads((cell / "bias/block0-0.json").read_text())["model"]
+    assert "plugins" not in json.loads((cell / "keep.json").read_text())["model"]
+
+    plugin.write_text(plugin.read_text() + "\n# a fix\n")
+    plan = _plan(tmp_path, cfg_path).stdout
+    assert job_counts(plan) == SCALED_JOBS
+    outputs = [line.split(":", 1)[1] for line in plan.splitlines() if line.strip().startswith("output:")]
+    assert len(outputs) == 4 and all("/scaled/" in o or "table1" in o for o in outputs)
+    new_sha = hashlib.sha256(plugin.read_bytes()).hexdigest()
+    assert plan.count("reason: Params have changed") == 2 and plan.count(new_sha) == 2
+
+
+def test_each_job_uses_the_plugins_of_its_entries(tmp_path):
+    """The plug-ins a job's params hash: a model family's for every job that reads a model of
+    that family (every family plug-in for a hub model, whose family is unknown before it is
+    downloaded), a method's for its compensate jobs only; nothing for built-in entries."""
+    from types import SimpleNamespace
+
+    from coec.arch import ADAPTERS
+    from coec.compensate.method import METHODS
+    from coec.config import validate_config
+    from coec.registry import PLUGINS_ENV, forget_plugins
+    from coec.wiring import NO_PLUGINS, Wiring
+
+    family = tmp_path / "toy_family.py"
+    family.write_text('from coec.arch import ADAPTERS\n\nADAPTERS.register(ADAPTERS["llama"], name="toyfam")\n')
+    cfg, _ = write_trimmed_workflow(tmp_path)
+    config_json = tmp_path / "tiny-llama" / "config.json"
+    config_json.write_text(config_json.read_text().replace('"model_type": "llama"', '"model_type": "toyfam"'))
+    cfg["plugins"] = [str(family), str(PLUGIN)]
+    cfg["compensations"].update({m: {"method": m} for m in ("none", "bias", "rcpu")})  # config.yaml's
+    cfg["compensations"]["scaled"] = {"method": "global_scale"}
+    cfg["models"]["hub"] = {"source": "org/some-model", "num_layers": 2, "dtype": "float32"}
+    try:
+        with ADAPTERS.restored(), METHODS.restored():
+            W = Wiring(validate_config(cfg))
+            cell = dict(model="tiny", calib="c8", select="wanda_sp", ratio="0.5")
+            assert W.job_plugins("calibrate", SimpleNamespace(model="tiny", calib="c8")) == {str(family)}
+            assert W.job_plugins("compensate", SimpleNamespace(**cell, comp="scaled")) == {str(family), str(PLUGIN)}
+            assert W.job_plugins("compensate", SimpleNamespace(**cell, comp="coec")) == {str(family)}
+            assert W.job_plugins("ppl", SimpleNamespace(model="hub")) == {str(family)}
+            config_json.write_text(config_json.read_text().replace('"toyfam"', '"llama"'))
+            assert W.job_plugins("compensate", SimpleNamespace(**cell, comp="coec")) == set()
+            assert W.plugin_code(set()) is NO_PLUGINS
+            digest = hashlib.sha256(PLUGIN.read_bytes()).hexdigest()
+            assert json.loads(W.plugin_code({str(PLUGIN)})) == {str(PLUGIN): digest}
+            del cfg["plugins"]
+            assert Wiring(cfg).plugin_params("compensate") == {}
+    finally:
+        forget_plugins()
+        os.environ.pop(PLUGINS_ENV, None)
