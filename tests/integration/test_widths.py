@@ -74,7 +74,7 @@ def test_paper_rule_keep_json_unchanged(llama_dir, grams, tmp_path):
     assert all(len(k["channels"]) == 34 for k in artifacts.read_keep(tmp_path / "default.json")["layers"])
 
 
-def test_aligned_keep_json_records_rule_and_realised_ratios(llama_dir, grams, tmp_path):
+def test_aligned_keep_json_records_rule_and_realised_ratios(llama_dir, grams, tmp_path, caplog):
     out = tmp_path / "keep.json"
     assert _select(llama_dir, grams, out, "--channel-multiple", "16", "--channel-rounding", "floor") == 0
     keep = artifacts.read_keep(out, 2)
@@ -88,6 +88,12 @@ def test_aligned_keep_json_records_rule_and_realised_ratios(llama_dir, grams, tm
     # ceil at 16: 33.6 -> 48, every channel (logged), still a valid keep set
     assert _select(llama_dir, grams, tmp_path / "all.json", "--channel-multiple", "16") == 0
     assert artifacts.read_keep(tmp_path / "all.json")["realised_channel_ratio"] == 0.0
+    assert "channel_multiple 16 (ceil) keeps all 48 MLP channels at ratio 0.3" in caplog.text
+    assert (
+        _select(llama_dir, grams, tmp_path / "zero.json", "--channel-multiple", "48", "--channel-rounding", "floor")
+        == 0
+    )
+    assert "rounds (1 - 0.3) x 48 channels to 0: keeping one multiple, 48 channels" in caplog.text
 
 
 def _old_path(llama_dir, grams, tmp_path) -> Path:
