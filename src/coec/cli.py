@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--ratio", type=float, required=True)
     config_arg(s, "--group-rounding", "group_rounding")
+    from .selection import CHANNEL_ROUNDINGS
+
+    config_arg(s, "--channel-multiple", "channel_multiple", type=int)
+    config_arg(s, "--channel-rounding", "channel_rounding", choices=CHANNEL_ROUNDINGS)
     s.add_argument("--out", required=True)
 
     s = sub.add_parser("compensate", help="compensate a block of layers")
@@ -350,7 +354,16 @@ def _dispatch(a) -> None:
         )
     elif a.stage == "select":
         pipeline.run_select(
-            a.model, a.grams, a.method, a.ratio, a.group_rounding, a.out, options=json.loads(a.options), **hub
+            a.model,
+            a.grams,
+            a.method,
+            a.ratio,
+            a.group_rounding,
+            a.out,
+            options=json.loads(a.options),
+            channel_multiple=a.channel_multiple,
+            channel_rounding=a.channel_rounding,
+            **hub,
         )
     elif a.stage == "compensate":
         pipeline.run_compensate(

@@ -73,14 +73,22 @@ def run_select(
     revision: str | None = None,
     trust_remote_code: bool = False,
     options: dict | None = None,
+    channel_multiple: int = 1,
+    channel_rounding: str = "ceil",
 ) -> dict:
     """Keep sets of every layer -> keep.json. ``options``: score variant options
-    (``select.SCORE_OPTIONS``; recorded as ``score_options`` when any differs from the paper)."""
-    from .selection import selection_spec
+    (``select.SCORE_OPTIONS``; recorded as ``score_options`` when any differs from the paper);
+    ``channel_multiple`` / ``channel_rounding``: the kept MLP width's rule (``coec.widths``;
+    recorded with the realised ratios when not the paper's). A multiple above the MLP width
+    stops before anything is read or written."""
+    from .selection import aligned_steps, check_multiple, selection_spec
+    from .widths import PAPER_WIDTH, width_note, width_record
 
     spec = selection_spec({"score": method, **(options or {})}, "--options")
+    width = (channel_multiple, channel_rounding)
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
     cfg = load_config(model_dir, revision, trust_remote_code)
+    check_multiple(cfg.intermediate_size, channel_multiple)
     geom = attention_shape(cfg)
     layers = []
     for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {method}", unit="layer"):
@@ -96,8 +104,16 @@ def run_select(
                 geom,
                 ratio,
                 group_rounding=group_rounding,
+                channel_rounding=channel_rounding,
+                channel_multiple=channel_multiple,
             )
         )
+    if width != PAPER_WIDTH:
+        n = cfg.intermediate_size
+        note = width_note(n, len(layers[0]["channels"]), aligned_steps(n, ratio, *width), ratio, width)
+        if note:
+            log.warning(note)
+    fields, layers = width_record(layers, cfg.intermediate_size, width)
     keep = {
         "selection": method,
         "ratio": ratio,
@@ -106,6 +122,7 @@ def run_select(
         "n_heads": geom.n_heads,
         "head_dim": geom.head_dim,
         "d_ff": cfg.intermediate_size,
+        **fields,
         "layers": layers,
         "model": model_provenance(model_src, revision, trust_remote_code, model_dir),
     }

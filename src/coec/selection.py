@@ -10,7 +10,8 @@ X_j the calibration activations of channel j:
 ||X_j|| = sqrt(G_jj); Var is the unbiased token variance from Σx² (the Gram's diagonal, stored in
 float64 beside the Gram: ``sumsq``), the channel sum and the token count. Attention prunes whole
 KV groups with their query heads (a group's score is the sum of its o_proj columns' scores); the
-MLP prunes single channels.
+MLP prunes single channels, the top ``aligned_keep`` of them: with ``channel_multiple`` > 1 a
+multiple of it (``coec.widths``; quantizer blocks).
 
 Variants (a ``selections`` entry of the config; docs/selection-variants.md). Each option's first
 value is the paper's formula above, so the three paper selections are the variants with no options:
@@ -32,8 +33,11 @@ import torch
 from .arch import AttnShape
 from .calibrate import channel_sumsq
 from .registry import Registry
+from .widths import WIDTH_KEYS
 
 ROUNDINGS = ("ceil", "nearest")
+#: roundings of a kept MLP channel count (config ``channel_rounding``; KV groups: ``ROUNDINGS``)
+CHANNEL_ROUNDINGS = (*ROUNDINGS, "floor")
 #: option -> allowed values; the first is the paper's formula (the default)
 SCORE_OPTIONS = {
     "weight_norm": ("l2", "l1_mean"),
@@ -135,11 +139,13 @@ def selection_spec(spec, where: str = "selection") -> ScoreSpec:
 def selection_registry(selections: dict | None = None) -> dict[str, ScoreSpec]:
     """Selection name -> :class:`ScoreSpec`: every registered score under its own name (the
     paper's ``wanda_sp``, ``flap``, ``rcpu`` and plug-ins', fixed, so their result paths keep their
-    meaning) plus a config's ``selections`` entries."""
+    meaning) plus a config's ``selections`` entries (their ``channel_multiple`` /
+    ``channel_rounding`` are the width's, ``coec.widths.selection_width``)."""
     out = {name: ScoreSpec(name) for name in SCORES}
     for name, spec in (selections or {}).items():
-        s = selection_spec(spec, f"selections.{name}")
-        if name in SCORES and s != out[name]:
+        score = spec if isinstance(spec, (str, ScoreSpec)) else {k: v for k, v in spec.items() if k not in WIDTH_KEYS}
+        s = selection_spec(score, f"selections.{name}")
+        if name in SCORES and (s != out[name] or score != spec):
             raise ValueError(
                 f"selections.{name}: the registered score {name!r} cannot be redefined "
                 f"(its results keep their paths); give the variant another name"
@@ -196,16 +202,52 @@ def n_keep(n: int, ratio: float, rounding: str = "ceil") -> int:
     """How many of ``n`` units survive pruning ratio ``ratio``.
 
     ceil: keep ceil((1-ratio)·n) (the paper's rule); nearest: prune round(ratio·n) (half up),
-    so 3 KV groups at 30 % lose one. At least one unit is always kept.
+    so 3 KV groups at 30 % lose one; floor: keep floor((1-ratio)·n). At least one unit is
+    always kept.
     """
     check_ratio(ratio)
     if rounding == "ceil":
         k = math.ceil((1.0 - ratio) * n - 1e-9)
     elif rounding == "nearest":
         k = n - math.floor(ratio * n + 0.5 + 1e-9)
+    elif rounding == "floor":
+        k = math.floor((1.0 - ratio) * n + 1e-9)
     else:
-        raise ValueError(f"unknown rounding {rounding!r}; expected one of {', '.join(ROUNDINGS)}")
+        raise ValueError(f"unknown rounding {rounding!r}; expected one of {', '.join(CHANNEL_ROUNDINGS)}")
     return max(1, min(n, k))
+
+
+def check_multiple(n: int, multiple: int) -> None:
+    """``channel_multiple`` against a layer's MLP width ``n``: a positive integer, at most ``n``."""
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise ValueError(f"channel_multiple must be a positive integer, got {multiple!r}")
+    if multiple > n:
+        raise ValueError(f"channel_multiple {multiple} is larger than the MLP width d_ff = {n}")
+
+
+def aligned_steps(n: int, ratio: float, multiple: int, rounding: str) -> int:
+    """How many ``multiple``-channel steps the kept count (1-ratio)·n rounds to: ceil, floor or
+    nearest (a tie keeps fewer, as ``n_keep``'s nearest prunes half up); may be 0."""
+    check_ratio(ratio)
+    check_multiple(n, multiple)
+    q = (1.0 - ratio) * n / multiple
+    if rounding == "ceil":
+        return math.ceil(q - 1e-9)
+    if rounding == "nearest":
+        return math.ceil(q - 0.5 - 1e-9)
+    if rounding == "floor":
+        return math.floor(q + 1e-9)
+    raise ValueError(f"unknown channel_rounding {rounding!r}; expected one of {', '.join(CHANNEL_ROUNDINGS)}")
+
+
+def aligned_keep(n: int, ratio: float, multiple: int = 1, rounding: str = "ceil") -> int:
+    """MLP channels kept of ``n`` at ``ratio``: a multiple of ``multiple`` (docs/selection-variants.md
+    "Aligned widths"). Multiple 1 is ``n_keep`` exactly; otherwise ``aligned_steps`` multiples, at
+    least one (a rounding to 0 keeps one multiple) and at most ``n`` (a rounding past the width
+    keeps every channel: the dense width)."""
+    if multiple == 1:
+        return n_keep(n, ratio, rounding)
+    return min(n, multiple * max(1, aligned_steps(n, ratio, multiple, rounding)))
 
 
 def check_ratio(ratio: float) -> None:
@@ -255,12 +297,13 @@ def select_layer(
     ratio: float,
     group_rounding: str = "ceil",
     channel_rounding: str = "ceil",
+    channel_multiple: int = 1,
 ) -> dict:
-    """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists).
-    ``method``: a paper name or a variant (``selection_spec``)."""
+    """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists): the top of
+    the scores, ``aligned_keep`` channels. ``method``: a paper name or a variant (``selection_spec``)."""
     sc = layer_scores(method, o_weight, o_stats, down_weight, down_stats, geom)
     d_scores, g_scores = sc["down_proj"], sc["groups"]
     return {
         "kv_groups": top_k_sorted(g_scores, n_keep(geom.n_kv, ratio, group_rounding)),
-        "channels": top_k_sorted(d_scores, n_keep(d_scores.numel(), ratio, channel_rounding)),
+        "channels": top_k_sorted(d_scores, aligned_keep(d_scores.numel(), ratio, channel_multiple, channel_rounding)),
     }

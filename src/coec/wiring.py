@@ -149,9 +149,15 @@ class Wiring:
 
     # ------------------------------------------------------------------------- selection, compensation
     def selection_args(self, wc: Any) -> str:
-        """`select`'s --method and --options of a selection name (options {} for the paper's)."""
+        """`select`'s --method and --options of a selection name (options {} for the paper's),
+        and its width's --channel-multiple / --channel-rounding unless the paper's rule
+        (``coec.widths.width_args``: the params of a paper cell's select job stay as they were)."""
+        from .widths import selection_width, width_args
+
         spec = self.selections[wc.select]
-        return f"--method {shlex_quote(spec.score)} --options {shlex_quote(json.dumps(spec.options(), sort_keys=True))}"
+        args = f"--method {shlex_quote(spec.score)} --options {shlex_quote(json.dumps(spec.options(), sort_keys=True))}"
+        width = width_args(selection_width(self.config, wc.select))
+        return f"{args} {width}" if width else args
 
     def compensation(self, name: str) -> dict[str, Any]:
         return self.config["compensations"][name]

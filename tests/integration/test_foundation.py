@@ -160,8 +160,9 @@ def test_keep_counts_and_rounding():
     for bad in (0.0, 1.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="ratio"):
             n_keep(10, bad)
+    assert n_keep(1536, 0.3, "floor") == 1075  # channel_rounding's third rule
     with pytest.raises(ValueError, match="rounding"):
-        n_keep(10, 0.3, "floor")
+        n_keep(10, 0.3, "up")
 
 
 def test_group_selection_keeps_gqa_structure():

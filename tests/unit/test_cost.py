@@ -94,8 +94,9 @@ def test_kept_count_float_edge_cases():
     for bad in (0.0, 1.0, -0.1, 1.5):
         with pytest.raises(ValueError):
             kept_count(10, bad)
+    assert kept_count(10, 0.35, "floor") == 6  # channel_rounding's third rule (6.5 kept)
     with pytest.raises(ValueError):
-        kept_count(10, 0.3, "floor")
+        kept_count(10, 0.3, "up")
 
 
 def test_kept_count_agrees_with_exact_rational_arithmetic():

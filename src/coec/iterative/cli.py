@@ -18,7 +18,7 @@ from ..cli import (
     run_ppl_args,
     stream_options,
 )
-from ..selection import ROUNDINGS
+from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS
 from .method import MODES
 from .schedule import make_schedule
 from .stats import VARIANCE_MIXES
@@ -70,7 +70,7 @@ def add_parser(sub) -> None:
     config_arg(s, "--mode", "iterative.variants.*.mode", choices=MODES)
     config_arg(s, "--structure", "iterative.variants.*.structure", choices=STRUCTURES)
     config_arg(s, "--group-rounding", "group_rounding", choices=ROUNDINGS)
-    s.add_argument("--channel-rounding", default="ceil", choices=ROUNDINGS)
+    s.add_argument("--channel-rounding", default="ceil", choices=CHANNEL_ROUNDINGS)
     s.add_argument("--init", default=None, help="continue from a previous step's output folder")
     s.add_argument("--block-name", default=None, help="default block0-{L-1}.safetensors")
 

@@ -19,7 +19,7 @@ from ..arch import MODULES
 from ..calibrate import LayerPass, run_layerwise
 from ..models import decoder_layers, torch_dtype
 from ..progress import bar as progress_bar
-from ..selection import ROUNDINGS, n_keep
+from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS, n_keep
 from .schedule import check_schedule
 from .state import PruneState, apply_layer_step_, current_shape
 from .stats import VARIANCE_MIXES, CalibSet, attach_accumulators, finalize_stats
@@ -51,7 +51,7 @@ class Options:
             ("structure", STRUCTURES),
             ("variance_mix", VARIANCE_MIXES),
             ("group_rounding", ROUNDINGS),
-            ("channel_rounding", ROUNDINGS),
+            ("channel_rounding", CHANNEL_ROUNDINGS),
         ):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"unknown {key} {getattr(self, key)!r}; expected one of {allowed}")
