@@ -315,8 +315,8 @@ EXPORT_FORMATS.register(
             FormatOption(
                 "--gguf-type",
                 "gguf_type",
-                "GGUF tensor type (default f32); q8_0 falls back to f16 per tensor where a row width is "
-                "not a multiple of 32",
+                "GGUF tensor type (default f32); q8_0, q5_1, q5_0, q4_1 and q4_0 fall back to f16 per tensor "
+                "where a row width is not a multiple of 32",
                 GGUF_TYPES,
             ),
             FormatOption(

@@ -70,4 +70,5 @@ def export(fmt: str | None, request: ExportRequest) -> dict:
     return entry.write(request)
 
 
-GGUF_TYPES = ("f32", "f16", "q8_0")  # the tensor types coec.gguf writes (defined here: gguf loads lazily)
+# the tensor types coec.gguf writes (defined here: gguf loads lazily)
+GGUF_TYPES = ("f32", "f16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")

@@ -7,8 +7,9 @@
 #   results/{model}/dense/export-{gguf_type}.gguf          (the unpruned model, same writer)
 #   results/table4_measured.csv (+ .md, .runs.json), results/figures/table4_measured.png
 #
-# {gguf_type}: f32 | f16 | q8_0 (q8_0 falls back to f16 per tensor where a row width is not a
-# multiple of 32; the file and the log say which).
+# {gguf_type}: f32 | f16 | q8_0 | q5_1 | q5_0 | q4_1 | q4_0 (coec.export_formats.GGUF_TYPES; the
+# block types fall back to f16 per tensor where a row width is not a multiple of 32; the file and
+# the log say which).
 from coec.export_formats import GGUF_TYPES
 from coec.deploy import spec as deploy_spec
 

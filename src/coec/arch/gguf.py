@@ -142,7 +142,15 @@ def file_types() -> dict[str, LlamaFileType]:
     """``general.file_type`` of each requested tensor type (gguf-py's ``LlamaFileType``)."""
     from gguf import LlamaFileType as F
 
-    return {"f32": F.ALL_F32, "f16": F.MOSTLY_F16, "q8_0": F.MOSTLY_Q8_0}
+    return {
+        "f32": F.ALL_F32,
+        "f16": F.MOSTLY_F16,
+        "q8_0": F.MOSTLY_Q8_0,
+        "q5_1": F.MOSTLY_Q5_1,
+        "q5_0": F.MOSTLY_Q5_0,
+        "q4_1": F.MOSTLY_Q4_1,
+        "q4_0": F.MOSTLY_Q4_0,
+    }
 
 
 # tokenizer.ggml.model of a SentencePiece-style (byte-fallback BPE) vocabulary

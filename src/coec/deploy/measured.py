@@ -10,8 +10,8 @@ bound (``coec.deploy.bounds``).
 
 Spec (``coec report --kind table4-measured --spec JSON``): ``cells`` [{label, ratio, hf (an HF
 folder) or build ({model, keep, comp}: assembled in memory), gguf {type: file}}], the first being
-the dense model; ``runtimes`` (transformers-fp32, transformers-bf16, llamacpp-f16,
-llamacpp-q8_0, llamacpp-f32); ``prompt_tokens``, ``new_tokens``, ``repeats``, ``threads``
+the dense model; ``runtimes`` (transformers-fp32, transformers-bf16, and llamacpp-<type> for
+every GGUF type: f32, f16, q8_0, q5_1, q5_0, q4_1, q4_0); ``prompt_tokens``, ``new_tokens``, ``repeats``, ``threads``
 (0: every core this process may use), ``device``, ``seed``, ``caption``, ``figure``.
 
 A worker that dies by a signal (llama.cpp's AMX matmul segfaults on some CPUs; docs/deploy.md)
@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from .. import artifacts
+from ..export_formats import GGUF_TYPES
 from ..isolated import describe_exit, signal_name
 from .bounds import gguf_flops_per_token, prefill_context
 from .worker import MARK
@@ -40,9 +41,7 @@ log = logging.getLogger(__name__)
 RUNTIMES = {
     "transformers-fp32": ("transformers", "float32"),
     "transformers-bf16": ("transformers", "bfloat16"),
-    "llamacpp-f32": ("llama.cpp", "f32"),
-    "llamacpp-f16": ("llama.cpp", "f16"),
-    "llamacpp-q8_0": ("llama.cpp", "q8_0"),
+    **{f"llamacpp-{t}": ("llama.cpp", t) for t in GGUF_TYPES},
 }
 
 

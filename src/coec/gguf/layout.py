@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType as Q
 from ..arch.gguf import file_types
 from ..export_formats import GGUF_TYPES
 
-_TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}  # requested type -> 2-D tensor type
-Q8_BLOCK = GGML_QUANT_SIZES[Q.Q8_0][0]  # q8_0 packs 32 consecutive values of a row
+# requested type -> 2-D tensor type; gguf-py quantizes the block types (32 values of a row each)
+_TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q5_1": Q.Q5_1, "q5_0": Q.Q5_0, "q4_1": Q.Q4_1, "q4_0": Q.Q4_0}
 
 
 def file_type(gguf_type: str) -> int:
@@ -42,19 +42,20 @@ def permute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def tensor_type(shape: tuple[int, ...], gguf_type: str) -> tuple[Q, str | None]:
     """(GGML type, fallback reason) of one tensor of numpy shape ``shape`` under a requested type.
 
-    1-D tensors (norms, biases, RoPE factors) stay f32, as llama.cpp's converter keeps them. q8_0
-    quantises each row in blocks of 32 values; a row width (the last axis, ggml's ne[0]) that is
-    not a multiple of 32 falls back to f16, and the reason is returned."""
+    1-D tensors (norms, biases, RoPE factors) stay f32, as llama.cpp's converter keeps them. q8_0,
+    q5_1, q5_0, q4_1 and q4_0 quantise each row in blocks of 32 values; a row width (the last axis,
+    ggml's ne[0]) that is not a multiple of the block falls back to f16, and the reason is returned."""
     want = _TYPES[check_gguf_type(gguf_type)]
     if len(shape) == 1 or want == Q.F32:
         return Q.F32, None
-    if want == Q.Q8_0 and shape[-1] % Q8_BLOCK:
-        return Q.F16, (f"row width {shape[-1]} is not a multiple of the q8_0 block ({Q8_BLOCK}); written as f16")
+    block = GGML_QUANT_SIZES[want][0]
+    if shape[-1] % block:
+        return Q.F16, (f"row width {shape[-1]} is not a multiple of the {gguf_type} block ({block}); written as f16")
     return want, None
 
 
 def encode(x: np.ndarray, qtype: Q) -> np.ndarray:
-    """A float32 array in the file's encoding: float32, float16 or q8_0 blocks (uint8 rows)."""
+    """A float32 array in the file's encoding: float32, float16 or quantized blocks (uint8 rows)."""
     return quants.quantize(np.ascontiguousarray(x, dtype=np.float32), qtype)
 
 
