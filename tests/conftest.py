@@ -292,3 +292,14 @@ def workflow_rules(workdir: Path, *configfiles: Path) -> list[dict]:
     if res.returncode:
         raise AssertionError(f"loading the workflow failed:\n{res.stderr[-4000:]}")
     return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
+    """Grams (4 x 32 tokens) and a Wanda-sp 50 % keep set of the tiny Llama, in a folder."""
+    from coec import pipeline
+
+    d = tmp_path_factory.mktemp("cell")
+    pipeline.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu", "float32")
+    pipeline.run_select(str(llama_dir), str(d / "grams"), "wanda_sp", 0.5, "ceil", str(d / "keep.json"))
+    return d

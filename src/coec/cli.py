@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from .arch.tiny import DEFAULT_FAMILY
 from .export import run_export  # registers the built-in formats (hf, gguf)
 from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS
 from .extension import EXTENSIONS, extensions
@@ -116,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "a template plug-in and a config that reaches Table 1 (docs/adding-a-method.md)",
     )
     s.add_argument("out", metavar="DIR", help="an absent or empty folder")
-    s.add_argument("--family", default="llama", help="model family (a model_type coec.arch supports; default llama)")
+    what = f"model family (a model_type coec.arch supports; default {DEFAULT_FAMILY})"
+    s.add_argument("--family", default=DEFAULT_FAMILY, help=what)
     s.add_argument("--seed", type=int, default=0, help="seed of the random weights")
 
     s = sub.add_parser("prepare-text", help="extract the embedded Wikipedia text")

@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 
+from .arch.tiny import DEFAULT_FAMILY, tiny_config
+
+__all__ = ["CORPUS", "DEFAULT_FAMILY", "families", "make_model_dir", "make_tokenizer", "tiny_config"]
+
 #: The default tokenizer text (and the tests' calibration text).
 CORPUS = (
     "The quick brown fox jumps over the lazy dog. Structured pruning removes whole columns "
@@ -49,28 +53,6 @@ def make_tokenizer(path: str | Path, text: str = CORPUS) -> Any:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
     fast.save_pretrained(path)
     return fast
-
-
-def tiny_config(family: str, **over: Any) -> Any:
-    """A 2-layer GQA config of the given family (4 query heads, 2 KV heads, head_dim 8); ``over``
-    replaces any field."""
-    from transformers import AutoConfig
-
-    kw: dict[str, Any] = dict(
-        vocab_size=320,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    if family == "granite":  # non-trivial multipliers, so that forgetting one shows
-        kw.update(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.25, logits_scaling=2.0)
-    kw.update(over)
-    return AutoConfig.for_model(family, **kw)
 
 
 def make_model_dir(

@@ -17,16 +17,6 @@ from coec.registry import PLUGINS_ENV
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "bad_output.py"
 
 
-@pytest.fixture(scope="module")
-def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
-    from coec import pipeline
-
-    d = tmp_path_factory.mktemp("cell")
-    pipeline.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu", "float32")
-    pipeline.run_select(str(llama_dir), str(d / "grams"), "wanda_sp", 0.5, "ceil", str(d / "keep.json"))
-    return d
-
-
 @pytest.mark.parametrize(
     "method, fault, message",
     [

@@ -104,16 +104,6 @@ def test_routed_third_party_tqdm_follows_the_mode(monkeypatch, caplog):
     assert _lines(caplog)[-1].startswith("Running loglikelihood requests: 4/4 its (100%)")
 
 
-@pytest.fixture(scope="module")
-def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
-    from coec import pipeline
-
-    d = tmp_path_factory.mktemp("cell")
-    pipeline.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu", "float32")
-    pipeline.run_select(str(llama_dir), str(d / "grams"), "wanda_sp", 0.5, "ceil", str(d / "keep.json"))
-    return d
-
-
 def _compensate(llama_dir, d):
     from coec import pipeline
 

@@ -28,9 +28,11 @@ rotate-half (NEOX) form (``src/llama-model.cpp:3177``) and takes the rows as the
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -195,3 +197,33 @@ def bindings_model_class() -> type[Llama]:
 
     model_class: type[Llama] = Llama  # typed whether or not mypy finds llama_cpp (else Any)
     return model_class
+
+
+def bindings_system_info() -> str:
+    """llama.cpp's system line (``llama_print_system_info``: the instruction sets it was built
+    with, e.g. ``AMX_INT8 = 1``); ImportError when the bindings are absent."""
+    import llama_cpp
+
+    return str(llama_cpp.llama_print_system_info().decode(errors="replace"))
+
+
+@contextlib.contextmanager
+def default_model_params(**fields: object) -> Iterator[None]:
+    """Within the block, the model parameters llama-cpp-python's ``Llama()`` starts from
+    (``llama_model_default_params``) carry ``fields`` (e.g. ``use_extra_bufts=False``, which its
+    0.3.36 constructor takes no keyword for: ``**kwargs`` swallows it)."""
+    import llama_cpp.llama_cpp as lib
+
+    default = lib.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        for k, v in fields.items():
+            setattr(p, k, v)
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+
+from ..arch.gguf import bindings_system_info, default_model_params
 
 ENV = "COEC_LLAMACPP_EXTRA_BUFTS"
 
@@ -48,12 +49,6 @@ def built_with_amx(system_info: str) -> bool:
     return "AMX_INT8 = 1" in system_info
 
 
-def bindings_system_info() -> str:
-    import llama_cpp
-
-    return llama_cpp.llama_print_system_info().decode(errors="replace")
-
-
 def keep_extra_buffers(mode: str | None = None, cpu_amx: bool | None = None, system_info: str | None = None) -> bool:
     """Whether to load with llama.cpp's extra CPU buffer types (its default): False under
     ``mode`` 'off', or under 'auto' when the CPU has AMX and the bindings were built with it."""
@@ -67,25 +62,9 @@ def keep_extra_buffers(mode: str | None = None, cpu_amx: bool | None = None, sys
     return not built_with_amx(bindings_system_info() if system_info is None else system_info)
 
 
-@contextlib.contextmanager
-def extra_buffers_off() -> Iterator[None]:
-    """Within the block, llama-cpp-python's ``Llama()`` loads with ``use_extra_bufts=False``: its
-    0.3.36 constructor takes no such keyword (``**kwargs`` swallows it), so the model parameters
-    it starts from (``llama_model_default_params``) are patched."""
-    import llama_cpp.llama_cpp as lib
-
-    default = lib.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    lib.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        lib.llama_model_default_params = default
+def extra_buffers_off() -> contextlib.AbstractContextManager[None]:
+    """Within the block, llama-cpp-python's ``Llama()`` loads with ``use_extra_bufts=False``."""
+    return default_model_params(use_extra_bufts=False)
 
 
 #: The CPU flags CI prints so that a llama.cpp failure can be tied to the machine

@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..arch.tiny import DEFAULT_FAMILY
+
 MODEL = "model"
 PLUGIN = "my_method.py"
 METHOD = "row_scale"  # the template's method name (method_template.py registers it)
@@ -63,7 +65,7 @@ def run_command(out: str | Path) -> str:
     return f"snakemake --cores all --directory {out} results/table1.csv --configfile {Path(out) / 'config.yaml'}"
 
 
-def write_starter(out: str | Path, family: str = "llama", seed: int = 0) -> dict[str, Path]:
+def write_starter(out: str | Path, family: str = DEFAULT_FAMILY, seed: int = 0) -> dict[str, Path]:
     """Write the starter folder into ``out`` (absent or empty); returns its files by role.
     Raises ValueError for a folder that is not empty or a family the surgery does not support."""
     import yaml
