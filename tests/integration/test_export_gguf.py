@@ -332,8 +332,12 @@ def test_tensor_type_falls_back_per_tensor():
     assert qt == Q.F16 and "48" in why
     assert tensor_type((64, 48), "f16") == (Q.F16, None)
     assert tensor_type((64, 48), "f32") == (Q.F32, None)
+    for t in ("q5_1", "q5_0", "q4_1", "q4_0"):
+        assert tensor_type((64, 64), t) == (Q[t.upper()], None)
+        why = f"row width 48 is not a multiple of the {t} block (32); written as f16"
+        assert tensor_type((64, 48), t) == (Q.F16, why)
     with pytest.raises(ValueError, match="unknown GGUF tensor type"):
-        tensor_type((4, 4), "q4_0")
+        tensor_type((4, 4), "q4_k_m")
     export = build_parser()._subparsers._group_actions[0].choices["export"]
     flag = next(a for a in export._actions if "--gguf-type" in a.option_strings)
     assert tuple(flag.choices) == GGUF_TYPES  # the CLI offers what the writer writes
