@@ -4,7 +4,7 @@ CPU buffers (llama.cpp's default: the CPU repack buffers, and AMX where the buil
 "llama.cpp on AMX CPUs").
 
 Each measurement runs in a process of its own through the measured table's worker
-(``coec.deploy.worker``), the two settings interleaved (repeat r starts with setting r % 2), and
+(``coec.deploy.measured.run_worker``), the two settings interleaved (repeat r starts with setting r % 2), and
 the guard's setting chosen by ``COEC_LLAMACPP_EXTRA_BUFTS``:
 
     python benchmarks/llamacpp_extra_buffers.py results/smollm2-135m/dense/export-q8_0.gguf \
@@ -16,35 +16,25 @@ Prints a table: median tokens/s with the buffers on and off, and off / on.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 
-from coec.deploy.worker import MARK
+from coec.deploy.measured import run_worker
 from coec.evaluate.llamacpp_amx import ENV, describe
 
 
 def measure(path: str, mode: str, prompt: int, new_tokens: int, threads: int) -> dict:
-    """One worker run of ``path`` with the extra buffers ``mode`` ('on' | 'off')."""
-    job = {
-        "runtime": "llamacpp",
-        "dtype": "gguf",
-        "path": path,
-        "prompt": [(7 * i + 11) % 4000 + 100 for i in range(prompt)],
-        "new_tokens": new_tokens,
-        "threads": threads,
-        "device": "cpu",
-    }
-    env = {**os.environ, ENV: mode, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "coec.deploy.worker", json.dumps(job)], capture_output=True, text=True, env=env
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"{path} ({mode}): exit {proc.returncode}: {proc.stderr[-2000:]}")
-    out = json.loads(lines[-1].removeprefix(MARK))
+    """One run of ``path`` with the extra buffers ``mode`` ('on' | 'off') through the measured
+    table's worker (``measured.run_worker``, which hands this process's environment on)."""
+    config = {"runtime": "llamacpp", "dtype": "gguf", "path": path, "cell": os.path.basename(path), "name": mode}
+    ids = [(7 * i + 11) % 4000 + 100 for i in range(prompt)]
+    os.environ[ENV] = mode
+    try:
+        out = run_worker(config, ids, {"new_tokens": new_tokens, "device": "cpu"}, threads)
+    finally:
+        del os.environ[ENV]
+    if "failed" in out:
+        raise RuntimeError(f"{path} ({mode}): the worker died with {out['failed']}")
     assert out["extra_bufts"] == (mode == "on"), out
     return {"prefill": prompt / out["prefill_s"], "decode": new_tokens / out["decode_s"]}
 

@@ -44,7 +44,6 @@ def _transformers(spec: dict) -> dict:
 
 
 def _llamacpp(spec: dict) -> dict:
-    from ..evaluate.llamacpp_amx import keep_extra_buffers
     from .bounds import gguf_read_bytes
     from .timing import load_llamacpp, time_llamacpp
 
@@ -52,9 +51,10 @@ def _llamacpp(spec: dict) -> dict:
     llm = load_llamacpp(spec["path"], n + spec["new_tokens"] + 8, n, spec["threads"])
     try:
         out = time_llamacpp(llm, spec["prompt"], spec["new_tokens"])
+        extra_bufts = bool(llm.model_params.use_extra_bufts)  # what the model was loaded with
     finally:
         llm.close()
-    return {**out, "read_bytes": gguf_read_bytes(spec["path"]), "extra_bufts": keep_extra_buffers()}
+    return {**out, "read_bytes": gguf_read_bytes(spec["path"]), "extra_bufts": extra_bufts}
 
 
 def measure(spec: dict) -> dict:
