@@ -262,17 +262,29 @@ def run_export_hf(request) -> dict:
 
 def run_export_gguf(request) -> dict:
     """Write a pruned, compensated cell as one GGUF file for llama.cpp (``coec.gguf.write_gguf``:
-    llama arch for uniform widths, deci for per-layer widths; docs/export.md "GGUF"). ``out`` is a
-    file: absent, or with ``force`` a previous GGUF export of ours. Options: ``gguf_type`` (f32),
-    ``tokenizer_gguf``: take the tokenizer keys from that GGUF file (an embedded model's source)
-    instead of converting the HF tokenizer. Returns the writer's report with the provenance (also
-    stored in the file)."""
+    llama arch for uniform widths, deci for per-layer widths; docs/export.md "GGUF") and its
+    sidecar ``<out>.json`` (the tensors that did not get the requested type, and why). ``out`` is
+    a file: absent, or with ``force`` a previous GGUF export of ours. Options: ``gguf_type`` (f32;
+    the K-quant mixes need llama.cpp's bindings), ``gguf_fallback`` (allow; refuse: stop, writing
+    nothing, when a tensor would not take the type), ``tokenizer_gguf``: take the tokenizer keys
+    from that GGUF file (an embedded model's source) instead of converting the HF tokenizer.
+    Returns the writer's report with the provenance (also stored in the file)."""
     from .gguf import is_gguf_export, write_gguf
-    from .pipeline import build_model
+    from .gguf.layout import QUANTIZER, check_gguf_type, made_by
+    from .gguf.sidecar import is_sidecar, sidecar_path, write_sidecar
+    from .gguf.writer import FALLBACK_POLICIES
 
-    gguf_type = request.options.get("gguf_type") or "f32"
+    gguf_type = check_gguf_type(request.options.get("gguf_type") or "f32")
+    fallback = request.options.get("gguf_fallback") or FALLBACK_POLICIES[0]
+    if fallback not in FALLBACK_POLICIES:
+        raise ValueError(f"--gguf-fallback {fallback!r}: expected one of {', '.join(FALLBACK_POLICIES)}")
+    if made_by(gguf_type) == QUANTIZER:
+        from .evaluate.llamacpp import require
+
+        require(f"--gguf-type {gguf_type} (made by llama.cpp's quantizer)")
     tokenizer_gguf = request.options.get("tokenizer_gguf")
     from .models import resolve_model_dir
+    from .pipeline import build_model
 
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
     protected = [
@@ -281,7 +293,13 @@ def run_export_gguf(request) -> dict:
         *request.comp,
         *([tokenizer_gguf] if tokenizer_gguf else []),
     ]
-    check_out_file(request.out, protected, request.force, is_gguf_export)  # refuse before the model build
+    report_path = sidecar_path(request.out)
+
+    def check_out() -> None:
+        check_out_file(request.out, protected, request.force, is_gguf_export)
+        check_out_file(report_path, protected, request.force, is_sidecar)
+
+    check_out()  # refuse before the model build
     model, tok = build_model(
         request.model,
         request.dtype,
@@ -292,15 +310,35 @@ def run_export_gguf(request) -> dict:
         request.revision,
         request.trust_remote_code,
     )
+    dense = _dense_widths(model_dir, request.trust_remote_code, gguf_type)
     prov = _export_provenance(request, model_dir)
-    check_out_file(request.out, protected, request.force, is_gguf_export)  # again: the file may have appeared
+    check_out()  # again: the files may have appeared
     report = write_gguf(
-        model, tok, request.out, gguf_type, tokenizer_gguf=tokenizer_gguf, name=Path(model_dir).name, provenance=prov
+        model,
+        tok,
+        request.out,
+        gguf_type,
+        tokenizer_gguf=tokenizer_gguf,
+        name=Path(model_dir).name,
+        provenance=prov,
+        fallback=fallback,
     )
+    write_sidecar(request.out, report, dense)
     log.info(
         "exported %s as GGUF %s (%s, %s) to %s", request.model, report["arch"], gguf_type, report["reason"], request.out
     )
     return {**report, **prov}
+
+
+def _dense_widths(model_dir, trust_remote_code: bool, gguf_type: str) -> dict:
+    """The source (dense) model's hidden size and MLP width against the type's block."""
+    from transformers import AutoConfig
+
+    from .gguf.sidecar import dense_widths
+
+    cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    return dense_widths(cfg.hidden_size, cfg.intermediate_size, gguf_type)
 
 
 EXPORT_FORMATS.register(
@@ -316,8 +354,16 @@ EXPORT_FORMATS.register(
                 "--gguf-type",
                 "gguf_type",
                 "GGUF tensor type (default f32); q8_0, q5_1, q5_0, q4_1 and q4_0 fall back to f16 per tensor "
-                "where a row width is not a multiple of 32",
+                "where a row width is not a multiple of 32; the K-quant mixes q6_k, q5_k_m and q4_k_m are made by "
+                "llama.cpp's quantizer (its own fallbacks where a row width is not a multiple of 256)",
                 GGUF_TYPES,
+            ),
+            FormatOption(
+                "--gguf-fallback",
+                "gguf_fallback",
+                "allow (default): a tensor that cannot take the type is written in another one (listed in the "
+                "sidecar <out>.json); refuse: stop, writing nothing",
+                ("allow", "refuse"),
             ),
             FormatOption(
                 "--tokenizer-gguf",

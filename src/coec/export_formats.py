@@ -71,4 +71,5 @@ def export(fmt: str | None, request: ExportRequest) -> dict:
 
 
 # the tensor types coec.gguf writes (defined here: gguf loads lazily)
-GGUF_TYPES = ("f32", "f16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+# (q6_k, q5_k_m and q4_k_m are K-quant mixes made by llama.cpp's own quantizer)
+GGUF_TYPES = ("f32", "f16", "q8_0", "q6_k", "q5_k_m", "q5_1", "q5_0", "q4_k_m", "q4_1", "q4_0")

@@ -108,6 +108,11 @@ def gguf_file(folder: str, gguf_type: str) -> str:
     return f"{folder}/export-{gguf_type}.gguf"
 
 
+def gguf_report_file(folder: str, gguf_type: str) -> str:
+    """The sidecar of a GGUF export: the tensors that did not get the requested type, and why."""
+    return f"{folder}/export-{gguf_type}.gguf.json"
+
+
 def dense_dir(model: str) -> str:
     """Folder of the unpruned model's evaluations."""
     return f"{RESULTS}/{model}/dense"

@@ -148,8 +148,11 @@ def file_types() -> dict[str, LlamaFileType]:
         "f32": F.ALL_F32,
         "f16": F.MOSTLY_F16,
         "q8_0": F.MOSTLY_Q8_0,
+        "q6_k": F.MOSTLY_Q6_K,
+        "q5_k_m": F.MOSTLY_Q5_K_M,
         "q5_1": F.MOSTLY_Q5_1,
         "q5_0": F.MOSTLY_Q5_0,
+        "q4_k_m": F.MOSTLY_Q4_K_M,
         "q4_1": F.MOSTLY_Q4_1,
         "q4_0": F.MOSTLY_Q4_0,
     }

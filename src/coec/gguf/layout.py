@@ -16,6 +16,25 @@ from ..export_formats import GGUF_TYPES
 
 # requested type -> 2-D tensor type; gguf-py quantizes the block types (32 values of a row each)
 _TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q5_1": Q.Q5_1, "q5_0": Q.Q5_0, "q4_1": Q.Q4_1, "q4_0": Q.Q4_0}
+# the K-quant mixes: gguf-py cannot write K-quants (ggml-org/llama.cpp #14667), so llama.cpp's
+# quantizer makes them from an f32 file of ours (``llama_ftype`` = ``general.file_type``)
+KQUANTS = ("q6_k", "q5_k_m", "q4_k_m")
+KQUANT_TYPES = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_K})  # the types of a K-quant mix
+K_BLOCK = GGML_QUANT_SIZES[Q.Q4_K][0]  # 256 values of a row per K-quant super-block
+GGUFPY, QUANTIZER = "coec", "llama.cpp quantizer"  # who chooses each tensor's type
+
+
+def made_by(gguf_type: str) -> str:
+    """Who writes (and chooses the per-tensor types of) a requested type: coec through gguf-py,
+    or llama.cpp's quantizer for the K-quant mixes."""
+    return QUANTIZER if check_gguf_type(gguf_type) in KQUANTS else GGUFPY
+
+
+def block_of(gguf_type: str) -> int:
+    """Values of a row per quantization block of a requested type (1: f32, f16)."""
+    if check_gguf_type(gguf_type) in KQUANTS:
+        return K_BLOCK
+    return int(GGML_QUANT_SIZES[_TYPES[gguf_type]][0])
 
 
 def file_type(gguf_type: str) -> int:
@@ -24,9 +43,22 @@ def file_type(gguf_type: str) -> int:
 
 
 def check_gguf_type(gguf_type: str) -> str:
-    if gguf_type not in _TYPES:
+    if gguf_type not in _TYPES and gguf_type not in KQUANTS:
         raise ValueError(f"unknown GGUF tensor type {gguf_type!r}; expected one of {', '.join(GGUF_TYPES)}")
     return gguf_type
+
+
+def fallback_reason(shape: tuple[int, ...], gguf_type: str) -> str | None:
+    """Why a tensor of numpy shape ``shape`` will not get the requested type (None: it will):
+    a 2-D tensor whose row width (the last axis, ggml's ne[0]) is not a multiple of the type's
+    block. Predicts the fallbacks of both writers from the shapes alone."""
+    if len(shape) != 2:
+        return None
+    if made_by(gguf_type) == GGUFPY:
+        return tensor_type(shape, gguf_type)[1]
+    if shape[-1] % K_BLOCK:
+        return f"row width {shape[-1]} is not a multiple of the K-quant block ({K_BLOCK})"
+    return None
 
 
 def permute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -44,8 +76,11 @@ def tensor_type(shape: tuple[int, ...], gguf_type: str) -> tuple[Q, str | None]:
 
     1-D tensors (norms, biases, RoPE factors) stay f32, as llama.cpp's converter keeps them. q8_0,
     q5_1, q5_0, q4_1 and q4_0 quantise each row in blocks of 32 values; a row width (the last axis,
-    ggml's ne[0]) that is not a multiple of the block falls back to f16, and the reason is returned."""
-    want = _TYPES[check_gguf_type(gguf_type)]
+    ggml's ne[0]) that is not a multiple of the block falls back to f16, and the reason is returned.
+    The K-quant mixes are not written by gguf-py (ValueError; see :func:`made_by`)."""
+    if check_gguf_type(gguf_type) in KQUANTS:
+        raise ValueError(f"{gguf_type} is written by llama.cpp's quantizer, not tensor by tensor by gguf-py")
+    want = _TYPES[gguf_type]
     if len(shape) == 1 or want == Q.F32:
         return Q.F32, None
     block = GGML_QUANT_SIZES[want][0]

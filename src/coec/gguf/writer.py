@@ -25,21 +25,27 @@ from ..arch.gguf import ARCHS, GgufArch, GgufNeeds, choose_arch
 from ..atomic import atomic_path
 from ..progress import bar as progress_bar
 from .layout import (
+    QUANTIZER,
     LayerWidths,
+    block_of,
     check_gguf_type,
     encode,
     encoded_nbytes,
+    fallback_reason,
     file_type,
     layer_widths,
+    made_by,
     permute_qk,
     rope_metadata,
     tensor_type,
 )
+from .quantize import quantize_gguf, quantizer_fallbacks, read_tensor_types, type_counts
 from .vocab import copy_gguf_tokenizer, write_hf_tokenizer
 
 log = logging.getLogger(__name__)
 
 PROVENANCE_KEY = "coec.export"  # JSON of the export's provenance (llama.cpp ignores it)
+FALLBACK_POLICIES = ("allow", "refuse")  # a tensor that cannot take the requested type: written otherwise, or refused
 
 
 @dataclass
@@ -159,6 +165,17 @@ def write_metadata(
             w.add_float32(full, float(value))
 
 
+def refusal(gguf_type: str, fallbacks: list[dict]) -> str:
+    """The one-line refusal of an export whose tensors would not all take ``gguf_type``."""
+    first, block = fallbacks[0], block_of(gguf_type)
+    n = len(fallbacks)
+    return (
+        f"{gguf_type} would fall back on {n} tensor{'s' if n != 1 else ''} (first: {first['tensor']}, row width "
+        f"{first['shape'][-1]} not a multiple of {block}); pass --gguf-fallback allow or choose widths that are "
+        f"multiples of {block}"
+    )
+
+
 def write_gguf(
     model,
     tokenizer,
@@ -167,13 +184,22 @@ def write_gguf(
     tokenizer_gguf: str | Path | None = None,
     name: str | None = None,
     provenance: dict | None = None,
+    fallback: str = "allow",
+    threads: int | None = None,
 ) -> dict:
     """Write ``model`` (a pruned HF causal LM in memory) and its tokenizer as a GGUF file at
     ``out``; returns the report (architecture and why, widths, per-tensor fallbacks, tokenizer,
     read-back check). ``tokenizer_gguf``: copy the tokenizer keys of that GGUF file instead of
-    converting ``tokenizer`` (the embedded models ship as GGUF). ValueError, before anything is
-    written, for a model no llama.cpp architecture here holds."""
+    converting ``tokenizer`` (the embedded models ship as GGUF). The K-quant mixes are made by
+    llama.cpp's quantizer (``coec.gguf.quantize``, ``threads`` threads) from an f32 file written
+    beside ``out`` and always removed. ``fallback='refuse'``: ValueError when any 2-D tensor would
+    not take ``gguf_type`` (predicted from the shapes, checked again after quantizing). ValueError,
+    before anything is written, for a model no llama.cpp architecture here holds."""
     check_gguf_type(gguf_type)
+    if fallback not in FALLBACK_POLICIES:
+        raise ValueError(f"gguf fallback {fallback!r}: expected one of {', '.join(FALLBACK_POLICIES)}")
+    kquant = made_by(gguf_type) == QUANTIZER
+    base = "f32" if kquant else gguf_type  # what gguf-py writes
     cfg = model.config
     adapter = adapter_for(cfg)
     refuse_config(adapter, cfg)
@@ -181,54 +207,55 @@ def write_gguf(
     widths = layer_widths(adapter, model, head_dim)
     rope_kv, rope_freqs = rope_metadata(cfg, head_dim)
     scalars = adapter.gguf_scalars(cfg)
-    names = plan_tensors(adapter, model, widths, gguf_type, rope_freqs, rope_pairs=False)
+    names = plan_tensors(adapter, model, widths, base, rope_freqs, rope_pairs=False)
     arch, reason = choose_arch(adapter.gguf_archs, needs_of(names, widths, scalars))
-    plan = plan_tensors(adapter, model, widths, gguf_type, rope_freqs, arch.rope_pairs)
+    plan = plan_tensors(adapter, model, widths, base, rope_freqs, arch.rope_pairs)
     n_vocab = int(adapter.embedding(model).weight.shape[0])
     name = name or getattr(cfg, "name_or_path", None) or "coec-pruned"
     name = Path(str(name)).name or "coec-pruned"
+    predicted = [
+        {"tensor": p.name, "shape": list(p.shape), "why": why}
+        for p in plan
+        if (why := fallback_reason(p.shape, gguf_type))
+    ]
+    if fallback == "refuse" and predicted:
+        raise ValueError(refusal(gguf_type, predicted))
     fallbacks = [
         {"tensor": p.name, "shape": list(p.shape), "type": p.qtype.name.lower(), "why": p.fallback}
         for p in plan
         if p.fallback
     ]
-    for f in fallbacks:
+    for f in fallbacks if not kquant else predicted:
         log.info("gguf: %s %s: %s", f["tensor"], tuple(f["shape"]), f["why"])
     report = {
         "path": str(out),
         "arch": arch.name,
         "reason": reason,
         "gguf_type": gguf_type,
+        "made_by": made_by(gguf_type),
         "head_dim": head_dim,
         "heads": [x.heads for x in widths],
         "kv_heads": [x.kv_heads for x in widths],
         "ffn": [x.ffn for x in widths],
         "tensors": len(plan),
         "fallbacks": fallbacks,
+        "types": type_counts([(p.name, p.shape, p.qtype) for p in plan]),
     }
-    out = Path(out)
-    with atomic_path(out) as tmp:
-        w = gguf.GGUFWriter(tmp, arch.name)
+    stored = {"arch": arch.name, "reason": reason, "gguf_type": gguf_type, "fallbacks": fallbacks}
+    if kquant:  # the quantizer's fallbacks as predicted from the shapes (the report has those read back)
+        stored.update(fallbacks=predicted, quantizer="llama.cpp")
+    stored = {**(provenance or {}), **stored}
+
+    def write_file(path: Path) -> None:
+        w = gguf.GGUFWriter(path, arch.name)
         try:
-            write_metadata(w, arch, cfg, widths, head_dim, n_vocab, rope_kv, scalars, gguf_type, name)
+            write_metadata(w, arch, cfg, widths, head_dim, n_vocab, rope_kv, scalars, base, name)
             report["tokenizer"] = (
                 copy_gguf_tokenizer(w, tokenizer_gguf, n_vocab)
                 if tokenizer_gguf
                 else write_hf_tokenizer(w, tokenizer, n_vocab)
             )
-            w.add_string(
-                PROVENANCE_KEY,
-                json.dumps(
-                    {
-                        **(provenance or {}),
-                        "arch": arch.name,
-                        "reason": reason,
-                        "gguf_type": gguf_type,
-                        "fallbacks": fallbacks,
-                    },
-                    sort_keys=True,
-                ),
-            )
+            w.add_string(PROVENANCE_KEY, json.dumps(stored, sort_keys=True))
             for p in plan:
                 w.add_tensor_info(
                     p.name, p.shape, np.dtype(np.float32), encoded_nbytes(p.shape, p.qtype), raw_dtype=p.qtype
@@ -236,13 +263,55 @@ def write_gguf(
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
-            for p in progress_bar(plan, desc=f"gguf {gguf_type}", unit="tensor"):
+            for p in progress_bar(plan, desc=f"gguf {base}", unit="tensor"):
                 w.write_tensor_data(encode(p.values(), p.qtype))
         finally:
             w.close()
-        report["verify"] = verify_gguf(tmp, plan, arch, widths)
-    log.info("gguf: wrote %s (%s, %s, %d tensors, %d fallbacks)", out, arch.name, gguf_type, len(plan), len(fallbacks))
+        report["verify"] = verify_gguf(path, plan, arch, widths)
+
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        if not kquant:
+            write_file(tmp)
+        else:
+            f32 = tmp.with_name(tmp.name + ".f32")  # beside the output, always removed
+            try:
+                write_file(f32)
+                report["quantize_seconds"] = quantize_gguf(f32, tmp, gguf_type, threads or torch.get_num_threads())
+            finally:
+                f32.unlink(missing_ok=True)
+            report.update(check_quantized(tmp, plan, gguf_type, predicted, fallback))
+    log.info(
+        "gguf: wrote %s (%s, %s, %d tensors, %d fallbacks)",
+        out,
+        arch.name,
+        gguf_type,
+        len(plan),
+        len(report["fallbacks"]),
+    )
     return report
+
+
+def check_quantized(path: Path, plan: list[Planned], gguf_type: str, predicted: list[dict], fallback: str) -> dict:
+    """Read a file made by llama.cpp's quantizer back: the planned tensors and shapes, the
+    requested ``general.file_type``, the provenance kept; returns {'fallbacks' (read back),
+    'types' (tensors per written type)}. ValueError on a mismatch, or on any fallback with
+    ``fallback='refuse'``; a fallback the shapes did not predict is logged."""
+    tensors = read_tensor_types(path)
+    if sorted((n, s) for n, s, _ in tensors) != sorted((p.name, p.shape) for p in plan):
+        raise ValueError(f"{path}: llama.cpp's quantizer wrote other tensors than those planned")
+    r = gguf.GGUFReader(str(path))
+    ft = r.get_field("general.file_type")
+    if ft is None or ft.contents() != file_type(gguf_type) or r.get_field(PROVENANCE_KEY) is None:
+        raise ValueError(f"{path}: llama.cpp's quantizer did not keep the file type {gguf_type} and {PROVENANCE_KEY}")
+    fell = quantizer_fallbacks(tensors)
+    if fallback == "refuse" and fell:
+        raise ValueError(refusal(gguf_type, fell))
+    if {f["tensor"] for f in fell} != {f["tensor"] for f in predicted}:
+        log.warning("gguf: llama.cpp's quantizer fell back on other tensors than the row widths predict")
+    for f in fell:
+        log.info("gguf: %s %s: %s", f["tensor"], tuple(f["shape"]), f["why"])
+    return {"fallbacks": fell, "types": type_counts(tensors)}
 
 
 def is_gguf_export(path: str | Path) -> bool:

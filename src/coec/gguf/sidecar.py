@@ -1,0 +1,84 @@
+"""The sidecar of a GGUF export (``export-<type>.gguf.json``, docs/export.md "GGUF"): which tensors
+did not get the requested type and why, who chose their type (coec for the types gguf-py writes,
+llama.cpp's quantizer for the K-quant mixes), the tensors per written type, whether the dense
+model's own widths take the type's block, and the file's SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ..atomic import write_text
+from .layout import block_of, made_by
+
+FORMAT = "coec-gguf-report"
+
+
+def sidecar_path(gguf_path: str | Path) -> Path:
+    """``X.gguf`` -> ``X.gguf.json``."""
+    return Path(f"{gguf_path}.json")
+
+
+def dense_widths(hidden_size: int, intermediate_size: int, gguf_type: str) -> dict:
+    """Whether the dense model's hidden size and MLP width are multiples of the type's block
+    (a row width that is not falls back in every tensor that reads it)."""
+    block = block_of(gguf_type)
+    sizes = {"hidden_size": int(hidden_size), "intermediate_size": int(intermediate_size)}
+    return {**sizes, "block": block, "quantize": {k: v % block == 0 for k, v in sizes.items()}}
+
+
+def sidecar(report: dict, file_name: str, sha256: str, dense: dict) -> dict:
+    """The sidecar's content from ``write_gguf``'s report: every tensor that did not get the
+    requested type as {tensor, shape (rows, row width), requested, written, reason, chosen_by}."""
+    t = report["gguf_type"]
+    fallbacks = [
+        {
+            "tensor": f["tensor"],
+            "shape": f["shape"],
+            "requested": t,
+            "written": f["type"],
+            "reason": f["why"],
+            "chosen_by": made_by(t),
+        }
+        for f in report["fallbacks"]
+    ]
+    out = {
+        "format": FORMAT,
+        "file": file_name,
+        "type": t,
+        "written_by": made_by(t),
+        "sha256": sha256,
+        "tensors": report["tensors"],
+        "fallback_count": len(fallbacks),
+        "fallbacks": fallbacks,
+        "types": report["types"],
+        "dense_widths": dense,
+    }
+    if "quantize_seconds" in report:
+        out["quantize_seconds"] = round(report["quantize_seconds"], 3)
+    return out
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_sidecar(gguf_path: str | Path, report: dict, dense: dict) -> Path:
+    """Write the sidecar of the GGUF file at ``gguf_path`` (atomically, beside it); returns its path."""
+    path = sidecar_path(gguf_path)
+    content = sidecar(report, Path(gguf_path).name, file_sha256(gguf_path), dense)
+    write_text(path, json.dumps(content, indent=2) + "\n")
+    return path
+
+
+def is_sidecar(path: str | Path) -> bool:
+    """Whether ``path`` is a sidecar this export wrote."""
+    try:
+        return json.loads(Path(path).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
