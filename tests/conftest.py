@@ -303,3 +303,44 @@ def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
     pipeline.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu", "float32")
     pipeline.run_select(str(llama_dir), str(d / "grams"), "wanda_sp", 0.5, "ceil", str(d / "keep.json"))
     return d
+
+
+# A cell whose row widths are partly multiples of the K-quant block (256) and partly not: hidden
+# 256 (q/k/v/gate/up rows and the embedding take K-quants), block 0 keeps all 8 heads of 32 and
+# 256 channels (o_proj / down_proj rows of 256), block 1 keeps 6 heads (o_proj rows of 192, a
+# multiple of 32) and 200 channels (down_proj rows of 200, not a multiple of 32).
+KQUANT_SHAPE = dict(
+    hidden_size=256,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    initializer_range=0.05,
+)
+KQUANT_LAYERS = [
+    {"kv_groups": [0, 1, 2, 3], "channels": list(range(256))},
+    {"kv_groups": [0, 2, 3], "channels": sorted({*range(0, 384, 2), *range(1, 16, 2)})},
+]
+
+
+@pytest.fixture(scope="module")
+def kquant_cell(tmp_path_factory):
+    """(source model folder, keep.json, [compensation file]) of the K-quant cell above, with
+    compensated o_proj / down_proj weights and biases."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("kquant-cell")
+    src = make_model_dir(root / "src", "llama", **KQUANT_SHAPE)
+    keep = root / "keep.json"
+    keep.write_text(json.dumps({"layers": KQUANT_LAYERS}))
+    g = torch.Generator().manual_seed(1)
+    t = {}
+    for i, k in enumerate(KQUANT_LAYERS):
+        t[f"layer{i}.o_proj.weight"] = torch.randn(256, len(k["kv_groups"]) * 2 * 32, generator=g) * 0.05
+        t[f"layer{i}.down_proj.weight"] = torch.randn(256, len(k["channels"]), generator=g) * 0.05
+        t[f"layer{i}.o_proj.bias"] = torch.randn(256, generator=g) * 0.2
+        t[f"layer{i}.down_proj.bias"] = torch.randn(256, generator=g) * 0.2
+    comp = root / "block0-1.safetensors"
+    save_file(t, str(comp))
+    return src, keep, [comp]

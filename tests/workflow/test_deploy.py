@@ -84,6 +84,9 @@ def test_gguf_targets_and_measured_table_are_planned(work):
     # dense f16 + q8_0, the AL-AM cell's f16 + q8_0 + f32, the flap cell's two and rcpu's q8_0
     assert jobs["export_gguf_dense"] == 2 and jobs["export_gguf_iterative"] == 3
     assert jobs["export_gguf"] == 3 and jobs["export"] == 1 and jobs["table4_measured"] == 1
+    outputs = {w for line in res.stdout.splitlines() if line.strip().startswith("output:") for w in line.split()}
+    for t in GGUF_TARGETS:  # each GGUF export's sidecar is an output of the same job
+        assert {t, t + ".json"} <= {o.rstrip(",") for o in outputs}, t
     parser = build_parser()
     export = parser._subparsers._group_actions[0].choices["export"]
     for line in res.stdout.splitlines():
@@ -265,6 +268,9 @@ def test_workflow_writes_gguf_targets(work):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     archs = [gguf.GGUFReader(str(work / t)).get_field("general.architecture").contents() for t in GGUF_TARGETS]
     assert archs[:2] == ["llama", "llama"] and archs[2] in ("llama", "deci")
+    for t in GGUF_TARGETS:
+        report = json.loads((work / f"{t}.json").read_text())
+        assert report["file"] == Path(t).name and report["type"] == Path(t).stem.removeprefix("export-")
 
 
 CRASHING_WORKER = """

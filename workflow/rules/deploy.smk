@@ -2,14 +2,17 @@
 # next to each cell's HF export, for the dense model and for iterative cells too, and the measured
 # deployment cost beside Table 4. Included after iterative.smk (its cells are exported too).
 #
-#   results/{model}/{calib}/{select}-{ratio}/{comp}/export-{gguf_type}.gguf
-#   results/{model}/{calib}/iterative/{variant}-{ratio}/export-{gguf_type}.gguf
-#   results/{model}/dense/export-{gguf_type}.gguf          (the unpruned model, same writer)
+#   results/{model}/{calib}/{select}-{ratio}/{comp}/export-{gguf_type}.gguf (+ .gguf.json)
+#   results/{model}/{calib}/iterative/{variant}-{ratio}/export-{gguf_type}.gguf (+ .gguf.json)
+#   results/{model}/dense/export-{gguf_type}.gguf (+ .gguf.json)   (the unpruned model, same writer)
 #   results/table4_measured.csv (+ .md, .runs.json), results/figures/table4_measured.png
 #
-# {gguf_type}: f32 | f16 | q8_0 | q5_1 | q5_0 | q4_1 | q4_0 (coec.export_formats.GGUF_TYPES; the
-# block types fall back to f16 per tensor where a row width is not a multiple of 32; the file and
-# the log say which).
+# {gguf_type}: f32 | f16 | q8_0 | q6_k | q5_k_m | q5_1 | q5_0 | q4_k_m | q4_1 | q4_0
+# (coec.export_formats.GGUF_TYPES). gguf-py writes f32, f16 and the block types, which fall back
+# to f16 per tensor where a row width is not a multiple of 32; llama.cpp's quantizer makes the
+# K-quant mixes q6_k, q5_k_m, q4_k_m from an f32 file (it needs llama-cpp-python) and falls back
+# where a row width is not a multiple of 256. The sidecar export-{gguf_type}.gguf.json lists every
+# tensor that did not get the requested type, why, and who chose (docs/export.md "GGUF").
 from coec.export_formats import GGUF_TYPES
 from coec.deploy import spec as deploy_spec
 
@@ -26,7 +29,8 @@ rule export_gguf:
         keep=rules.select.output[0],
         comp=W.comp_files,
     output:
-        paths.gguf_file(CELL, "{gguf_type}"),
+        gguf=paths.gguf_file(CELL, "{gguf_type}"),
+        report=paths.gguf_report_file(CELL, "{gguf_type}"),
     params:
         model=W.model_path,
         hub=W.hub,
@@ -44,7 +48,7 @@ rule export_gguf:
     shell:
         "OMP_NUM_THREADS={threads} {PY} export --format gguf --gguf-type {wildcards.gguf_type:q} "
         "--model {params.model:q} {params.hub} --dtype {params.dtype:q} --expect {params.expect:q} "
-        "{params.cell} --out {output:q} > {log:q} 2>&1"
+        "{params.cell} --out {output.gguf:q} > {log:q} 2>&1"
 
 
 use rule export_gguf as export_gguf_iterative with:
@@ -53,7 +57,8 @@ use rule export_gguf as export_gguf_iterative with:
         keep=rules.iterative_cell.output.keep,
         comp=IT.cell_block,
     output:
-        paths.gguf_file(IT_CELL, "{gguf_type}"),
+        gguf=paths.gguf_file(IT_CELL, "{gguf_type}"),
+        report=paths.gguf_report_file(IT_CELL, "{gguf_type}"),
     wildcard_constraints:
         variant=alternatives(IT.variants),
     log:
@@ -66,7 +71,8 @@ use rule export_gguf as export_gguf_dense with:
     input:
         model=W.model_input,
     output:
-        paths.gguf_file(paths.dense_dir("{model}"), "{gguf_type}"),
+        gguf=paths.gguf_file(paths.dense_dir("{model}"), "{gguf_type}"),
+        report=paths.gguf_report_file(paths.dense_dir("{model}"), "{gguf_type}"),
     params:
         model=W.model_path,
         hub=W.hub,
