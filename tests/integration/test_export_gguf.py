@@ -21,7 +21,7 @@ from coec.cli import build_parser, main
 from coec.evaluate.llamacpp import gguf_logits, gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
 from coec.gguf import GGUF_TYPES, permute_qk, tensor_type, write_gguf
-from coec.gguf.layout import rope_freq_factors
+from coec.gguf.layout import KQUANTS, rope_freq_factors
 from coec.pipeline import build_model
 from conftest import CORPUS, make_model_dir
 
@@ -173,7 +173,8 @@ QUANT = [
 
 
 def test_every_written_type_has_a_tolerance():
-    assert [q[0] for q in QUANT] == [t for t in GGUF_TYPES if t != "f32"]
+    """gguf-py's types here; the K-quant mixes' in test_export_gguf_kquant.py (GRID_TOL)."""
+    assert [q[0] for q in QUANT] == [t for t in GGUF_TYPES if t != "f32" and t not in KQUANTS]
 
 
 @pytest.mark.parametrize("gguf_type,tol,ppl_tol", QUANT, ids=[q[0] for q in QUANT])
@@ -209,7 +210,7 @@ QUANTIZED = [t for t in GGUF_TYPES if t not in ("f32", "f16")]  # every block-qu
 
 
 @pytest.mark.parametrize("gguf_type", QUANTIZED)
-def test_every_quantized_type_is_evaluated_without_a_crash(cells, llama_cpp, tmp_path, gguf_type):
+def test_every_quantized_type_is_evaluated_without_a_crash(cells, kquant_cell, llama_cpp, tmp_path, gguf_type):
     """The AMX remedy's test: a quantized GGUF is evaluated (not only loaded) by llama.cpp in a
     child process. On a CPU with AMX, llama.cpp built with its AMX kernels and loaded with its
     extra CPU buffers segfaults here (ggml-org/llama.cpp #20824), and the child's death fails
@@ -218,7 +219,11 @@ def test_every_quantized_type_is_evaluated_without_a_crash(cells, llama_cpp, tmp
     load-time guard it runs on every x86 CPU."""
     from coec.evaluate.llamacpp_amx import describe
 
-    _, _, model, tok = cells["llama", "uniform", True]
+    if gguf_type in KQUANTS:  # the K-quant kernels run only on rows of 256 (conftest's K-quant cell)
+        src, keep, comp = kquant_cell
+        model, tok = build_model(str(src), "float32", "cpu", str(keep), [str(c) for c in comp])
+    else:
+        _, _, model, tok = cells["llama", "uniform", True]
     path = tmp_path / f"{gguf_type}.gguf"
     write_gguf(model, tok, path, gguf_type)
     windows = text_windows(tok)
@@ -337,6 +342,8 @@ def test_tensor_type_falls_back_per_tensor():
         why = f"row width 48 is not a multiple of the {t} block (32); written as f16"
         assert tensor_type((64, 48), t) == (Q.F16, why)
     with pytest.raises(ValueError, match="unknown GGUF tensor type"):
+        tensor_type((4, 4), "q3_k")
+    with pytest.raises(ValueError, match="q4_k_m is written by llama.cpp's quantizer"):
         tensor_type((4, 4), "q4_k_m")
     export = build_parser()._subparsers._group_actions[0].choices["export"]
     flag = next(a for a in export._actions if "--gguf-type" in a.option_strings)
@@ -483,7 +490,13 @@ def test_cli_export_gguf_writes_refuses_and_replaces(cells, tmp_path, capsys):
     assert other.read_text() == "my notes"
     assert main([*args[:-1], str(src / "x.gguf")]) == 2  # inside the source model
     assert not (src / "x.gguf").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.gguf", "pruned.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.gguf", "pruned.gguf", "pruned.gguf.json"]
+    report = json.loads((tmp_path / "pruned.gguf.json").read_text())  # the sidecar: gguf-py's f16 fallbacks
+    assert report["written_by"] == "coec" and report["fallback_count"] == len(info["fallbacks"])
+    assert [(f["tensor"], f["written"], f["chosen_by"]) for f in report["fallbacks"]] == [
+        (f["tensor"], "f16", "coec") for f in info["fallbacks"]
+    ]
+    assert sum(report["types"].values()) == len(tensors) == report["tensors"]
     with pytest.raises(SystemExit):
         main(["export", "--model", str(src), "--keep", str(keep), "--gguf-type", "f16", "--out", str(tmp_path / "hf")])
 

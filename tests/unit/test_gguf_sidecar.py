@@ -1,0 +1,145 @@
+"""The pure pieces of the GGUF sidecar and the K-quant types: which types gguf-py writes and which
+llama.cpp's quantizer, the fallbacks predicted from row widths, the quantizer's fallbacks read from
+tensor types, the refusal line, the dense-width note and the sidecar's fields."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+
+from coec.export_formats import GGUF_TYPES
+from coec.gguf.layout import K_BLOCK, KQUANTS, block_of, fallback_reason, file_type, made_by
+from coec.gguf.quantize import quantizer_fallbacks, type_counts
+from coec.gguf.sidecar import dense_widths, sidecar, sidecar_path
+from coec.gguf.writer import refusal
+from coec.paths import gguf_file, gguf_report_file
+
+Q = gguf.GGMLQuantizationType
+
+
+def test_types_their_writer_block_and_file_type():
+    assert GGUF_TYPES == ("f32", "f16", "q8_0", "q6_k", "q5_k_m", "q5_1", "q5_0", "q4_k_m", "q4_1", "q4_0")
+    assert (
+        [t for t in GGUF_TYPES if made_by(t) == "llama.cpp quantizer"] == list(KQUANTS) == ["q6_k", "q5_k_m", "q4_k_m"]
+    )
+    assert {made_by(t) for t in GGUF_TYPES if t not in KQUANTS} == {"coec"}
+    assert K_BLOCK == 256 and [block_of(t) for t in ("f32", "f16", "q8_0", "q4_0", "q4_k_m")] == [1, 1, 32, 32, 256]
+    assert [file_type(t) for t in KQUANTS] == [18, 17, 15]  # llama_ftype MOSTLY_Q6_K, Q5_K_M, Q4_K_M
+    with pytest.raises(ValueError, match="unknown GGUF tensor type 'q3_k'"):
+        made_by("q3_k")
+
+
+def test_fallbacks_are_predicted_from_row_widths():
+    assert fallback_reason((256,), "q4_k_m") is None  # 1-D: f32
+    assert fallback_reason((64, 512), "q4_k_m") is None
+    assert fallback_reason((1536, 576), "q6_k") == "row width 576 is not a multiple of the K-quant block (256)"
+    assert fallback_reason((64, 48), "q8_0") == "row width 48 is not a multiple of the q8_0 block (32); written as f16"
+    assert fallback_reason((64, 96), "q8_0") is None and fallback_reason((64, 48), "f16") is None
+
+
+def test_quantizer_fallbacks_are_the_non_k_types_and_the_mix_is_counted():
+    tensors = [
+        ("token_embd.weight", (320, 256), Q.Q4_K),
+        ("output.weight", (320, 256), Q.Q6_K),  # the mix's choice, not a fallback
+        ("blk.0.attn_norm.weight", (256,), Q.F32),
+        ("blk.0.ffn_down.weight", (256, 96), Q.Q5_0),
+        ("blk.0.attn_output.weight", (256, 200), Q.F16),
+        ("blk.0.attn_q.weight", (256, 256), Q.Q8_0),  # a row of 256 that llama.cpp did not K-quantize
+    ]
+    assert quantizer_fallbacks(tensors) == [
+        {
+            "tensor": "blk.0.ffn_down.weight",
+            "shape": [256, 96],
+            "type": "q5_0",
+            "why": "row width 96 is not a multiple of the K-quant block (256); llama.cpp wrote it as Q5_0",
+        },
+        {
+            "tensor": "blk.0.attn_output.weight",
+            "shape": [256, 200],
+            "type": "f16",
+            "why": "row width 200 is not a multiple of the K-quant block (256); llama.cpp wrote it as F16",
+        },
+        {
+            "tensor": "blk.0.attn_q.weight",
+            "shape": [256, 256],
+            "type": "q8_0",
+            "why": "llama.cpp's quantizer chose Q8_0",
+        },
+    ]
+    assert type_counts(tensors) == {"F16": 1, "F32": 1, "Q4_K": 1, "Q5_0": 1, "Q6_K": 1, "Q8_0": 1}
+
+
+def test_refusal_is_one_line_naming_the_count_and_the_first_tensor():
+    fell = [
+        {"tensor": "blk.0.attn_q.weight", "shape": [576, 576]},
+        {"tensor": "blk.0.attn_k.weight", "shape": [192, 576]},
+    ]
+    assert refusal("q4_k_m", fell * 75) == (
+        "q4_k_m would fall back on 150 tensors (first: blk.0.attn_q.weight, row width 576 not a multiple of 256); "
+        "pass --gguf-fallback allow or choose widths that are multiples of 256"
+    )
+    assert refusal("q8_0", fell[:1]).startswith("q8_0 would fall back on 1 tensor (first:")
+
+
+def test_dense_widths_of_the_embedded_model_under_k_quants():
+    assert dense_widths(576, 1536, "q4_k_m") == {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "block": 256,
+        "quantize": {"hidden_size": False, "intermediate_size": True},
+    }
+    assert dense_widths(576, 1536, "q8_0")["quantize"] == {"hidden_size": True, "intermediate_size": True}
+
+
+def test_sidecar_fields_and_paths():
+    report = {
+        "gguf_type": "q5_k_m",
+        "tensors": 3,
+        "fallbacks": [{"tensor": "blk.0.ffn_down.weight", "shape": [256, 96], "type": "q5_1", "why": "w"}],
+        "types": {"F32": 1, "Q5_K": 1, "Q5_1": 1},
+        "quantize_seconds": 1.23456,
+    }
+    dense = dense_widths(256, 96, "q5_k_m")
+    out = sidecar(report, "export-q5_k_m.gguf", "ab" * 32, dense)
+    assert out == {
+        "format": "coec-gguf-report",
+        "file": "export-q5_k_m.gguf",
+        "type": "q5_k_m",
+        "written_by": "llama.cpp quantizer",
+        "sha256": "ab" * 32,
+        "tensors": 3,
+        "fallback_count": 1,
+        "fallbacks": [
+            {
+                "tensor": "blk.0.ffn_down.weight",
+                "shape": [256, 96],
+                "requested": "q5_k_m",
+                "written": "q5_1",
+                "reason": "w",
+                "chosen_by": "llama.cpp quantizer",
+            }
+        ],
+        "types": {"F32": 1, "Q5_K": 1, "Q5_1": 1},
+        "dense_widths": dense,
+        "quantize_seconds": 1.235,
+    }
+    plain = {k: v for k, v in report.items() if k != "quantize_seconds"} | {"gguf_type": "q8_0"}
+    out = sidecar(plain, "export-q8_0.gguf", "", dense)  # gguf-py's types: coec chose, no quantizer time
+    assert "quantize_seconds" not in out and out["written_by"] == out["fallbacks"][0]["chosen_by"] == "coec"
+    assert gguf_report_file("r/dense", "q4_k_m") == "r/dense/export-q4_k_m.gguf.json"
+    assert str(sidecar_path(gguf_file("r/dense", "q4_k_m"))) == gguf_report_file("r/dense", "q4_k_m")
+
+
+def test_the_measured_tables_runtimes_are_the_schemas():
+    """table4_measured.runtimes' enum (the config schema) is measured.RUNTIMES: a llamacpp-<type>
+    runtime for every GGUF type, the K-quant mixes included."""
+    from pathlib import Path
+
+    import yaml
+
+    from coec.deploy.measured import RUNTIMES
+
+    schema = yaml.safe_load((Path(__file__).resolve().parents[2] / "src/coec/schemas/config.schema.yaml").read_text())
+    enum = schema["properties"]["table4_measured"]["properties"]["runtimes"]["items"]["enum"]
+    assert enum == list(RUNTIMES)
+    assert [r.removeprefix("llamacpp-") for r in enum if r.startswith("llamacpp-")] == list(GGUF_TYPES)
