@@ -202,6 +202,20 @@ def bindings_model_class() -> type[Llama]:
     return model_class
 
 
+def bindings_quantize(src: str, dst: str, ftype: int, nthread: int) -> int:
+    """llama.cpp's quantizer (``llama_model_quantize``, default parameters) from the GGUF file
+    ``src`` to ``dst`` as ``ftype`` (a ``llama_ftype``, numbered as gguf-py's ``LlamaFileType``)
+    on ``nthread`` threads; returns its status (0: done). ImportError without the bindings."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = nthread
+    return int(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
+
+
 def bindings_system_info() -> str:
     """llama.cpp's system line (``llama_print_system_info``: the instruction sets it was built
     with, e.g. ``AMX_INT8 = 1``); ImportError when the bindings are absent."""

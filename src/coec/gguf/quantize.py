@@ -9,13 +9,13 @@ falls back to a block type of 32 values (Q5_0, Q5_1, Q8_0) or f16."""
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections import Counter
 from pathlib import Path
 
 import gguf
 
+from ..arch.gguf import bindings_quantize
 from ..isolated import call_isolated
 from .layout import K_BLOCK, KQUANT_TYPES, KQUANTS, file_type
 
@@ -28,22 +28,16 @@ def quantize_gguf(src: str | Path, dst: str | Path, gguf_type: str, nthread: int
         raise ValueError(f"{gguf_type} is not a K-quant type ({', '.join(KQUANTS)})")
     t0 = time.perf_counter()
     rc = call_isolated(
-        _quantize, str(src), str(dst), file_type(gguf_type), int(nthread), what=f"llama.cpp's quantizer ({gguf_type})"
+        bindings_quantize,
+        str(src),
+        str(dst),
+        file_type(gguf_type),
+        int(nthread),
+        what=f"llama.cpp's quantizer ({gguf_type})",
     )
     if rc != 0:
         raise ValueError(f"llama.cpp's quantizer returned {rc} quantizing {Path(src).name} to {gguf_type}")
     return time.perf_counter() - t0
-
-
-def _quantize(src: str, dst: str, ftype: int, nthread: int) -> int:
-    """``llama_model_quantize`` with the default parameters, ``ftype`` (llama.cpp's
-    ``llama_ftype``, numbered as gguf-py's ``LlamaFileType``) and ``nthread``."""
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.nthread = nthread
-    return int(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
 
 
 def read_tensor_types(path: str | Path) -> list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]]:
