@@ -4,7 +4,8 @@
 ``pipeline.build_model`` as ``llama`` (one width in every block) or ``deci`` (per-layer widths)
 and checks the file read back; ``coec.arch.gguf`` records what each llama.cpp architecture's
 loader holds, ``coec.gguf.layout`` the pure pieces (q/k row order, tensor types, RoPE),
-``coec.gguf.vocab`` the tokenizer keys.
+``coec.gguf.vocab`` the tokenizer keys, ``coec.gguf.quantize`` the K-quant mixes made by llama.cpp's
+quantizer, ``coec.gguf.sidecar`` the ``<out>.json`` that lists the tensors that fell back.
 """
 
 from __future__ import annotations
