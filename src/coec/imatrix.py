@@ -10,7 +10,7 @@ error. It is measured on the model that is exported (the pruned, compensated cel
 ``coec calibrate`` draws for the same set (``data.calibration_ids``).
 
 The file is a safetensors file of float32 vectors named by GGUF tensor name, with metadata
-``format`` (coec-imatrix), ``tokens``, ``calibration``, ``cell`` and ``model`` (JSON strings).
+``format`` (coec-imatrix), ``version`` (1), ``tokens``, ``calibration``, ``cell`` and ``model`` (JSON strings).
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def imatrix_metadata(tokens: int, calibration: dict, cell: dict, model: dict) ->
     """The safetensors metadata (all strings) of an imatrix file."""
     return {
         "format": FORMAT,
+        "version": "1",
         "tokens": str(int(tokens)),
         "calibration": json.dumps(calibration, sort_keys=True),
         "cell": json.dumps(cell, sort_keys=True),
