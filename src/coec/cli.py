@@ -54,7 +54,7 @@ def _cell_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--out", required=True)
 
 
-MODEL_STAGES = ("calibrate", "gram-check", "select", "compensate", "ppl", "zeroshot", "geometry", "export")
+MODEL_STAGES = ("calibrate", "gram-check", "select", "compensate", "ppl", "zeroshot", "geometry", "export", "imatrix")
 EXPECT_HELP = (
     'JSON of what the config says of the model, e.g. {"model": "models.tiny", "num_layers": 2, '
     '"seqlen_key": "evaluation.ppl_seqlen"}; checked against its config.json first'
@@ -198,6 +198,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="also save lm-eval's per-sample records (<out stem>_samples/<task>.jsonl)",
     )
     _cell_args(s)
+
+    s = sub.add_parser(
+        "imatrix", help="importance matrix for llama.cpp's quantizer: mean x^2 of each weight's input columns"
+    )
+    s.add_argument("--model", required=True)
+    s.add_argument("--dataset", type=json_arg, required=True, help="the calibration set (as coec calibrate)")
+    s.add_argument("--nsamples", type=int, required=True)
+    s.add_argument("--seqlen", type=int, required=True)
+    config_arg(s, "--seed", "calibration.*.seed", type=int)
+    config_arg(s, "--batch-size", "calibration.*.batch_size", type=int)
+    config_arg(s, "--dtype", "models.*.dtype")
+    config_arg(s, "--device", "compute.device")
+    s.add_argument("--keep", default=None, help="keep.json of a pruned cell (none: dense)")
+    s.add_argument("--comp", nargs="*", default=[], help="compensation block files")
+    s.add_argument("--cell", type=json_arg, default={}, help="cell labels recorded in the file")
+    s.add_argument("--out", required=True, help="the imatrix file (.safetensors)")
 
     s = sub.add_parser("prepare-zeroshot", help="extract the offline zero-shot task data")
     s.add_argument("--out", required=True)
@@ -393,6 +409,13 @@ def _dispatch(a) -> None:
             log_samples=a.log_samples,
             **hub,
         )
+    elif a.stage == "imatrix":
+        from .imatrix import run_imatrix
+
+        run_imatrix(
+            a.model, a.dataset, a.nsamples, a.seqlen, a.seed, a.batch_size, a.dtype, a.device, a.out,
+            a.keep, a.comp, a.cell, *hub_options(a),
+        )  # fmt: skip
     elif a.stage == "prepare-zeroshot":
         pipeline.prepare_zeroshot(a.out)
     elif a.stage == "report":

@@ -267,7 +267,8 @@ def run_export_gguf(request) -> dict:
     a file: absent, or with ``force`` a previous GGUF export of ours. Options: ``gguf_type`` (f32;
     the K-quant mixes need llama.cpp's bindings), ``gguf_fallback`` (allow; refuse: stop, writing
     nothing, when a tensor would not take the type), ``tokenizer_gguf``: take the tokenizer keys
-    from that GGUF file (an embedded model's source) instead of converting the HF tokenizer.
+    from that GGUF file (an embedded model's source) instead of converting the HF tokenizer;
+    ``imatrix``: an importance matrix file for llama.cpp's quantizer (``coec imatrix``).
     Returns the writer's report with the provenance (also stored in the file)."""
     from .gguf import is_gguf_export, write_gguf
     from .gguf.layout import QUANTIZER, check_gguf_type, made_by
@@ -282,6 +283,7 @@ def run_export_gguf(request) -> dict:
         from .evaluate.llamacpp import require
 
         require(f"--gguf-type {gguf_type} (made by llama.cpp's quantizer)")
+    imatrix = _read_imatrix(request.options.get("imatrix"), gguf_type)
     tokenizer_gguf = request.options.get("tokenizer_gguf")
     from .models import resolve_model_dir
     from .pipeline import build_model
@@ -292,6 +294,7 @@ def run_export_gguf(request) -> dict:
         *([request.keep] if request.keep else []),
         *request.comp,
         *([tokenizer_gguf] if tokenizer_gguf else []),
+        *([imatrix.path] if imatrix else []),
     ]
     report_path = sidecar_path(request.out)
 
@@ -322,12 +325,27 @@ def run_export_gguf(request) -> dict:
         name=Path(model_dir).name,
         provenance=prov,
         fallback=fallback,
+        imatrix=imatrix,
     )
     write_sidecar(request.out, report, dense)
     log.info(
         "exported %s as GGUF %s (%s, %s) to %s", request.model, report["arch"], gguf_type, report["reason"], request.out
     )
     return {**report, **prov}
+
+
+def _read_imatrix(path: str | None, gguf_type: str):
+    """The ``--imatrix`` file (``coec.imatrix.read_imatrix``), refused for a type gguf-py writes."""
+    if not path:
+        return None
+    from .gguf.layout import QUANTIZER, made_by
+    from .imatrix import read_imatrix
+
+    if made_by(gguf_type) != QUANTIZER:
+        raise ValueError(
+            f"--imatrix is for the K-quant mixes made by llama.cpp's quantizer, not --gguf-type {gguf_type}"
+        )
+    return read_imatrix(path)
 
 
 def _dense_widths(model_dir, trust_remote_code: bool, gguf_type: str) -> dict:
@@ -364,6 +382,12 @@ EXPORT_FORMATS.register(
                 "allow (default): a tensor that cannot take the type is written in another one (listed in the "
                 "sidecar <out>.json); refuse: stop, writing nothing",
                 ("allow", "refuse"),
+            ),
+            FormatOption(
+                "--imatrix",
+                "imatrix",
+                "importance matrix (coec imatrix: mean x^2 of each weight's input columns over a calibration set) "
+                "that llama.cpp's quantizer weights its rounding error by; K-quant mixes only",
             ),
             FormatOption(
                 "--tokenizer-gguf",

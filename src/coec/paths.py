@@ -113,6 +113,13 @@ def gguf_report_file(folder: str, gguf_type: str) -> str:
     return f"{folder}/export-{gguf_type}.gguf.json"
 
 
+def imatrix_file(folder: str, calib: str | None = None) -> str:
+    """The importance matrix for llama.cpp's quantizer (``coec imatrix``) of a cell, on its own
+    calibration set (``imatrix.safetensors``), or of the dense model on ``calib``
+    (``imatrix-<calib>.safetensors``)."""
+    return f"{folder}/imatrix-{calib}.safetensors" if calib else f"{folder}/imatrix.safetensors"
+
+
 def dense_dir(model: str) -> str:
     """Folder of the unpruned model's evaluations."""
     return f"{RESULTS}/{model}/dense"

@@ -28,7 +28,8 @@ def coec(*args: str, plugins: str = "") -> subprocess.CompletedProcess:
 
 def test_builtin_formats_are_registered():
     assert EXPORT_FORMATS.names()[:2] == ("hf", "gguf")
-    assert [o.dest for o in EXPORT_FORMATS["gguf"].options] == ["gguf_type", "gguf_fallback", "tokenizer_gguf"]
+    gguf_options = ["gguf_type", "gguf_fallback", "imatrix", "tokenizer_gguf"]
+    assert [o.dest for o in EXPORT_FORMATS["gguf"].options] == gguf_options
     assert EXPORT_FORMATS["hf"].options == ()
 
 

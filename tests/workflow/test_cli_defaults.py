@@ -31,6 +31,8 @@ TARGETS = [
     "results/figures/fig2_calibration_size.png",
     "results/figures/iterative_calibration_size.png",
     "results/tiny/c8/rcpu-0.5/coec/export",
+    "results/tiny/c8/rcpu-0.5/coec/imatrix.safetensors",
+    "results/tiny/dense/imatrix-c8.safetensors",
     "results/README.md",
     "results/claims.md",
 ]

@@ -108,3 +108,60 @@ rule table4_measured:
         **W.rule_resources("report"),
     shell:
         "{PY} report --kind table4-measured --spec {params.spec:q} --out {output.csv:q} > {log:q} 2>&1"
+
+
+# The importance matrix for llama.cpp's quantizer (docs/export.md "Importance matrix from the
+# calibration"): the mean x^2 of each quantized weight's input columns, on the exported model (the
+# cell as built, or the dense model) over a calibration set's windows; `export --imatrix` reads it.
+#
+#   results/{model}/{calib}/{select}-{ratio}/{comp}/imatrix.safetensors   (the cell's own calibration)
+#   results/{model}/dense/imatrix-{calib}.safetensors
+rule imatrix_dense:
+    conda:
+        "../../envs/coec.yaml"
+    input:
+        model=W.model_input,
+        text=W.calibration_text,
+    output:
+        paths.imatrix_file(paths.dense_dir("{model}"), "{calib}"),
+    params:
+        model=W.model_path,
+        dataset=lambda wc: json.dumps(W.calibration_dataset(wc.calib)),
+        nsamples=W.calibration_param("nsamples"),
+        seqlen=W.calibration_param("seqlen"),
+        seed=W.calibration_param("seed"),
+        batch=W.calibration_param("batch_size"),
+        dtype=W.model_dtype,
+        device=config["compute"]["device"],
+        expect=lambda wc: W.expect_json(wc.model, f"calibration.{wc.calib}.seqlen"),
+        hub=W.hub,
+        extra="",
+        **W.plugin_params("imatrix"),
+    log:
+        paths.log_file("imatrix", "{model}", "dense-{calib}"),
+    benchmark:
+        paths.benchmark_file("imatrix", "{model}", "dense-{calib}")
+    threads: W.threads("calibrate", ("calibrate_threads", "threads"))
+    resources:
+        **W.rule_resources("calibrate"),
+    shell:
+        "OMP_NUM_THREADS={threads} {PY} imatrix --model {params.model:q} --dataset {params.dataset:q} "
+        "--nsamples {params.nsamples:q} --seqlen {params.seqlen:q} --seed {params.seed:q} "
+        "--batch-size {params.batch:q} --dtype {params.dtype:q} --device {params.device:q} "
+        "--expect {params.expect:q} {params.hub} {params.extra} --out {output:q} > {log:q} 2>&1"
+
+
+use rule imatrix_dense as imatrix_cell with:
+    input:
+        model=W.model_input,
+        text=W.calibration_text,
+        keep=rules.select.output[0],
+        comp=W.comp_files,
+    output:
+        paths.imatrix_file(CELL),
+    params:
+        extra=W.cell_args,
+    log:
+        paths.log_file("imatrix", CELL_LOG),
+    benchmark:
+        paths.benchmark_file("imatrix", CELL_LOG)

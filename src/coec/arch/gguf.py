@@ -202,10 +202,36 @@ def bindings_model_class() -> type[Llama]:
     return model_class
 
 
-def bindings_quantize(src: str, dst: str, ftype: int, nthread: int) -> int:
+def bindings_imatrix(vectors: dict[str, np.ndarray]) -> tuple[Any, list[Any]]:
+    """The quantizer's importance matrix (``llama_model_quantize_params.imatrix``): a ctypes array
+    of ``llama_model_imatrix_data`` {name, data, size}, one per vector (float32, (row width,)) in
+    name order, then one with ``name == NULL`` (llama.cpp reads up to it, src/llama-quant.cpp:994).
+    Returns (array, the buffers it points into): keep both alive until the call returns."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    entry = llama_cpp.llama_model_imatrix_data
+    keep: list[Any] = []
+    arr = (entry * (len(vectors) + 1))()
+    for i, name in enumerate(sorted(vectors)):
+        v = np.ascontiguousarray(vectors[name], dtype=np.float32)
+        raw = name.encode()
+        keep += [v, raw]
+        arr[i].name = raw
+        arr[i].data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        arr[i].size = v.size
+    return arr, keep  # arr[-1] is zeroed: the NULL name that ends it
+
+
+def bindings_quantize(
+    src: str, dst: str, ftype: int, nthread: int, imatrix: dict[str, np.ndarray] | None = None
+) -> int:
     """llama.cpp's quantizer (``llama_model_quantize``, default parameters) from the GGUF file
     ``src`` to ``dst`` as ``ftype`` (a ``llama_ftype``, numbered as gguf-py's ``LlamaFileType``)
-    on ``nthread`` threads; returns its status (0: done). ImportError without the bindings."""
+    on ``nthread`` threads, with the importance vectors ``imatrix`` (GGUF name -> float32 (row
+    width,)) when given; returns its status (0: done). ImportError without the bindings."""
     import ctypes
 
     import llama_cpp
@@ -213,7 +239,14 @@ def bindings_quantize(src: str, dst: str, ftype: int, nthread: int) -> int:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = nthread
-    return int(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
+    keep: list[Any] = []
+    if imatrix is not None:
+        arr, keep = bindings_imatrix(imatrix)
+        keep.append(arr)
+        params.imatrix = ctypes.cast(arr, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+    status = int(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
+    del keep  # the buffers lived until the call returned
+    return status
 
 
 def bindings_system_info() -> str:

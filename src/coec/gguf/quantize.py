@@ -14,15 +14,19 @@ from collections import Counter
 from pathlib import Path
 
 import gguf
+import numpy as np
 
 from ..arch.gguf import bindings_quantize
 from ..isolated import call_isolated
 from .layout import K_BLOCK, KQUANT_TYPES, KQUANTS, file_type
 
 
-def quantize_gguf(src: str | Path, dst: str | Path, gguf_type: str, nthread: int) -> float:
+def quantize_gguf(
+    src: str | Path, dst: str | Path, gguf_type: str, nthread: int, imatrix: dict[str, np.ndarray] | None = None
+) -> float:
     """Quantize the f32 GGUF ``src`` to the K-quant mix ``gguf_type`` at ``dst`` with llama.cpp's
-    quantizer on ``nthread`` threads, in a child process; returns the seconds it took. ValueError
+    quantizer on ``nthread`` threads, in a child process; returns the seconds it took. ``imatrix``:
+    GGUF weight name -> per-column importance (float32, (row width,); ``coec.imatrix``). ValueError
     (one line) for a non-zero return, ProcessCrashed if llama.cpp dies."""
     if gguf_type not in KQUANTS:
         raise ValueError(f"{gguf_type} is not a K-quant type ({', '.join(KQUANTS)})")
@@ -33,6 +37,7 @@ def quantize_gguf(src: str | Path, dst: str | Path, gguf_type: str, nthread: int
         str(dst),
         file_type(gguf_type),
         int(nthread),
+        *([imatrix] if imatrix is not None else []),
         what=f"llama.cpp's quantizer ({gguf_type})",
     )
     if rc != 0:

@@ -55,6 +55,8 @@ def sidecar(report: dict, file_name: str, sha256: str, dense: dict) -> dict:
         "types": report["types"],
         "dense_widths": dense,
     }
+    if "imatrix" in report:  # the importance matrix the quantizer weighted by (sha256, tokens)
+        out["imatrix"] = report["imatrix"]
     if "quantize_seconds" in report:
         out["quantize_seconds"] = round(report["quantize_seconds"], 3)
     return out

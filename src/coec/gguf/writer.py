@@ -186,6 +186,7 @@ def write_gguf(
     provenance: dict | None = None,
     fallback: str = "allow",
     threads: int | None = None,
+    imatrix=None,
 ) -> dict:
     """Write ``model`` (a pruned HF causal LM in memory) and its tokenizer as a GGUF file at
     ``out``; returns the report (architecture and why, widths, per-tensor fallbacks, tokenizer,
@@ -194,7 +195,9 @@ def write_gguf(
     llama.cpp's quantizer (``coec.gguf.quantize``, ``threads`` threads) from an f32 file written
     beside ``out`` and always removed. ``fallback='refuse'``: ValueError when any 2-D tensor would
     not take ``gguf_type`` (predicted from the shapes, checked again after quantizing). ValueError,
-    before anything is written, for a model no llama.cpp architecture here holds."""
+    before anything is written, for a model no llama.cpp architecture here holds. ``imatrix``
+    (``coec.imatrix.Imatrix``, K-quant mixes only): the quantizer's importance vectors, checked
+    against the tensors' row widths before anything is written, recorded in ``coec.export``."""
     check_gguf_type(gguf_type)
     if fallback not in FALLBACK_POLICIES:
         raise ValueError(f"gguf fallback {fallback!r}: expected one of {', '.join(FALLBACK_POLICIES)}")
@@ -210,6 +213,12 @@ def write_gguf(
     names = plan_tensors(adapter, model, widths, base, rope_freqs, rope_pairs=False)
     arch, reason = choose_arch(adapter.gguf_archs, needs_of(names, widths, scalars))
     plan = plan_tensors(adapter, model, widths, base, rope_freqs, arch.rope_pairs)
+    if imatrix is not None:
+        from ..imatrix import check_imatrix
+
+        if not kquant:
+            raise ValueError(f"--imatrix is for the K-quant mixes made by llama.cpp's quantizer, not {gguf_type}")
+        check_imatrix(imatrix.vectors, {p.name: p.shape for p in plan}, imatrix.path)
     n_vocab = int(adapter.embedding(model).weight.shape[0])
     name = name or getattr(cfg, "name_or_path", None) or "coec-pruned"
     name = Path(str(name)).name or "coec-pruned"
@@ -244,6 +253,8 @@ def write_gguf(
     stored = {"arch": arch.name, "reason": reason, "gguf_type": gguf_type, "fallbacks": fallbacks}
     if kquant:  # the quantizer's fallbacks as predicted from the shapes (the report has those read back)
         stored.update(fallbacks=predicted, quantizer="llama.cpp")
+    if imatrix is not None:
+        stored["imatrix"] = report["imatrix"] = imatrix.record()
     stored = {**(provenance or {}), **stored}
 
     def write_file(path: Path) -> None:
@@ -277,7 +288,9 @@ def write_gguf(
             f32 = tmp.with_name(tmp.name + ".f32")  # beside the output, always removed
             try:
                 write_file(f32)
-                report["quantize_seconds"] = quantize_gguf(f32, tmp, gguf_type, threads or torch.get_num_threads())
+                report["quantize_seconds"] = quantize_gguf(
+                    f32, tmp, gguf_type, threads or torch.get_num_threads(), imatrix.vectors if imatrix else None
+                )
             finally:
                 f32.unlink(missing_ok=True)
             report.update(check_quantized(tmp, plan, gguf_type, predicted, fallback))

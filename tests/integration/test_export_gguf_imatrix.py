@@ -1,0 +1,113 @@
+"""K-quant exports with an importance matrix from the calibration (``coec imatrix``, ``export
+--imatrix``): the file names every quantized weight with its row width; the export loads in
+llama.cpp, differs from the one without, records the imatrix, and its rounding error weighted by
+the statistic is not worse; refusals write nothing."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from coec.cli import main
+from coec.evaluate.llamacpp import gguf_logits, unavailable
+from coec.gguf.writer import PROVENANCE_KEY
+from coec.imatrix import read_imatrix
+from coec.pipeline import build_model
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+
+
+def cell_args(cell) -> list[str]:
+    src, keep, comp = cell
+    return ["--model", str(src), "--keep", str(keep), "--comp", *map(str, comp)]
+
+
+@pytest.fixture(scope="module")
+def imatrix_file(kquant_cell, text_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("imatrix") / "imatrix.safetensors"
+    args = ["--dataset", json.dumps(text_dataset), "--nsamples", "4", "--seqlen", "32", "--seed", "0"]
+    assert main(["imatrix", *cell_args(kquant_cell), *args, "--dtype", "float32", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def exports(kquant_cell, imatrix_file, llama_cpp, tmp_path_factory):
+    """{'f32', 'plain', 'imatrix'}: the cell as f32, as q4_k_m without and with the imatrix."""
+    d = tmp_path_factory.mktemp("exports")
+    out = {k: d / f"{k}.gguf" for k in ("f32", "plain", "imatrix")}
+    base = ["export", *cell_args(kquant_cell), "--format", "gguf"]
+    assert main([*base, "--gguf-type", "f32", "--out", str(out["f32"])]) == 0
+    assert main([*base, "--gguf-type", "q4_k_m", "--out", str(out["plain"])]) == 0
+    assert main([*base, "--gguf-type", "q4_k_m", "--imatrix", str(imatrix_file), "--out", str(out["imatrix"])]) == 0
+    return out
+
+
+def tensors(path) -> dict[str, np.ndarray]:
+    """Every 2-D tensor of a GGUF file, dequantized to float32 (rows, row width)."""
+    r = gguf.GGUFReader(str(path))
+    return {
+        t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(int(s) for s in reversed(t.shape)))
+        for t in r.tensors
+        if len(t.shape) == 2
+    }
+
+
+def test_imatrix_file_names_every_quantized_weight(imatrix_file, exports):
+    im = read_imatrix(imatrix_file)
+    shapes = {n: t.shape for n, t in tensors(exports["f32"]).items()}
+    blk = {n for n in shapes if n.startswith("blk.")}
+    assert blk <= set(im.vectors) <= set(shapes)
+    assert all(im.vectors[n].shape == (shapes[n][1],) for n in im.vectors)
+    assert im.tokens == 4 * 32
+
+
+def test_export_with_imatrix_loads_differs_and_weighs_the_error(kquant_cell, imatrix_file, exports):
+    raw = {k: exports[k].read_bytes() for k in ("plain", "imatrix")}
+    assert raw["plain"] != raw["imatrix"]
+    im = read_imatrix(imatrix_file)
+    prov = json.loads(bytes(gguf.GGUFReader(str(exports["imatrix"])).get_field(PROVENANCE_KEY).parts[-1]))
+    assert prov["imatrix"] == im.record()
+    assert json.loads(exports["imatrix"].with_suffix(".gguf.json").read_text())["imatrix"] == im.record()
+    assert "imatrix" not in json.loads(exports["plain"].with_suffix(".gguf.json").read_text())
+    ref, plain, weighted = tensors(exports["f32"]), tensors(exports["plain"]), tensors(exports["imatrix"])
+    err = {"plain": 0.0, "imatrix": 0.0}
+    better = 0
+    for name, imp in im.vectors.items():
+        e = {k: float((((q[name] - ref[name]) ** 2) * imp).sum()) for k, q in (("plain", plain), ("imatrix", weighted))}
+        err = {k: err[k] + e[k] for k in err}
+        better += e["imatrix"] <= e["plain"]
+    assert err["imatrix"] < err["plain"]
+    assert better >= 0.75 * len(im.vectors)
+    src, keep, comp = kquant_cell
+    model, _ = build_model(str(src), "float32", "cpu", str(keep), [str(c) for c in comp])
+    ids = torch.randint(0, 320, (2, 32), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits.float().numpy()
+    got = gguf_logits(exports["imatrix"], ids, n_threads=2)
+    rel = float(np.abs(got - want).max()) / float(np.abs(want).max())
+    assert rel < 0.35  # the q4_k_m tolerance of test_export_gguf_kquant.py
+
+
+def test_refusals_write_nothing(kquant_cell, imatrix_file, llama_cpp, tmp_path, capsys, text_dataset):
+    base = ["export", *cell_args(kquant_cell), "--format", "gguf"]
+    out = tmp_path / "x.gguf"
+    assert main([*base, "--gguf-type", "q8_0", "--imatrix", str(imatrix_file), "--out", str(out)]) == 2
+    assert "K-quant" in capsys.readouterr().err.strip().splitlines()[-1]
+    dense = tmp_path / "dense.safetensors"
+    src = str(kquant_cell[0])
+    ds = ["--dataset", json.dumps(text_dataset), "--nsamples", "2", "--seqlen", "16", "--dtype", "float32"]
+    assert main(["imatrix", "--model", src, *ds, "--out", str(dense)]) == 0
+    capsys.readouterr()
+    assert main([*base, "--gguf-type", "q4_k_m", "--imatrix", str(dense), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "the tensor's row width is" in err[-1] and "another cell" in err[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dense.safetensors"]
