@@ -73,3 +73,19 @@ def export(fmt: str | None, request: ExportRequest) -> dict:
 # the tensor types coec.gguf writes (defined here: gguf loads lazily)
 # (q6_k, q5_k_m and q4_k_m are K-quant mixes made by llama.cpp's own quantizer)
 GGUF_TYPES = ("f32", "f16", "q8_0", "q6_k", "q5_k_m", "q5_1", "q5_0", "q4_k_m", "q4_1", "q4_0")
+
+# The GGUF files a workflow target names (``export-{variant}.gguf``): every type, and each K-quant
+# mix quantized with the importance matrix of the cell's calibration (``<type>-imatrix``,
+# ``coec imatrix``; docs/export.md "Importance matrix from the calibration").
+IMATRIX_SUFFIX = "-imatrix"
+GGUF_VARIANTS = GGUF_TYPES + tuple(f"{t}{IMATRIX_SUFFIX}" for t in ("q6_k", "q5_k_m", "q4_k_m"))
+
+
+def split_gguf_variant(variant: str) -> tuple[str, bool]:
+    """(GGUF type, whether the importance matrix is used) of a target's variant name, e.g.
+    ``q4_k_m-imatrix`` -> ("q4_k_m", True); ValueError (one line) for an unknown name."""
+    if variant not in GGUF_VARIANTS:
+        raise ValueError(f"unknown GGUF export {variant!r}; expected one of {', '.join(GGUF_VARIANTS)}")
+    if variant.endswith(IMATRIX_SUFFIX):
+        return variant[: -len(IMATRIX_SUFFIX)], True
+    return variant, False
