@@ -312,6 +312,37 @@ class Wiring:
         """--cell of a job without a keep set (the dense model's export), shell-quoted."""
         return f"--cell {shlex_quote(json.dumps(dict(wc.items())))}"
 
+    # ------------------------------------------------------------------------- GGUF exports
+    def imatrix_calibration(self) -> str:
+        """The dense model's imatrix calibration set (``imatrix_calibration``, else the first)."""
+        name = self.config.get("imatrix_calibration") or next(iter(self.config["calibration"]))
+        if name not in self.config["calibration"]:
+            from .config import ConfigError
+
+            raise ConfigError(f"config: imatrix_calibration: unknown calibration set {name!r}")
+        return str(name)
+
+    def gguf_imatrix(self, wc: Any) -> list[str]:
+        """The importance matrix a GGUF export reads: the cell's own (``imatrix.safetensors``) or
+        the dense model's on :meth:`imatrix_calibration`, for a ``<type>-imatrix`` target; none
+        otherwise."""
+        from .export_formats import split_gguf_variant
+
+        if not split_gguf_variant(wc.gguf_type)[1]:
+            return []
+        if "comp" in wc.keys():
+            return [paths.imatrix_file(paths.cell_dir(wc.model, wc.calib, wc.select, wc.ratio, wc.comp))]
+        return [paths.imatrix_file(paths.dense_dir(wc.model), self.imatrix_calibration())]
+
+    @staticmethod
+    def gguf_args(wc: Any, input: Any) -> str:
+        """--gguf-type of a GGUF export target's name, and --imatrix when it names one."""
+        from .export_formats import split_gguf_variant
+
+        gguf_type, imatrix = split_gguf_variant(wc.gguf_type)
+        args = f"--gguf-type {shlex_quote(gguf_type)}"
+        return f"{args} --imatrix {shlex_quote(input.imatrix[0])}" if imatrix else args
+
     # ------------------------------------------------------------------------- tables
     def table_names(self) -> str:
         """A regex of the generic table rule's names: table1-3 and the config's extra tables."""

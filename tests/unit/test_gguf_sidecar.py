@@ -132,14 +132,28 @@ def test_sidecar_fields_and_paths():
 
 def test_the_measured_tables_runtimes_are_the_schemas():
     """table4_measured.runtimes' enum (the config schema) is measured.RUNTIMES: a llamacpp-<type>
-    runtime for every GGUF type, the K-quant mixes included."""
+    runtime for every GGUF target name, the K-quant mixes and their -imatrix exports included."""
     from pathlib import Path
 
     import yaml
 
     from coec.deploy.measured import RUNTIMES
+    from coec.export_formats import GGUF_VARIANTS
 
     schema = yaml.safe_load((Path(__file__).resolve().parents[2] / "src/coec/schemas/config.schema.yaml").read_text())
     enum = schema["properties"]["table4_measured"]["properties"]["runtimes"]["items"]["enum"]
     assert enum == list(RUNTIMES)
-    assert [r.removeprefix("llamacpp-") for r in enum if r.startswith("llamacpp-")] == list(GGUF_TYPES)
+    assert [r.removeprefix("llamacpp-") for r in enum if r.startswith("llamacpp-")] == list(GGUF_VARIANTS)
+
+
+def test_gguf_variant_names_split_into_type_and_imatrix():
+    """Every target name is a type or a K-quant type with -imatrix; anything else is one line."""
+    from coec.export_formats import GGUF_TYPES, GGUF_VARIANTS, split_gguf_variant
+
+    assert [split_gguf_variant(t) for t in GGUF_TYPES] == [(t, False) for t in GGUF_TYPES]
+    assert split_gguf_variant("q4_k_m-imatrix") == ("q4_k_m", True)
+    assert {split_gguf_variant(v)[0] for v in GGUF_VARIANTS if v.endswith("-imatrix")} == {"q6_k", "q5_k_m", "q4_k_m"}
+    for bad in ("q4_0-imatrix", "q3_k", "f16-imatrix"):
+        with pytest.raises(ValueError, match="unknown GGUF export") as e:
+            split_gguf_variant(bad)
+        assert "\n" not in str(e.value)

@@ -104,6 +104,33 @@ def test_gguf_targets_and_measured_table_are_planned(work):
     assert set(spec["cells"][2]["gguf"]) == {"f16", "q8_0"} and "build" in spec["cells"][2]
 
 
+def test_imatrix_exports_read_the_cells_own_imatrix_and_the_dense_models_on_its_calibration(work):
+    """A ``<type>-imatrix`` target runs the K-quant export with ``--imatrix`` of the cell's own
+    imatrix (its calibration set) or the dense model's on ``imatrix_calibration`` (the first set
+    unless given); the plain type reads none; an iterative cell takes the types only."""
+    cell, dense = "results/tiny/c8/rcpu-0.5/coec", "results/tiny/dense"
+    targets = [f"{cell}/export-q4_k_m-imatrix.gguf", f"{dense}/export-q6_k-imatrix.gguf", f"{cell}/export-q4_k_m.gguf"]
+    res = snakemake(work, "-n", "-p", "--cores", "1", *targets, "--configfile", str(work / "config.yaml"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    jobs = job_counts(res.stdout)
+    assert jobs["imatrix_cell"] == 1 and jobs["imatrix_dense"] == 1
+    assert jobs["export_gguf"] == 2 and jobs["export_gguf_dense"] == 1
+    shells = [line for line in res.stdout.splitlines() if " export --format gguf " in line]
+    want = {
+        f"{cell}/export-q4_k_m-imatrix.gguf": f"--gguf-type q4_k_m --imatrix {cell}/imatrix.safetensors",
+        f"{dense}/export-q6_k-imatrix.gguf": f"--gguf-type q6_k --imatrix {dense}/imatrix-c8.safetensors",
+    }
+    for target, args in want.items():
+        assert any(args in line and f"--out {target}" in line for line in shells), (target, shells)
+    plain = next(line for line in shells if f"--out {cell}/export-q4_k_m.gguf" in line)
+    assert "--imatrix" not in plain
+    res = snakemake(
+        work, "-n", "--cores", "1", "results/tiny/c8/iterative/alam-0.5/export-q4_k_m-imatrix.gguf",
+        "--configfile", str(work / "config.yaml"),
+    )  # fmt: skip
+    assert res.returncode != 0 and "MissingRuleException" in res.stdout + res.stderr
+
+
 @pytest.mark.parametrize(
     "change,match",
     [

@@ -13,12 +13,15 @@
 # K-quant mixes q6_k, q5_k_m, q4_k_m from an f32 file (it needs llama-cpp-python) and falls back
 # where a row width is not a multiple of 256. The sidecar export-{gguf_type}.gguf.json lists every
 # tensor that did not get the requested type, why, and who chose (docs/export.md "GGUF").
-from coec.export_formats import GGUF_TYPES
+# A K-quant name with -imatrix (q6_k-imatrix, q5_k_m-imatrix, q4_k_m-imatrix: GGUF_VARIANTS) is
+# quantized with the importance matrix below: the cell's own, or the dense model's on
+# `imatrix_calibration` (the first calibration set unless given). Iterative cells take the types only.
+from coec.export_formats import GGUF_TYPES, GGUF_VARIANTS
 from coec.deploy import spec as deploy_spec
 
 
 wildcard_constraints:
-    gguf_type="|".join(GGUF_TYPES),
+    gguf_type="|".join(GGUF_VARIANTS),
 
 
 rule export_gguf:
@@ -28,6 +31,7 @@ rule export_gguf:
         model=W.model_input,
         keep=rules.select.output[0],
         comp=W.comp_files,
+        imatrix=W.gguf_imatrix,
     output:
         gguf=paths.gguf_file(CELL, "{gguf_type}"),
         report=paths.gguf_report_file(CELL, "{gguf_type}"),
@@ -37,6 +41,7 @@ rule export_gguf:
         dtype=W.model_dtype,
         expect=W.expect,
         cell=W.cell_args,
+        gguf=W.gguf_args,
         **W.plugin_params("export_gguf"),
     log:
         paths.log_file("export", f"{CELL_LOG}-{{gguf_type}}"),
@@ -46,7 +51,7 @@ rule export_gguf:
     resources:
         **W.export_resources(),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} export --format gguf --gguf-type {wildcards.gguf_type:q} "
+        "OMP_NUM_THREADS={threads} {PY} export --format gguf {params.gguf} "
         "--model {params.model:q} {params.hub} --dtype {params.dtype:q} --expect {params.expect:q} "
         "{params.cell} --out {output.gguf:q} > {log:q} 2>&1"
 
@@ -61,6 +66,7 @@ use rule export_gguf as export_gguf_iterative with:
         report=paths.gguf_report_file(IT_CELL, "{gguf_type}"),
     wildcard_constraints:
         variant=alternatives(IT.variants),
+        gguf_type="|".join(GGUF_TYPES),
     log:
         paths.log_file("export", f"{IT_LOG}-{{gguf_type}}"),
     benchmark:
@@ -70,6 +76,7 @@ use rule export_gguf as export_gguf_iterative with:
 use rule export_gguf as export_gguf_dense with:
     input:
         model=W.model_input,
+        imatrix=W.gguf_imatrix,
     output:
         gguf=paths.gguf_file(paths.dense_dir("{model}"), "{gguf_type}"),
         report=paths.gguf_report_file(paths.dense_dir("{model}"), "{gguf_type}"),
@@ -79,6 +86,7 @@ use rule export_gguf as export_gguf_dense with:
         dtype=W.model_dtype,
         expect=W.expect,
         cell=W.cell_label_args,
+        gguf=W.gguf_args,
     log:
         paths.log_file("export", "{model}", "dense-{gguf_type}"),
     benchmark:

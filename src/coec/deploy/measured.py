@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from .. import artifacts
-from ..export_formats import GGUF_TYPES
+from ..export_formats import GGUF_VARIANTS
 from ..isolated import describe_exit, signal_name
 from .bounds import gguf_flops_per_token, prefill_context
 from .worker import MARK
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 RUNTIMES = {
     "transformers-fp32": ("transformers", "float32"),
     "transformers-bf16": ("transformers", "bfloat16"),
-    **{f"llamacpp-{t}": ("llama.cpp", t) for t in GGUF_TYPES},
+    **{f"llamacpp-{t}": ("llama.cpp", t) for t in GGUF_VARIANTS},
 }
 
 
