@@ -29,6 +29,7 @@ include: "workflow/rules/appc.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/iterative.smk"
 include: "workflow/rules/deploy.smk"
+include: "workflow/rules/frontier.smk"
 
 
 rule all:

@@ -113,6 +113,11 @@ def gguf_report_file(folder: str, gguf_type: str) -> str:
     return f"{folder}/export-{gguf_type}.gguf.json"
 
 
+def gguf_ppl_file(folder: str, gguf_type: str) -> str:
+    """Perplexity of a GGUF export measured in llama.cpp (``coec ppl --gguf``)."""
+    return f"{folder}/ppl-gguf-{gguf_type}.json"
+
+
 def imatrix_file(folder: str, calib: str | None = None) -> str:
     """The importance matrix for llama.cpp's quantizer (``coec imatrix``) of a cell, on its own
     calibration set (``imatrix.safetensors``), or of the dense model on ``calib``

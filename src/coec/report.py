@@ -284,6 +284,10 @@ def write_report(kind: str, spec: dict, out: str | Path):
         from .deploy.measured import write_measured
 
         return write_measured(spec, out)
+    if kind == "frontier":  # pruned or quantized (coec.frontier)
+        from .frontier import write_frontier
+
+        return write_frontier(spec, out)
     if kind == "geometry-figure":
         return plot_geometry(spec, out)
     if kind == "lines-figure":
@@ -297,5 +301,6 @@ def write_report(kind: str, spec: dict, out: str | Path):
         atomic.write_text(out, text)
         return text
     raise ValueError(
-        f"unknown report kind {kind!r}; expected table, appc, table4, geometry-figure, lines-figure, claims or readme"
+        f"unknown report kind {kind!r}; expected table, appc, table4, table4-measured, frontier, geometry-figure, "
+        "lines-figure, claims or readme"
     )

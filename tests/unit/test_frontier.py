@@ -1,0 +1,123 @@
+"""The size–quality–speed frontier (coec.frontier): its cells from the config, the Pareto front,
+the table joined from the per-file results, and its refusals."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from coec import paths
+from coec.config import ConfigError, validate_config
+from coec.frontier import frontier_cells, frontier_inputs, frontier_spec, pareto, speed_spec, write_frontier
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return validate_config(yaml.safe_load((REPO / "config.yaml").read_text()))
+
+
+def test_pareto_front_by_hand():
+    """A point is on the front unless another is strictly smaller and strictly better."""
+    sizes = [100, 80, 120, 80, 60, 90, float("nan")]
+    ppls = [10, 12, 9, 12, 30, 13, 1]
+    # 90/13 is dominated by 80/12; the two equal 80/12 points do not dominate each other
+    assert pareto(sizes, ppls) == [True, True, True, True, True, False, False]
+    assert pareto([1.0], [1.0]) == [True]
+    assert pareto([1, 2], [2, 1]) == [True, True] and pareto([1, 2], [1, 2]) == [True, False]
+
+
+def test_cells_are_dense_then_every_row_at_every_ratio(config):
+    cells = frontier_cells(config)
+    t = config["frontier"]
+    assert cells[0]["label"] == "dense" and cells[0]["keep"] is None
+    assert len(cells) == 1 + len(t["rows"]) * len(t["ratios"])
+    aligned = [c for c in cells if c["selection"] == "rcpu-a256"]
+    assert aligned and all("rcpu-a256-" in c["keep"] for c in aligned)
+    assert cells[1]["folder"] == paths.cell_dir("smollm2-135m", "enwiki-32x512", "rcpu", 0.1, "coec")
+
+
+def test_speed_spec_times_every_type_and_keeps_the_f16_file_for_the_bounds(config):
+    cfg = copy.deepcopy(config)
+    cfg["frontier"]["types"] = ["q4_0", "q4_k_m-imatrix"]
+    spec = speed_spec(cfg)
+    assert spec["runtimes"] == ["llamacpp-q4_0", "llamacpp-q4_k_m-imatrix"]
+    assert all(set(c["gguf"]) == {"f16", "q4_0", "q4_k_m-imatrix"} for c in spec["cells"])
+    assert spec["repeats"] == cfg["frontier"]["repeats"]
+    inputs = frontier_inputs(cfg)
+    assert paths.table_file("frontier_speed") in inputs
+    assert paths.gguf_ppl_file(paths.dense_dir("smollm2-135m"), "q4_k_m-imatrix") in inputs
+    assert not any(i.endswith("ppl-gguf-f16.json") for i in inputs)  # f16 only for the bounds
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"model": "nope"}, r"frontier\.model: unknown model 'nope'"),
+        ({"calibration": "nope"}, r"frontier\.calibration: unknown calibration set"),
+        ({"rows": [{"selection": "rcpu", "compensation": "nope"}]}, r"frontier\.rows\[0\]\.compensation"),
+        ({"types": ["q3_k"]}, r"frontier"),
+    ],
+)
+def test_bad_frontier_config_is_one_line_naming_the_key(config, change, match):
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    raw["frontier"].update(change)
+    with pytest.raises(ConfigError, match=match) as e:
+        frontier_cells(validate_config(raw))
+    assert "\n" not in str(e.value)
+
+
+def _write(path: str, obj) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(obj) if not isinstance(obj, bytes) else "")
+
+
+def test_table_joins_sizes_perplexities_speeds_and_marks_the_front(config, tmp_path, monkeypatch):
+    """Synthetic per-file results in a results/ tree: each row's columns come from its own files,
+    an aligned cell reports its realised ratio, a missing file is a status, not a crash."""
+    monkeypatch.chdir(tmp_path)
+    cfg = copy.deepcopy(config)
+    cfg["frontier"].update(
+        types=["q8_0", "q4_0"], ratios=[0.3], rows=[{"label": "A", "selection": "rcpu-a256", "compensation": "coec"}]
+    )
+    spec = frontier_spec(cfg)
+    sizes = {("dense", "q8_0"): 4000, ("dense", "q4_0"): 2000, ("A 0.3", "q8_0"): 3000, ("A 0.3", "q4_0"): 1500}
+    ppls = {("dense", "q8_0"): 10.0, ("dense", "q4_0"): 11.0, ("A 0.3", "q8_0"): 14.0, ("A 0.3", "q4_0"): 10.5}
+    speed = []
+    for c in spec["cells"]:
+        _write(f"{c['folder']}/ppl.json", {"ppl": 9.5 if c["label"] == "dense" else 13.0})
+        if c["keep"]:
+            _write(c["keep"], {"realised_channel_ratio": 1 / 3})
+        for g in spec["types"]:
+            if (c["label"], g) == ("A 0.3", "q4_0"):
+                Path(paths.gguf_file(c["folder"], g)).write_bytes(b"x" * sizes[c["label"], g])
+                continue  # no perplexity yet
+            Path(c["folder"]).mkdir(parents=True, exist_ok=True)
+            Path(paths.gguf_file(c["folder"], g)).write_bytes(b"x" * sizes[c["label"], g])
+            _write(paths.gguf_ppl_file(c["folder"], g), {"ppl": ppls[c["label"], g]})
+            _write(paths.gguf_report_file(c["folder"], g), {"fallbacks": [{"tensor": "t"}] * (2 if g == "q8_0" else 0)})
+            speed.append({"cell": c["label"], "type": g, "decode_tok_s": 100.0, "prefill_tok_s": 500.0, "status": "ok"})
+    Path(spec["speed"]).parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(speed).to_csv(spec["speed"], index=False)
+    Path(spec["speed"]).with_suffix(".md").write_text("Speed caption: load 0.5.\n\n| a |\n")
+    df = write_frontier(spec, tmp_path / "results/frontier.csv")
+    assert list(df["cell"]) == ["dense", "dense", "A 0.3", "A 0.3"]
+    row = df.set_index(["cell", "type"])
+    assert row.loc[("dense", "q4_0"), "file_mib"] == pytest.approx(2000 / 2**20)
+    assert row.loc[("A 0.3", "q8_0"), "realised_ratio"] == pytest.approx(1 / 3)
+    assert row.loc[("dense", "q8_0"), "realised_ratio"] == 0 and row.loc[("A 0.3", "q8_0"), "ppl_fp32"] == 13.0
+    assert row.loc[("dense", "q8_0"), "fallbacks"] == 2
+    # the dense q4_0 (2000, 11) and q8_0 (4000, 10) are on the front; A q8_0 (3000, 14) is not
+    assert list(df["pareto"]) == [True, True, False, False]
+    missing = row.loc[("A 0.3", "q4_0")]
+    assert math.isnan(missing["ppl"]) and missing["status"] == "missing ppl, speed"
+    md = (tmp_path / "results/frontier.md").read_text()
+    assert "Speed caption: load 0.5." in md and "| dense | q4_0 |" in md
+    assert Path(spec["figure"]).is_file()
