@@ -13,6 +13,7 @@ from pathlib import Path
 import gguf
 
 from .. import artifacts, data
+from ..arch.gguf import file_type_name
 from ..artifacts import log_timings
 from ..provenance import model_provenance
 from .ppl import ppl_record
@@ -29,16 +30,13 @@ def field_value(reader: gguf.GGUFReader, key: str):
     return None if f is None else f.contents()
 
 
-def file_type_name(reader: gguf.GGUFReader) -> str | None:
+def gguf_type_of(reader: gguf.GGUFReader) -> str | None:
     """The weight type of a GGUF: coec.export's ``gguf_type``, else general.file_type's name."""
     prov = field_value(reader, PROVENANCE_KEY)
     if prov is not None:
         return json.loads(prov).get("gguf_type")
     ft = field_value(reader, "general.file_type")
-    if ft is None:
-        return None
-    name = gguf.LlamaFileType(int(ft)).name.lower()
-    return name.removeprefix("mostly_").removeprefix("all_")
+    return None if ft is None else file_type_name(int(ft))
 
 
 def gguf_facts(path: str | Path) -> dict:
@@ -50,7 +48,7 @@ def gguf_facts(path: str | Path) -> dict:
     tokens = field_value(r, "tokenizer.ggml.tokens") or []
     return {
         "provenance": json.loads(prov) if prov is not None else None,
-        "gguf_type": file_type_name(r),
+        "gguf_type": gguf_type_of(r),
         "params": int(sum(int(t.n_elements) for t in r.tensors)),
         "tokens": list(tokens),
         "block_count": field_value(r, f"{arch}.block_count"),
