@@ -108,6 +108,11 @@ def gguf_file(folder: str, gguf_type: str) -> str:
     return f"{folder}/export-{gguf_type}.gguf"
 
 
+def gguf_ppl_file(folder: str, gguf_type: str) -> str:
+    """The perplexity of a folder's GGUF export measured in llama.cpp (``coec ppl --gguf``)."""
+    return f"{folder}/ppl-gguf-{gguf_type}.json"
+
+
 def dense_dir(model: str) -> str:
     """Folder of the unpruned model's evaluations."""
     return f"{RESULTS}/{model}/dense"
