@@ -182,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-windows", type=optional_int, default=None)
     config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
     _cell_args(s)
+    s.add_argument("--gguf", default=None, help="score this GGUF file in llama.cpp instead (docs/deploy.md)")
+    s.add_argument("--threads", type=int, default=None, help="llama.cpp threads of --gguf (none: its default)")
 
     s = sub.add_parser("zeroshot", help="lm-eval zero-shot accuracy of a model cell")
     s.add_argument("--model", required=True)
@@ -302,6 +304,8 @@ def run_ppl_args(a: argparse.Namespace, options: dict) -> None:
     ``options`` the hub and streaming options."""
     from . import pipeline
 
+    if getattr(a, "gguf", None):
+        return run_ppl_gguf_args(a, options)
     pipeline.run_ppl(
         a.model,
         a.dataset,
@@ -316,6 +320,28 @@ def run_ppl_args(a: argparse.Namespace, options: dict) -> None:
         a.cell,
         a.device_map,
         **options,
+    )
+
+
+def run_ppl_gguf_args(a: argparse.Namespace, options: dict) -> None:
+    """``coec ppl --gguf``: the cell is the file, so --keep, --comp and --device-map are refused;
+    --dtype, --device, --batch-size and the streaming options do not apply and are ignored."""
+    from .evaluate.ppl_gguf import run_ppl_gguf
+
+    given = [f for f, v in (("--keep", a.keep), ("--comp", a.comp), ("--device-map", a.device_map)) if v]
+    if given:
+        raise ValueError(f"{given[0]} does not apply with --gguf (the GGUF file is the cell)")
+    run_ppl_gguf(
+        a.gguf,
+        a.model,
+        a.dataset,
+        a.seqlen,
+        a.max_windows,
+        a.out,
+        a.cell,
+        a.threads,
+        options.get("revision"),
+        options.get("trust_remote_code", False),
     )
 
 

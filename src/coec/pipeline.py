@@ -318,7 +318,7 @@ def run_ppl(
 ) -> dict:
     """Perplexity of the (pruned, compensated) model -> ppl.json; layer by layer when the model
     streams (``streaming.stages.streams``: the same ppl.json)."""
-    from .evaluate.ppl import perplexity
+    from .evaluate.ppl import perplexity, ppl_record
     from .streaming import stages
 
     if stages.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
@@ -343,17 +343,9 @@ def run_ppl(
     tokens = data.tokenize_text(tok, data.load_split(dataset, "eval"))
     windows = data.eval_windows(tokens, seqlen, max_windows)
     res = perplexity(model, windows, batch_size=batch_size)
-    res.update(
-        {
-            "model": model_provenance(model_src, revision, trust_remote_code),
-            "dataset": dataset,
-            "dtype": dtype,
-            "max_windows": max_windows,
-            "params": sum(p.numel() for p in model.parameters()),
-            "cell": cell or {},
-            "total_seconds": round(time.time() - t0, 3),
-        }
-    )
+    prov = model_provenance(model_src, revision, trust_remote_code)
+    params = sum(p.numel() for p in model.parameters())
+    ppl_record(res, prov, dataset, dtype, max_windows, params, cell, t0)
     log_timings(str(out), res)
     artifacts.write_result(out, res, "ppl")  # timings stay in the log
     log.info("ppl %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)

@@ -5,6 +5,7 @@
 #   results/{model}/{calib}/{select}-{ratio}/{comp}/export-{gguf_type}.gguf (+ .gguf.json)
 #   results/{model}/{calib}/iterative/{variant}-{ratio}/export-{gguf_type}.gguf (+ .gguf.json)
 #   results/{model}/dense/export-{gguf_type}.gguf (+ .gguf.json)   (the unpruned model, same writer)
+#   .../ppl-gguf-{gguf_type}.json beside each export (its perplexity in llama.cpp, below)
 #   results/table4_measured.csv (+ .md, .runs.json), results/figures/table4_measured.png
 #
 # {gguf_type}: f32 | f16 | q8_0 | q6_k | q5_k_m | q5_1 | q5_0 | q4_k_m | q4_1 | q4_0
@@ -173,3 +174,64 @@ use rule imatrix_dense as imatrix_cell with:
         paths.log_file("imatrix", CELL_LOG),
     benchmark:
         paths.benchmark_file("imatrix", CELL_LOG)
+
+
+# Perplexity of a GGUF export measured in llama.cpp (coec ppl --gguf; docs/deploy.md "Perplexity
+# in llama.cpp"): the windows of ppl.json, cut by the model's own tokenizer.
+#
+#   results/{model}/{calib}/{select}-{ratio}/{comp}/ppl-gguf-{gguf_type}.json
+#   results/{model}/{calib}/iterative/{variant}-{ratio}/ppl-gguf-{gguf_type}.json
+#   results/{model}/dense/ppl-gguf-{gguf_type}.json
+rule ppl_gguf_cell:
+    conda:
+        "../../envs/coec.yaml"
+    input:
+        gguf=paths.gguf_file(CELL, "{gguf_type}"),
+        model=W.model_input,
+        text=W.dataset_input(W.evaluation["ppl_dataset"]),
+    output:
+        paths.gguf_ppl_file(CELL, "{gguf_type}"),
+    params:
+        model=W.model_path,
+        cell=W.cell_label_args,
+        **W.ppl_params(),
+    log:
+        paths.log_file("ppl", f"{CELL_LOG}-gguf-{{gguf_type}}"),
+    benchmark:
+        paths.benchmark_file("ppl", f"{CELL_LOG}-gguf-{{gguf_type}}")
+    threads: W.threads("ppl")
+    resources:
+        **W.rule_resources("ppl"),
+    shell:
+        "OMP_NUM_THREADS={threads} {PY} ppl --gguf {input.gguf:q} --threads {threads} --model {params.model:q} "
+        "--dataset {params.dataset:q} --seqlen {params.seqlen:q} --max-windows {params.max_windows:q} "
+        "--expect {params.expect:q} {params.hub} {params.cell} --out {output:q} > {log:q} 2>&1"
+
+
+use rule ppl_gguf_cell as ppl_gguf_iterative with:
+    input:
+        gguf=paths.gguf_file(IT_CELL, "{gguf_type}"),
+        model=W.model_input,
+        text=W.dataset_input(W.evaluation["ppl_dataset"]),
+    output:
+        paths.gguf_ppl_file(IT_CELL, "{gguf_type}"),
+    wildcard_constraints:
+        variant=alternatives(IT.variants),
+        gguf_type="|".join(GGUF_TYPES),
+    log:
+        paths.log_file("ppl", f"{IT_LOG}-gguf-{{gguf_type}}"),
+    benchmark:
+        paths.benchmark_file("ppl", f"{IT_LOG}-gguf-{{gguf_type}}")
+
+
+use rule ppl_gguf_cell as ppl_gguf_dense with:
+    input:
+        gguf=paths.gguf_file(paths.dense_dir("{model}"), "{gguf_type}"),
+        model=W.model_input,
+        text=W.dataset_input(W.evaluation["ppl_dataset"]),
+    output:
+        paths.gguf_ppl_file(paths.dense_dir("{model}"), "{gguf_type}"),
+    log:
+        paths.log_file("ppl", "{model}", "dense-gguf-{gguf_type}"),
+    benchmark:
+        paths.benchmark_file("ppl", "{model}", "dense-gguf-{gguf_type}")

@@ -158,6 +158,17 @@ def file_types() -> dict[str, LlamaFileType]:
     }
 
 
+def file_type_name(value: int) -> str:
+    """The tensor type named by a ``general.file_type`` value: ours (:func:`file_types`) where
+    it is one, else gguf-py's name less its ALL_/MOSTLY_ prefix (``q4_k_m``)."""
+    from gguf import LlamaFileType as F
+
+    ours = {int(v): k for k, v in file_types().items()}
+    if value in ours:
+        return ours[value]
+    return F(value).name.lower().removeprefix("mostly_").removeprefix("all_")
+
+
 # tokenizer.ggml.model of a SentencePiece-style (byte-fallback BPE) vocabulary
 # (src/llama-vocab.cpp:1971, LLAMA_VOCAB_TYPE_SPM)
 SPM_TOKENIZER_MODEL = "llama"

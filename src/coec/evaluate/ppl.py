@@ -78,3 +78,29 @@ def perplexity(model, windows: torch.Tensor, batch_size: int = 4, device=None, p
         "seqlen": int(windows.shape[1]),
         "seconds": round(time.time() - t0, 3),
     }
+
+
+def ppl_record(
+    res: dict,
+    model: dict,
+    dataset: dict,
+    dtype: str | None,
+    max_windows: int | None,
+    params: int,
+    cell: dict | None,
+    t0: float,
+) -> dict:
+    """``res`` of :func:`perplexity` completed to a ppl.json record (``model``: the model's
+    provenance; ``t0``: the stage's start, for ``total_seconds``), in place; returns it."""
+    res.update(
+        {
+            "model": model,
+            "dataset": dataset,
+            "dtype": dtype,
+            "max_windows": max_windows,
+            "params": params,
+            "cell": cell or {},
+            "total_seconds": round(time.time() - t0, 3),
+        }
+    )
+    return res

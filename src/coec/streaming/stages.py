@@ -146,23 +146,15 @@ def stream_ppl(
 ) -> dict:
     """``pipeline.run_ppl`` layer-sequentially: the same ppl.json."""
     from ..evaluate.layerwise import perplexity_streamed
+    from ..evaluate.ppl import ppl_record
 
     t0 = time.time()
     sm, tok = open_model(model_src, dtype, device, keep_path, comp_files, revision, trust_remote_code)
     tokens = data.tokenize_text(tok, data.load_split(dataset, "eval"))
     windows = data.eval_windows(tokens, seqlen, max_windows)
     res = perplexity_streamed(sm, windows, batch_size, budget_bytes(hidden_budget_gb))
-    res.update(
-        {
-            "model": model_provenance(model_src, revision, trust_remote_code),
-            "dataset": dataset,
-            "dtype": dtype,
-            "max_windows": max_windows,
-            "params": sm.param_count(),
-            "cell": cell or {},
-            "total_seconds": round(time.time() - t0, 3),
-        }
-    )
+    prov = model_provenance(model_src, revision, trust_remote_code)
+    ppl_record(res, prov, dataset, dtype, max_windows, sm.param_count(), cell, t0)
     from ..artifacts import log_timings
 
     log_timings(str(out), res)

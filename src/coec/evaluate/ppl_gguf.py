@@ -1,0 +1,155 @@
+"""``coec ppl --gguf``: perplexity of a GGUF file measured in llama.cpp over the same windows
+as ``coec ppl`` (the model's HF tokenizer, ``data.eval_windows``) -> a ppl.json record with
+``runtime: "llama.cpp"`` (docs/deploy.md "Perplexity in llama.cpp")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import gguf
+
+from .. import artifacts, data
+from ..arch.gguf import file_type_name
+from ..artifacts import log_timings
+from ..provenance import model_provenance
+from .ppl import ppl_record
+
+log = logging.getLogger(__name__)
+
+PROVENANCE_KEY = "coec.export"  # coec.gguf.writer.PROVENANCE_KEY
+IDENTITY = ("weights_sha256", "commit")  # what of model_provenance must match
+
+
+def field_value(reader: gguf.GGUFReader, key: str):
+    """A GGUF metadata value (str, number or list), None when absent."""
+    f = reader.get_field(key)
+    return None if f is None else f.contents()
+
+
+def gguf_type_of(reader: gguf.GGUFReader) -> str | None:
+    """The weight type of a GGUF: coec.export's ``gguf_type``, else general.file_type's name."""
+    prov = field_value(reader, PROVENANCE_KEY)
+    if prov is not None:
+        return json.loads(prov).get("gguf_type")
+    ft = field_value(reader, "general.file_type")
+    return None if ft is None else file_type_name(int(ft))
+
+
+def gguf_facts(path: str | Path) -> dict:
+    """What ``coec ppl --gguf`` reads of a GGUF: provenance, type, parameters, vocabulary,
+    block count, embedding length."""
+    r = gguf.GGUFReader(str(path))
+    arch = field_value(r, "general.architecture")
+    prov = field_value(r, PROVENANCE_KEY)
+    tokens = field_value(r, "tokenizer.ggml.tokens") or []
+    return {
+        "provenance": json.loads(prov) if prov is not None else None,
+        "gguf_type": gguf_type_of(r),
+        "params": int(sum(int(t.n_elements) for t in r.tensors)),
+        "tokens": list(tokens),
+        "block_count": field_value(r, f"{arch}.block_count"),
+        "embedding_length": field_value(r, f"{arch}.embedding_length"),
+    }
+
+
+def other_model_reason(facts: dict, model_prov: dict, cfg, hf_tokens: list[str]) -> str | None:
+    """Why the GGUF is not of the model (None: it is): recorded identity when the file carries
+    coec.export, else vocabulary, token list, block count, embedding length."""
+    prov = facts["provenance"]
+    if prov is not None and isinstance(prov.get("model"), dict):
+        for key in IDENTITY:
+            mine, theirs = prov["model"].get(key), model_prov.get(key)
+            if mine != theirs:
+                return f"{key} {mine} != {theirs} of"
+        return None
+    n_file, n_model = len(facts["tokens"]), int(cfg.vocab_size)
+    checks = [
+        ("vocabulary", n_file, n_model),
+        ("block count", facts["block_count"], int(cfg.num_hidden_layers)),
+        ("embedding length", facts["embedding_length"], int(cfg.hidden_size)),
+    ]
+    for what, mine, theirs in checks:
+        if mine != theirs:
+            return f"{what} {mine} != {theirs} of"
+    for i, (a, b) in enumerate(zip(facts["tokens"], hf_tokens)):
+        if b is not None and a != b:
+            return f"token {i} {a!r} != {b!r} of"
+    return None
+
+
+def hf_token_list(tok, n: int) -> list[str | None]:
+    """The HF tokenizer's token strings by id (None where an id has none)."""
+    by_id: list[str | None] = [None] * n
+    for t, i in tok.get_vocab().items():
+        if 0 <= i < n:
+            by_id[i] = t
+    return by_id
+
+
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file, read in 16 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def run_ppl_gguf(
+    gguf_path: str,
+    model_src: str,
+    dataset: dict,
+    seqlen: int,
+    max_windows: int | None,
+    out: str,
+    cell: dict | None = None,
+    threads: int | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
+    """Perplexity of ``gguf_path`` in llama.cpp over ``coec ppl``'s windows of ``model_src``'s
+    tokenizer -> ppl.json (with runtime, gguf_type, gguf_file, gguf_sha256, llama_cpp_python).
+    ValueError (nothing written): bindings missing, or a GGUF of another model."""
+    import importlib.metadata
+
+    from transformers import AutoTokenizer
+
+    from ..models import hub_kwargs, load_config, resolve_model_dir
+    from .llamacpp import gguf_perplexity, require
+
+    require("coec ppl --gguf")
+    t0 = time.time()
+    if not Path(gguf_path).is_file():
+        raise FileNotFoundError(f"{gguf_path}: no such GGUF file")
+    try:
+        facts = gguf_facts(gguf_path)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{gguf_path} is not a readable GGUF ({' '.join(str(exc).split())})") from None
+    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
+    prov = model_provenance(model_src, revision, trust_remote_code, model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir, **hub_kwargs(revision, trust_remote_code))
+    cfg = load_config(model_dir, revision, trust_remote_code)
+    why = other_model_reason(facts, prov, cfg, hf_token_list(tok, len(facts["tokens"])))
+    if why is not None:
+        raise ValueError(f"{gguf_path} is a GGUF of another model ({why} {model_src})")
+    tokens = data.tokenize_text(tok, data.load_split(dataset, "eval"))
+    windows = data.eval_windows(tokens, seqlen, max_windows)
+    res = gguf_perplexity(gguf_path, windows, threads)
+    res = ppl_record(res, prov, dataset, facts["gguf_type"], max_windows, facts["params"], cell, t0)
+    res.update(
+        {
+            "runtime": "llama.cpp",
+            "gguf_type": facts["gguf_type"],
+            "gguf_file": str(gguf_path),
+            "gguf_sha256": sha256_file(gguf_path),
+            "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
+        }
+    )
+    log_timings(str(out), res)
+    artifacts.write_result(out, res, "ppl")
+    log.info("ppl (llama.cpp) %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)
+    return res
