@@ -1,0 +1,51 @@
+"""The frontier's targets (results/frontier.csv, results/frontier_speed.csv) plan every job they
+read: each cell's GGUF export of every named type (the -imatrix names with the cell's own
+importance matrix), its perplexity in llama.cpp, its fp32 perplexity, the speed table, the join."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import full_workflow_config, job_counts
+
+REPO = Path(__file__).resolve().parents[2]
+FRONTIER = {
+    "model": "tiny",
+    "calibration": "c8",
+    "types": ["f16", "q4_0", "q4_k_m-imatrix"],
+    "ratios": [0.5],
+    "rows": [
+        {"label": "RCPU + COEC", "selection": "rcpu", "compensation": "coec"},
+        {"label": "FLAP + bias", "selection": "flap", "compensation": "bias"},
+    ],
+    "repeats": 1,
+}
+
+
+def test_frontier_plans_exports_perplexities_speed_and_the_table(tmp_path):
+    cfg = full_workflow_config(tmp_path)
+    cfg["frontier"] = FRONTIER
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
+    res = subprocess.run(
+        [*cmd, "-n", "-p", "--cores", "1", "results/frontier.csv", "--configfile", str(tmp_path / "config.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    jobs = job_counts(res.stdout)
+    # 2 cells x 3 types exported and scored; the dense model's 3 too
+    assert jobs["export_gguf"] == 6 and jobs["export_gguf_dense"] == 3
+    assert jobs["ppl_gguf_cell"] == 6 and jobs["ppl_gguf_dense"] == 3
+    assert jobs["imatrix_cell"] == 2 and jobs["imatrix_dense"] == 1
+    assert jobs["ppl_cell"] == 2 and jobs["ppl_dense"] == 1  # the fp32 column
+    assert jobs["frontier_speed"] == 1 and jobs["frontier"] == 1
+    speed = next(ln for ln in res.stdout.splitlines() if "report --kind table4-measured" in ln)
+    assert "llamacpp-q4_k_m-imatrix" in speed and "results/frontier_speed.csv" in speed
+    table = next(ln for ln in res.stdout.splitlines() if "report --kind frontier " in ln)
+    assert "results/frontier.csv" in table
