@@ -4,7 +4,6 @@ as ``coec ppl`` (the model's HF tokenizer, ``data.eval_windows``) -> a ppl.json 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -15,12 +14,13 @@ import gguf
 from .. import artifacts, data
 from ..arch.gguf import file_type_name
 from ..artifacts import log_timings
+from ..embedded import file_sha256
+from ..gguf.writer import PROVENANCE_KEY
 from ..provenance import model_provenance
 from .ppl import ppl_record
 
 log = logging.getLogger(__name__)
 
-PROVENANCE_KEY = "coec.export"  # coec.gguf.writer.PROVENANCE_KEY
 IDENTITY = ("weights_sha256", "commit")  # what of model_provenance must match
 
 
@@ -90,15 +90,6 @@ def hf_token_list(tok, n: int) -> list[str | None]:
     return by_id
 
 
-def sha256_file(path: str | Path) -> str:
-    """SHA-256 of a file, read in 16 MiB pieces."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def run_ppl_gguf(
     gguf_path: str,
     model_src: str,
@@ -145,7 +136,7 @@ def run_ppl_gguf(
             "runtime": "llama.cpp",
             "gguf_type": facts["gguf_type"],
             "gguf_file": str(gguf_path),
-            "gguf_sha256": sha256_file(gguf_path),
+            "gguf_sha256": file_sha256(gguf_path),
             "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
         }
     )

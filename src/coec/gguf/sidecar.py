@@ -5,11 +5,11 @@ model's own widths take the type's block, and the file's SHA-256."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from ..atomic import write_text
+from ..embedded import file_sha256
 from .layout import block_of, made_by
 
 FORMAT = "coec-gguf-report"
@@ -60,14 +60,6 @@ def sidecar(report: dict, file_name: str, sha256: str, dense: dict) -> dict:
     if "quantize_seconds" in report:
         out["quantize_seconds"] = round(report["quantize_seconds"], 3)
     return out
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_sidecar(gguf_path: str | Path, report: dict, dense: dict) -> Path:
