@@ -138,7 +138,7 @@ def _config():
 
 def test_config_selections_validated():
     cfg = _config()
-    cfg["selections"] = {"flap-sq": {"score": "flap", "group_aggregation": "sum_squared"}}
+    cfg["selections"] = {**cfg.get("selections", {}), "flap-sq": {"score": "flap", "group_aggregation": "sum_squared"}}
     cfg["table1"]["rows"].append({"selection": "flap-sq", "compensation": "none"})
     validate_config(copy.deepcopy(cfg), SCHEMA)
     bad = copy.deepcopy(cfg)
