@@ -54,6 +54,17 @@ def _cell_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--out", required=True)
 
 
+def _calibration_args(s: argparse.ArgumentParser) -> None:
+    """The model and the calibration windows of ``coec calibrate`` and ``coec imatrix``."""
+    s.add_argument("--model", required=True)
+    s.add_argument("--dataset", type=json_arg, required=True)
+    s.add_argument("--nsamples", type=int, required=True)
+    s.add_argument("--seqlen", type=int, required=True)
+    config_arg(s, "--seed", "calibration.*.seed", type=int)
+    config_arg(s, "--batch-size", "calibration.*.batch_size", type=int)
+    config_arg(s, "--dtype", "models.*.dtype")
+
+
 MODEL_STAGES = ("calibrate", "gram-check", "select", "compensate", "ppl", "zeroshot", "geometry", "export", "imatrix")
 EXPECT_HELP = (
     'JSON of what the config says of the model, e.g. {"model": "models.tiny", "num_layers": 2, '
@@ -126,13 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_arg(s, "--eval-every", "datasets.*.eval_every", type=int)
 
     s = sub.add_parser("calibrate", help="Grams of o_proj/down_proj inputs, layer by layer")
-    s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=json_arg, required=True)
-    s.add_argument("--nsamples", type=int, required=True)
-    s.add_argument("--seqlen", type=int, required=True)
-    config_arg(s, "--seed", "calibration.*.seed", type=int)
-    config_arg(s, "--batch-size", "calibration.*.batch_size", type=int)
-    config_arg(s, "--dtype", "models.*.dtype")
+    _calibration_args(s)
     config_arg(s, "--gram-dtype", "calibration.*.gram_dtype")
     config_arg(s, "--device", "compute.device")
     s.add_argument("--out", required=True)
@@ -204,13 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "imatrix", help="importance matrix for llama.cpp's quantizer: mean x^2 of each weight's input columns"
     )
-    s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=json_arg, required=True, help="the calibration set (as coec calibrate)")
-    s.add_argument("--nsamples", type=int, required=True)
-    s.add_argument("--seqlen", type=int, required=True)
-    config_arg(s, "--seed", "calibration.*.seed", type=int)
-    config_arg(s, "--batch-size", "calibration.*.batch_size", type=int)
-    config_arg(s, "--dtype", "models.*.dtype")
+    _calibration_args(s)
     config_arg(s, "--device", "compute.device")
     s.add_argument("--keep", default=None, help="keep.json of a pruned cell (none: dense)")
     s.add_argument("--comp", nargs="*", default=[], help="compensation block files")
