@@ -148,6 +148,27 @@ CONF
   timeout 20 sacctmgr -i add cluster coec-local >/dev/null 2>&1 || true
 }
 
+# SLURM commands without SLURM_CONF (the executor's job steps drop every SLURM_* variable) look in
+# /etc/slurm, then in /run/slurm/conf (where a configless slurmd keeps its copy): link ours there.
+# A link left by a cluster that was killed instead of stopped (its slurmctld is gone, its folder
+# perhaps too) is replaced; a live cluster's link or a real folder is never touched.
+link_conf() {
+  [ -e /etc/slurm/slurm.conf ] && return 0
+  if [ -L /run/slurm/conf ]; then
+    local cur
+    cur=$(readlink /run/slurm/conf)
+    if [ "$cur" != "$S" ] && alive "$cur/slurmctld.pid"; then
+      cannot "/run/slurm/conf is taken by a running cluster in $cur"
+    fi
+    rm -f /run/slurm/conf
+  elif [ -e /run/slurm/conf ]; then
+    cannot "/run/slurm/conf is taken (a configless slurmd?)"
+  fi
+  mkdir -p /run/slurm
+  ln -s "$S" /run/slurm/conf
+  echo /run/slurm/conf >"$S/linked"
+}
+
 start() {
   [ "$(id -u)" = 0 ] || cannot "not root"
   command -v dpkg-query >/dev/null || cannot "not a Debian system (no dpkg-query)"
@@ -156,15 +177,7 @@ start() {
   need_packages
   write_conf
   export SLURM_CONF=$S/slurm.conf
-  # SLURM commands without SLURM_CONF (the executor's job steps drop every SLURM_* variable) look
-  # in /etc/slurm, then in /run/slurm/conf (where a configless slurmd keeps its copy): link ours
-  if [ ! -e /etc/slurm/slurm.conf ]; then
-    if [ ! -e /run/slurm/conf ]; then
-      mkdir -p /run/slurm && ln -s "$S" /run/slurm/conf && echo /run/slurm/conf > "$S/linked"
-    elif [ "$(readlink /run/slurm/conf)" != "$S" ]; then
-      cannot "/run/slurm/conf is taken (another cluster?)"
-    fi
-  fi
+  link_conf
   munged --force --socket="$S/munge/munge.socket" --key-file="$S/munge/munge.key" \
     --pid-file="$S/munged.pid" --log-file="$S/munged.log" --seed-file="$S/munge/munged.seed"
   wait_pid "$S/munged.pid" munged

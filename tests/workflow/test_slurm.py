@@ -44,6 +44,13 @@ def cluster(request):
         pytest.skip("SLURM: neither apt-get nor an installed slurmctld")
     state = Path(tempfile.mkdtemp(prefix="coec-slurm-"))  # short: the munge socket lives here
     env = dict(os.environ, ACCOUNTING="1" if mode == "sacct" else "0")
+    # the job steps find the config through /run/slurm/conf: a link left there by a cluster that
+    # was killed instead of stopped must not break this one (it did, before the script replaced it)
+    run_conf = Path("/run/slurm/conf")
+    stale = mode == "squeue" and not Path("/etc/slurm/slurm.conf").exists() and not os.path.lexists(run_conf)
+    if stale:
+        run_conf.parent.mkdir(parents=True, exist_ok=True)
+        run_conf.symlink_to(Path(tempfile.gettempdir()) / "coec-slurm-killed-long-ago")
     t0 = time.monotonic()
     res = subprocess.run(
         ["bash", str(SCRIPT), "start", str(state)], capture_output=True, text=True, timeout=900, env=env
@@ -56,6 +63,9 @@ def cluster(request):
         subprocess.run(["bash", str(SCRIPT), "stop", str(state)], timeout=120)
         logs = "".join(f"\n--- {f.name}\n{f.read_text()[-2000:]}" for f in state.glob("*.log"))
         raise AssertionError(f"local cluster did not start:\n{res.stdout}\n{res.stderr}{logs}")
+    if stale and os.readlink(run_conf) != str(state):
+        subprocess.run(["bash", str(SCRIPT), "stop", str(state)], timeout=120)
+        raise AssertionError(f"the stale link /run/slurm/conf -> {os.readlink(run_conf)} was not replaced")
     print(f"\nlocal SLURM cluster ({mode}) up in {up:.1f} s ({res.stdout.strip().splitlines()[-1]})")
     yield mode, dict(os.environ, SLURM_CONF=str(state / "slurm.conf"))
     subprocess.run(["bash", str(SCRIPT), "stop", str(state)], timeout=120, check=True)
