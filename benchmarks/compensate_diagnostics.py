@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                 times["check (once)"].append(time.process_time() - t)
                 for method in ("none", "bias"):
                     t = time.process_time()
-                    compensate(W0, G, mean, keep, method, n_tokens=n, inputs={"gram_check": check})
+                    compensate(W0, G, mean, keep, method, n_tokens=n, check=check)
                     times[f"{method} checked"].append(time.process_time() - t)
             t = time.process_time()
             W64 = W0.double()

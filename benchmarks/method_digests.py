@@ -101,8 +101,9 @@ def run(seeds: int, gram_check: bool = False) -> dict[str, dict]:
                         p["mean"],
                         p["keep"],
                         method,
-                        inputs={**inputs, "gram_check": check_module(p["W0"], p["gram"])} if gram_check else inputs,
+                        inputs=inputs,
                         n_tokens=p["n_tokens"],
+                        check=check_module(p["W0"], p["gram"]) if gram_check else None,
                         **opts,
                     )
                 except Exception as exc:  # noqa: BLE001 - a refusal is a result too

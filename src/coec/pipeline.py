@@ -206,7 +206,6 @@ def run_compensate(
     which the workflow passes as rule inputs. ``gram_check``: the calibration's
     gram_checks/{calib}.json (``run_gram_check``), used by methods without errors of their own."""
     from .compensate import compensate
-    from .compensate.gram_check import GRAM_CHECK
     from .compensate.inputs import Module
     from .compensate.options import method as registered
     from .compensate.options import module_options, resolve
@@ -237,12 +236,10 @@ def run_compensate(
             where = Module(
                 layer=i, name=module, keep=k, geometry=geom, tensors={"v_proj": w[names["v_proj"]]}, device=dev
             )
-            typed = resolve(m.name, opts)
+            typed = resolve(m.name, opts)  # once: the inputs and the solve read the same options
             extra: dict = {}
             for inp in m.inputs:
                 extra.update(inp.for_module(handles[inp.name], where, typed))
-            if checks is not None and not m.reports_errors:
-                extra[GRAM_CHECK] = checks[i][module]
             try:
                 res = compensate(
                     w[names[module]].to(dev),
@@ -252,7 +249,8 @@ def run_compensate(
                     m.name,
                     inputs=extra,
                     n_tokens=st["count"],
-                    **opts,
+                    check=checks[i][module] if checks is not None and not m.reports_errors else None,
+                    resolved=typed,
                 )
             except MethodOutputError as exc:  # nothing is written: the job stops on one line
                 raise MethodOutputError(f"layer {i} {module}: {exc}") from None

@@ -13,8 +13,8 @@ import torch
 import coec.compensate.errors as errors
 import coec.compensate.method as method_module
 from coec.compensate import compensate
-from coec.compensate.gram_check import GRAM_CHECK, GramCheck
-from coec.compensate.method import check_module
+from coec.compensate.gram_check import GramCheck
+from coec.compensate.method import Problem, check_module, form_metric, prepare
 
 METHODS = ("none", "bias", "lstsq", "rcpu")
 
@@ -35,7 +35,7 @@ def _problem(d_out=20, d_in=48, k=30, n=200, seed=0, indefinite=False):
 
 def _run(W0, G, mean, keep, n, method, check=None):
     opts = {"ridge": 0.01} if method == "lstsq" else {}
-    out = compensate(W0, G, mean, keep, method, n_tokens=n, inputs={GRAM_CHECK: check} if check else None, **opts)
+    out = compensate(W0, G, mean, keep, method, n_tokens=n, check=check, **opts)
     info = {k: v for k, v in out.info.items() if k != "seconds"}
     return out, info
 
@@ -76,7 +76,8 @@ def test_a_fitting_check_skips_the_psd_check_and_the_energy_product(monkeypatch)
         return output_energy(*a, **k)
 
     monkeypatch.setattr(method_module, "gram_psd", counting_psd)
-    monkeypatch.setattr(errors, "output_energy", counting_energy)
+    monkeypatch.setattr(errors, "output_energy", counting_energy)  # the residual's
+    monkeypatch.setattr(method_module, "output_energy", counting_energy)  # W0's (prepare)
     monkeypatch.setattr(method_module, "normalize_gram_", counting_metric)
     for method in ("none", "bias"):  # they keep W0[:, K]: not even the whole float64 metric
         _run(W0, G, mean, keep, n, method, check)
@@ -89,20 +90,20 @@ def test_a_fitting_check_skips_the_psd_check_and_the_energy_product(monkeypatch)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_metric_block_from_the_gram_alone_has_the_bits_of_the_whole_metric(dtype):
-    from coec.compensate.method import Problem
-
     W0, G, _, keep, _ = _problem(d_in=70, k=41)
     G = G.to(dtype)
     G = G + 1e-3 * torch.rand(G.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)  # not symmetric
     G[3, 5] = -0.0
     check = check_module(W0, G)
     idx = torch.tensor([0, 3, 5, 17, 40, 69])
-    lean = Problem(W0=W0, gram=G, mean=None, keep=keep, check=check)
+    lean = prepare(Problem(W0=W0, gram=G, mean=None, keep=keep), check, metric=False, errors=True)
     block = lean.metric_block(idx)
-    assert "metric" not in vars(lean)
-    whole = Problem(W0=W0, gram=G, mean=None, keep=keep).metric.G[idx[:, None], idx]
+    assert lean.metric is None  # the check stands in: the whole metric is never formed
+    metric = form_metric(G, W0.device)
+    whole = metric.G[idx[:, None], idx]
     assert torch.equal(block, whole) and torch.equal(torch.signbit(block), torch.signbit(whole))
-    assert lean.scale == Problem(W0=W0, gram=G, mean=None, keep=keep).metric.scale
+    assert lean.scale == metric.scale
+    assert torch.equal(lean.metric_whole(), metric.G)
 
 
 @pytest.mark.parametrize("stale", ["gram", "weight"])

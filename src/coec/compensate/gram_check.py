@@ -9,9 +9,9 @@ compensation job formed both again: for ``none`` and ``bias``, which only slice 
 were nearly all of the job.
 
 The ``gram_check`` stage forms them once per (model, calibration) with the code the compensation
-job would run (``method.check_module``: ``Problem.metric`` and ``errors.output_energy``). Each
-job is given its module's :class:`GramCheck` (``compensate(..., inputs={GRAM_CHECK: check})``)
-and uses it when it was formed from the same Gram and the same weight (``fits_gram`` /
+job would run (``method.check_module``: ``method.form_metric`` and ``errors.output_energy``).
+Each job is given its module's :class:`GramCheck` (``compensate(..., check=check)``) and
+``method.prepare`` uses it when it was formed from the same Gram and the same weight (``fits_gram`` /
 ``fits_weight``: trace and Frobenius norms in float64, to ``FINGERPRINT_RTOL``), else forms them
 itself and says so in its log. Results are those of the job forming them itself: the same
 functions on the same tensors.
@@ -27,10 +27,7 @@ import torch
 
 from .gram import gram_scale
 
-__all__ = ["GramCheck", "GRAM_CHECK", "FINGERPRINT_RTOL", "frobenius"]
-
-#: The key of ``compensate``'s ``inputs`` that carries a module's check.
-GRAM_CHECK = "gram_check"
+__all__ = ["GramCheck", "FINGERPRINT_RTOL", "frobenius"]
 
 #: Relative agreement of a check's fingerprints with the job's Gram and weight: far below any
 #: change of data, far above the reordered sums of another thread count.

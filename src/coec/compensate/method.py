@@ -16,21 +16,32 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from ..registry import Registry
-from .gram import gram_psd, gram_scale, normalize_gram_
+from .errors import output_energy
+from .gram import gram_psd, gram_scale, normalize_gram_, psd_project, symmetrize_
 from .gram_check import GramCheck, frobenius
 from .inputs import MethodInput
 from .validators import float_dtype, opt
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CommonOptions", "Problem", "Metric", "Compensation", "Method", "METHODS", "MODULES", "check_module"]
+__all__ = [
+    "CommonOptions",
+    "Problem",
+    "Metric",
+    "form_metric",
+    "prepare",
+    "Compensation",
+    "Method",
+    "METHODS",
+    "MODULES",
+    "check_module",
+]
 
 #: The two compensated modules of a decoder layer (a config entry may override options per module).
 MODULES = ("o_proj", "down_proj")
@@ -62,17 +73,39 @@ class Metric:
     scale: float
 
 
+def form_metric(gram: torch.Tensor, device: torch.device, check: GramCheck | None = None) -> Metric:
+    """The float64 metric of ``gram`` (d, d) on ``device``; App. B's verdict comes from ``check``
+    (a check formed from this Gram) when given: its PSD outcome, or its eigenvalues for an
+    indefinite Gram (no Cholesky)."""
+    fallbacks: list[str] = []
+    g64 = gram.to(device, torch.float64, copy=True)  # normalised in place below
+    scale = gram_scale(g64)
+    G = normalize_gram_(g64)
+    if check is not None and not check.psd["indefinite"]:
+        psd = dict(check.psd)
+    elif check is not None:  # indefinite: its eigenvalues decide, no Cholesky
+        G, psd = gram_psd(G, fallbacks, min_eig=check.psd.get("min_eig"), max_eig=check.psd.get("max_eig"))
+    else:
+        G, psd = gram_psd(G, fallbacks)
+    return Metric(G=G, psd=psd, fallbacks=fallbacks, scale=scale)
+
+
 @dataclass(frozen=True)
 class Problem:
-    """One pruned module to compensate, on the device it is solved on.
+    """One pruned module to compensate, on the device it is solved on; plain data, formed once by
+    :func:`prepare`.
 
     W0 (d_out, d_in) the original weight; gram (d_in, d_in) ``sum_t x_t x_t^T`` or its mean (no
     method's result depends on which); mean (d_in,) the channel means or None; keep (k,) the
     sorted, unique kept input columns (long); n_tokens the tokens ``gram`` sums over (None when
     unknown); inputs the method's declared extra data (``Method.inputs``), by name; dtype the
-    dtype the method solves in (``Method.dtype``); check the calibration's
-    :class:`~coec.compensate.gram_check.GramCheck` of this module, or None (then the metric's
-    PSD check and output energy are formed here).
+    dtype the method solves in (``Method.dtype``).
+
+    What :func:`prepare` forms up front (the defaults: nothing formed, as for coec, which reads
+    no metric and reports its own errors): metric the float64 :class:`Metric` (None when the
+    calibration's Gram check stands in for it, or nothing needs it); psd App. B's outcome;
+    scale the Gram is ``scale * G``; fallbacks the solver fallbacks recorded on the way; energy
+    the output energy ``c = tr(W0 G W0^T)`` on the metric (None when no error is reported here).
     """
 
     W0: torch.Tensor
@@ -82,7 +115,11 @@ class Problem:
     n_tokens: float | None = None
     inputs: Mapping[str, Any] = field(default_factory=dict)
     dtype: torch.dtype = torch.float64
-    check: GramCheck | None = None
+    metric: Metric | None = None
+    psd: dict[str, Any] = field(default_factory=dict)
+    scale: float | None = None
+    fallbacks: list[str] = field(default_factory=list)
+    energy: float | None = None
 
     @property
     def device(self) -> torch.device:
@@ -100,98 +137,81 @@ class Problem:
     def k(self) -> int:
         return int(self.keep.numel())
 
-    @cached_property
-    def checked(self) -> bool:
-        """Whether ``check`` was formed from this Gram (``GramCheck.fits_gram``); a check of
-        another Gram is not used, and the log says so."""
-        if self.check is None:
-            return False
-        if self.check.fits_gram(self.gram):
-            return True
-        log.warning("the Gram check was formed from another Gram (stale?): App. B's check is run again")
-        return False
-
-    @property
-    def _check_stands_in(self) -> bool:
-        """The check replaces the metric for what it holds: it fits, the Gram is PSD (the metric
-        is the normalised Gram itself) and the metric has not been formed anyway."""
-        fits = self.checked and self.check is not None and not self.check.psd["indefinite"]
-        return fits and "metric" not in vars(self)
-
-    @cached_property
-    def metric(self) -> Metric:
-        """The float64 metric (normalised, PSD-checked Gram), formed once per problem; App. B's
-        verdict comes from ``check`` when it was formed from this Gram."""
-        fallbacks: list[str] = []
-        g64 = self.gram.to(self.device, torch.float64, copy=True)  # normalised in place below
-        scale = gram_scale(g64)
-        G = normalize_gram_(g64)
-        chk = self.check if self.checked else None
-        if chk is not None and not chk.psd["indefinite"]:
-            psd = dict(chk.psd)
-        elif chk is not None:  # indefinite: its eigenvalues decide, no Cholesky
-            G, psd = gram_psd(G, fallbacks, min_eig=chk.psd.get("min_eig"), max_eig=chk.psd.get("max_eig"))
-        else:
-            G, psd = gram_psd(G, fallbacks)
-        return Metric(G=G, psd=psd, fallbacks=fallbacks, scale=scale)
-
-    @property
-    def psd(self) -> dict[str, Any]:
-        """App. B's outcome for the Gram (``Metric.psd``), without forming the metric when the
-        check stands in for it."""
-        return dict(self.check.psd) if self._check_stands_in and self.check is not None else self.metric.psd
-
-    @property
-    def scale(self) -> float:
-        """``Metric.scale`` (the Gram is ``scale * G``), from the check when it stands in."""
-        return self.check.scale if self._check_stands_in and self.check is not None else self.metric.scale
-
-    @property
-    def fallbacks(self) -> list[str]:
-        """``Metric.fallbacks``: none when the metric was not formed (a PSD Gram needs no eigh)."""
-        return self.metric.fallbacks if "metric" in vars(self) else []
-
     def metric_block(self, idx: torch.Tensor) -> torch.Tensor:
-        """``metric.G[idx][:, idx]`` (len(idx), len(idx)); when the check stands in for the
-        metric, formed from the Gram's block alone with the bits of the whole metric's
-        (``normalize_gram_`` entry by entry: ``(g_ij + g_ji) * 0.5 / scale``)."""
-        if self._check_stands_in and self.check is not None:
-            B = self.gram[idx[:, None], idx].to(torch.float64)
-            return torch.add(B, B.mT).mul_(0.5).div_(self.check.scale)
-        return self.metric.G[idx[:, None], idx]
+        """``G[idx][:, idx]`` (len(idx), len(idx)) of the metric; when the check stands in for
+        the metric (``metric`` None), formed from the Gram's block alone with the bits of the
+        whole metric's (``normalize_gram_`` entry by entry: ``(g_ij + g_ji) * 0.5 / scale``)."""
+        if self.metric is not None:
+            return self.metric.G[idx[:, None], idx]
+        if self.scale is None:
+            raise ValueError("the metric block needs a prepared problem (prepare(..., errors=True))")
+        B = self.gram[idx[:, None], idx].to(torch.float64)
+        return torch.add(B, B.mT).mul_(0.5).div_(self.scale)
 
-    @cached_property
-    def energy(self) -> float:
-        """``c = tr(W0 G W0^T)`` on the metric (``errors.output_energy``), from ``check`` when it
-        was formed from this Gram and this weight."""
-        from .errors import output_energy
-
-        if self.checked and self.check is not None and self.check.energy is not None:
-            if self.check.fits_weight(self.W0):
-                return self.check.energy
-            log.warning("the Gram check was formed from another weight (stale?): the output energy is formed again")
-        return output_energy(self.W0, self.metric.G)
+    def metric_whole(self) -> torch.Tensor:
+        """The whole metric G (d_in, d_in): ``metric.G``, or, when the check stands in for it (a
+        PSD Gram), the normalised Gram itself (formed here, float64)."""
+        if self.metric is not None:
+            return self.metric.G
+        return normalize_gram_(self.gram.to(self.device, torch.float64, copy=True))
 
     def mean_gram(self) -> torch.Tensor:
         """``E[x x^T]`` in float64 (the Gram over ``n_tokens``, symmetrised), with the metric's PSD
         projection when the Gram was indefinite."""
-        from .gram import psd_project, symmetrize_
-
         if self.n_tokens is None:
             raise ValueError("the mean Gram needs n_tokens")
         gm = symmetrize_(self.gram.to(self.device, torch.float64) / float(self.n_tokens))
         return psd_project(gm)[0] if self.psd.get("indefinite") else gm
 
 
+def _fitting(check: GramCheck | None, gram: torch.Tensor) -> GramCheck | None:
+    """``check`` when it was formed from ``gram`` (``GramCheck.fits_gram``), else None; a check of
+    another Gram is not used, and the log says so."""
+    if check is None or check.fits_gram(gram):
+        return check
+    log.warning("the Gram check was formed from another Gram (stale?): App. B's check is run again")
+    return None
+
+
+def _check_energy(check: GramCheck | None, W0: torch.Tensor) -> float | None:
+    """The check's output energy when it was formed from this weight, else None (the log says
+    why when the check has one of another weight)."""
+    if check is None or check.energy is None:
+        return None
+    if check.fits_weight(W0):
+        return check.energy
+    log.warning("the Gram check was formed from another weight (stale?): the output energy is formed again")
+    return None
+
+
+def prepare(problem: Problem, check: GramCheck | None, *, metric: bool, errors: bool) -> Problem:
+    """``problem`` with what its method and its reported errors need formed up front, once.
+
+    metric: the method reads ``problem.metric`` (``Method.needs_metric``); errors: ``compensate``
+    reports the errors on the metric (``Method.reports_errors`` false: psd, scale, energy).
+    check: the calibration's :class:`GramCheck` of this module or None; used when formed from
+    this Gram (and, for the energy, this weight). It stands in for the metric, which is then not
+    formed (the expensive part: a float64 copy and App. B's check), when the method does not
+    read the metric, the Gram is PSD and the check holds the energy of this weight.
+    """
+    if not (metric or errors):
+        return problem
+    chk = _fitting(check, problem.gram)
+    energy = _check_energy(chk, problem.W0) if errors else None
+    if chk is not None and not chk.psd["indefinite"] and not metric and energy is not None:
+        return replace(problem, psd=dict(chk.psd), scale=chk.scale, energy=energy)
+    m = form_metric(problem.gram, problem.device, chk)
+    if errors and energy is None:
+        energy = output_energy(problem.W0, m.G)
+    return replace(problem, metric=m, psd=m.psd, scale=m.scale, fallbacks=m.fallbacks, energy=energy)
+
+
 def check_module(W0: torch.Tensor, gram: torch.Tensor) -> GramCheck:
     """The calibration's check of one module (``coec.compensate.gram_check``): W0 (d_out, d_in)
     its weight, gram (d_in, d_in) its input's Gram (``sum_t x_t x_t^T`` or its mean), both on the
-    device the compensation jobs use. Runs ``Problem.metric`` (normalise, App. B) and
+    device the compensation jobs use. Runs :func:`form_metric` (normalise, App. B) and
     ``errors.output_energy`` on them, the code a compensation job runs without a check."""
-    from .errors import output_energy
-
-    problem = Problem(W0=W0, gram=gram, mean=None, keep=torch.empty(0, dtype=torch.long, device=W0.device))
-    metric = problem.metric
+    metric = form_metric(gram, W0.device)
     c = output_energy(W0, metric.G)
     return GramCheck(
         scale=metric.scale,
@@ -227,6 +247,8 @@ class Method:
     calibration set's Grams, the pruned value projection), each becoming a workflow input of the
     compensate rule and an entry of ``Problem.inputs``.
     needs_mean / needs_n_tokens: the problem must carry channel means / a token count.
+    needs_metric: the solve reads ``Problem.metric`` (formed up front by :func:`prepare`; a
+    method that does not read it leaves the expensive float64 metric unformed where it can).
     reports_errors: the method fills ``relerr_before`` / ``relerr_after`` itself (in its own
     metric); otherwise ``compensate`` computes them on ``Problem.metric``.
     default_dtype: the solve dtype when ``compute_dtype`` is null, per device.
@@ -242,6 +264,7 @@ class Method:
     inputs: tuple[MethodInput, ...] = ()
     needs_mean: bool = False
     needs_n_tokens: bool = False
+    needs_metric: bool = True
     reports_errors: bool = False
     default_dtype: Callable[[torch.device], torch.dtype] = _float64_on_cpu
     check_options: Callable[[Any, str | None], tuple[str, str] | None] | None = None

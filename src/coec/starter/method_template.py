@@ -34,10 +34,12 @@ def solve(problem: Problem, options: RowScaleOptions) -> Compensation:
     """The compensated module: weight (d_out, k) and, here, no bias.
 
     problem.W0 (d_out, d_in) the original weight; problem.keep (k,) the kept input columns;
-    problem.metric.G (d_in, d_in) the calibration Gram, normalised and PSD-checked (float64);
+    problem.metric.G (d_in, d_in) the calibration Gram, normalised and PSD-checked (float64;
+    formed because the method reads it: ``Method.needs_metric``, true by default);
     problem.dtype the solve dtype. What is returned is checked before anything is written:
     weight (d_out, k), bias (d_out,) or None, finite values, ``info`` of JSON values.
     """
+    assert problem.metric is not None  # Method.needs_metric
     G = problem.metric.G.to(problem.dtype)
     keep = problem.keep
     W0 = problem.W0.to(problem.dtype)

@@ -36,5 +36,6 @@ METHOD = METHODS.register(
         doc=BiasOptions.__doc__ or "",
         needs_mean=True,
         needs_n_tokens=True,
+        needs_metric=False,
     )
 )

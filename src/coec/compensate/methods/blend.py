@@ -131,6 +131,7 @@ def _ends(problem: Problem, o: BlendOptions, mean: torch.Tensor) -> tuple[_End, 
         bb = intercept(W0_64, Wb, mean, problem.keep)
         Wr, br = affine_ridge(W0_64, problem.mean_gram(), mean, problem.keep, float(o.ridge))
     else:  # = method lstsq, bit for bit
+        assert problem.metric is not None  # Method.needs_metric
         Wr, br = ridge_refit(W0c, problem.metric.G.to(problem.dtype), problem.keep, float(o.ridge)), None
     return (Wb, bb), (Wr, br)
 

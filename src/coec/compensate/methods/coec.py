@@ -253,6 +253,7 @@ METHOD = METHODS.register(
         doc=CoecOptions.__doc__ or "",
         inputs=(ValueProjection("value_proj", needed=lambda o: o.align_lambda > 0),),
         reports_errors=True,
+        needs_metric=False,
         default_dtype=lambda device: torch.float32,
         check_options=check_options,
         check_data=check_data,

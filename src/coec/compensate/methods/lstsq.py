@@ -47,6 +47,7 @@ def shifted_gxx(G: torch.Tensor, keep: torch.Tensor, ridge: float) -> torch.Tens
 
 
 def solve(problem: Problem, options: LstsqOptions) -> Compensation:
+    assert problem.metric is not None  # Method.needs_metric
     G = problem.metric.G.to(problem.dtype)
     W = ridge_refit(problem.W0.to(problem.dtype), G, problem.keep, float(options.ridge))
     return Compensation(weight=W, info={"ridge": float(options.ridge)})

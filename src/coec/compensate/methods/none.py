@@ -17,4 +17,6 @@ def solve(problem: Problem, options: NoneOptions) -> Compensation:
     return Compensation(weight=problem.W0.to(problem.dtype)[:, problem.keep])
 
 
-METHOD = METHODS.register(Method(name="none", options=NoneOptions, solve=solve, doc=NoneOptions.__doc__ or ""))
+METHOD = METHODS.register(
+    Method(name="none", options=NoneOptions, solve=solve, doc=NoneOptions.__doc__ or "", needs_metric=False)
+)

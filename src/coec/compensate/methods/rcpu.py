@@ -40,6 +40,7 @@ def rotate_and_scale(
 
 def solve(problem: Problem, options: RcpuOptions) -> Compensation:
     metric = problem.metric
+    assert metric is not None  # Method.needs_metric
     W, ri = rotate_and_scale(problem.W0.to(problem.dtype), metric.G.to(problem.dtype), problem.keep, metric.fallbacks)
     return Compensation(
         weight=W,
