@@ -315,7 +315,6 @@ def main(argv=None):
     ap.add_argument("--max-inner-steps", type=int, default=None)
     ap.add_argument("--align-lambda", type=float, default=50.0, help="on o_proj (paper default 50)")
     ap.add_argument("--compute-dtype", default=None)
-    ap.add_argument("--temper-dtype", default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--test-tokens", type=int, default=8192, help="held-out tokens (0: skip)")
@@ -372,8 +371,6 @@ def main(argv=None):
                         opts["max_rounds"] = a.max_rounds
                     if a.max_inner_steps is not None:
                         opts["max_inner_steps"] = a.max_inner_steps
-                    if a.temper_dtype:
-                        opts["temper_dtype"] = a.temper_dtype
                     if module == "o_proj" and a.align_lambda > 0:
                         opts.update(align_lambda=a.align_lambda, inputs={"value_proj": vp})
                     if a.coec_opts:
@@ -404,7 +401,6 @@ def main(argv=None):
                         stop=i.get("stop_reason"),
                         gcv_ends=i.get("gcv_at_grid_end"),
                         fallbacks=list(i.get("svd_fallbacks") or []),
-                        direction_matmul=i.get("direction_matmul_used"),
                         rg_update=i.get("rg_update_used"),
                         rg_refreshes=(i.get("right") or {}).get("rg_refreshes"),
                         align=(i.get("align_before"), i.get("align_after")),
@@ -418,7 +414,7 @@ def main(argv=None):
                     extra_txt = (
                         f" setup={row['setup_s']:.2f}s per_round={row['per_round_s'] or 0:.3f}s"
                         f" steps/round={row['steps_per_round'] or 0:.1f} stop={row['stop']}"
-                        f" direction_matmul={row['direction_matmul']} rg_update={row['rg_update']}"
+                        f" rg_update={row['rg_update']}"
                         f" gcv_ends={row['gcv_ends']}"
                     )
                     fb = i.get("svd_fallbacks") or []

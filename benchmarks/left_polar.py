@@ -2,22 +2,21 @@
 """How ill-conditioned COEC's left rotations are, how each left-polar method copes, and its cost.
 
 The left rotation is ``polar(A)``, A = Gyx Vt^T diag(S). On CUDA it is computed by an fp64 eigh of
-A^T A (``linalg.polar_eigh``), which needs the spectrum of A^T A resolved; ``linalg.polar_newton``
-(scaled Newton on A's QR factor) never forms A^T A. This script records, for every left polar of a
-COEC run with ``--polar eigh|newton``, cond(A^T A), whether the method fell back to the SVD, and
-whether the earlier eigh rule (fall back when cond(A^T A) >= 1e12) would have; plus the
-Newton–Schulz iterations of each Cayley inverse (square right solves). ``--time`` times the three
-polar methods (SVD, eigh, Newton) on the first left-rotation matrix of each synthetic module.
+A^T A (``linalg.polar_eigh``), which needs the spectrum of A^T A resolved. This script records, for
+every left polar of a COEC run with ``left_polar: eigh``, cond(A^T A), whether it fell back to the
+SVD, and whether the earlier eigh rule (fall back when cond(A^T A) >= 1e12) would have; plus the
+Newton–Schulz iterations of each Cayley inverse (square right solves). ``--time`` times the two
+polar methods (SVD, eigh) on the first left-rotation matrix of each synthetic module.
 
     # synthetic 8B-shaped layers (bench_compensate's problems), 1 round each, polar timings
     python benchmarks/left_polar.py --shapes 8b --max-rounds 1 --time 2
     python benchmarks/left_polar.py --shapes 8b --max-rounds 1 --time 3 --device cuda
     python benchmarks/left_polar.py --shapes 8b --modules o_proj --max-rounds 1 --time 2
-    # the embedded model's real layers of one cell: eigh (or newton) against SVD after 5 rounds
+    # the embedded model's real layers of one cell: eigh against SVD after 5 rounds
     python benchmarks/left_polar.py --cell results/smollm2-135m/enwiki-32x512/rcpu-0.3 \
-        --grams results/smollm2-135m/grams/enwiki-32x512 --max-rounds 5 --polar newton
+        --grams results/smollm2-135m/grams/enwiki-32x512 --max-rounds 5
 
-It observes the library by wrapping ``polar_eigh`` / ``polar_newton`` (as coec calls them) and
+It observes the library by wrapping ``polar_eigh`` (as coec calls it) and
 ``ns_inverse`` (as the Cayley retraction calls it) for the duration of a run; nothing else changes.
 """
 
@@ -34,20 +33,21 @@ from pathlib import Path
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.linalg import polar, polar_eigh, polar_newton
+from coec.compensate.linalg import polar, polar_eigh
 from coec.profiling import device_sync
 
 OLD_MAX_COND_ATA = 1e12  # the earlier polar_eigh rule: SVD whenever cond(A^T A) >= 1e12
-POLARS = {"svd": polar, "eigh": polar_eigh, "newton": polar_newton}
+POLARS = {"svd": polar, "eigh": polar_eigh}
+POLAR = "eigh"  # the left polar under test
 
 
 @contextlib.contextmanager
 def observed():
-    """Record (cond(A^T A), fell back?) per eigh/Newton left polar, the first left-rotation
+    """Record (cond(A^T A), fell back?) per eigh left polar, the first left-rotation
     matrix (``log["A"]``), and the iterations per Cayley inverse."""
     coec_mod = sys.modules["coec.compensate.algorithm1"]
     retraction = sys.modules["coec.compensate.retraction"]
-    saved = {name: getattr(coec_mod, name) for name in ("polar_eigh", "polar_newton")}
+    saved = {name: getattr(coec_mod, name) for name in ("polar_eigh",)}
     ns_inverse = retraction.ns_inverse
     log = {"left": [], "ns_iters": [], "A": None}
 
@@ -126,12 +126,12 @@ def synthetic(a):
         if a.modules and module not in a.modules.split(","):
             continue
         W0, G, mean, keep, vp, _ = synth_problem(module, d_out, d_in, k, extra, DEFAULT_TOKENS[a.shapes], 0, dev)
-        opts = dict(max_rounds=a.max_rounds, tol=0.0, left_polar=a.polar)
+        opts = dict(max_rounds=a.max_rounds, tol=0.0, left_polar=POLAR)
         if module == "o_proj":
             opts.update(align_lambda=50.0, inputs={"value_proj": vp})
         with observed() as log:
             compensate(W0, G, mean, keep, "coec", **opts)
-        print(f"[{name}] {summary(log, a.polar)}", flush=True)
+        print(f"[{name}] {summary(log, POLAR)}", flush=True)
         if a.time:
             print(f"[{name}] {time_polars(log['A'], a.time)}", flush=True)
 
@@ -163,19 +163,19 @@ def real_layers(a):
                 )
             ref = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar="svd", **opts)
             with observed() as log:
-                out = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar=a.polar, **opts)
+                out = compensate(w[names[module]], st["gram"], st["mean"], cols, "coec", left_polar=POLAR, **opts)
             logs["left"] += log["left"]
             logs["ns_iters"] += log["ns_iters"]
             rel = (out.info["relerr_after"] - ref.info["relerr_after"]) / ref.info["relerr_after"]
             rows.append((i, module, rel))
-    print(f"{a.cell}: {len(rows)} modules, {a.max_rounds} rounds; {summary(logs, a.polar)}")
+    print(f"{a.cell}: {len(rows)} modules, {a.max_rounds} rounds; {summary(logs, POLAR)}")
     for module in ("o_proj", "down_proj"):
         d = [abs(r) for _, m, r in rows if m == module]
         print(
-            f"  {module}: |relerr({a.polar}) - relerr(svd)| / relerr(svd): median {statistics.median(d):.1e}, "
+            f"  {module}: |relerr({POLAR}) - relerr(svd)| / relerr(svd): median {statistics.median(d):.1e}, "
             f"max {max(d):.1e}"
         )
-    print(f"  {a.polar} lower in {sum(r < 0 for *_, r in rows)} of {len(rows)} modules")
+    print(f"  {POLAR} lower in {sum(r < 0 for *_, r in rows)} of {len(rows)} modules")
 
 
 def main(argv=None):
@@ -185,13 +185,12 @@ def main(argv=None):
     ap.add_argument("--grams", default=None, help="its calibration's Gram folder")
     ap.add_argument("--model", default="resources/models/smollm2-135m")
     ap.add_argument("--max-rounds", type=int, default=2)
-    ap.add_argument("--polar", default="eigh", choices=["eigh", "newton"], help="the left polar under test")
     ap.add_argument(
         "--time",
         type=int,
         default=0,
         metavar="N",
-        help="synthetic: time svd / eigh / newton polars on the first left-rotation matrix, best of N",
+        help="synthetic: time svd / eigh polars on the first left-rotation matrix, best of N",
     )
     ap.add_argument("--device", default="cpu", help="synthetic problems' device (cpu, cuda)")
     ap.add_argument("--modules", default=None, help="synthetic: only these modules (o_proj,down_proj)")

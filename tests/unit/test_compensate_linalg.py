@@ -10,7 +10,7 @@ import torch
 from coec.compensate import linalg
 from coec.compensate.errors import relerr
 from coec.compensate.gram import normalize_gram, power_max_eig, temper_gram
-from coec.compensate.linalg import polar, polar_eigh, polar_newton, svd_eigh, top_singular_vectors
+from coec.compensate.linalg import polar, polar_eigh, svd_eigh, top_singular_vectors
 from coec.compensate.newton_schulz import ns_inv_sqrt, ns_inverse, ns_polar, ns_polar_with
 from coec.compensate.retraction import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
 from test_compensate_problems import make_problem
@@ -184,53 +184,6 @@ def test_polar_eigh_keeps_the_eigh_path_on_ill_conditioned_left_rotations(log_co
         assert float((P.mT @ P - _eye(n)).abs().max()) < tol
         best = float(s.sum())  # max <Z, A> over orthonormal Z = nuclear norm
         assert (best - float((P * A).sum())) / best < (1e-10 if dt == F64 else 1e-6)
-
-
-@pytest.mark.parametrize("shape", [(96, 64), (64, 64), (64, 96)])
-@pytest.mark.parametrize("log_cond", [1.0, 6.0, 10.0, 14.0])
-def test_polar_newton_is_the_procrustes_optimum_without_squaring_the_condition(shape, log_cond, monkeypatch):
-    """Scaled Newton on the QR factor: orthonormal, <P, A> equal to the nuclear norm (the Procrustes
-    maximum) to round-off, far beyond the eigh path's cond(A) ~2e7, without the SVD chain; equal
-    to the SVD polar factor while that is well determined (its sensitivity grows like cond(A))."""
-    g = torch.Generator().manual_seed(7)
-    m, n = shape
-    p = min(m, n)
-    U = torch.linalg.qr(torch.randn(max(m, n), p, generator=g, dtype=F64))[0]
-    V = torch.linalg.qr(torch.randn(p, p, generator=g, dtype=F64))[0]
-    s = torch.logspace(0, -log_cond, p, dtype=F64)
-    A = (U * s) @ V.mT
-    A = A if m >= n else A.mT
-
-    def no_svd(*a, **k):
-        raise AssertionError("fell back to the SVD polar")
-
-    ref = polar(A)
-    monkeypatch.setattr(linalg, "polar", no_svd)
-    inverses, inv_ex = [], torch.linalg.inv_ex
-    monkeypatch.setattr(torch.linalg, "inv_ex", lambda X: inverses.append(1) or inv_ex(X))
-    rec = []
-    P = polar_newton(A, rec)
-    assert rec == [] and P.shape == A.shape and P.dtype == F64
-    assert 1 <= len(inverses) <= 9  # one LU inverse per Newton step
-    Pt = P if m >= n else P.mT
-    assert float((Pt.mT @ Pt - _eye(p)).abs().max()) < 1e-12
-    best = float(s.sum())
-    assert abs(best - float((P * A).sum())) / best < 1e-13
-    if log_cond <= 6.0:
-        assert torch.allclose(P, ref, atol=1e-9)
-    P32 = polar_newton(A.float(), rec)  # float32 in, float32 out, computed in float64
-    assert rec == [] and P32.dtype == torch.float32
-    assert torch.allclose(P32.double(), polar_newton(A.float().double()), atol=1e-6)
-
-
-def test_polar_newton_falls_back_on_a_singular_matrix():
-    g = torch.Generator().manual_seed(8)
-    A = torch.randn(12, 8, generator=g, dtype=F64)
-    A[:, 3] = 0.0  # exactly singular R: the LU inverse fails, the SVD polar is used
-    rec = []
-    P = polar_newton(A, rec)
-    assert rec == ["polar_newton->svd"]
-    assert torch.allclose(P, polar(A), atol=1e-12)
 
 
 @pytest.mark.parametrize("shape", [(96, 64), (64, 96)])

@@ -41,7 +41,7 @@ def test_cg_right_solve_is_monotone_and_ends_below_its_start():
         S,
         Vt,
         RightProblem(Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1])),
-        RightSolveSettings(method="cg", track=True, max_steps=60),
+        RightSolveSettings(right_solver="cg", track=True, max_inner_steps=60),
     )
     assert all(b <= a for a, b in zip(res.history, res.history[1:]))
     assert res.F_end < res.F_start and res.steps > 1
@@ -121,7 +121,7 @@ def test_preconditioned_right_solve_is_monotone_orthonormal_and_deterministic(ki
         U, S, Vt, Gxx, Gyx, c = _problem_factors(problem)
         pre = Preconditioner(make_preconditioner(Gxx, 1e-2), rows=1e-2 if kind == "newton" else None)
         problem = RightProblem(Gxx, Gyx, c, float(torch.linalg.eigvalsh(Gxx)[-1]), preconditioner=pre)
-        settings = RightSolveSettings(method="cg", track=True, max_steps=60)
+        settings = RightSolveSettings(right_solver="cg", track=True, max_inner_steps=60)
         res = solve_reduced(U, S, Vt, problem, settings)
         assert all(b <= a for a, b in zip(res.history, res.history[1:]))
         assert res.F_end < res.F_start
@@ -139,7 +139,7 @@ def test_preconditioned_cg_needs_fewer_steps_to_the_same_objective():
     problem = (W0 / scale, G * scale[:, None] * scale[None, :], mean * scale, keep)
     U, S, Vt, Gxx, Gyx, c = _problem_factors(problem)
     lam = float(torch.linalg.eigvalsh(Gxx)[-1])
-    settings = RightSolveSettings(method="cg", max_steps=400, delta=1e-7, track=True)
+    settings = RightSolveSettings(right_solver="cg", max_inner_steps=400, delta=1e-7, track=True)
     plain = solve_reduced(U, S, Vt, RightProblem(Gxx, Gyx, c, lam), settings)
     pre = solve_reduced(
         U,

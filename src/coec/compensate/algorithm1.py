@@ -56,7 +56,7 @@ from .algorithm1_setup import (
 from .alignment import Alignment, alignment_value
 from .descent import RightResult
 from .errors import relerr
-from .linalg import polar, polar_eigh, polar_newton, svd, svd_eigh
+from .linalg import polar, polar_eigh, svd, svd_eigh
 from .method import Compensation
 from .stiefel import RightProblem, solve_full, solve_reduced
 
@@ -145,7 +145,7 @@ class _Objective:
 
 
 @traced("coec.rescale")
-def _rescale(st: _State, rescale: RescaleSettings, run: _Run, objective: _Objective) -> _State:
+def _rescale(st: _State, rescaling: RescaleSettings, run: _Run, objective: _Objective) -> _State:
     """Alg. 1 "GCV-rescale" of the current factors.
 
     The rescale never increases the error (gcv.rescale), but it can re-order the modes, and the
@@ -154,11 +154,11 @@ def _rescale(st: _State, rescale: RescaleSettings, run: _Run, objective: _Object
     (round-off), the weight is left as is; both are counted in ``rescale_fallbacks``.
     """
     rho = st.rho()
-    res = _gcv.rescale(st.S, rho, st.e, mode=rescale.mode, grid=rescale.grid, kappa=rescale.kappa)
+    res = _gcv.rescale(st.S, rho, st.e, mode=rescaling.rescale, grid=rescaling.gcv_grid, kappa=rescaling.kappa)
     run.rescales += 1
     if not res.scale_ok:
         run.scale_skipped += 1
-    if rescale.mode == "gcv" and res.lam is not None:
+    if rescaling.rescale == "gcv" and res.lam is not None:
         run.gcv_lambdas.append(res.lam)
         run.gcv_lambdas_rel.append(res.lam_rel)
         if res.grid_end:
@@ -169,7 +169,7 @@ def _rescale(st: _State, rescale: RescaleSettings, run: _Run, objective: _Object
     if objective(new) <= L0:
         return new
     run.rescale_fallbacks += 1
-    if rescale.mode == "gcv":
+    if rescaling.rescale == "gcv":
         new = _apply_sigma(st, _gcv.rescale(st.S, rho, st.e, mode="global").sigma)
         if objective(new) <= L0:
             return new
@@ -182,8 +182,6 @@ def _left(st: _State, run: _Run, method: str = "svd") -> _State:
     A = st.GyxV * st.S
     if method == "eigh":
         U = polar_eigh(A, run.svd_fallbacks)
-    elif method == "newton":
-        U = polar_newton(A, run.svd_fallbacks)
     else:
         U = polar(A, run.svd_fallbacks)
     return _State(U=U, S=st.S, Vt=st.Vt, GyxV=st.GyxV, RG=st.RG, e=st.e)
@@ -282,7 +280,7 @@ def _round(
         s = res.s if res.scale_ok else 1.0
         nxt = _frames(st.U, st.S, res.R, problem.Gxx, problem.Gyx, res.RG)
         st = _apply_sigma(nxt, nxt.S.to(torch.float64) * s)
-        st = _rescale(st, settings.rescale, run, objective)
+        st = _rescale(st, settings.rescaling, run, objective)
     else:
         rec.steps_per_round.append(0)
     cand = _left(st, run, plan.left_polar)
@@ -290,7 +288,7 @@ def _round(
         st = cand
     else:
         run.left_rejects += 1
-    return _rescale(st, settings.rescale, run, objective)
+    return _rescale(st, settings.rescaling, run, objective)
 
 
 def _round_loop(
@@ -345,7 +343,7 @@ def coec(
     W0c = W0.to(plan.device, plan.dtype)
     WK = W0c[:, keep]
     info = setup_info(settings, plan, m, WK)
-    al = setup_alignment(W0c, keep, value_proj, settings.align, plan, run.svd_fallbacks)
+    al = setup_alignment(W0c, keep, value_proj, settings.alignment, plan, run.svd_fallbacks)
     if m.c <= 0 or not math.isfinite(m.c):  # no output energy in this metric: nothing to fit
         info.update(_finish_info(run, None, "zero_output_energy", t0))
         info["relerr_after"] = info["relerr_before"]
@@ -355,12 +353,12 @@ def coec(
     st = _start(WK, m, plan, run)
     if al is not None:
         info.update(_align_info(st, al, "before"))
-    lam_a = settings.align.weight
+    lam_a = settings.alignment.align_lambda
     objective = _Objective(m.c, lam_a, al if lam_a > 0 else None)
     info["objective_pruned"] = objective(st)
     # Lines 3-4: left rotation, rescale.
-    st = _rescale(_left(st, run, plan.left_polar), settings.rescale, run, objective)
-    with_restarts = settings.right_solve.method == "cg" or settings.precondition != "none"
+    st = _rescale(_left(st, run, plan.left_polar), settings.rescaling, run, objective)
+    with_restarts = settings.right_solve.right_solver == "cg" or settings.precondition != "none"
     rec = _Rounds(state=st, history=[objective(st)], right=_RightStats(with_restarts=with_restarts))
     info["seconds_setup"] = time.perf_counter() - t0
     _round_loop(rec, right_problem(m, settings, objective.align), settings, plan, run, objective)

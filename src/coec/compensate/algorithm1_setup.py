@@ -27,7 +27,6 @@ __all__ = [
     "RescaleSettings",
     "RoundSettings",
     "CoecSettings",
-    "direction_matmul_used",
     "resolve_dtype",
     "Plan",
     "make_plan",
@@ -42,30 +41,30 @@ __all__ = [
 @dataclass(frozen=True)
 class TemperSettings:
     """The metric's tempering (Sec. 4.4): ``G^alpha``, negative eigenvalues clipped first with
-    ``psd_clip``, in ``dtype`` (which also serves the reported errors)."""
+    ``psd_clip``; in float64, which also serves the reported errors."""
 
     alpha: float
     psd_clip: bool
-    dtype: str
 
 
 @dataclass(frozen=True)
 class AlignmentSettings:
-    """The anchored alignment (Sec. 4.5): the penalty's ``weight`` lambda_a (0: none), the
-    anchor's ``rank`` r_p and the penalty's ``kind`` ("projector" | "angle")."""
+    """The anchored alignment (Sec. 4.5): the penalty's weight ``align_lambda`` lambda_a (0:
+    none), the anchor's rank ``anchor_rank`` r_p and the penalty ``align`` ("projector" |
+    "angle")."""
 
-    weight: float
-    rank: int
-    kind: str
+    align_lambda: float
+    anchor_rank: int
+    align: str
 
 
 @dataclass(frozen=True)
 class RescaleSettings:
-    """The rescale (Sec. 4.3): ``mode`` "gcv" | "global", the GCV lambda ``grid`` (lo, hi, n) and
-    the per-mode dose band ``kappa`` (None: off)."""
+    """The rescale (Sec. 4.3): ``rescale`` "gcv" | "global", the GCV lambda grid ``gcv_grid``
+    (lo, hi, n) and the per-mode dose band ``kappa`` (None: off)."""
 
-    mode: str
-    grid: tuple[float, float, int]
+    rescale: str
+    gcv_grid: tuple[float, float, int]
     kappa: float | None
 
 
@@ -81,17 +80,17 @@ class RoundSettings:
 
 @dataclass(frozen=True)
 class CoecSettings:
-    """What Algorithm 1 takes from the options of method coec, grouped by step: the tempering,
-    the alignment, the rescale, the rounds; the right rotation (``right``: "stiefel" | "full" |
-    "none"), its solves' settings (``right_solve``, whose ``direction_matmul`` and ``rg_update``
-    are the options' values until ``make_plan`` resolves them on the device) and preconditioner
+    """What Algorithm 1 takes from the options of method coec, grouped by step, each field named
+    as its option: the tempering, the alignment, the rescale, the rounds; the right rotation
+    (``right``: "stiefel" | "full" | "none"), its solves' settings (``right_solve``, whose
+    ``rg_update`` is the option's value until ``make_plan`` resolves it on the device) and preconditioner
     (``precondition`` "none" | "gram" | "newton", ``precondition_damping``); the factorisations
     (``left_polar``, ``setup_svd``: "auto" resolved by ``make_plan``); and ``reported``, the
     options as ``info["options"]`` reports them."""
 
     temper: TemperSettings
-    align: AlignmentSettings
-    rescale: RescaleSettings
+    alignment: AlignmentSettings
+    rescaling: RescaleSettings
     rounds: RoundSettings
     right: str
     right_solve: RightSolveSettings
@@ -100,12 +99,6 @@ class CoecSettings:
     left_polar: str
     setup_svd: str
     reported: dict[str, Any]
-
-
-def direction_matmul_used(option: str, device: torch.device, dtype: torch.dtype) -> str:
-    """What option ``direction_matmul`` does here: "tf32" only on CUDA with a float32 loop
-    (TF32 is a CUDA tensor-core format); "float32" products everywhere else."""
-    return "tf32" if option == "tf32" and device.type == "cuda" and dtype == torch.float32 else "float32"
 
 
 def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype:
@@ -122,13 +115,11 @@ def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the settings mean on this device, resolved once per call: the device, the loop's and
-    the tempering's dtypes, the factorisations used and the right solves' settings with the
-    direction precision and R Gxx update used."""
+    """What the settings mean on this device, resolved once per call: the device, the loop's
+    dtype, the factorisations used and the right solves' settings with the R Gxx update used."""
 
     device: torch.device
     dtype: torch.dtype
-    temper_dtype: torch.dtype
     left_polar: str
     setup_svd: str
     right_solve: RightSolveSettings
@@ -136,7 +127,7 @@ class Plan:
 
 def make_plan(settings: CoecSettings, device: torch.device, compute_dtype: str | torch.dtype | None) -> Plan:
     """The settings' "auto" choices resolved on ``device`` (eigh factorisations and a carried R Gxx
-    on CUDA; SVDs and products on the CPU), TF32 directions only where they exist, the dtypes."""
+    on CUDA; SVDs and products on the CPU) and the loop's dtype."""
     cdt = resolve_dtype(compute_dtype)
     auto = "eigh" if device.type == "cuda" else "svd"  # the "auto" factorisation of this device
     rs = settings.right_solve
@@ -144,21 +135,18 @@ def make_plan(settings: CoecSettings, device: torch.device, compute_dtype: str |
     return Plan(
         device=device,
         dtype=cdt,
-        temper_dtype=resolve_dtype(settings.temper.dtype),
         left_polar=auto if settings.left_polar == "auto" else settings.left_polar,
         setup_svd=auto if settings.setup_svd == "auto" else settings.setup_svd,
-        right_solve=replace(
-            rs, direction_matmul=direction_matmul_used(rs.direction_matmul, device, cdt), rg_update=rg_update
-        ),
+        right_solve=replace(rs, rg_update=rg_update),
     )
 
 
 @dataclass(frozen=True)
 class Slices:
     """The metric of one call: untempered (``Gxx0``, ``Gyx0``, ``c0``: the reported errors) and
-    tempered (``Gxx_t``, ``Gyx_t``, ``c``) slices in the temper dtype; the loop's tempered slices
-    ``Gxx``, ``Gyx`` in the compute dtype with ``lam_max`` >= lambda_max(Gxx); the tempering's
-    clipped eigenvalues and the PSD check's outcome."""
+    tempered (``Gxx_t``, ``Gyx_t``, ``c``) slices in float64; the loop's tempered slices ``Gxx``,
+    ``Gyx`` in the compute dtype with ``lam_max`` >= lambda_max(Gxx); the tempering's clipped
+    eigenvalues and the PSD check's outcome."""
 
     Gxx0: torch.Tensor
     Gyx0: torch.Tensor
@@ -176,11 +164,11 @@ class Slices:
 def slices(
     W0: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor, temper: TemperSettings, plan: Plan, record: list[str]
 ) -> Slices:
-    """Line 1: temper the FULL (normalised) Gram, then slice. The slices are formed in the temper
-    dtype (float64 by default), which also serves the reported errors; the loop runs in the
-    compute dtype. App. B: the untempered metric of the reported errors is the PSD projection of
-    an indefinite Gram (a PSD one, round-off included, is used as it is)."""
-    dev, tdt = plan.device, plan.temper_dtype
+    """Line 1: temper the FULL (normalised) Gram, then slice. The slices are formed in float64,
+    which also serves the reported errors; the loop runs in the compute dtype. App. B: the
+    untempered metric of the reported errors is the PSD projection of an indefinite Gram (a PSD
+    one, round-off included, is used as it is)."""
+    dev, tdt = plan.device, torch.float64
     G0 = normalize_gram_(gram.to(dev, tdt, copy=True))
     # On the CPU in float64 a decomposition overwrites G0 (no (d, d) copy beside LAPACK's
     # workspace), and the metric is formed again after it: the same bits, one copy less.
@@ -228,7 +216,6 @@ def setup_info(settings: CoecSettings, plan: Plan, m: Slices, WK: torch.Tensor) 
         "options": settings.reported,
         "left_polar_used": plan.left_polar,
         "setup_svd_used": plan.setup_svd,
-        "direction_matmul_used": plan.right_solve.direction_matmul,
         "rg_update_used": plan.right_solve.rg_update,
         "temper_negative_eigs": m.n_negative,
         "gram_psd": m.psd,
@@ -241,16 +228,16 @@ def setup_alignment(
     W0c: torch.Tensor,
     keep: torch.Tensor,
     value_proj: torch.Tensor | None,
-    align: AlignmentSettings,
+    alignment: AlignmentSettings,
     plan: Plan,
     record: list[str],
 ) -> Alignment | None:
     """Alignment data (o_proj): anchor from the unpruned W0, U_v from the pruned value projection;
     None without a penalty and without value_proj."""
-    if align.weight > 0 or value_proj is not None:
+    if alignment.align_lambda > 0 or value_proj is not None:
         vp = value_proj.to(plan.device, plan.dtype) if value_proj is not None else None
         with span("coec.setup.align"):
-            return alignment_setup(W0c, keep, vp, align.rank, align.kind, record, plan.setup_svd)
+            return alignment_setup(W0c, keep, vp, alignment.anchor_rank, alignment.align, record, plan.setup_svd)
     return None
 
 
@@ -264,5 +251,5 @@ def right_problem(m: Slices, settings: CoecSettings, align: Alignment | None) ->
             inv = make_preconditioner(m.Gxx, damping)
         pre = Preconditioner(inv, damping if settings.precondition == "newton" else None)
     return RightProblem(
-        m.Gxx, m.Gyx, m.c, m.lam_max, align=align, align_lambda=settings.align.weight, preconditioner=pre
+        m.Gxx, m.Gyx, m.c, m.lam_max, align=align, align_lambda=settings.alignment.align_lambda, preconditioner=pre
     )

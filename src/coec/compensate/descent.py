@@ -11,34 +11,26 @@ Steps. The paper normalises the step as ``eta / s^2`` and never gives eta. Here
 * ``"rayleigh"`` (default): ``base = ||g||^2 / <g, H g>``, the exact line-search step of the
   quadratic model along the search direction g at fixed s, with
   ``H[g] = (2 s^2 / c) S^2 g Gxx``. It is of the paper's form ``eta' / s^2`` with a per-step,
-  unit-free eta'; costs one extra (r, k, k) product per step. eta = 1 by default.
-* ``"lipschitz"``: ``base = 1 / (s^2 L0)``, ``L0 = 2 S_max^2 lambda_max(Gxx) / c`` (the
-  worst-case curvature; safe but slow when a few outlier channels dominate lambda_max).
+  unit-free eta'; costs one extra (r, k, k) product per step. eta = 1 by default. Where the
+  model has no positive curvature along g, ``base = 1 / (s^2 L0)`` with the worst-case
+  curvature ``L0 = 2 S_max^2 lambda_max(Gxx) / c``.
 * ``"raw"``: ``base = 1 / s^2`` (the paper's literal form; eta then carries the layer's units).
 
 App. B step cap: ``t <= 1 / ||grad||_F`` so that ``||t grad|| <= 1``. Backtracking: a step that
 raises F is rejected and eta halved (for the rest of this solve), so F is monotone.
 Stop: ``||R_new - R||_F / sqrt(r) < delta`` (``delta_norm="rms"``, the RMS change of a frame row,
 so one delta serves every width) or ``||R_new - R||_F < delta`` (``"fro"``, the unscaled
-reading), no descent possible, or ``max_steps`` accepted steps.
-
-Precision of the search direction (``direction_matmul``): "tf32" runs the float32 products of the
-direction and of its step size (the named blocks ``coec.right.direction`` and
-``coec.right.step_size``) at ``torch.set_float32_matmul_precision("high")``, TF32 tensor cores on
-CUDA; the objective's evaluations and the retraction stay float32, so backtracking and the stop
-still see float32 values. A direction a few 1e-4 off is still a descent direction.
+reading), no descent possible, or ``max_inner_steps`` accepted steps.
 
 Evaluations (``rg_update``): each trial's ``R_new Gxx`` by an (r, k, k) product ("product"), or,
 for a direction that can carry it through its retraction (the polar one,
-``retraction.retract_polar_with``), from the step size's ``g Gxx`` ("carry"; that ``g Gxx`` then
-stays float32), formed afresh every ``rg_refresh`` carried updates.
+``retraction.retract_polar_with``), from the step size's ``g Gxx`` ("carry"), formed afresh
+every ``rg_refresh`` carried updates.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,7 +46,6 @@ __all__ = [
     "Direction",
     "Tangent",
     "Space",
-    "matmul_precision",
     "Counts",
     "Descent",
     "descend",
@@ -65,23 +56,22 @@ __all__ = [
 @dataclass(frozen=True)
 class RightSolveSettings:
     """How a right solve runs (the module docstring; ``coec`` takes them from its options once
-    per call). eta / eta_scale: the step; delta / delta_norm: the stop on the change of R;
-    max_steps: accepted steps; max_backtracks: halvings of a step; method: "gd" (Riemannian
-    gradient) or "cg" (Polak–Ribière+ conjugate directions); cayley_inverse: the inverse inside a
-    Cayley retraction ("newton_schulz" | "solve"); direction_matmul: "float32" | "tf32";
-    rg_update: "product" | "carry" (a caller resolves the option's "auto" first), with rg_refresh
-    the carried updates between fresh products (0: never); track: record F after every accepted
-    step (``RightResult.history``)."""
+    per call, each field named as its option). eta / eta_scale: the step; delta / delta_norm:
+    the stop on the change of R; max_inner_steps: accepted steps; max_backtracks: halvings of a
+    step; right_solver: "gd" (Riemannian gradient) or "cg" (Polak–Ribière+ conjugate
+    directions); cayley_inverse: the inverse inside a Cayley retraction ("newton_schulz" |
+    "solve"); rg_update: "product" | "carry" (a caller resolves the option's "auto" first), with
+    rg_refresh the carried updates between fresh products (0: never); track: record F after
+    every accepted step (``RightResult.history``)."""
 
     eta: float = 1.0
     eta_scale: str = "rayleigh"
     delta: float = 7e-4
     delta_norm: str = "rms"
-    max_steps: int = 100
+    max_inner_steps: int = 100
     max_backtracks: int = 30
-    method: str = "gd"
+    right_solver: str = "gd"
     cayley_inverse: str = "newton_schulz"
-    direction_matmul: str = "float32"
     rg_update: str = "product"
     rg_refresh: int = 0
     track: bool = False
@@ -152,24 +142,6 @@ class Space(Protocol):
     def measure(self, x: torch.Tensor) -> torch.Tensor: ...
 
     def tangent(self, x: torch.Tensor, R: torch.Tensor, Xi: torch.Tensor) -> Tangent: ...
-
-
-@contextlib.contextmanager
-def matmul_precision(kind: str = "float32") -> Iterator[None]:
-    """Precision of the float32 matrix products inside the block: "float32" (IEEE, unchanged) or
-    "tf32" (``torch.set_float32_matmul_precision("high")``: TF32 tensor cores on CUDA), restored
-    on exit. The caller decides where TF32 applies (``coec`` resolves it to CUDA only)."""
-    if kind == "float32":
-        yield
-        return
-    if kind != "tf32":
-        raise ValueError(f"matmul precision must be 'float32' or 'tf32', got {kind!r}")
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(prev)
 
 
 @traced("coec.right.step_size")
@@ -307,12 +279,12 @@ class _Loop:
         """The search direction at x: the gradient's, or (cg, or a preconditioner) the conjugate
         or preconditioned one when it is a descent direction."""
         s = self.settings
-        with span("coec.right.direction"), matmul_precision(s.direction_matmul):
+        with span("coec.right.direction"):
             Xi = self.obj.grad(R, ev)
             tangent = self.space.tangent(x, R, Xi)
             dirn = tangent.along(tangent.grad)
             restarted = False
-            if s.method != "cg":
+            if s.right_solver != "cg":
                 if tangent.pgrad is None:  # the gradient
                     return _Search(dirn, None)
                 P = tangent.pgrad
@@ -336,11 +308,10 @@ class _Loop:
         s, obj, dirn = self.settings, self.obj, search.direction
         gnorm = dirn.norm
         gG = None
-        if s.rg_update == "carry" and dirn.carries:  # g Gxx feeds the carried R Gxx, so it
-            with span("coec.right.step_size"):  # stays float32 (the step size reuses it)
+        if s.rg_update == "carry" and dirn.carries:  # g Gxx feeds the carried R Gxx too
+            with span("coec.right.step_size"):
                 gG = dirn.vel @ obj.Gxx
-        with matmul_precision(s.direction_matmul):
-            base = _step_base(obj, ev, dirn.vel, self.L0, s.eta_scale, gG, search.slope)
+        base = _step_base(obj, ev, dirn.vel, self.L0, s.eta_scale, gG, search.slope)
         t = self.eta * base
         if t * gnorm > 1.0:  # App. B step cap: ||t * grad|| <= 1
             t = 1.0 / gnorm
@@ -370,8 +341,8 @@ def descend(
     rg_age: int = 0,
 ) -> Descent:
     """The backtracking descent from x0 (module docstring). ``RG0`` optionally caches
-    ``R0 Gxx``, ``rg_age`` the carried updates it has been through; L0 the curvature bound of
-    ``eta_scale="lipschitz"``."""
+    ``R0 Gxx``, ``rg_age`` the carried updates it has been through; L0 the worst-case curvature
+    (the step unit where the Rayleigh step has none)."""
     s, loop = settings, _Loop(obj, space, settings, L0)
     counts = loop.counts
     x = x0
@@ -382,7 +353,7 @@ def descend(
     hist = [ev.F] if s.track else []
     unit = math.sqrt(R.shape[0]) if s.delta_norm == "rms" else 1.0  # the change of R is measured in these units
     stop = "max_steps"
-    for _ in range(s.max_steps):
+    for _ in range(s.max_inner_steps):
         search = loop.direction(x, R, ev)
         gnorm = search.direction.norm
         if not math.isfinite(gnorm):

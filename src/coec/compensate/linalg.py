@@ -18,7 +18,7 @@ import torch
 from .newton_schulz import ns_orthonormalize
 from .watchdog import watched
 
-__all__ = ["SVD_CHAIN", "svd", "eigh", "polar", "polar_eigh", "polar_newton", "svd_eigh", "top_singular_vectors"]
+__all__ = ["SVD_CHAIN", "svd", "eigh", "polar", "polar_eigh", "svd_eigh", "top_singular_vectors"]
 
 SVD_CHAIN = ("default", "gesvd", "cpu_float64")
 
@@ -183,70 +183,6 @@ def polar_eigh(
     if record is not None:
         record.append("polar_eigh->svd")
     return polar(A, record)
-
-
-def polar_newton(
-    A: torch.Tensor, record: list[str] | None = None, max_iter: int = 30, tol: float = 1e-7, max_refine: int = 3
-) -> torch.Tensor:
-    """Polar factor of A (m, n) by the scaled Newton iteration (Higham 2008, Alg. 8.20), in float64.
-
-    Tall A (m > n) is first reduced by a thin QR, ``A = Q R``, ``polar(A) = Q polar(R)``; a wide A
-    is transposed. On the square factor X_0 = R: ``X_{k+1} = (mu_k X_k + X_k^{-T} / mu_k) / 2`` with
-    the (1, inf)-norm scaling ``mu_k = (||X^-1||_1 ||X^-1||_inf / (||X||_1 ||X||_inf))^{1/4}`` until
-    the relative step ``||X_{k+1} - X_k||_F / ||X_{k+1}||_F`` drops below 1e-2, unscaled after that;
-    stops below ``tol`` (quadratic convergence: the iterate is then ~tol^2 from the polar factor,
-    whose Newton–Schulz refinement, as in ``polar_eigh``, makes it orthonormal to 1e-12). Every
-    iterate has the polar factor of A in exact arithmetic, so nothing is lost by the refinement.
-
-    Each step is one LU inverse of an n x n matrix (a GEMM-rich, GPU-friendly kernel; 5-9 steps
-    for cond(A) from 10 to 1e14, tested). Unlike ``polar_eigh`` it never forms A^T A, so the condition number
-    is not squared: cond(A) far beyond the eigh path's ~2e7 stays on this path. A singular or
-    non-convergent A falls back to ``polar`` (SVD chain), appending ``"polar_newton->svd"`` to
-    ``record``. Returns (m, n) in A's dtype.
-    """
-    m, n = A.shape
-    if m < n:
-        return polar_newton(A.mT, record, max_iter, tol, max_refine).mT
-    A64 = A.to(torch.float64)
-    Q: torch.Tensor | None = None
-    X: torch.Tensor | None = A64
-    if m > n:
-        try:
-            Q, X = torch.linalg.qr(A64)
-        except Exception:  # noqa: BLE001 - a solver failure: the SVD chain below
-            Q, X = None, None
-    X = _scaled_newton(X, max_iter, tol) if X is not None else None
-    if X is not None:
-        P, err = ns_orthonormalize(X if Q is None else Q @ X, max_refine)
-        if _orthonormal_enough(err, A.dtype):
-            return P.to(A.dtype)
-    if record is not None:
-        record.append("polar_newton->svd")
-    return polar(A, record)
-
-
-def _norm_1inf(M: torch.Tensor) -> float:
-    return float(torch.linalg.matrix_norm(M, 1) * torch.linalg.matrix_norm(M, float("inf")))
-
-
-def _scaled_newton(X: torch.Tensor, max_iter: int, tol: float) -> torch.Tensor | None:
-    """``polar_newton``'s iteration from the square X: its converged iterate, or None (a singular
-    iterate, a bad scaling or no convergence in ``max_iter`` steps)."""
-    scaled = True
-    for _ in range(max_iter):
-        Xi, info = torch.linalg.inv_ex(X)
-        if int(info) != 0 or not _finite(Xi):
-            return None
-        mu = (_norm_1inf(Xi) / _norm_1inf(X)) ** 0.25 if scaled else 1.0
-        if not (mu > 0 and math.isfinite(mu)):
-            return None
-        Xn = 0.5 * (mu * X + Xi.mT / mu)
-        step = float(torch.linalg.matrix_norm(Xn - X) / torch.linalg.matrix_norm(Xn))
-        X = Xn
-        scaled = scaled and step >= 1e-2
-        if step < tol:
-            return X
-    return None
 
 
 def svd_eigh(

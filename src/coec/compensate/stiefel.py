@@ -63,8 +63,8 @@ class Preconditioner:
 @dataclass(frozen=True)
 class RightProblem:
     """The data of a module's right solves, fixed across its rounds: Gxx (k, k), Gyx (d_out, k),
-    c = ||Y||^2 in the same metric, ``lam_max`` >= lambda_max(Gxx) (the step unit of
-    ``eta_scale="lipschitz"``); the alignment term ``align_lambda * A(R)`` (``align`` None: no
+    c = ||Y||^2 in the same metric, ``lam_max`` >= lambda_max(Gxx) (the step unit
+    where the Rayleigh step finds no curvature); the alignment term ``align_lambda * A(R)`` (``align`` None: no
     term) and the preconditioner of the reduced solve (None: the Riemannian gradient)."""
 
     Gxx: torch.Tensor
@@ -204,9 +204,8 @@ def solve_reduced(
     ``settings.rg_update``: how a trial's ``R_new Gxx`` is formed for its evaluation. "product":
     one (r, k, k) product per trial. "carry" (polar retraction only):
     ``R_new Gxx = F (R Gxx - t g Gxx)`` through the retraction's left factor F
-    (``retract_polar_with``), from the ``g Gxx`` of the step size (then formed in float32 whatever
-    ``direction_matmul`` says): a scaling, or an (r, r, k) product when F needs a Newton–Schulz
-    update. Equal in exact arithmetic; in floating point the carried product drifts from a fresh
+    (``retract_polar_with``), from the ``g Gxx`` of the step size: a scaling, or an (r, r, k)
+    product when F needs a Newton–Schulz update. Equal in exact arithmetic; in floating point the carried product drifts from a fresh
     one by round-off, so after ``rg_refresh`` carried updates (0: never) it is formed afresh.
     ``RG0``: ``Vt Gxx`` when the caller has it; ``rg_age``: carried updates ``RG0`` has been
     through (the solver returns its own in ``RightResult.rg_age``).
@@ -270,7 +269,7 @@ def solve_full(
     """Full right solve over ``Q_r in O(k)`` from ``Q = I`` with Cayley steps (ablation "converged
     two-sided rotation"; Sec. 4.1). Same objective as ``solve_reduced`` through ``R = Vt Q``; the
     Euclidean gradient is ``Vt^T Xi_R`` and the canonical direction ``skew(Xi_Q Q^T) Q``. Costs
-    O(k^3) per step; takes gradient steps (``settings.method`` does not apply) and no
+    O(k^3) per step; takes gradient steps (``settings.right_solver`` does not apply) and no
     preconditioner, and ``rg_update`` does not apply (every trial forms ``R Gxx``). Returns
     R = Vt Q and Q.
     """
@@ -281,5 +280,7 @@ def solve_full(
     k = Vt.shape[1]
     Q0 = torch.eye(k, dtype=Vt.dtype, device=Vt.device)
     space = _FullSpace(Vt, settings.cayley_inverse)
-    d = descend(obj, space, replace(settings, method="gd"), _lipschitz(S, problem.lam_max, problem.c), Q0, RG0, rg_age)
+    d = descend(
+        obj, space, replace(settings, right_solver="gd"), _lipschitz(S, problem.lam_max, problem.c), Q0, RG0, rg_age
+    )
     return finish(obj, d, Q=d.x)

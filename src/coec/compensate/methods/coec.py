@@ -8,22 +8,15 @@ Longer notes on a few options:
 * ``align_lambda``: the paper uses 50 on o_proj and 0 on down_proj; the caller knows the module,
   so the neutral 0 is the default and configs set 50 under ``o_proj:``.
 * ``eta_scale``: "rayleigh" is the exact line search of the quadratic model at fixed s (of the
-  paper's eta/s^2 form, unit-free); "lipschitz" uses L0 = 2 S_max^2 lambda_max(Gxx)/c; "raw" is
-  the paper's literal 1/s^2, where eta carries units.
+  paper's eta/s^2 form, unit-free); "raw" is the paper's literal 1/s^2, where eta carries units.
 * ``setup_svd``: the thin SVD of W_K and the anchor's and U_v's top-r_p frames; "eigh" is the
   float64 eigh of the smaller Gram, refined, with an SVD fallback as for ``left_polar``.
 * ``cayley_inverse``: "solve" gives the same retraction to round-off with fewer FLOPs.
 * ``left_polar``: "eigh" is the float64 eigh of A^T A, Newton–Schulz-refined until orthonormal,
   with an SVD fallback (recorded in svd_fallbacks) when cond(A) > ~2e7; about 10x faster than the
-  SVD on a GPU at 4096. "newton" is a scaled Newton iteration on the QR factor (float64 LU
-  inverses, refined), with no conditioning limit short of a singular A.
-* ``direction_matmul``: "tf32" runs the float32 products of the right solve's search direction
-  and step size on TF32 tensor cores (CUDA, float32 loop only; elsewhere they stay float32:
-  ``info["direction_matmul_used"]``); in these blocks only, the final error stays within ~2 %
-  (trajectory noise; emulated in benchmarks/tf32_precision.py), while TF32 everywhere stops COEC
-  early. With rg_update carry the step size's g Gxx stays float32.
+  SVD on a GPU at 4096.
 * ``rg_update``: "carry" carries R Gxx through a polar-retraction step as F (R Gxx - t g Gxx)
-  from the step size's g Gxx (then float32), with no (r, k, k) product; equal in exact arithmetic.
+  from the step size's g Gxx, with no (r, k, k) product; equal in exact arithmetic.
   "auto" leaves CPU results unchanged (``info["rg_update_used"]``); ``rg_refresh`` bounds the
   carried round-off.
 * ``delta_norm``: "rms" measures ||R_new - R||_F / sqrt(r) (one delta for every width); "fro" is
@@ -41,7 +34,8 @@ from ..algorithm1_setup import AlignmentSettings, CoecSettings, RescaleSettings,
 from ..descent import RightSolveSettings
 from ..inputs import ValueProjection
 from ..method import METHODS, CommonOptions, Compensation, Method, Problem
-from ..validators import boolean, choice, float_dtype, gcv_grid, number, opt
+from ..problem_checks import check_tensor
+from ..validators import boolean, choice, gcv_grid, number, opt
 
 
 @dataclass(frozen=True)
@@ -98,9 +92,8 @@ class CoecOptions(CommonOptions):
     )
     eta_scale: str = opt(
         "rayleigh",
-        "step unit: rayleigh = exact line search of the quadratic model | "
-        "lipschitz = 1/(s^2 L0) | raw = 1/s^2 (eta carries units)",
-        choice("rayleigh", "lipschitz", "raw"),
+        "step unit: rayleigh = exact line search of the quadratic model | raw = 1/s^2 (eta carries units)",
+        choice("rayleigh", "raw"),
     )
     right_solver: str = opt(
         "gd",
@@ -132,13 +125,10 @@ class CoecOptions(CommonOptions):
         boolean(),
         "paper",
     )
-    temper_dtype: str = opt(
-        "float64", "dtype of the eigh of the full Gram and of the reported errors", float_dtype(allow_none=False)
-    )
     left_polar: str = opt(
         "auto",
-        "polar factor of the left rotation: svd (paper's U V^T) | eigh | newton | auto = eigh on CUDA, svd on CPU",
-        choice("auto", "svd", "eigh", "newton"),
+        "polar factor of the left rotation: svd (paper's U V^T) | eigh | auto = eigh on CUDA, svd on CPU",
+        choice("auto", "svd", "eigh"),
     )
     setup_svd: str = opt(
         "auto",
@@ -149,11 +139,6 @@ class CoecOptions(CommonOptions):
         "newton_schulz",
         "inverse inside the Cayley retraction (square right solves): newton_schulz (App. B) | solve (one LU solve)",
         choice("newton_schulz", "solve"),
-    )
-    direction_matmul: str = opt(
-        "float32",
-        "right-solve direction and step size products: float32 | tf32 (CUDA tensor cores)",
-        choice("float32", "tf32"),
     )
     rg_update: str = opt(
         "auto",
@@ -184,8 +169,6 @@ def check_options(o: CoecOptions, module: str | None) -> tuple[str, str] | None:
 
 def check_data(problem: Problem, o: CoecOptions) -> None:
     """The value projection against the options and the problem's shapes (raises ValueError)."""
-    from ..problem_checks import check_tensor
-
     vp = problem.inputs.get("value_proj")
     r = min(problem.d_out, problem.k)
     if vp is not None:
@@ -204,12 +187,13 @@ def check_data(problem: Problem, o: CoecOptions) -> None:
 
 
 def solver_settings(o: CoecOptions) -> CoecSettings:
-    """What Algorithm 1 takes from the options, grouped by step (once per call)."""
+    """What Algorithm 1 takes from the options, grouped by step (once per call); every field
+    keeps its option's name."""
     common = {f.name for f in fields(CommonOptions)}
     return CoecSettings(
-        temper=TemperSettings(alpha=float(o.alpha), psd_clip=bool(o.psd_clip), dtype=o.temper_dtype),
-        align=AlignmentSettings(weight=float(o.align_lambda), rank=int(o.anchor_rank), kind=o.align),
-        rescale=RescaleSettings(mode=o.rescale, grid=o.gcv_grid, kappa=o.kappa),
+        temper=TemperSettings(alpha=float(o.alpha), psd_clip=bool(o.psd_clip)),
+        alignment=AlignmentSettings(align_lambda=float(o.align_lambda), anchor_rank=int(o.anchor_rank), align=o.align),
+        rescaling=RescaleSettings(rescale=o.rescale, gcv_grid=o.gcv_grid, kappa=o.kappa),
         rounds=RoundSettings(max_rounds=int(o.max_rounds), tol=float(o.tol), tol_mode=o.tol_mode),
         right=o.right,
         right_solve=RightSolveSettings(
@@ -217,11 +201,10 @@ def solver_settings(o: CoecOptions) -> CoecSettings:
             eta_scale=o.eta_scale,
             delta=float(o.delta),
             delta_norm=o.delta_norm,
-            max_steps=int(o.max_inner_steps),
+            max_inner_steps=int(o.max_inner_steps),
             max_backtracks=int(o.max_backtracks),
-            method=o.right_solver,
+            right_solver=o.right_solver,
             cayley_inverse=o.cayley_inverse,
-            direction_matmul=o.direction_matmul,
             rg_update=o.rg_update,
             rg_refresh=int(o.rg_refresh),
         ),
