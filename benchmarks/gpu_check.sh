@@ -19,9 +19,7 @@
 #   real_steps_8b.txt  COEC per 8B module with as many right-solve steps a round as the embedded
 #                      model's real layers take (the synthetic problems take fewer)
 #   breakdown.txt      seconds per COEC block at 8B shapes, 5 rounds
-#   left_polar.txt     SVD / eigh / Newton left polar timed on the 8B left-rotation matrices
-#   tf32_8b.txt        COEC with direction_matmul: tf32 (the search direction on TF32)
-#   newton_8b.txt      COEC with left_polar: newton
+#   left_polar.txt     SVD / eigh left polar timed on the 8B left-rotation matrices
 #   rg_product_8b.txt  down_proj with rg_update: product, against the CUDA default carry
 #   gram_blocks.txt    the calibration Gram by block rows against one dense GEMM, per block size
 #   watchdog.txt       SVD / eigh with the solver watchdog on and off
@@ -66,16 +64,8 @@ COEC_SOLVER_TIMEOUT=0 timeout 120 $py benchmarks/bench_compensate.py --device cu
     --breakdown --test-tokens 0 2>&1 | tee "$OUT/breakdown.txt"
 
 step "left polar methods on the 8B left-rotation matrices"
-timeout 90 $py benchmarks/left_polar.py --device cuda --shapes 8b --max-rounds 1 --polar newton --time 3 \
+timeout 90 $py benchmarks/left_polar.py --device cuda --shapes 8b --max-rounds 1 --time 3 \
     2>&1 | tee "$OUT/left_polar.txt"
-
-step "COEC per 8B module with TF32 search directions (50 rounds): the speed it buys, its effect on the errors"
-timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
-    --coec-opts '{"direction_matmul": "tf32"}' 2>&1 | tee "$OUT/tf32_8b.txt"
-
-step "COEC per 8B module with the Newton left polar (50 rounds)"
-timeout 90 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --methods coec --test-tokens 0 \
-    --coec-opts '{"left_polar": "newton"}' 2>&1 | tee "$OUT/newton_8b.txt"
 
 step "down_proj with R Gxx by a product per trial (rg_update: product, 50 rounds): what the carried product saves"
 timeout 60 $py benchmarks/bench_compensate.py --device cuda --shapes 8b --modules down_proj --methods coec \
