@@ -57,6 +57,8 @@ class CommonOptions:
         "float32 on CUDA for the others); the ridge solve, scale scalars and reported errors run in "
         "float64 regardless",
         float_dtype(),
+        evidence="default: null, and each value is a default somewhere (float32: coec on every device "
+        "and the others on CUDA; float64: the others on the CPU)",
     )
 
 

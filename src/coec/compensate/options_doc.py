@@ -61,13 +61,23 @@ def markdown() -> str:
         "pruned value projection) is not an option: the compensate stage passes it",
         "([adding-a-method.md](adding-a-method.md)).",
         "",
+        "*Evidence* says what keeps each option: a paper hyperparameter (with its section), a",
+        "default, or the recorded result (`benchmarks/results/`, [benchmarks.md](benchmarks.md)) in",
+        "which an alternative value wins on speed or accuracy. A solver alternative that no default",
+        "uses and no recorded result shows winning is removed, with its code and benchmark (so were",
+        "`temper_dtype`, `direction_matmul`, `eta_scale: lipschitz` and `left_polar: newton`).",
+        "",
     ]
     for name, m in METHODS.items():
         out += [f"## `{name}`", "", m.doc.strip(), ""]
-        out += ["| option | group | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
+        out += [
+            "| option | group | default | allowed | meaning | evidence |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for f in sorted(fields(m.options), key=lambda f: GROUPS.index(f.metadata["group"])):
             md = f.metadata
-            cells = [f"`{f.name}`", md["group"], _fmt_default(f.default), str(md["check"]), md["doc"]]
+            evidence = md.get("evidence") or "not stated"
+            cells = [f"`{f.name}`", md["group"], _fmt_default(f.default), str(md["check"]), md["doc"], evidence]
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
     out += [

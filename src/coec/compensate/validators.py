@@ -136,8 +136,10 @@ def name_or_none(allow_none: bool = False) -> Check:
     return Check("a config entry name" + (" or null" if allow_none else ""), fn)
 
 
-def opt(default: Any, doc: str, check: Check, group: str = "solver") -> Any:
-    """A dataclass field with its group (``GROUPS``), one-line doc and value check."""
+def opt(default: Any, doc: str, check: Check, group: str = "solver", evidence: str = "") -> Any:
+    """A dataclass field with its group (``GROUPS``), one-line doc, value check and ``evidence``:
+    what keeps the option (the paper's section of a hyperparameter, a default, or the recorded
+    benchmark that shows an alternative winning); the options page prints it."""
     if group not in GROUPS:
         raise ValueError(f"option group {group!r} is not one of {GROUPS}")
-    return field(default=default, metadata={"group": group, "doc": doc, "check": check})
+    return field(default=default, metadata={"group": group, "doc": doc, "check": check, "evidence": evidence})

@@ -44,22 +44,40 @@ class BlendOptions(CommonOptions):
     calibration tokens (docs/blend.md)."""
 
     base: str = opt(
-        "coec", "the `compensations` entry whose weights are blended (its cell is an input)", name_or_none(), "method"
+        "coec",
+        "the `compensations` entry whose weights are blended (its cell is an input)",
+        name_or_none(),
+        "method",
+        evidence="method design (docs/blend.md); config.yaml's blend-pcg blends coec-pcg",
     )
     holdout: str | None = opt(
         None,
         "the `calibration` entry (disjoint_from the cell's) whose Grams choose beta; needed by mix holdout",
         name_or_none(allow_none=True),
         "method",
+        evidence="method design (docs/blend.md): the held-out Grams that fit beta; config.yaml's blend sets it",
     )
     mix: str = opt(
         "holdout",
         "holdout: beta fitted on the held-out Grams | base: beta 0 | ridge: beta 1",
         choice("holdout", "base", "ridge"),
         "method",
+        evidence="each value is a step of the blend ladder (docs/blend.md; config.yaml's blend, coec-intercept, ridge-intercept)",
     )
-    intercept: bool = opt(True, "add the best bias b = W0 m - W m_K (ridge on centred statistics)", boolean(), "method")
-    ridge: float = opt(1e-2, "lambda = ridge * mean(diag(Gxx)) of the ridge end (as lstsq)", number(0.0), "method")
+    intercept: bool = opt(
+        True,
+        "add the best bias b = W0 m - W m_K (ridge on centred statistics)",
+        boolean(),
+        "method",
+        evidence="a step of the blend ladder (docs/blend.md; config.yaml's blend-nointercept)",
+    )
+    ridge: float = opt(
+        1e-2,
+        "lambda = ridge * mean(diag(Gxx)) of the ridge end (as lstsq)",
+        number(0.0),
+        "method",
+        evidence="default, as lstsq's (paper hyperparameter, Sec. 3.2)",
+    )
 
 
 def intercept(W0: torch.Tensor, W: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -42,64 +42,109 @@ from ..validators import boolean, choice, gcv_grid, number, opt
 class CoecOptions(CommonOptions):
     """coec: Algorithm 1 (Sec. 4, App. B); defaults are the paper's where it gives one."""
 
-    alpha: float = opt(0.9, "Gram tempering G^alpha (Sec. 4.4, App. B)", number(0.0, 1.0, lo_open=True), "paper")
+    alpha: float = opt(
+        0.9,
+        "Gram tempering G^alpha (Sec. 4.4, App. B)",
+        number(0.0, 1.0, lo_open=True),
+        "paper",
+        evidence="paper hyperparameter (Sec. 4.4, App. B: 0.9)",
+    )
     rescale: str = opt(
         "gcv",
         "gcv: per-mode GCV rescale (Sec. 4.3) | global: s* only (RCPU / ablation)",
         choice("gcv", "global"),
         "paper",
+        evidence="paper hyperparameter (Sec. 4.3); global is the paper's ablation and RCPU's rescale",
     )
     right: str = opt(
         "stiefel",
         "right rotation: stiefel = reduced St(r, k) (Sec. 4.2) | full = Q_r in O(k) (ablation) | none = left-only",
         choice("stiefel", "full", "none"),
         "paper",
+        evidence="paper hyperparameter (Sec. 4.2); full and none are the paper's ablations",
     )
     align_lambda: float = opt(
         0.0,
         "lambda_a of the anchored alignment; the paper uses 50 on o_proj, 0 on down_proj (set it per module)",
         number(0.0),
         "paper",
+        evidence="paper hyperparameter (Sec. 4.5: 50 on o_proj, set so by config.yaml)",
     )
-    anchor_rank: int = opt(16, "r_p, rank of the alignment anchor (Sec. 4.5)", number(1, integer=True), "paper")
+    anchor_rank: int = opt(
+        16,
+        "r_p, rank of the alignment anchor (Sec. 4.5)",
+        number(1, integer=True),
+        "paper",
+        evidence="paper hyperparameter (Sec. 4.5: r_p = 16)",
+    )
     align: str = opt(
         "projector",
         "projector: the paper's penalty | angle: mean sin^2 of the principal angles "
         "to the anchor (App. C's measure; needs no value_proj)",
         choice("projector", "angle"),
         "paper",
+        evidence="paper hyperparameter (Sec. 4.5's projector penalty; angle is App. C's measure)",
     )
-    max_rounds: int = opt(50, "cap on alternation rounds (App. B)", number(0, integer=True), "paper")
-    tol: float = opt(1e-4, "early stop on the change of the objective (App. B)", number(0.0), "paper")
+    max_rounds: int = opt(
+        50,
+        "cap on alternation rounds (App. B)",
+        number(0, integer=True),
+        "paper",
+        evidence="paper hyperparameter (App. B: 50; the embedded config uses 20)",
+    )
+    tol: float = opt(
+        1e-4,
+        "early stop on the change of the objective (App. B)",
+        number(0.0),
+        "paper",
+        evidence="paper hyperparameter (App. B)",
+    )
     tol_mode: str = opt(
         "relative",
         "relative (App. B's reading) | absolute (Alg. 1's reading) change of the objective",
         choice("relative", "absolute"),
         "paper",
+        evidence="paper hyperparameter (App. B reads the tolerance as relative, Alg. 1 as absolute: docs/design.md)",
     )
-    delta: float = opt(7e-4, "right-solve stop: change of R below delta (App. B)", number(0.0, lo_open=True), "paper")
+    delta: float = opt(
+        7e-4,
+        "right-solve stop: change of R below delta (App. B)",
+        number(0.0, lo_open=True),
+        "paper",
+        evidence="paper hyperparameter (App. B)",
+    )
     delta_norm: str = opt(
         "rms",
         "how the change of R is measured: rms = ||dR||_F / sqrt(r) | fro = ||dR||_F",
         choice("rms", "fro"),
         "paper",
+        evidence="paper hyperparameter (App. B); fro, the unscaled reading, reaches a lower calibration error (o_proj 0.0574 vs 0.0631: benchmarks/results/delta_norm_real_cpu.txt)",
     )
     kappa: float | None = opt(
-        10.0, "per-mode dose band around s* sigma_i; null disables (App. B)", number(1.0, allow_none=True), "paper"
+        10.0,
+        "per-mode dose band around s* sigma_i; null disables (App. B)",
+        number(1.0, allow_none=True),
+        "paper",
+        evidence="paper hyperparameter (App. B)",
     )
     eta: float = opt(
-        1.0, "right-solve step multiplier (the paper gives none); backtracking halves it", number(0.0, lo_open=True)
+        1.0,
+        "right-solve step multiplier (the paper gives none); backtracking halves it",
+        number(0.0, lo_open=True),
+        evidence="default: the step multiplier of every right solve (the paper gives none)",
     )
     eta_scale: str = opt(
         "rayleigh",
         "step unit: rayleigh = exact line search of the quadratic model | raw = 1/s^2 (eta carries units)",
         choice("rayleigh", "raw"),
+        evidence="default rayleigh; raw, the paper's literal step, reaches the lowest error of the right-solve study (literal-fro o_proj 0.0864: benchmarks/results/right_solver_precondition_cpu.txt, docs/benchmarks.md)",
     )
     right_solver: str = opt(
         "gd",
         "reduced-Stiefel right solve: gd = Riemannian gradient steps (Alg. 1) | cg = "
         "Polak-Ribiere+ conjugate directions (beyond the paper)",
         choice("gd", "cg"),
+        evidence="cg: lower error in less time than gd (o_proj 0.0895 vs 0.0916, 29 vs 47 s: benchmarks/results/right_solver_real_cpu.txt); config.yaml's coec-pcg uses it",
     )
     precondition: str = opt(
         "none",
@@ -107,16 +152,32 @@ class CoecOptions(CommonOptions):
         "(Xi (Gxx + mu I)^-1) projected | newton = also rows / (S^2 + mu max S^2), the "
         "Newton direction at fixed scale (beyond the paper)",
         choice("none", "gram", "newton"),
+        evidence="gram: lowest o_proj error (0.0863), newton: lowest down_proj error (0.0579) (benchmarks/results/right_solver_precondition_cpu.txt); config.yaml's coec-pcg uses gram",
     )
     precondition_damping: float = opt(
         3.0,
         "mu of precondition, relative to mean(diag Gxx) (and to max S^2 for newton's rows)",
         number(0.0, lo_open=True),
+        evidence="the damping of the winning preconditioners (gram 3, newton 1: benchmarks/results/right_solver_precondition_cpu.txt); config.yaml's coec-pcg sets 3",
     )
-    max_inner_steps: int = opt(100, "cap on accepted right-solve steps per round", number(1, integer=True))
-    max_backtracks: int = opt(30, "halvings of eta before a right solve gives up", number(0, integer=True))
+    max_inner_steps: int = opt(
+        100,
+        "cap on accepted right-solve steps per round",
+        number(1, integer=True),
+        evidence="default cap (reached by 0.25 % of the embedded model's right solves: docs/design.md); config.yaml's coec-pcg sets 2 (benchmarks/results/right_solver_real_cpu.txt)",
+    )
+    max_backtracks: int = opt(
+        30,
+        "halvings of eta before a right solve gives up",
+        number(0, integer=True),
+        evidence="default: the backtracking safeguard of every right solve (App. B's monotone descent)",
+    )
     gcv_grid: tuple[float, float, int] = opt(
-        (1e-4, 1e5, 120), "GCV lambda grid (lo, hi, n), log-spaced, times median(e_i) (App. B)", gcv_grid(), "paper"
+        (1e-4, 1e5, 120),
+        "GCV lambda grid (lo, hi, n), log-spaced, times median(e_i) (App. B)",
+        gcv_grid(),
+        "paper",
+        evidence="paper hyperparameter (App. B)",
     )
     psd_clip: bool = opt(
         True,
@@ -124,29 +185,37 @@ class CoecOptions(CommonOptions):
         "(App. B; else the objective can be unbounded below)",
         boolean(),
         "paper",
+        evidence="paper hyperparameter (App. B)",
     )
     left_polar: str = opt(
         "auto",
         "polar factor of the left rotation: svd (paper's U V^T) | eigh | auto = eigh on CUDA, svd on CPU",
         choice("auto", "svd", "eigh"),
+        evidence="default auto, so svd (CPU) and eigh (CUDA) are both defaults; eigh is ~10x faster than the SVD on the H200 at 4096 (docs/benchmarks.md, the 8B layer table)",
     )
     setup_svd: str = opt(
         "auto",
         "one-off factorisations (thin SVD of W_K, anchor frames): svd | eigh | auto = eigh on CUDA, svd on CPU",
         choice("auto", "svd", "eigh"),
+        evidence="default auto, so svd (CPU) and eigh (CUDA) are both defaults; eigh: 0.11 s against 1.1 s on the H200 at 4096 (docs/benchmarks.md), 4.73 -> 4.39 s on the CPU (benchmarks/results/setup_svd_cpu.txt)",
     )
     cayley_inverse: str = opt(
         "newton_schulz",
         "inverse inside the Cayley retraction (square right solves): newton_schulz (App. B) | solve (one LU solve)",
         choice("newton_schulz", "solve"),
+        evidence="default newton_schulz (App. B); solve saves 20 % of an o_proj round at width 2048 (4.06 -> 3.25 s: benchmarks/results/cayley_inverse_cpu.txt)",
     )
     rg_update: str = opt(
         "auto",
         "each trial's R Gxx: product | carry (no (r, k, k) product) | auto = carry on CUDA, product on CPU",
         choice("auto", "product", "carry"),
+        evidence="default auto, so product (CPU) and carry (CUDA) are both defaults; carry takes 0.77x the time of the product on the embedded down_proj (benchmarks/results/rg_update_cpu.txt)",
     )
     rg_refresh: int = opt(
-        4, "with carry: form R Gxx by a product after this many carried updates (0 = never)", number(0, integer=True)
+        4,
+        "with carry: form R Gxx by a product after this many carried updates (0 = never)",
+        number(0, integer=True),
+        evidence="default 4 brings the carried q error back to a fresh product's (9.0e-9 vs 1.2e-7 without: benchmarks/results/rg_update_cpu.txt)",
     )
 
 

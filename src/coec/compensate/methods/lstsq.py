@@ -15,7 +15,9 @@ from ..validators import number, opt
 class LstsqOptions(CommonOptions):
     """lstsq: ridge refit ``Gyx (Gxx + lambda I)^-1`` (Sec. 3.2)."""
 
-    ridge: float = opt(1e-2, "lambda = ridge * mean(diag(Gxx)) (Sec. 3.2)", number(0.0), "paper")
+    ridge: float = opt(
+        1e-2, "lambda = ridge * mean(diag(Gxx)) (Sec. 3.2)", number(0.0), "paper", "paper hyperparameter (Sec. 3.2)"
+    )
 
 
 def ridge_refit(W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor, ridge: float = 1e-2) -> torch.Tensor:
