@@ -208,7 +208,7 @@ def run_compensate(
     from .compensate import compensate
     from .compensate.inputs import Module
     from .compensate.options import method as registered
-    from .compensate.options import module_options, resolve
+    from .compensate.options import Resolved, module_options, resolve
     from .compensate.output_checks import MethodOutputError
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
@@ -246,11 +246,10 @@ def run_compensate(
                     st["gram"].to(dev),
                     st["mean"].to(dev),
                     cols.to(dev),
-                    m.name,
+                    Resolved(m, typed),
                     inputs=extra,
                     n_tokens=st["count"],
                     check=checks[i][module] if checks is not None and not m.reports_errors else None,
-                    resolved=typed,
                 )
             except MethodOutputError as exc:  # nothing is written: the job stops on one line
                 raise MethodOutputError(f"layer {i} {module}: {exc}") from None

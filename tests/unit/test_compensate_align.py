@@ -9,7 +9,7 @@ from coec.compensate import compensate
 from coec.compensate.alignment import alignment_grad, alignment_setup, alignment_value
 from coec.compensate.gram import normalize_gram
 from coec.compensate.linalg import polar, svd
-from coec.compensate.objective import ProfiledObjective
+from coec.compensate.objective import AlignmentTerm, ProfiledObjective
 from test_compensate_problems import make_oproj, make_problem
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,7 +81,7 @@ def test_profiled_objective_gradient_matches_finite_differences(lam):
     Gyx, c = WG[:, keep], float((WG * W0).sum())
     U, S, Vt = svd(W0[:, keep])
     al = alignment_setup(W0, keep, vp, 4, "projector")
-    obj = ProfiledObjective(U, S, Gxx, Gyx, c, al, lam)
+    obj = ProfiledObjective(U, S, Gxx, Gyx, c, AlignmentTerm(al, lam))
     g = torch.Generator().manual_seed(1)
     R = polar(Vt + 0.1 * torch.randn(Vt.shape, generator=g, dtype=Vt.dtype))
     grad = obj.grad(R, obj.evaluate(R))

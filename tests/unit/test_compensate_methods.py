@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.descent import RightSolveSettings
+from coec.compensate.descent import Carried, RightSolveSettings
 from coec.compensate.errors import relerr
 from coec.compensate.gram import normalize_gram
 from coec.compensate.linalg import svd
@@ -213,7 +213,7 @@ def test_right_solve_carries_R_Gxx_through_the_polar_retraction(refresh):
         n = _GramProducts(d_out, k)
         settings = RightSolveSettings(delta=1e-6, max_inner_steps=40, track=True, rg_update=mode, rg_refresh=refresh)
         with n.mode:
-            counts[mode] = (solve_reduced(U, S, Vt, problem, settings, RG0=RG0), n.n)
+            counts[mode] = (solve_reduced(U, S, Vt, problem, settings, Carried(RG0)), n.n)
     (prod, n_prod), (carry, n_carry) = counts["product"], counts["carry"]
     assert carry.steps == prod.steps >= 10 and carry.trials == prod.trials
     assert torch.allclose(carry.R, prod.R, atol=1e-10)
@@ -380,7 +380,7 @@ def test_cuda_matches_cpu(method):
     W0, G, mean, keep, _ = make_problem(64, 96, 60, 800, seed=7)
     opts = {"max_rounds": 10} if method == "coec" else {}
     cpu = compensate(W0, G, mean, keep, method, **F64, **opts)
-    gpu = compensate(W0, G, mean, keep, method, device="cuda", **opts)
+    gpu = compensate(*(t.cuda() for t in (W0, G, mean, keep)), method, **opts)  # solved on W0's device
     assert gpu.info["relerr_after"] == pytest.approx(cpu.info["relerr_after"], rel=1e-4, abs=1e-7)
 
 
@@ -388,9 +388,9 @@ def test_cuda_matches_cpu(method):
 def test_cuda_rg_update_auto_carries_and_keeps_the_error():
     """On CUDA ``rg_update: auto`` carries R Gxx through the polar retraction (r < k) and lands
     within 5 % of the product per trial, with a non-increasing objective."""
-    W0, G, mean, keep, _ = make_problem(256, 1024, 720, 4000, seed=7)
-    a = compensate(W0, G, mean, keep, "coec", device="cuda", max_rounds=20)
-    b = compensate(W0, G, mean, keep, "coec", device="cuda", max_rounds=20, rg_update="product")
+    W0, G, mean, keep = (t.cuda() for t in make_problem(256, 1024, 720, 4000, seed=7)[:4])
+    a = compensate(W0, G, mean, keep, "coec", max_rounds=20)
+    b = compensate(W0, G, mean, keep, "coec", max_rounds=20, rg_update="product")
     assert a.info["rg_update_used"] == "carry" and a.info["right"]["carried"] == a.info["inner_steps"] > 0
     assert b.info["rg_update_used"] == "product"
     h = a.info["objective_history"]

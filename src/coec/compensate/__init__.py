@@ -13,11 +13,11 @@ mean diagonal first); mean (d_in,) channel means (needed by bias and blend); kee
 unique kept column indices; n_tokens the tokens gram sums over (needed by the methods that
 return a bias, whose error needs the Gram's scale); inputs the method's extra data
 (``Method.inputs``: blend's ``base_weight``/``base_bias``/``holdout_*``, coec's ``value_proj``);
-device where the solve runs (None: W0's); check, for any method: the calibration's
+the solve runs on W0's device; check, for any method: the calibration's
 ``GramCheck`` of the module (App. B's verdict and the output energy, formed once per calibration;
 without it they are formed here). Options: the method's dataclass
-(``coec.compensate.methods.<name>``; docs/compensation-options.md), by name, or already resolved
-(``resolved=options.resolve(method, ...)``, as the compensate stage passes them).
+(``coec.compensate.methods.<name>``; docs/compensation-options.md), by name, or the method
+already resolved (``options.Resolved``, as the compensate stage passes it).
 
 Reported errors (``info``): ``relerr_before`` of the pruned weight W0[:, K], ``relerr_after`` of
 the module as the method returns it (with its bias, if any; then ``relerr_after_weight_only``
@@ -42,8 +42,8 @@ import torch
 from .errors import MetricParts, residual_errors
 from .gram_check import GramCheck
 from .method import CommonOptions, Compensation, Method, Problem, prepare
+from .options import Resolved, resolve
 from .options import method as _method
-from .options import resolve
 from .output_checks import check_cast, check_output, jsonable
 from .problem_checks import check_problem
 
@@ -96,14 +96,15 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
     return info
 
 
-def _options(m: Method, resolved: CommonOptions | None, options: dict[str, Any]) -> CommonOptions:
-    """The method's checked options: ``resolved`` as given, else ``options`` resolved (unknown
-    option, bad values, options that cannot work together raise ValueError)."""
-    if resolved is None:
-        return resolve(m.name, options)
-    if options or not isinstance(resolved, m.options):
-        raise ValueError(f"method {m.name!r}: give its options either resolved ({m.options.__name__}) or by name")
-    return resolved
+def _method_and_options(method: str | Resolved, options: dict[str, Any]) -> tuple[Method, CommonOptions]:
+    """The method and its checked options: a ``Resolved`` pair as given, else the named method
+    with ``options`` resolved (unknown option, bad values, options that cannot work together
+    raise ValueError)."""
+    if not isinstance(method, Resolved):
+        return _method(method), resolve(method, options)
+    if options:
+        raise ValueError(f"method {method.method.name!r} comes resolved: its options cannot be given by name too")
+    return method.method, method.options
 
 
 def compensate(
@@ -111,32 +112,29 @@ def compensate(
     gram: torch.Tensor,
     mean: torch.Tensor | None,
     keep: Any,
-    method: str,
+    method: str | Resolved,
     *,
     inputs: Mapping[str, Any] | None = None,
     n_tokens: float | None = None,
-    device: str | torch.device | None = None,
     check: GramCheck | None = None,
-    resolved: CommonOptions | None = None,
     **options: Any,
 ) -> Compensation:
     """Compensate one pruned module (paper Sec. 3–4) with a registered method; see the module
     docstring. Returns ``Compensation`` with weight (d_out, k) and bias (d_out,) | None in W0's
     dtype/device and a JSON-serialisable ``info`` (relerr_before / relerr_after, rounds,
     inner_steps, gcv_lambdas, objective_history, seconds, svd_fallbacks, ...).
-    Options come by name (``**options``) or resolved once by the caller (``resolved``: the
-    method's options dataclass, ``options.resolve``), not both.
+    ``method``: a registered name with its options by name (``**options``), or a
+    ``options.Resolved`` method and options, resolved once by the caller (the compensate stage).
     Raises ValueError naming the problem for bad input or an unknown method/option, and
     ``output_checks.MethodOutputError`` (a ValueError) when the method returns a weight or bias of
     the wrong shape, non-finite values or an ``info`` that is not JSON.
     """
     t0 = time.perf_counter()
-    m = _method(method)
-    o = _options(m, resolved, options)
-    keep = check_problem(W0, gram, mean, keep, method, m.needs_mean, n_tokens, m.needs_n_tokens)
-    dev = torch.device(device) if device is not None else W0.device
+    m, o = _method_and_options(method, options)
+    keep = check_problem(W0, gram, mean, keep, m, n_tokens)
+    dev = W0.device
     data = Problem(
-        W0=W0.to(dev),
+        W0=W0,
         gram=gram.to(dev),
         mean=mean.to(dev) if mean is not None else None,
         keep=keep.to(dev),

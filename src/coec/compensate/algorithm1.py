@@ -54,7 +54,7 @@ from .algorithm1_setup import (
     slices,
 )
 from .alignment import Alignment, alignment_value
-from .descent import RightResult
+from .descent import Carried, RightResult
 from .errors import relerr
 from .linalg import polar, polar_eigh, svd, svd_eigh
 from .method import Compensation
@@ -272,7 +272,7 @@ def _round(
     solver = {"stiefel": solve_reduced, "full": solve_full}.get(settings.right)
     if solver is not None:
         with span("coec.right"):
-            res = solver(st.U, st.S, st.Vt, problem, plan.right_solve, st.RG, rec.rg_age)
+            res = solver(st.U, st.S, st.Vt, problem, plan.right_solve, Carried(st.RG, rec.rg_age))
         rec.rg_age = res.rg_age
         rec.steps_per_round.append(res.steps)
         rec.right.add(res)

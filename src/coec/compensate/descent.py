@@ -42,6 +42,7 @@ from .objective import Evaluation, ProfiledObjective
 
 __all__ = [
     "RightSolveSettings",
+    "Carried",
     "RightResult",
     "Direction",
     "Tangent",
@@ -75,6 +76,16 @@ class RightSolveSettings:
     rg_update: str = "product"
     rg_refresh: int = 0
     track: bool = False
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What a right solve starts from beyond its frame: ``RG`` the frame's ``R Gxx`` (r, k) when
+    the caller has it (None: formed by a product) and ``age`` the carried updates it has been
+    through (``rg_refresh`` counts them across rounds)."""
+
+    RG: torch.Tensor | None = None
+    age: int = 0
 
 
 @dataclass
@@ -146,17 +157,12 @@ class Space(Protocol):
 
 @traced("coec.right.step_size")
 def _step_base(
-    obj: ProfiledObjective,
-    ev: Evaluation,
-    g: torch.Tensor,
-    L0: float,
-    eta_scale: str,
-    gG: torch.Tensor | None = None,
-    slope: float | None = None,
+    obj: ProfiledObjective, ev: Evaluation, search: _Search, L0: float, eta_scale: str, gG: torch.Tensor | None = None
 ) -> float:
-    """Step unit multiplied by eta (module docstring). g: the search direction (Euclidean, r x k);
-    gG: ``g Gxx`` when the caller already has it; slope: ``<grad F, g>`` when g is not the
-    gradient itself (conjugate directions; default ``||g||^2``)."""
+    """Step unit multiplied by eta (module docstring) along ``search``: its direction's velocity
+    g (Euclidean, r x k) and ``slope`` ``<grad F, g>`` when g is not the gradient itself
+    (conjugate directions; None: ``||g||^2``); gG: ``g Gxx`` when the caller already has it."""
+    g, slope = search.direction.vel, search.slope
     s2 = ev.s**2 if ev.s != 0 else 1.0
     if eta_scale == "raw":
         return 1.0 / s2
@@ -311,7 +317,7 @@ class _Loop:
         if s.rg_update == "carry" and dirn.carries:  # g Gxx feeds the carried R Gxx too
             with span("coec.right.step_size"):
                 gG = dirn.vel @ obj.Gxx
-        base = _step_base(obj, ev, dirn.vel, self.L0, s.eta_scale, gG, search.slope)
+        base = _step_base(obj, ev, search, self.L0, s.eta_scale, gG)
         t = self.eta * base
         if t * gnorm > 1.0:  # App. B step cap: ||t * grad|| <= 1
             t = 1.0 / gnorm
@@ -337,18 +343,18 @@ def descend(
     settings: RightSolveSettings,
     L0: float,
     x0: torch.Tensor,
-    RG0: torch.Tensor | None = None,
-    rg_age: int = 0,
+    carried: Carried | None = None,
 ) -> Descent:
-    """The backtracking descent from x0 (module docstring). ``RG0`` optionally caches
-    ``R0 Gxx``, ``rg_age`` the carried updates it has been through; L0 the worst-case curvature
-    (the step unit where the Rayleigh step has none)."""
+    """The backtracking descent from x0 (module docstring). ``carried``: ``R0 Gxx`` when the
+    caller has it, and its carried updates; L0 the worst-case curvature (the step unit where the
+    Rayleigh step has none)."""
     s, loop = settings, _Loop(obj, space, settings, L0)
     counts = loop.counts
     x = x0
     R = space.measure(x)
-    ev = start = obj.evaluate(R, RG0)
-    age = int(rg_age) if RG0 is not None else 0
+    carried = carried or Carried()
+    ev = start = obj.evaluate(R, carried.RG)
+    age = int(carried.age) if carried.RG is not None else 0
     counts.skipped += 0 if ev.ok else 1
     hist = [ev.F] if s.track else []
     unit = math.sqrt(R.shape[0]) if s.delta_norm == "rms" else 1.0  # the change of R is measured in these units

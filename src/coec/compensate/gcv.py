@@ -129,7 +129,6 @@ def rescale(
     mode: str = "gcv",
     grid: tuple[float, float, int] = (1e-4, 1e5, 120),
     kappa: float | None = 10.0,
-    rel_eps: float | None = None,
 ) -> Rescaled:
     """New singular values for the fixed frames ``u_i, v_i`` (Alg. 1 "GCV-rescale", Sec. 4.3 / App. B).
 
@@ -146,7 +145,7 @@ def rescale(
         return Rescaled(sigma=base, s_glob=s_glob, scale_ok=ok)
     if mode != "gcv":
         raise ValueError(f"unknown rescale mode {mode!r}; expected 'gcv' or 'global'")
-    pos = positive_modes(e, rel_eps)
+    pos = positive_modes(e)
     out = base.clone()
     n_modes = int(pos.sum())
     if n_modes == 0:

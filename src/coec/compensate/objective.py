@@ -20,7 +20,7 @@ import torch
 from ..profiling import traced
 from .alignment import Alignment, alignment_grad, alignment_value
 
-__all__ = ["Evaluation", "ProfiledObjective"]
+__all__ = ["Evaluation", "AlignmentTerm", "ProfiledObjective"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,14 @@ class Evaluation:
     s: float
     ok: bool
     RG: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AlignmentTerm:
+    """The alignment term ``align_lambda * A(R)`` of eq. 1: the alignment data and lambda_a > 0."""
+
+    align: Alignment
+    align_lambda: float
 
 
 class ProfiledObjective:
@@ -50,16 +58,15 @@ class ProfiledObjective:
         Gxx: torch.Tensor,
         Gyx: torch.Tensor,
         c: float,
-        align: Alignment | None = None,
-        align_lambda: float = 0.0,
+        term: AlignmentTerm | None = None,
     ):
         self.S = S
         self.S2 = (S * S)[:, None]
         self.P = S[:, None] * (U.mT @ Gyx)  # (r, k)
         self.Gxx = Gxx
         self.c = float(c)
-        self.align = align if (align is not None and align_lambda > 0) else None
-        self.lam = float(align_lambda)
+        self.align = term.align if term is not None and term.align_lambda > 0 else None
+        self.lam = float(term.align_lambda) if term is not None else 0.0
 
     @traced("coec.right.evaluate")
     def evaluate(self, R: torch.Tensor, RG: torch.Tensor | None = None) -> Evaluation:

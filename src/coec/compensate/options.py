@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import Field, fields
+from dataclasses import Field, dataclass, fields
 from typing import Any, NoReturn
 
 from ..registry import UnknownName
@@ -27,6 +27,7 @@ from . import methods as _builtin  # noqa: F401  (registers the built-in methods
 from .method import METHODS, MODULES, CommonOptions, Method
 
 __all__ = [
+    "Resolved",
     "resolve",
     "as_dict",
     "validate_spec",
@@ -102,6 +103,15 @@ def resolve(name: str, options: Mapping[str, Any]) -> CommonOptions:
     if m.check_options is not None and (problem := m.check_options(o, None)):
         _fail(f"option {problem[0]} {problem[1]}")
     return o
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A method with its checked options (``resolve``), resolved once and passed down as they are:
+    ``compensate(W0, gram, mean, keep, Resolved(m, o), ...)``."""
+
+    method: Method
+    options: CommonOptions
 
 
 def as_dict(o: CommonOptions) -> dict[str, Any]:

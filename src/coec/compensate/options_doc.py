@@ -70,10 +70,7 @@ def markdown() -> str:
     ]
     for name, m in METHODS.items():
         out += [f"## `{name}`", "", m.doc.strip(), ""]
-        out += [
-            "| option | group | default | allowed | meaning | evidence |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
+        out += ["| option | group | default | allowed | meaning | evidence |", "| --- | --- | --- | --- | --- | --- |"]
         for f in sorted(fields(m.options), key=lambda f: GROUPS.index(f.metadata["group"])):
             md = f.metadata
             evidence = md.get("evidence") or "not stated"

@@ -7,6 +7,8 @@ from typing import Any, NoReturn, cast
 
 import torch
 
+from .method import Method
+
 __all__ = ["check_tensor", "check_keep", "check_problem"]
 
 
@@ -51,10 +53,9 @@ def check_keep(keep: Any, d_in: int) -> torch.Tensor:
     return cast(torch.Tensor, keep)
 
 
-def check_problem(
-    W0: Any, gram: Any, mean: Any, keep: Any, method: str, needs_mean: bool, n_tokens: Any, needs_n_tokens: bool
-) -> torch.Tensor:
-    """The arguments of ``compensate`` for a method; returns ``keep`` as a long tensor."""
+def check_problem(W0: Any, gram: Any, mean: Any, keep: Any, m: Method, n_tokens: Any) -> torch.Tensor:
+    """The arguments of ``compensate`` for method ``m`` (its ``needs_mean`` / ``needs_n_tokens``);
+    returns ``keep`` as a long tensor."""
     check_tensor("W0", W0, 2)
     check_tensor("gram", gram, 2)
     d_out, d_in = W0.shape
@@ -64,10 +65,10 @@ def check_problem(
         check_tensor("mean", mean, 1)
         if mean.shape[0] != d_in:
             _fail(f"mean has {mean.shape[0]} entries, expected d_in = {d_in}")
-    elif needs_mean:
-        _fail(f"method {method!r} requires mean (d_in,) channel means")
-    if needs_n_tokens and n_tokens is None:
-        _fail(f"method {method!r} requires n_tokens (the Gram's token count) for the error of its bias")
+    elif m.needs_mean:
+        _fail(f"method {m.name!r} requires mean (d_in,) channel means")
+    if m.needs_n_tokens and n_tokens is None:
+        _fail(f"method {m.name!r} requires n_tokens (the Gram's token count) for the error of its bias")
     if n_tokens is not None and not (
         isinstance(n_tokens, (int, float)) and not isinstance(n_tokens, bool) and n_tokens > 0
     ):

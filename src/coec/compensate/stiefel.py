@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .alignment import Alignment
-from .descent import Direction, RightResult, RightSolveSettings, Tangent, descend, finish
-from .objective import ProfiledObjective
+from .descent import Carried, Direction, RightResult, RightSolveSettings, Tangent, descend, finish
+from .objective import AlignmentTerm, ProfiledObjective
 from .retraction import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
 
 __all__ = [
@@ -77,7 +77,8 @@ class RightProblem:
 
     def objective(self, U: torch.Tensor, S: torch.Tensor) -> ProfiledObjective:
         """The profiled objective at the left factors U (d_out, r), S (r,)."""
-        return ProfiledObjective(U, S, self.Gxx, self.Gyx, self.c, self.align, self.align_lambda)
+        term = AlignmentTerm(self.align, self.align_lambda) if self.align is not None else None
+        return ProfiledObjective(U, S, self.Gxx, self.Gyx, self.c, term)
 
 
 def _lipschitz(S: torch.Tensor, lam_max: float, c: float) -> float:
@@ -192,8 +193,7 @@ def solve_reduced(
     Vt: torch.Tensor,
     problem: RightProblem,
     settings: RightSolveSettings | None = None,
-    RG0: torch.Tensor | None = None,
-    rg_age: int = 0,
+    carried: Carried | None = None,
 ) -> RightResult:
     """ReducedStiefelSolve (Alg. 1 line 6, Sec. 4.2): minimise F(R) over St(r, k) from ``R = Vt``.
 
@@ -205,10 +205,10 @@ def solve_reduced(
     one (r, k, k) product per trial. "carry" (polar retraction only):
     ``R_new Gxx = F (R Gxx - t g Gxx)`` through the retraction's left factor F
     (``retract_polar_with``), from the ``g Gxx`` of the step size: a scaling, or an (r, r, k)
-    product when F needs a Newton–Schulz update. Equal in exact arithmetic; in floating point the carried product drifts from a fresh
-    one by round-off, so after ``rg_refresh`` carried updates (0: never) it is formed afresh.
-    ``RG0``: ``Vt Gxx`` when the caller has it; ``rg_age``: carried updates ``RG0`` has been
-    through (the solver returns its own in ``RightResult.rg_age``).
+    product when F needs a Newton–Schulz update. Equal in exact arithmetic; in floating point the
+    carried product drifts from a fresh one by round-off, so after ``rg_refresh`` carried updates
+    (0: never) it is formed afresh. ``carried``: ``Vt Gxx`` when the caller has it and the
+    carried updates it has been through (the solver returns its own in ``RightResult.rg_age``).
 
     Preconditioning (beyond the paper): with ``problem.preconditioner`` (M^-1, ``M ~ Gxx`` SPD),
     the search direction is the tangent image of ``D^-1 Xi M^-1``, the Euclidean Newton
@@ -222,7 +222,7 @@ def solve_reduced(
     r, k = Vt.shape
     square = r == k
     space = _ReducedSpace(S, problem, square, settings.cayley_inverse)
-    d = descend(obj, space, settings, _lipschitz(S, problem.lam_max, problem.c), Vt, RG0, rg_age)
+    d = descend(obj, space, settings, _lipschitz(S, problem.lam_max, problem.c), Vt, carried)
     return finish(obj, d, drifts=square)
 
 
@@ -263,8 +263,7 @@ def solve_full(
     Vt: torch.Tensor,
     problem: RightProblem,
     settings: RightSolveSettings | None = None,
-    RG0: torch.Tensor | None = None,
-    rg_age: int = 0,
+    carried: Carried | None = None,
 ) -> RightResult:
     """Full right solve over ``Q_r in O(k)`` from ``Q = I`` with Cayley steps (ablation "converged
     two-sided rotation"; Sec. 4.1). Same objective as ``solve_reduced`` through ``R = Vt Q``; the
@@ -280,7 +279,6 @@ def solve_full(
     k = Vt.shape[1]
     Q0 = torch.eye(k, dtype=Vt.dtype, device=Vt.device)
     space = _FullSpace(Vt, settings.cayley_inverse)
-    d = descend(
-        obj, space, replace(settings, right_solver="gd"), _lipschitz(S, problem.lam_max, problem.c), Q0, RG0, rg_age
-    )
+    gd = replace(settings, right_solver="gd")
+    d = descend(obj, space, gd, _lipschitz(S, problem.lam_max, problem.c), Q0, carried)
     return finish(obj, d, Q=d.x)

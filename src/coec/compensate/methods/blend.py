@@ -62,7 +62,8 @@ class BlendOptions(CommonOptions):
         "holdout: beta fitted on the held-out Grams | base: beta 0 | ridge: beta 1",
         choice("holdout", "base", "ridge"),
         "method",
-        evidence="each value is a step of the blend ladder (docs/blend.md; config.yaml's blend, coec-intercept, ridge-intercept)",
+        evidence="each value is a step of the blend ladder (docs/blend.md; config.yaml's blend, "
+        "coec-intercept, ridge-intercept)",
     )
     intercept: bool = opt(
         True,

@@ -118,7 +118,8 @@ class CoecOptions(CommonOptions):
         "how the change of R is measured: rms = ||dR||_F / sqrt(r) | fro = ||dR||_F",
         choice("rms", "fro"),
         "paper",
-        evidence="paper hyperparameter (App. B); fro, the unscaled reading, reaches a lower calibration error (o_proj 0.0574 vs 0.0631: benchmarks/results/delta_norm_real_cpu.txt)",
+        evidence="paper hyperparameter (App. B); fro, the unscaled reading, reaches a lower calibration error "
+        "(o_proj 0.0574 vs 0.0631: benchmarks/results/delta_norm_real_cpu.txt)",
     )
     kappa: float | None = opt(
         10.0,
@@ -137,14 +138,17 @@ class CoecOptions(CommonOptions):
         "rayleigh",
         "step unit: rayleigh = exact line search of the quadratic model | raw = 1/s^2 (eta carries units)",
         choice("rayleigh", "raw"),
-        evidence="default rayleigh; raw, the paper's literal step, reaches the lowest error of the right-solve study (literal-fro o_proj 0.0864: benchmarks/results/right_solver_precondition_cpu.txt, docs/benchmarks.md)",
+        evidence="default rayleigh; raw, the paper's literal step, reaches the lowest error of the right-solve"
+        " study (literal-fro o_proj 0.0864: benchmarks/results/right_solver_precondition_cpu.txt, "
+        "docs/benchmarks.md)",
     )
     right_solver: str = opt(
         "gd",
         "reduced-Stiefel right solve: gd = Riemannian gradient steps (Alg. 1) | cg = "
         "Polak-Ribiere+ conjugate directions (beyond the paper)",
         choice("gd", "cg"),
-        evidence="cg: lower error in less time than gd (o_proj 0.0895 vs 0.0916, 29 vs 47 s: benchmarks/results/right_solver_real_cpu.txt); config.yaml's coec-pcg uses it",
+        evidence="cg: lower error in less time than gd (o_proj 0.0895 vs 0.0916, 29 vs 47 s: "
+        "benchmarks/results/right_solver_real_cpu.txt); config.yaml's coec-pcg uses it",
     )
     precondition: str = opt(
         "none",
@@ -152,19 +156,22 @@ class CoecOptions(CommonOptions):
         "(Xi (Gxx + mu I)^-1) projected | newton = also rows / (S^2 + mu max S^2), the "
         "Newton direction at fixed scale (beyond the paper)",
         choice("none", "gram", "newton"),
-        evidence="gram: lowest o_proj error (0.0863), newton: lowest down_proj error (0.0579) (benchmarks/results/right_solver_precondition_cpu.txt); config.yaml's coec-pcg uses gram",
+        evidence="gram: lowest o_proj error (0.0863), newton: lowest down_proj error (0.0579) "
+        "(benchmarks/results/right_solver_precondition_cpu.txt); config.yaml's coec-pcg uses gram",
     )
     precondition_damping: float = opt(
         3.0,
         "mu of precondition, relative to mean(diag Gxx) (and to max S^2 for newton's rows)",
         number(0.0, lo_open=True),
-        evidence="the damping of the winning preconditioners (gram 3, newton 1: benchmarks/results/right_solver_precondition_cpu.txt); config.yaml's coec-pcg sets 3",
+        evidence="the damping of the winning preconditioners (gram 3, newton 1: "
+        "benchmarks/results/right_solver_precondition_cpu.txt); config.yaml's coec-pcg sets 3",
     )
     max_inner_steps: int = opt(
         100,
         "cap on accepted right-solve steps per round",
         number(1, integer=True),
-        evidence="default cap (reached by 0.25 % of the embedded model's right solves: docs/design.md); config.yaml's coec-pcg sets 2 (benchmarks/results/right_solver_real_cpu.txt)",
+        evidence="default cap (reached by 0.25 % of the embedded model's right solves: docs/design.md); "
+        "config.yaml's coec-pcg sets 2 (benchmarks/results/right_solver_real_cpu.txt)",
     )
     max_backtracks: int = opt(
         30,
@@ -191,31 +198,37 @@ class CoecOptions(CommonOptions):
         "auto",
         "polar factor of the left rotation: svd (paper's U V^T) | eigh | auto = eigh on CUDA, svd on CPU",
         choice("auto", "svd", "eigh"),
-        evidence="default auto, so svd (CPU) and eigh (CUDA) are both defaults; eigh is ~10x faster than the SVD on the H200 at 4096 (docs/benchmarks.md, the 8B layer table)",
+        evidence="default auto, so svd (CPU) and eigh (CUDA) are both defaults; eigh is ~10x faster than the "
+        "SVD on the H200 at 4096 (docs/benchmarks.md, the 8B layer table)",
     )
     setup_svd: str = opt(
         "auto",
         "one-off factorisations (thin SVD of W_K, anchor frames): svd | eigh | auto = eigh on CUDA, svd on CPU",
         choice("auto", "svd", "eigh"),
-        evidence="default auto, so svd (CPU) and eigh (CUDA) are both defaults; eigh: 0.11 s against 1.1 s on the H200 at 4096 (docs/benchmarks.md), 4.73 -> 4.39 s on the CPU (benchmarks/results/setup_svd_cpu.txt)",
+        evidence="default auto, so svd (CPU) and eigh (CUDA) are both defaults; eigh: 0.11 s against 1.1 s on "
+        "the H200 at 4096 (docs/benchmarks.md), 4.73 -> 4.39 s on the CPU "
+        "(benchmarks/results/setup_svd_cpu.txt)",
     )
     cayley_inverse: str = opt(
         "newton_schulz",
         "inverse inside the Cayley retraction (square right solves): newton_schulz (App. B) | solve (one LU solve)",
         choice("newton_schulz", "solve"),
-        evidence="default newton_schulz (App. B); solve saves 20 % of an o_proj round at width 2048 (4.06 -> 3.25 s: benchmarks/results/cayley_inverse_cpu.txt)",
+        evidence="default newton_schulz (App. B); solve saves 20 % of an o_proj round at width 2048 (4.06 -> "
+        "3.25 s: benchmarks/results/cayley_inverse_cpu.txt)",
     )
     rg_update: str = opt(
         "auto",
         "each trial's R Gxx: product | carry (no (r, k, k) product) | auto = carry on CUDA, product on CPU",
         choice("auto", "product", "carry"),
-        evidence="default auto, so product (CPU) and carry (CUDA) are both defaults; carry takes 0.77x the time of the product on the embedded down_proj (benchmarks/results/rg_update_cpu.txt)",
+        evidence="default auto, so product (CPU) and carry (CUDA) are both defaults; carry takes 0.77x the "
+        "time of the product on the embedded down_proj (benchmarks/results/rg_update_cpu.txt)",
     )
     rg_refresh: int = opt(
         4,
         "with carry: form R Gxx by a product after this many carried updates (0 = never)",
         number(0, integer=True),
-        evidence="default 4 brings the carried q error back to a fresh product's (9.0e-9 vs 1.2e-7 without: benchmarks/results/rg_update_cpu.txt)",
+        evidence="default 4 brings the carried q error back to a fresh product's (9.0e-9 vs 1.2e-7 without: "
+        "benchmarks/results/rg_update_cpu.txt)",
     )
 
 
