@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.alignment import alignment_grad, alignment_setup, alignment_value
+from coec.compensate.alignment import AlignmentSettings, alignment_grad, alignment_setup, alignment_value
 from coec.compensate.gram import normalize_gram
 from coec.compensate.linalg import polar, svd
 from coec.compensate.objective import AlignmentTerm, ProfiledObjective
@@ -22,7 +22,7 @@ def _fd(f, X, D, eps=1e-6):
 @pytest.mark.parametrize("kind", ["projector", "angle"])
 def test_alignment_gradient_matches_finite_differences(kind):
     W0, G, mean, keep, vp = make_oproj()
-    al = alignment_setup(W0, keep, vp, 4, kind)
+    al = alignment_setup(W0, keep, vp, AlignmentSettings(4, kind))
     g = torch.Generator().manual_seed(0)
     k = keep.numel()
     R = polar(torch.randn(k, k, generator=g, dtype=torch.float64))
@@ -40,12 +40,14 @@ def test_alignment_value_of_either_kind_and_gradient_shape(kind):
     align_angle_*), each equal to the value of an alignment set up for that kind; the gradient
     has Rp's shape and dtype; an unknown kind is refused."""
     W0, G, mean, keep, vp = make_oproj()
-    al = alignment_setup(W0, keep, vp, 4, kind)
+    al = alignment_setup(W0, keep, vp, AlignmentSettings(4, kind))
     Rp = polar(
         torch.randn(keep.numel(), keep.numel(), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     )[:4]
     for other in ("projector", "angle"):
-        assert alignment_value(Rp, al, other) == alignment_value(Rp, alignment_setup(W0, keep, vp, 4, other))
+        assert alignment_value(Rp, al, other) == alignment_value(
+            Rp, alignment_setup(W0, keep, vp, AlignmentSettings(4, other))
+        )
     assert alignment_value(Rp, al) == alignment_value(Rp, al, kind)
     grad = alignment_grad(Rp, al)
     assert grad.shape == Rp.shape and grad.dtype == Rp.dtype
@@ -57,7 +59,7 @@ def test_alignment_penalty_definition():
     """A(R) = ||Uv^T (Rp^T Rp - Va Va^T) Uv||_F^2 / rp^2 with Va = orth(V_full[K, :rp])."""
     W0, G, mean, keep, vp = make_oproj()
     rp = 4
-    al = alignment_setup(W0, keep, vp, rp, "projector")
+    al = alignment_setup(W0, keep, vp, AlignmentSettings(rp, "projector"))
     Vfull = torch.linalg.svd(W0)[2][:rp].mT
     Q, _ = torch.linalg.qr(Vfull[keep])
     assert torch.allclose(al.Va @ al.Va.mT, Q @ Q.mT, atol=1e-10)  # same anchor subspace
@@ -67,7 +69,7 @@ def test_alignment_penalty_definition():
     ref = float(((Uv.mT @ (Rp.mT @ Rp - Q @ Q.mT) @ Uv) ** 2).sum()) / rp**2
     assert alignment_value(Rp, al) == pytest.approx(ref, rel=1e-10)
     # angle variant = mean sin^2 of the principal angles
-    ang = alignment_setup(W0, keep, vp, rp, "angle")
+    ang = alignment_setup(W0, keep, vp, AlignmentSettings(rp, "angle"))
     cos = torch.linalg.svdvals(Rp @ Q)
     assert alignment_value(Rp, ang) == pytest.approx(float((1 - cos**2).mean()), rel=1e-10)
 
@@ -80,7 +82,7 @@ def test_profiled_objective_gradient_matches_finite_differences(lam):
     Gxx, WG = G[keep][:, keep], W0 @ G
     Gyx, c = WG[:, keep], float((WG * W0).sum())
     U, S, Vt = svd(W0[:, keep])
-    al = alignment_setup(W0, keep, vp, 4, "projector")
+    al = alignment_setup(W0, keep, vp, AlignmentSettings(4, "projector"))
     obj = ProfiledObjective(U, S, Gxx, Gyx, c, AlignmentTerm(al, lam))
     g = torch.Generator().manual_seed(1)
     R = polar(Vt + 0.1 * torch.randn(Vt.shape, generator=g, dtype=Vt.dtype))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from coec.compensate import compensate
-from coec.compensate.errors import OutputError, output_energy, residual_errors
+from coec.compensate.errors import Moments, OutputError, output_energy, residual_errors
 from coec.compensate.gram import gram_psd, normalize_gram, normalize_gram_, symmetrize_, temper_gram
 from coec.compensate.methods.bias import flap_bias
 from coec.compensate.methods.lstsq import ridge_refit
@@ -95,13 +95,13 @@ def test_residual_errors_equal_the_expanded_square_on_a_psd_gram():
     scale = float(torch.diagonal(G).sum()) / G.shape[0] / n  # E[x x^T] = scale * Gn
     err = OutputError(W0, Gn, keep, mean, scale)
     W, b = flap_bias(W0, mean, keep)
-    got = residual_errors(W0, G, keep, W, b, mean, n)
+    got = residual_errors(W0, G, keep, W, b, Moments(mean, n))
     assert got["relerr_before"] == pytest.approx(err(W0[:, keep]), rel=1e-10)
     assert got["relerr_after_weight_only"] == pytest.approx(err(W), rel=1e-10)
     assert got["relerr_after"] == pytest.approx(err(W, b), rel=1e-10)
     assert got["relerr_after"] < got["relerr_before"]  # the bias removes the pruned columns' mean
     other = 1.3 * W0[:, keep]  # a weight that is not W0[:, K]: the full residual
-    got = residual_errors(W0, G, keep, other, None, None, None)
+    got = residual_errors(W0, G, keep, other)
     assert got["relerr_after"] == pytest.approx(err(other), rel=1e-10)
     assert set(got) == {"relerr_before", "relerr_after"}
 
@@ -113,7 +113,7 @@ def test_residual_errors_are_the_monte_carlo_errors_of_the_tokens():
     W0 = torch.randn(8, 30, generator=g, dtype=torch.float64)
     keep = torch.arange(0, 30, 2)
     W, b = 0.9 * W0[:, keep], torch.randn(8, generator=g, dtype=torch.float64)
-    got = residual_errors(W0, X.T @ X, keep, W, b, X.mean(0), 500)
+    got = residual_errors(W0, X.T @ X, keep, W, b, Moments(X.mean(0), 500))
     Y = X @ W0.mT
     want = float(((Y - X[:, keep] @ W.mT - b) ** 2).sum() / (Y**2).sum())
     assert got["relerr_after"] == pytest.approx(want, rel=1e-10)
@@ -136,7 +136,7 @@ def test_compensate_reports_the_residual_errors_on_the_metric(method):
     assert out.info["gram_psd"] == {"indefinite": False}
     Gn = normalize_gram(G.double())
     scale = float(torch.diagonal(G.double()).sum()) / G.shape[0]
-    want = residual_errors(W0, Gn, keep, out.weight, out.bias, mean, n / scale)
+    want = residual_errors(W0, Gn, keep, out.weight, out.bias, Moments(mean, n / scale))
     assert set(want) <= set(out.info)
     for key, value in want.items():  # info is of the float64 solve, out.weight its float32 cast
         assert out.info[key] == pytest.approx(value, rel=1e-6), key

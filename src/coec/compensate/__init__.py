@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .errors import MetricParts, residual_errors
+from .errors import MetricParts, Moments, residual_errors
 from .gram_check import GramCheck
 from .method import CommonOptions, Compensation, Method, Problem, prepare
 from .options import Resolved, resolve
@@ -86,8 +86,7 @@ def _with_errors(problem: Problem, m: Method, out: Compensation) -> dict[str, An
             problem.keep,
             out.weight,
             out.bias,
-            problem.mean,
-            n / problem.scale if n is not None else None,
+            Moments(problem.mean, n / problem.scale if n is not None else None),
         )
     )
     info.setdefault("scale_skipped", 0)

@@ -57,7 +57,7 @@ from .alignment import Alignment, alignment_value
 from .descent import Carried, RightResult
 from .errors import relerr
 from .linalg import polar, polar_eigh, svd, svd_eigh
-from .method import Compensation
+from .method import Compensation, Problem
 from .stiefel import RightProblem, solve_full, solve_reduced
 
 __all__ = ["coec"]
@@ -321,22 +321,17 @@ def _round_loop(
 # --------------------------------------------------------------------------- the call
 
 
-def coec(
-    W0: torch.Tensor,
-    gram: torch.Tensor,
-    keep: torch.Tensor,
-    settings: CoecSettings,
-    value_proj: torch.Tensor | None = None,
-    device: torch.device | str | None = None,
-    compute_dtype: torch.dtype | str | None = None,
-) -> Compensation:
-    """Algorithm 1 for one module. W0 (d_out, d_in), gram (d_in, d_in), keep (k,) sorted;
-    ``settings`` from the checked options (``methods.coec.solver_settings``); value_proj
-    (k, d_model) the pruned v_proj in query-head layout or None. Returns the weight (d_out, k) in the compute dtype
-    and the info dict.
+def coec(problem: Problem, settings: CoecSettings) -> Compensation:
+    """Algorithm 1 for one module: ``problem.W0`` (d_out, d_in), ``gram`` (d_in, d_in), ``keep``
+    (k,) sorted, ``inputs["value_proj"]`` (k, d_model) the pruned v_proj in query-head layout or
+    absent, solved on the problem's device in its dtype; ``settings`` from the checked options
+    (``methods.coec.solver_settings``). Returns the weight (d_out, k) in the compute dtype and the
+    info dict.
     """
     t0 = time.perf_counter()
-    plan = make_plan(settings, torch.device(device) if device is not None else W0.device, compute_dtype)
+    W0, gram, keep = problem.W0, problem.gram, problem.keep
+    value_proj = problem.inputs.get("value_proj")
+    plan = make_plan(settings, problem.device, problem.dtype)
     run = _Run()
     keep = keep.to(plan.device)
     m = slices(W0, gram, keep, settings.temper, plan, run.svd_fallbacks)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..profiling import span
-from .alignment import Alignment, alignment_setup
+from .alignment import Alignment, AlignmentSettings, alignment_setup
 from .descent import RightSolveSettings
 from .errors import relerr
 from .gram import gram_psd, normalize_gram_, power_max_eig, temper_gram
@@ -45,17 +45,6 @@ class TemperSettings:
 
     alpha: float
     psd_clip: bool
-
-
-@dataclass(frozen=True)
-class AlignmentSettings:
-    """The anchored alignment (Sec. 4.5): the penalty's weight ``align_lambda`` lambda_a (0:
-    none), the anchor's rank ``anchor_rank`` r_p and the penalty ``align`` ("projector" |
-    "angle")."""
-
-    align_lambda: float
-    anchor_rank: int
-    align: str
 
 
 @dataclass(frozen=True)
@@ -237,7 +226,7 @@ def setup_alignment(
     if alignment.align_lambda > 0 or value_proj is not None:
         vp = value_proj.to(plan.device, plan.dtype) if value_proj is not None else None
         with span("coec.setup.align"):
-            return alignment_setup(W0c, keep, vp, alignment.anchor_rank, alignment.align, record, plan.setup_svd)
+            return alignment_setup(W0c, keep, vp, alignment, record, plan.setup_svd)
     return None
 
 

@@ -15,7 +15,18 @@ import torch
 from ..profiling import traced
 from .linalg import polar, top_singular_vectors
 
-__all__ = ["Alignment", "alignment_setup", "alignment_value", "alignment_grad"]
+__all__ = ["AlignmentSettings", "Alignment", "alignment_setup", "alignment_value", "alignment_grad"]
+
+
+@dataclass(frozen=True)
+class AlignmentSettings:
+    """The anchored alignment (Sec. 4.5), each field named as coec's option: the anchor's rank
+    ``anchor_rank`` r_p, the penalty ``align`` ("projector" | "angle") and its weight
+    ``align_lambda`` lambda_a (0: none)."""
+
+    anchor_rank: int
+    align: str = "projector"
+    align_lambda: float = 0.0
 
 
 @dataclass
@@ -40,17 +51,18 @@ def alignment_setup(
     W0: torch.Tensor,
     keep: torch.Tensor,
     value_proj: torch.Tensor | None,
-    rank: int,
-    kind: str = "projector",
+    settings: AlignmentSettings,
     record: list[str] | None = None,
     factor: str = "svd",
 ) -> Alignment:
     """Build the anchor from the UNPRUNED weight W0 (d_out, d_in) and U_v from value_proj (k, d_model).
 
-    anchor = orth(V_full[K, :]) with V_full the top-``rank`` right singular vectors of W0 (Sec. 4.5).
+    anchor = orth(V_full[K, :]) with V_full the top-``rank`` (``settings.anchor_rank``) right
+    singular vectors of W0 (Sec. 4.5); the penalty ``settings.align``.
     ``factor``: how the top singular vectors are found, "svd" or "eigh" (``top_singular_vectors``;
     both penalties depend only on the two top-``rank`` subspaces).
     """
+    rank, kind = settings.anchor_rank, settings.align
     Vtop = top_singular_vectors(W0, rank, "right", factor, record)
     Va = polar(Vtop[keep], record)  # (k, rp)
     Uv = C = None

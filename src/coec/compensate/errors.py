@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["relerr", "OutputError", "output_energy", "MetricParts", "residual_errors"]
+__all__ = ["relerr", "OutputError", "output_energy", "MetricParts", "Moments", "residual_errors"]
 
 
 def relerr(W: torch.Tensor, Gxx: torch.Tensor, Gyx: torch.Tensor, c: float) -> float:
@@ -104,22 +104,30 @@ class MetricParts:
     whole: Callable[[], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Moments:
+    """What the error of a bias needs beside the Gram: the channel means E[x] (d_in,) and the
+    token count N the Gram sums over (each None when unknown)."""
+
+    mean: torch.Tensor | None
+    n_tokens: float | None
+
+
 def residual_errors(
     W0: torch.Tensor,
     G: torch.Tensor | MetricParts,
     keep: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    mean: torch.Tensor | None = None,
-    n_tokens: float | None = None,
+    moments: Moments | None = None,
 ) -> dict[str, float]:
     """The errors of a pruned module from its residual (paper Sec. 3.1), in float64.
 
-    W0 (d_out, d_in), G (d_in, d_in) the Gram ``sum_t x_t x_t^T`` over ``n_tokens`` tokens (its
-    symmetric part counts), keep (k,), weight (d_out, k), bias (d_out,) or None, mean (d_in,) the
-    channel means E[x]. The residual ``W0 x - W x_K - b = R x - b`` with ``R[:, P] = W0[:, P]``,
-    ``R[:, K] = W0[:, K] - W``; its error relative to ``c = E||W0 x||^2``:
-    ``(tr(R G R^T) / N - 2 b^T R m + ||b||^2) / (c / N)``.
+    W0 (d_out, d_in), G (d_in, d_in) the Gram ``sum_t x_t x_t^T`` over ``moments.n_tokens`` tokens
+    (its symmetric part counts), keep (k,), weight (d_out, k), bias (d_out,) or None,
+    ``moments.mean`` (d_in,) the channel means E[x] (needed with a bias). The residual
+    ``W0 x - W x_K - b = R x - b`` with ``R[:, P] = W0[:, P]``, ``R[:, K] = W0[:, K] - W``; its
+    error relative to ``c = E||W0 x||^2``: ``(tr(R G R^T) / N - 2 b^T R m + ||b||^2) / (c / N)``.
 
     Returns ``relerr_before`` (``W0[:, K]``: ``tr(W0_P G_PP W0_P^T) / c``), ``relerr_after`` (the
     module as given, with its bias) and, with a bias, ``relerr_after_weight_only``. Cost: ``c``
@@ -154,6 +162,7 @@ def residual_errors(
     out = {"relerr_before": e_before / c, "relerr_after": e_weight / c}
     if bias is None:
         return out
+    mean, n_tokens = (moments.mean, moments.n_tokens) if moments is not None else (None, None)
     if mean is None or n_tokens is None:
         raise ValueError("the error of a module with a bias needs the channel means and the Gram's token count")
     b, m = bias.to(dev, torch.float64), mean.to(dev, torch.float64)

@@ -131,6 +131,20 @@ def module_options(spec: Mapping[str, Any], module: str) -> dict[str, Any]:
     return {**top_level_options(spec), **(spec.get(module) or {})}
 
 
+def _check_keys(m: Method, spec: Mapping[str, Any], top: Mapping[str, Any], where: str) -> None:
+    """Every key of a config entry, at the top level (``top``) and in the per-module overrides,
+    is an option of method ``m`` (ValueError naming the key and the closest valid name)."""
+    allowed = config_keys(m.name)
+    for at, d in [(where, top)] + [(f"{where}.{mod}", spec.get(mod)) for mod in MODULES]:
+        if d is None:
+            continue
+        if not isinstance(d, dict):
+            _fail(f"{at}: must be a mapping of option overrides, got {d!r}")
+        for key in d:
+            if key not in allowed:
+                _fail(f"{at}.{key}: " + _unknown(m.name, key, allowed))
+
+
 def validate_spec(spec: Mapping[str, Any], where: str) -> None:
     """Check a config ``compensations.<name>`` entry: the method, every key at the top level and
     in the ``o_proj:`` / ``down_proj:`` overrides, every value as each module will see it, and
@@ -141,16 +155,8 @@ def validate_spec(spec: Mapping[str, Any], where: str) -> None:
         m = method(spec.get("method"))
     except ValueError as exc:
         _fail(f"{where}.method: {exc}")
-    allowed = config_keys(m.name)
     top = top_level_options(spec)
-    for at, d in [(where, top)] + [(f"{where}.{mod}", spec.get(mod)) for mod in MODULES]:
-        if d is None:
-            continue
-        if not isinstance(d, dict):
-            _fail(f"{at}: must be a mapping of option overrides, got {d!r}")
-        for key in d:
-            if key not in allowed:
-                _fail(f"{at}.{key}: " + _unknown(m.name, key, allowed))
+    _check_keys(m, spec, top, where)
     checks = {f.name: f for f in fields(m.options)}
     for module in MODULES:
         sub = spec.get(module) or {}

@@ -119,8 +119,31 @@ def watched(fn: Callable[[], _T], device: torch.device | str, name: str, record:
         return fn()
     # on CUDA: (the caller's stream, the side stream)
     streams = (torch.cuda.current_stream(device), _side_stream(device)) if device.type == "cuda" else None
-    grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
     box: dict[str, Any] = {}
+    worker = threading.Thread(target=_runner(fn, device, streams, box), name=f"coec-watchdog-{name}", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        if streams is not None:
+            _abandon(device, streams[1])
+        if record is not None:
+            record.append(f"{name}:timeout")
+        raise SolverTimeout(f"solver call {name!r} on {device} did not return within {limit:g} s (watchdog, App. B)")
+    if "exc" in box:
+        raise box["exc"]
+    out: _T = box["out"]
+    if streams is not None:
+        _hand_back(out, streams)
+    return out
+
+
+def _runner(
+    fn: Callable[[], Any], device: torch.device, streams: tuple[Any, Any] | None, box: dict[str, Any]
+) -> Callable[[], None]:
+    """The watchdog thread's body: ``fn()`` with the caller's grad mode and thread count (on the
+    side stream of ``streams`` after the caller's, synchronised), its result or exception in
+    ``box``."""
+    grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
 
     def run() -> None:
         try:
@@ -137,22 +160,13 @@ def watched(fn: Callable[[], _T], device: torch.device | str, name: str, record:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             box["exc"] = exc
 
-    worker = threading.Thread(target=run, name=f"coec-watchdog-{name}", daemon=True)
-    worker.start()
-    worker.join(limit)
-    if worker.is_alive():
-        if streams is not None:
-            _abandon(device, streams[1])
-        if record is not None:
-            record.append(f"{name}:timeout")
-        raise SolverTimeout(f"solver call {name!r} on {device} did not return within {limit:g} s (watchdog, App. B)")
-    if "exc" in box:
-        raise box["exc"]
-    out: _T = box["out"]
-    if streams is not None:
-        main, side = streams
-        main.wait_stream(side)
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-                t.record_stream(main)
-    return out
+    return run
+
+
+def _hand_back(out: Any, streams: tuple[Any, Any]) -> None:
+    """The side stream's results to the caller's stream (``streams``: caller's, side)."""
+    main, side = streams
+    main.wait_stream(side)
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            t.record_stream(main)

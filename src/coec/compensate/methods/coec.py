@@ -30,7 +30,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..algorithm1 import coec
-from ..algorithm1_setup import AlignmentSettings, CoecSettings, RescaleSettings, RoundSettings, TemperSettings
+from ..algorithm1_setup import CoecSettings, RescaleSettings, RoundSettings, TemperSettings
+from ..alignment import AlignmentSettings
 from ..descent import RightSolveSettings
 from ..inputs import ValueProjection
 from ..method import METHODS, CommonOptions, Compensation, Method, Problem
@@ -299,15 +300,7 @@ def solver_settings(o: CoecOptions) -> CoecSettings:
 
 
 def solve(problem: Problem, options: CoecOptions) -> Compensation:
-    return coec(
-        problem.W0,
-        problem.gram,
-        problem.keep,
-        solver_settings(options),
-        value_proj=problem.inputs.get("value_proj"),
-        device=problem.device,
-        compute_dtype=problem.dtype,
-    )
+    return coec(problem, solver_settings(options))
 
 
 METHOD = METHODS.register(
