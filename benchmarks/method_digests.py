@@ -147,7 +147,7 @@ def main() -> int:
             print(f"WEIGHT {key}")
         elif b.get("info") != r.get("info"):
             moved["info only"] += 1
-            rel = [(x, y) for x, y in zip(b.get("relerr", []), r.get("relerr", [])) if x != y]
+            rel = [(x, y) for x, y in zip(b.get("relerr", []), r.get("relerr", []), strict=False) if x != y]
             print(f"INFO   {key}: relerr {rel}" if rel else f"INFO   {key}")
     same = len(res) - sum(moved.values())
     print(f"identical {same}/{len(res)}; " + ", ".join(f"{k}: {v}" for k, v in moved.items()))
