@@ -21,10 +21,20 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from torch import nn
+
+from . import data
+from .arch import adapter_for
+from .atomic import write_chunks
+from .pipeline import build_cell
+from .provenance import model_provenance
+from .safetensors_file import safetensors_chunks
+from .source import CalibrationWindows, CellSource
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +135,6 @@ class Imatrix:
 def read_imatrix(path: str | Path) -> Imatrix:
     """Read and check an imatrix file; ValueError (one line) for a file that is not one, or a
     vector that is not 1-D, holds a non-finite or a negative value."""
-    from safetensors import safe_open
 
     p = Path(path)
     if not p.is_file():
@@ -163,40 +172,19 @@ def check_imatrix(vectors: dict[str, np.ndarray], shapes: dict[str, tuple[int, .
         raise ValueError(f"imatrix {where}: no vector for {missing[0]} ({len(missing)} weights lack one)")
 
 
-def run_imatrix(
-    model_src: str,
-    dataset: dict,
-    nsamples: int,
-    seqlen: int,
-    seed: int,
-    batch_size: int,
-    dtype: str,
-    device: str | None,
-    out: str,
-    keep_path: str | None = None,
-    comp_files: list[str] | None = None,
-    cell: dict | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> dict:
-    """The ``coec imatrix`` stage: build the cell (``keep_path=None``: the dense model), run it over
+def run_imatrix(source: CellSource, windows: CalibrationWindows, out: str) -> dict[str, Any]:
+    """The ``coec imatrix`` stage: build the cell (``source.keep`` None: the dense model), run it over
     the calibration windows and write the imatrix file ``out`` (atomically); returns its metadata."""
-    from . import data
-    from .arch import adapter_for
-    from .atomic import write_chunks
-    from .pipeline import build_model
-    from .provenance import model_provenance
-    from .safetensors_file import safetensors_chunks
-
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, None, revision, trust_remote_code)
+    model, tok = build_cell(source)
     model.eval()
-    ids = data.calibration_ids(tok, dataset, nsamples, seqlen, seed)
+    ids = data.calibration_ids(tok, windows.dataset, windows.nsamples, windows.seqlen, windows.seed)
     modules = imatrix_modules(adapter_for(model.config), model)
-    acc = collect(model, modules, ids, batch_size)
-    calibration = {"dataset": dataset, "nsamples": nsamples, "seqlen": seqlen, "seed": seed}
-    cell = {**(cell or {}), "keep": keep_path, "comp": list(comp_files or [])}
-    meta = imatrix_metadata(ids.numel(), calibration, cell, model_provenance(model_src, revision, trust_remote_code))
+    acc = collect(model, modules, ids, windows.batch_size)
+    calibration = {"dataset": windows.dataset, "nsamples": windows.nsamples, "seqlen": windows.seqlen,
+                   "seed": windows.seed}  # fmt: skip
+    cell = {**source.cell, "keep": source.keep, "comp": list(source.comp)}
+    meta = imatrix_metadata(ids.numel(), calibration, cell, model_provenance(source.model, *source.hub))
     write_chunks(out, safetensors_chunks(acc.means(), meta))
     log.info("imatrix: %d weights over %d tokens in %.1fs -> %s", len(modules), ids.numel(), time.time() - t0, out)
     return meta

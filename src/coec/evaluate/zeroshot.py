@@ -25,8 +25,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import log_timings, write_result
 from ..atomic import write_bytes
 from ..progress import routed_tqdm
+from ..source import CellSource
 from .tasks import PAPER_TASKS, TASKS, TaskSpec, builtin_yaml_source, data_file, render_task_dir, task_spec
 
 log = logging.getLogger(__name__)
@@ -195,14 +197,15 @@ def write_records(records: dict, out_json: str | Path) -> list[Path]:
 
 
 def write_zeroshot(
-    out: str | Path, res: dict, records: dict, provenance: dict, dtype: str, cell: dict | None, t0: float
-) -> dict:
-    """The summary ``out`` (zeroshot.json: ``res`` with the model's provenance, dtype, cell and
-    the seconds since ``t0``, timings logged and kept out of the file) and lm-eval's records next
-    to it (:func:`write_records`); the loaded and the streamed evaluation both end here."""
-    from ..artifacts import log_timings, write_result
-
-    res.update({"model": provenance, "dtype": dtype, "cell": cell or {}, "total_seconds": round(time.time() - t0, 3)})
+    out: str | Path, res: dict[str, Any], records: dict[str, Any], provenance: dict[str, Any], source: CellSource,
+    t0: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The summary ``out`` (zeroshot.json: ``res`` with the model's provenance, the cell's dtype
+    and labels and the seconds since ``t0``, timings logged and kept out of the file) and
+    lm-eval's records next to it (:func:`write_records`): the one builder of zeroshot.json."""
+    res.update(
+        {"model": provenance, "dtype": source.dtype, "cell": source.cell, "total_seconds": round(time.time() - t0, 3)}
+    )
     write_records(records, out)
     log_timings(str(out), res)
     write_result(out, res, "zeroshot")  # timings stay in the log

@@ -14,9 +14,8 @@ from ..cli import (
     hub_options,
     json_arg,
     optional_int,
+    cmd_ppl,
     run_guarded,
-    run_ppl_args,
-    stream_options,
 )
 from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS
 from .method import MODES
@@ -187,4 +186,4 @@ def _dispatch(a) -> None:
     elif a.cmd == "prepare-domain":
         build_domain(a.spec, a.out, a.datasets)
     elif a.cmd == "ppl":  # per-layer widths may differ (AL-AM): build_model prunes them as they are
-        run_ppl_args(a, {**hub, **stream_options(a)})
+        cmd_ppl(a)
