@@ -19,6 +19,7 @@ from coec.calibrate import calibrate_to_dir, layer_call, layer_masks
 from coec.evaluate.layerwise import LayerSequential, group_batches, perplexity_streamed
 from coec.evaluate.ppl import perplexity
 from coec.models import ModelError, load_model
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource
 from coec.streaming.calibrate import calibrate_streamed, partial_dir
 from coec.streaming.checkpoint import Checkpoint, weight_map
 from coec.streaming.hidden import HiddenStore
@@ -164,7 +165,11 @@ def test_cell_installed_per_layer_equals_the_assembled_cell(tmp_path, family_dir
     (tmp_path / "c.txt").write_text(CORPUS)
     ds = {"source": "files", "calib": str(tmp_path / "c.txt"), "eval": str(tmp_path / "c.txt")}
     grams, keep = tmp_path / "g", tmp_path / "keep.json"
-    pipeline.run_calibrate(str(family_dir), ds, str(grams), 8, 32, 0, 4, "float32", "cpu", "float64")
+    pipeline.run_calibrate(
+        CellSource(str(family_dir), "float32", "cpu"),
+        CalibrateOptions(CalibrationWindows(ds, 8, 32, 0, 4), "float64"),
+        str(grams),
+    )
     pipeline.run_select(str(family_dir), str(grams), "wanda_sp", 0.5, "ceil", str(keep))
     blocks = []
     for i, spec in ((0, {"method": "bias"}), (1, {"method": "lstsq", "ridge": 0.01})):

