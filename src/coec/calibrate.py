@@ -68,7 +68,7 @@ def gram_upper_add_(G: torch.Tensor, x: torch.Tensor, edges: list[int]) -> torch
     tensor_core = x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda"
     if not tensor_core:
         x = x.to(_accumulation_dtype(x))
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         a, b = x[:, lo:hi], x[:, lo:]
         G[lo:hi, lo:].add_(torch.mm(a.mT, b, out_dtype=torch.float32) if tensor_core else a.mT @ b)
     return G
@@ -78,10 +78,10 @@ def symmetrize_upper_(G: torch.Tensor, edges: list[int]) -> torch.Tensor:
     """Make G symmetric in place from its upper triangle (the part ``gram_upper_add_`` forms):
     each strictly lower block is the transpose of its mirror block, and each diagonal block's
     lower triangle the transpose of its upper one. Temporaries are block-sized. Returns G."""
-    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         D = G[lo:hi, lo:hi]
         D.copy_(torch.triu(D) + torch.triu(D, 1).mT)
-        for lo2, hi2 in zip(edges[i + 1 : -1], edges[i + 2 :]):
+        for lo2, hi2 in zip(edges[i + 1 : -1], edges[i + 2 :], strict=True):
             G[lo2:hi2, lo:hi] = G[lo:hi, lo2:hi2].mT
     return G
 

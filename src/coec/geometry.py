@@ -255,7 +255,7 @@ def summarize_geometry(rows: Iterable[Mapping[str, float]]) -> dict[str, float]:
         out[f"{m}.angle_OP_min"] = min(op)
         out[f"{m}.angle_OP_max"] = max(op)
         out[f"{m}.angle_OC_mean"] = sum(oc) / len(oc)
-        out[f"{m}.n_OC_gt_OP"] = float(sum(c > p for c, p in zip(oc, op)))
+        out[f"{m}.n_OC_gt_OP"] = float(sum(c > p for c, p in zip(oc, op, strict=True)))
         out[f"{m}.discrepancy_mean"] = sum(disc) / len(disc)
         out[f"{m}.discrepancy_max"] = max(disc)
     out["n_OC_gt_OP"] = float(sum(float(r["angle_OC_mean"]) > float(r["angle_OP_mean"]) for r in rows))

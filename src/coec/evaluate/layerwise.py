@@ -111,7 +111,7 @@ def perplexity_streamed(
     batches = [windows[s : s + batch_size] for s in range(0, windows.shape[0], batch_size)]
     runner = LayerSequential(sm, budget_bytes, progress, desc="perplexity")
     total, count = 0.0, 0
-    for b, (ids, logits) in enumerate(zip(batches, runner.logits(batches))):
+    for b, (ids, logits) in enumerate(zip(batches, runner.logits(batches), strict=False)):
         nll = float(summed_nll(logits, ids.to(logits.device)))
         del logits
         if not math.isfinite(nll):

@@ -82,7 +82,7 @@ def other_model_reason(facts: dict, model_prov: dict, cfg, hf_tokens: list[str])
     for what, mine, theirs in checks:
         if mine != theirs:
             return f"{what} {mine} != {theirs} of"
-    for i, (a, b) in enumerate(zip(facts["tokens"], hf_tokens)):
+    for i, (a, b) in enumerate(zip(facts["tokens"], hf_tokens, strict=True)):
         if b is not None and a != b:
             return f"token {i} {a!r} != {b!r} of"
     return None

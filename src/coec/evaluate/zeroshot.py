@@ -62,7 +62,7 @@ def summarize(raw: dict, specs: list[TaskSpec], lm_names: list[str], limit: int 
     import lm_eval
 
     tasks = {}
-    for spec, name in zip(specs, lm_names):
+    for spec, name in zip(specs, lm_names, strict=False):
         metrics = _metric_table(raw["results"][name])
         if spec.metric not in metrics:
             raise KeyError(f"{name}: lm-eval reported no {spec.metric} (got {sorted(metrics)})")
@@ -163,7 +163,7 @@ def lm_eval_records(
             raise FileNotFoundError(f"lm-eval's EvaluationTracker wrote no results file in {tmp}")
         agg = json.loads(_ADDRESS.sub(">", written[0].read_text(encoding="utf-8")))
         if samples:
-            for spec, name in zip(specs, lm_names):
+            for spec, name in zip(specs, lm_names, strict=False):
                 tracker.save_results_samples(task_name=name, samples=samples[name])
                 files_ = list(Path(tmp).glob(f"samples_{name}_*.jsonl"))
                 if len(files_) != 1:
@@ -226,7 +226,7 @@ def rescore_samples(rows: Iterable[dict], target_delimiter: str = " ") -> dict[s
         conts = [a["arg_1"] for a in row["arguments"].values()]
         if len(set(conts)) == len(conts):  # distinct continuations = the choices
             lens = [len(c[len(target_delimiter) :] if c.startswith(target_delimiter) else c) for c in conts]
-            norm = [ll / n for ll, n in zip(lls, lens)]
+            norm = [ll / n for ll, n in zip(lls, lens, strict=False)]
             hits["acc_norm"].append(max(range(len(norm)), key=lambda i: (norm[i], -i)) == gold)
     return {k: sum(v) / len(v) for k, v in hits.items() if v}
 
@@ -284,7 +284,7 @@ def zeroshot_with_records(
         with tempfile.TemporaryDirectory(prefix="coec_tasks_") as tmp:
             names = render_task_dir([s.name for s in specs], data_dir, tmp)
             # the wrapper lives in tmp: name lm-eval's included YAML instead (machine-independent)
-            includes = {n: builtin_yaml_source(s) for n, s in zip(names, specs)}
+            includes = {n: builtin_yaml_source(s) for n, s in zip(names, specs, strict=False)}
             raw = _evaluate(lm, names, TaskManager(include_path=tmp, include_defaults=False), limit, **extra)
         source = "local"
     out = summarize(raw, specs, names, limit, source)
