@@ -27,7 +27,15 @@ from .modelcheck import check_stage
 from .models import resolve_model_dir
 from .registry import plugins_from_env
 from .selection import CHANNEL_ROUNDINGS
-from .source import CalibrateOptions, CalibrationWindows, CellSource, GgufPplOptions, PplOptions, ZeroshotOptions
+from .source import (
+    CalibrateOptions,
+    CalibrationWindows,
+    CellSource,
+    GgufPplOptions,
+    PplOptions,
+    SelectOptions,
+    ZeroshotOptions,
+)
 from .starter import run_command, write_starter
 from .streaming.options import OPTIONS, STAGE_OPTIONS, StreamOptions
 
@@ -416,20 +424,10 @@ def cmd_gram_check(a: argparse.Namespace) -> None:
 def cmd_select(a: argparse.Namespace) -> None:
     from .pipeline import run_select  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
-    revision, trust_remote_code = hub_options(a)
-    run_select(
-        a.model,
-        a.grams,
-        a.method,
-        a.ratio,
-        a.group_rounding,
-        a.out,
-        revision,
-        trust_remote_code,
-        options=json.loads(a.options),
-        channel_multiple=a.channel_multiple,
-        channel_rounding=a.channel_rounding,
+    options = SelectOptions(
+        a.method, a.ratio, a.group_rounding, json.loads(a.options), a.channel_multiple, a.channel_rounding
     )
+    run_select(cell_source(a), a.grams, options, a.out)
 
 
 def cmd_compensate(a: argparse.Namespace) -> None:
@@ -476,8 +474,7 @@ def cmd_imatrix(a: argparse.Namespace) -> None:
 def cmd_geometry(a: argparse.Namespace) -> None:
     from .pipeline import run_geometry  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
-    revision, trust_remote_code = hub_options(a)
-    run_geometry(a.model, a.keep, a.comp, a.out, revision=revision, trust_remote_code=trust_remote_code)
+    run_geometry(cell_source(a), a.out)
 
 
 def cmd_export(a: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from . import artifacts, data
@@ -21,16 +22,18 @@ from .artifacts import log_timings, read_gram_layer
 from .evaluate.layerwise import perplexity_streamed
 from .evaluate.ppl import perplexity, ppl_record
 from .evaluate.zeroshot import write_zeroshot, zeroshot_with_records
+from .geometry import module_geometry
 from .models import layer_tensor_names, load_config, load_model, read_model_tensors, resolve_device, resolve_model_dir
 from .progress import bar as progress_bar
 from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
-from .selection import select_layer
-from .source import CalibrateOptions, CellSource, PplOptions, ZeroshotOptions
+from .selection import aligned_steps, check_multiple, select_layer, selection_spec
+from .source import CalibrateOptions, CellSource, PplOptions, SelectOptions, ZeroshotOptions
 from .streaming.calibrate import calibrate_streamed
 from .streaming.model import StreamedModel
 from .streaming.options import StreamOptions
 from .streaming.stages import open_model, streams
+from .widths import PAPER_WIDTH, width_note, width_record
 
 log = logging.getLogger(__name__)
 
@@ -62,68 +65,54 @@ def run_calibrate(source: CellSource, options: CalibrateOptions, out_dir: str) -
     )
 
 
-def run_select(
-    model_src: str,
-    gram_dir: str,
-    method: str,
-    ratio: float,
-    group_rounding: str,
-    out: str,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    options: dict | None = None,
-    channel_multiple: int = 1,
-    channel_rounding: str = "ceil",
-) -> dict:
-    """Keep sets of every layer -> keep.json. ``options``: score variant options
-    (``select.SCORE_OPTIONS``; recorded as ``score_options`` when any differs from the paper);
-    ``channel_multiple`` / ``channel_rounding``: the kept MLP width's rule (``coec.widths``;
-    recorded with the realised ratios when not the paper's). A multiple above the MLP width
+def run_select(source: CellSource, grams: str, options: SelectOptions, out: str) -> dict[str, Any]:
+    """Keep sets of every layer of ``source.model`` from the Grams in ``grams`` -> keep.json.
+    ``options.options``: score variant options (recorded as ``score_options`` when any differs
+    from the paper); ``channel_multiple`` / ``channel_rounding``: the kept MLP width's rule
+    (recorded with the realised ratios when not the paper's). A multiple above the MLP width
     stops before anything is read or written."""
-    from .selection import aligned_steps, check_multiple, selection_spec
-    from .widths import PAPER_WIDTH, width_note, width_record
-
-    spec = selection_spec({"score": method, **(options or {})}, "--options")
-    width = (channel_multiple, channel_rounding)
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = load_config(model_dir, revision, trust_remote_code)
-    check_multiple(cfg.intermediate_size, channel_multiple)
+    o = options
+    spec = selection_spec({"score": o.method, **(o.options or {})}, "--options")
+    width = (o.channel_multiple, o.channel_rounding)
+    model_dir = resolve_model_dir(source.model, *source.hub)
+    cfg = load_config(model_dir, *source.hub)
+    check_multiple(cfg.intermediate_size, o.channel_multiple)
     geom = attention_shape(cfg)
     layers = []
-    for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {method}", unit="layer"):
+    for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {o.method}", unit="layer"):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
         layers.append(
             select_layer(
                 spec,
                 w[names["o_proj"]],
-                read_gram_layer(gram_dir, i, "o_proj"),
+                read_gram_layer(grams, i, "o_proj"),
                 w[names["down_proj"]],
-                read_gram_layer(gram_dir, i, "down_proj"),
+                read_gram_layer(grams, i, "down_proj"),
                 geom,
-                ratio,
-                group_rounding=group_rounding,
-                channel_rounding=channel_rounding,
-                channel_multiple=channel_multiple,
+                o.ratio,
+                group_rounding=o.group_rounding,
+                channel_rounding=o.channel_rounding,
+                channel_multiple=o.channel_multiple,
             )
         )
     if width != PAPER_WIDTH:
         n = cfg.intermediate_size
-        note = width_note(n, len(layers[0]["channels"]), aligned_steps(n, ratio, *width), ratio, width)
+        note = width_note(n, len(layers[0]["channels"]), aligned_steps(n, o.ratio, *width), o.ratio, width)
         if note:
             log.warning(note)
     fields, layers = width_record(layers, cfg.intermediate_size, width)
     keep = {
-        "selection": method,
-        "ratio": ratio,
-        "group_rounding": group_rounding,
+        "selection": o.method,
+        "ratio": o.ratio,
+        "group_rounding": o.group_rounding,
         "n_kv": geom.n_kv,
         "n_heads": geom.n_heads,
         "head_dim": geom.head_dim,
         "d_ff": cfg.intermediate_size,
         **fields,
         "layers": layers,
-        "model": model_provenance(model_src, revision, trust_remote_code, model_dir),
+        "model": model_provenance(source.model, *source.hub, model_dir),
     }
     if spec.options():
         keep["score_options"] = spec.options()
@@ -370,27 +359,15 @@ def run_ppl(source: CellSource, options: PplOptions, out: str) -> dict[str, Any]
 GEOMETRY_RANKS = {"o_proj": 16, "down_proj": 64}
 
 
-def run_geometry(
-    model_src: str,
-    keep_path: str,
-    comp_files: list[str] | None,
-    out: str,
-    ranks: dict | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> list[dict]:
-    """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) for one
-    cell -> geometry.csv (uncompensated cells measure W_K against itself)."""
-    import pandas as pd
-
-    from .geometry import module_geometry
-
-    ranks = ranks or GEOMETRY_RANKS
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = load_config(model_dir, revision, trust_remote_code)
+def run_geometry(source: CellSource, out: str) -> list[dict[str, Any]]:
+    """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) of the cell
+    ``source`` (its keep set and blocks) -> geometry.csv (uncompensated cells measure W_K
+    against itself)."""
+    model_dir = resolve_model_dir(source.model, *source.hub)
+    cfg = load_config(model_dir, *source.hub)
     geom = attention_shape(cfg)
-    keep = artifacts.read_keep(keep_path, cfg.num_hidden_layers)
-    comp = artifacts.read_comp_blocks(comp_files)
+    keep = artifacts.read_keep(str(source.keep), cfg.num_hidden_layers)
+    comp = artifacts.read_comp_blocks(list(source.comp))
     rows = []
     for i, k in progress_bar(list(enumerate(keep["layers"])), desc="geometry", unit="layer"):
         names = layer_tensor_names(i, cfg)
@@ -402,7 +379,7 @@ def run_geometry(
             W0 = w[names[module]].double()
             W_comp = comp.get(f"layer{i}.{module}.weight", W0[:, cols])
             vp = pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom) if module == "o_proj" else None
-            r = min(ranks[module], len(cols) - 1, W0.shape[0] - 1)
+            r = min(GEOMETRY_RANKS[module], len(cols) - 1, W0.shape[0] - 1)
             row = {"layer": i, "module": module}
             row.update(module_geometry(W0, cols, W_comp, r, value_proj=vp))
             rows.append(row)

@@ -91,3 +91,17 @@ class GgufPplOptions:
 
     gguf: str
     threads: int | None = None
+
+
+@dataclass(frozen=True)
+class SelectOptions:
+    """``coec select``: the score ``method`` and its variant ``options`` (``select.SCORE_OPTIONS``;
+    None: the paper's formula), the pruning ``ratio``, the rounding of kept KV groups, and the
+    kept MLP width's rule (``channel_multiple`` / ``channel_rounding``, ``coec.widths``)."""
+
+    method: str
+    ratio: float
+    group_rounding: str = "ceil"
+    options: dict[str, Any] | None = None
+    channel_multiple: int = 1
+    channel_rounding: str = "ceil"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from coec.arch import MODULES
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from conftest import make_model_dir
 from test_arch import _masked_logits  # noqa: F401  (helpers and fixtures)
 
@@ -31,7 +31,7 @@ def test_granite_end_to_end(tmp_path, text_dataset):
         CalibrateOptions(CalibrationWindows(text_dataset, 8, 32, 0, 4), "float64"),
         str(grams),
     )
-    keep = pipeline.run_select(str(src), str(grams), "wanda_sp", 0.5, "ceil", str(keep_path))
+    keep = pipeline.run_select(CellSource(str(src)), str(grams), SelectOptions("wanda_sp", 0.5, "ceil"), str(keep_path))
     assert all(len(k["kv_groups"]) == 1 for k in keep["layers"])
     none_file, coec_file = tmp_path / "none.safetensors", tmp_path / "coec.safetensors"
     pipeline.run_compensate(

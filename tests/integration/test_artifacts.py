@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from coec import artifacts, atomic
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from conftest import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -321,7 +321,12 @@ def test_stages_are_byte_identical_across_runs(llama_dir, text_dataset, tmp_path
             CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 0, 2), "float32"),
             str(root / "grams"),
         )
-        pipeline.run_select(str(llama_dir), str(root / "grams"), "wanda_sp", 0.5, "ceil", str(root / "keep.json"))
+        pipeline.run_select(
+            CellSource(str(llama_dir)),
+            str(root / "grams"),
+            SelectOptions("wanda_sp", 0.5, "ceil"),
+            str(root / "keep.json"),
+        )
         info = pipeline.run_compensate(
             str(llama_dir),
             str(root / "grams"),

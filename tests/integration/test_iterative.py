@@ -22,7 +22,7 @@ from coec.iterative.state import PruneState, apply_keep_, block_tensors, unit_pa
 from coec.iterative.stats import calib_set, finalize_stats, mix_stats
 from coec.iterative.structure import alam_keep
 from coec.selection import channel_variance
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
 
 SEQ, NS, BS = 24, 6, 4  # 6 sequences in batches of 4 + 2: uneven batches on purpose
 
@@ -142,7 +142,9 @@ def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
         CalibrateOptions(CalibrationWindows(text_dataset, NS, SEQ, 0, BS), "float32"),
         str(grams),
     )
-    ref_keep = pipeline.run_select(str(tiny_dir), str(grams), "flap", 0.5, "nearest", str(keep_path))
+    ref_keep = pipeline.run_select(
+        CellSource(str(tiny_dir)), str(grams), SelectOptions("flap", 0.5, "nearest"), str(keep_path)
+    )
     pipeline.run_compensate(
         str(tiny_dir),
         str(grams),

@@ -19,7 +19,7 @@ from coec.calibrate import calibrate_to_dir, layer_call, layer_masks
 from coec.evaluate.layerwise import LayerSequential, group_batches, perplexity_streamed
 from coec.evaluate.ppl import perplexity
 from coec.models import ModelError, load_model
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
 from coec.streaming.calibrate import calibrate_streamed, partial_dir
 from coec.streaming.checkpoint import Checkpoint, weight_map
 from coec.streaming.hidden import HiddenStore
@@ -170,7 +170,7 @@ def test_cell_installed_per_layer_equals_the_assembled_cell(tmp_path, family_dir
         CalibrateOptions(CalibrationWindows(ds, 8, 32, 0, 4), "float64"),
         str(grams),
     )
-    pipeline.run_select(str(family_dir), str(grams), "wanda_sp", 0.5, "ceil", str(keep))
+    pipeline.run_select(CellSource(str(family_dir)), str(grams), SelectOptions("wanda_sp", 0.5, "ceil"), str(keep))
     blocks = []
     for i, spec in ((0, {"method": "bias"}), (1, {"method": "lstsq", "ridge": 0.01})):
         blocks.append(str(tmp_path / f"block{i}-{i}.safetensors"))
@@ -330,7 +330,12 @@ def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
         StreamedModel(model_dir), ids, tmp_path / "st", batch_size=4, gram_dtype="float64", progress=False
     )
     assert digest(tmp_path / "st") == digest(tmp_path / "ref")
-    run_select(str(model_dir), str(tmp_path / "st"), "wanda_sp", 0.3, "nearest", str(tmp_path / "keep.json"))
+    run_select(
+        CellSource(str(model_dir)),
+        str(tmp_path / "st"),
+        SelectOptions("wanda_sp", 0.3, "nearest"),
+        str(tmp_path / "keep.json"),
+    )
     windows = calibration_ids(tok, ds, 8, 256, 1)
     for keep in (None, str(tmp_path / "keep.json")):
         ref = perplexity(build_model(str(model_dir), "float32", "cpu", keep)[0], windows, 4, progress=False)

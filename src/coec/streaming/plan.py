@@ -86,10 +86,11 @@ def arch_parts(config: Any) -> dict[str, int]:
     }
 
 
-def calibrate_memory(
-    a: Mapping, nsamples: int, seqlen: int, batch: int, w: int, gram_bytes: int, budget: float, gpu: bool
-) -> tuple[float, float]:
-    """(host bytes, device bytes) of a calibration pass at its largest moment."""
+def calibrate_memory(a: Mapping[str, int], s: Mapping[str, Any], budget: float, gpu: bool) -> tuple[float, float]:
+    """(host bytes, device bytes) of a calibration pass at its largest moment (``s``: the
+    settings of :func:`stage_memory`)."""
+    nsamples, seqlen, batch = s["nsamples"], s["seqlen"], s["batch"]
+    w, gram_bytes = _w(s["dtype"]), _w(s.get("gram_dtype", "float32"))
     hidden = min(nsamples * seqlen * a["h"] * w, budget)
     grams = a["da"] ** 2 + a["ff"] ** 2
     toks = batch * seqlen
@@ -105,9 +106,11 @@ def calibrate_memory(
 
 
 def eval_memory(
-    a: Mapping, tokens: int, seqlen: int, batch: int, w: int, budget: float, gpu: bool, log_softmax: bool
+    a: Mapping[str, int], sizes: tuple[float, int, int], w: int, budget: float, gpu: bool, log_softmax: bool
 ) -> tuple[float, float]:
-    """(host bytes, device bytes) of a layer-sequential evaluation at its largest moment."""
+    """(host bytes, device bytes) of a layer-sequential evaluation at its largest moment;
+    ``sizes``: (tokens, seqlen, batch)."""
+    tokens, seqlen, batch = sizes
     group = min(tokens * a["h"] * w, max(budget, batch * seqlen * a["h"] * w))
     toks = batch * seqlen
     act = toks * (3 * a["ff"] + 2 * a["h"]) * 4
@@ -165,7 +168,7 @@ def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) 
     w, gb = _w(s["dtype"]), _w(s.get("gram_dtype", "float32"))
     budget = s["budget_gib"] * GIB
     if stage == "calibrate":
-        host, dev = calibrate_memory(a, s["nsamples"], s["seqlen"], s["batch"], w, gb, budget, gpu)
+        host, dev = calibrate_memory(a, s, budget, gpu)
     elif stage == "select":
         # o_proj and down_proj as stored and as float64 (the scores), both layers' Gram files
         host, dev = (a["h"] * (a["da"] + a["ff"])) * (w + 8) + (a["da"] ** 2 + a["ff"] ** 2) * gb, 0.0
@@ -175,16 +178,12 @@ def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) 
         host, dev = (gram, solve) if gpu else (gram + solve, 0.0)
     elif stage in ("ppl", "zeroshot"):
         ppl = stage == "ppl"
-        host, dev = eval_memory(
-            a,
+        sizes = (
             s["ppl_tokens"] if ppl else s["zs_tokens"],
             s["ppl_seqlen"] if ppl else min(s["zs_max_length"], s.get("zs_longest", ZEROSHOT_MAX_TOKENS)),
             s["ppl_batch"] if ppl else s["zs_batch"],
-            w,
-            budget,
-            gpu,
-            log_softmax=not ppl,
         )
+        host, dev = eval_memory(a, sizes, w, budget, gpu, log_softmax=not ppl)
     elif stage == "export":  # loads the whole model (coec export), on the CPU
         host, dev, gpu = a["params"] * w + a["layer"] * w, 0.0, False
     else:
