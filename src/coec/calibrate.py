@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -139,7 +140,7 @@ class GramAccumulator:
         self.count += x.shape[0]
 
 
-def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list:
+def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list[Any]:
     """Per-layer attention masks for full-length causal sequences without padding, built the
     way the model's own forward builds them (full or sliding-window per ``layer_types``; every
     layer sliding for families that always slide, e.g. Mistral, when a window is set)."""
@@ -296,7 +297,7 @@ def channel_sumsq(stats) -> torch.Tensor:
     return sq
 
 
-def gram_tensors(stats: dict, dtype=torch.float32) -> dict[str, torch.Tensor]:
+def gram_tensors(stats: dict[str, Any], dtype=torch.float32) -> dict[str, torch.Tensor]:
     """Flatten layer statistics into safetensors entries ``<module>.gram|sum|sumsq|abssum|count``.
 
     ``stats``: module -> a :class:`GramAccumulator`, or a dict with the same keys (``gram``,
@@ -317,7 +318,9 @@ def gram_tensors(stats: dict, dtype=torch.float32) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gram_dir(out_dir: str | Path, gram_dtype: str, fill: Callable[[Callable[[int, dict], None]], dict]) -> dict:
+def write_gram_dir(
+    out_dir: str | Path, gram_dtype: str, fill: Callable[[Callable[[int, dict[str, Any]], None]], dict[str, Any]]
+) -> dict[str, Any]:
     """A Gram folder, atomically (``atomic.atomic_dir``): ``fill(write)`` produces the
     statistics, calling ``write(i, stats)`` once per layer (``layer{i}.safetensors``,
     :func:`gram_tensors` with the Gram in ``gram_dtype``), and returns ``meta.json``'s dict."""
@@ -331,7 +334,9 @@ def write_gram_dir(out_dir: str | Path, gram_dtype: str, fill: Callable[[Callabl
     return meta
 
 
-def gram_meta(n_layers: int, input_ids: torch.Tensor, gram_dtype: str, meta: dict | None = None) -> dict:
+def gram_meta(
+    n_layers: int, input_ids: torch.Tensor, gram_dtype: str, meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``meta.json`` of a calibration pass over ``input_ids`` (n_seq, seqlen), then ``meta``."""
     return {
         "n_layers": n_layers,
@@ -350,8 +355,8 @@ def calibrate_to_dir(
     batch_size: int = 8,
     device=None,
     gram_dtype: str = "float32",
-    meta: dict | None = None,
-) -> dict:
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Write ``layer{i}.safetensors`` (Grams, sums, counts of o_proj and down_proj inputs) for
     every layer plus ``meta.json`` into ``out_dir`` (:func:`write_gram_dir`). The returned info
     also holds ``seconds``, which is logged, not written."""

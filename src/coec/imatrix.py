@@ -77,7 +77,7 @@ class SumSq:
         return {k: (s / self.counts[k]).float() for k, s in self.sums.items()}
 
 
-def hook_inputs(modules: dict[str, nn.Module], acc: SumSq) -> list:
+def hook_inputs(modules: dict[str, nn.Module], acc: SumSq) -> list[Any]:
     """Forward pre-hooks adding each module's first positional input to ``acc``; returns the
     handles (remove them when done)."""
 
@@ -106,7 +106,9 @@ def collect(model, modules: dict[str, nn.Module], input_ids: torch.Tensor, batch
     return acc
 
 
-def imatrix_metadata(tokens: int, calibration: dict, cell: dict, model: dict) -> dict[str, str]:
+def imatrix_metadata(
+    tokens: int, calibration: dict[str, Any], cell: dict[str, Any], model: dict[str, Any]
+) -> dict[str, str]:
     """The safetensors metadata (all strings) of an imatrix file."""
     return {
         "format": FORMAT,
@@ -127,7 +129,7 @@ class Imatrix:
     tokens: int
     sha256: str
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """What the export records of the imatrix it used."""
         return {"sha256": self.sha256, "tokens": self.tokens, "entries": len(self.vectors)}
 

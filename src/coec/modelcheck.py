@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "ModelMismatch",
@@ -30,7 +31,7 @@ class ModelMismatch(ValueError):
     """The model disagrees with the config / the stage's arguments / the plan."""
 
 
-def shape_of(cfg: dict) -> dict:
+def shape_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """The checked keys of an HF config dict (num_key_value_heads defaults to the heads)."""
     heads = cfg.get("num_attention_heads")
     return {
@@ -41,7 +42,7 @@ def shape_of(cfg: dict) -> dict:
     }
 
 
-def read_shape(model_dir: str | Path) -> dict | None:
+def read_shape(model_dir: str | Path) -> dict[str, Any] | None:
     """The shape of a model folder's config.json (layers, heads, sequence length), or None when it cannot be read."""
     path = Path(model_dir).expanduser() / "config.json"
     try:
@@ -59,7 +60,7 @@ def local_model_type(source: str) -> str | None:
         return None
 
 
-def config_shape(model: dict, name: str) -> tuple[dict | None, str]:
+def config_shape(model: dict[str, Any], name: str) -> tuple[dict[str, Any] | None, str]:
     """(shape, where it came from) of a config ``models.<name>`` entry, when known without
     loading anything: an embedded model's (package data) or a local folder's config.json.
     Hub ids give (None, "")."""
@@ -78,7 +79,7 @@ def _mismatch(key: str, value, what: str, field: str, actual) -> ModelMismatch:
     return ModelMismatch(f"{key} = {value} but {what} has {field} = {actual}")
 
 
-def check_expected(geom: dict, expect: dict, what: str = "the model's config.json") -> None:
+def check_expected(geom: dict[str, Any], expect: dict[str, Any], what: str = "the model's config.json") -> None:
     """Raise :class:`ModelMismatch` (one line) when ``geom`` disagrees with ``expect``.
 
     expect: ``model`` (config key of the model, e.g. ``models.tiny``; default ``model``),
@@ -94,7 +95,9 @@ def check_expected(geom: dict, expect: dict, what: str = "the model's config.jso
             raise _mismatch(key, length, what, "max_position_embeddings", max_pos)
 
 
-def check_keep(geom: dict, keep: dict, keep_path: str, what: str = "the model's config.json") -> None:
+def check_keep(
+    geom: dict[str, Any], keep: dict[str, Any], keep_path: str, what: str = "the model's config.json"
+) -> None:
     """A keep.json against the model it will prune: layer count and head counts."""
     pairs = (
         ("layers", len(keep.get("layers", [])), "num_hidden_layers"),
@@ -107,7 +110,7 @@ def check_keep(geom: dict, keep: dict, keep_path: str, what: str = "the model's 
             raise _mismatch(f"{keep_path}: {key}", value, what, field, actual)
 
 
-def check_identity(model_dir: str | Path, expect: dict) -> None:
+def check_identity(model_dir: str | Path, expect: dict[str, Any]) -> None:
     """The weights a stage is about to read against those its job was planned for
     (``provenance.planned_identity``, in ``expect``): the same files with the same contents
     (``weights``), or the same hub commit (``commit``). Raises :class:`ModelMismatch` (one
@@ -136,8 +139,8 @@ def check_identity(model_dir: str | Path, expect: dict) -> None:
 
 
 def check_stage(
-    model_src: str, expect: dict | None = None, seqlen: int | None = None, keep_path: str | None = None
-) -> dict:
+    model_src: str, expect: dict[str, Any] | None = None, seqlen: int | None = None, keep_path: str | None = None
+) -> dict[str, Any]:
     """Stage start: the model's config.json against ``expect`` (from the workflow), the stage's
     sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
     Returns the shape. Reads config.json and, where the plan recorded the weights, their

@@ -9,11 +9,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .arch import ModelError, adapter_for
-from .artifacts import ArtifactError, MissingArtifact, read_json, read_tensors, safetensors_header
+from .artifact_errors import ArtifactError
+from .artifacts import MissingArtifact, read_json, read_tensors
+from .safetensors_file import safetensors_header
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ def resolve_model_dir(source: str, revision: str | None = None, trust_remote_cod
         raise ModelError(f"cannot resolve model {source!r} locally or on the hub: {exc}") from exc
 
 
-def hub_kwargs(revision: str | None = None, trust_remote_code: bool = False) -> dict:
+def hub_kwargs(revision: str | None = None, trust_remote_code: bool = False) -> dict[str, Any]:
     """The keyword arguments every ``from_pretrained`` of a model source receives."""
     return {"revision": revision, "trust_remote_code": bool(trust_remote_code)}
 
@@ -123,7 +126,7 @@ def load_model(
     return model, tokenizer
 
 
-def gguf_dequantize_kwargs() -> dict:
+def gguf_dequantize_kwargs() -> dict[str, Any]:
     """``from_pretrained`` options that unpack every GGUF weight at load time. transformers
     >= 5.24 keeps GGUF weights packed when the ``kernels`` package has a matmul kernel for the
     architecture; ``GgufConfig(dequantize=True)`` turns that off. A release without GgufConfig
@@ -180,7 +183,7 @@ def layer_tensor_names(layer: int, config=None) -> dict[str, str]:
     return (Adapter() if config is None else adapter_for(config)).layer_tensor_names(layer)
 
 
-def model_config_dict(model_dir: str | Path) -> dict:
+def model_config_dict(model_dir: str | Path) -> dict[str, Any]:
     """The raw config.json of a model folder."""
     from .artifacts import read_json
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -50,10 +51,10 @@ class LayerSequential:
         self.budget = budget_bytes
         self.progress = progress
         self.desc = desc
-        self._ctx: dict[int, tuple] = {}
+        self._ctx: dict[int, tuple[Any, ...]] = {}
         self.groups_run = 0
 
-    def _context(self, h: torch.Tensor) -> tuple:
+    def _context(self, h: torch.Tensor) -> tuple[Any, ...]:
         """(position ids (1, T), rotary (cos, sin), per-layer masks) for sequences of h's length."""
         T = h.shape[1]
         if T not in self._ctx:
@@ -103,7 +104,7 @@ class LayerSequential:
 
 def perplexity_streamed(
     sm, windows: torch.Tensor, batch_size: int = 4, budget_bytes: float = float("inf"), progress: bool = True
-) -> dict:
+) -> dict[str, Any]:
     """``coec.evaluate.ppl.perplexity`` of a streamed model over (n, seqlen) token windows,
     batched as it batches them: the same ``{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen',
     'seconds'}``, the same sums in the same order."""

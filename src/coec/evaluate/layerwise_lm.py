@@ -18,6 +18,8 @@ Only loglikelihood requests (the multiple-choice tasks of ``coec.evaluate.tasks`
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat  # the names HFLM uses
 
@@ -104,7 +106,7 @@ class LayerwiseLM(HFLM):
     def generate_until(self, requests, disable_tqdm: bool = False):
         raise ValueError("layer-sequential zero-shot scores loglikelihood tasks only, not generation (generate_until)")
 
-    def get_model_info(self) -> dict:
+    def get_model_info(self) -> dict[str, Any]:
         """HFLM's record, with the parameter count of the (pruned) model as it streamed."""
         info = super().get_model_info()
         if len(self.sm.layer_params) == self.sm.n_layers:

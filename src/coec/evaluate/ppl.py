@@ -67,7 +67,7 @@ def window_nll(
     return total, count
 
 
-def perplexity(model, windows: torch.Tensor, batch_size: int = 4, device=None, progress: bool = True) -> dict:
+def perplexity(model, windows: torch.Tensor, batch_size: int = 4, device=None, progress: bool = True) -> dict[str, Any]:
     """{'ppl', 'nll', 'tokens_scored', 'windows', 'seconds'} for (n, seqlen) token windows."""
     t0 = time.time()
     total, count = window_nll(model, windows, batch_size, device, progress)

@@ -46,7 +46,7 @@ def gguf_type_of(reader: gguf.GGUFReader) -> str | None:
     return None if ft is None else file_type_name(int(ft))
 
 
-def gguf_facts(path: str | Path) -> dict:
+def gguf_facts(path: str | Path) -> dict[str, Any]:
     """What ``coec ppl --gguf`` reads of a GGUF: provenance, type, parameters, vocabulary,
     block count, embedding length."""
     r = gguf.GGUFReader(str(path))
@@ -63,7 +63,7 @@ def gguf_facts(path: str | Path) -> dict:
     }
 
 
-def other_model_reason(facts: dict, model_prov: dict, cfg, hf_tokens: list[str]) -> str | None:
+def other_model_reason(facts: dict[str, Any], model_prov: dict[str, Any], cfg, hf_tokens: list[str]) -> str | None:
     """Why the GGUF is not of the model (None: it is): recorded identity when the file carries
     coec.export, else vocabulary, token list, block count, embedding length."""
     prov = facts["provenance"]

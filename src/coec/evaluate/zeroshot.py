@@ -37,9 +37,9 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------- evaluation
 
 
-def _metric_table(res: dict) -> dict[str, dict]:
+def _metric_table(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{"acc,none": v, "acc_stderr,none": s}`` -> ``{"acc": {"value": v, "stderr": s}}``."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for key, val in res.items():
         name, _, filt = key.partition(",")
         if filt != "none" or name.endswith("_stderr"):
@@ -57,7 +57,9 @@ def _num(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def summarize(raw: dict, specs: list[TaskSpec], lm_names: list[str], limit: int | None, source: str) -> dict:
+def summarize(
+    raw: dict[str, Any], specs: list[TaskSpec], lm_names: list[str], limit: int | None, source: str
+) -> dict[str, Any]:
     """Reduce lm-eval's results dict to the JSON-serialisable record we store."""
     import lm_eval
 
@@ -116,7 +118,9 @@ def _kept_rng_state():
         torch.set_rng_state(states[2])
 
 
-def _evaluate(lm, task_names: list[str], task_manager, limit: int | None, *, log_samples: bool = False) -> dict:
+def _evaluate(
+    lm, task_names: list[str], task_manager, limit: int | None, *, log_samples: bool = False
+) -> dict[str, Any]:
     """lm-eval's simple_evaluate, 0-shot, first ``limit`` docs per task; with ``log_samples``
     the result also holds lm-eval's per-sample records under ``"samples"``."""
     import lm_eval.api.task as lm_task
@@ -138,8 +142,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")  # "<function f at 0x7f..>" -> "<f
 
 
 def lm_eval_records(
-    raw: dict, specs: list[TaskSpec], lm_names: list[str], config_sources: dict[str, str] | None = None
-) -> dict:
+    raw: dict[str, Any], specs: list[TaskSpec], lm_names: list[str], config_sources: dict[str, str] | None = None
+) -> dict[str, Any]:
     """lm-eval's own files for this run, written by its ``EvaluationTracker`` and made
     deterministic: ``{"aggregated": dict, "samples": {task: JSONL text}}``.
 
@@ -179,7 +183,7 @@ def lm_eval_records(
     return out
 
 
-def write_records(records: dict, out_json: str | Path) -> list[Path]:
+def write_records(records: dict[str, Any], out_json: str | Path) -> list[Path]:
     """Write :func:`lm_eval_records` next to ``out_json`` (``<dir>/zeroshot.json``):
     ``<stem>_lm_eval.json`` and, when samples were logged, ``<stem>_samples/<task>.jsonl``.
     Returns the paths written."""
@@ -212,7 +216,7 @@ def write_zeroshot(
     return res
 
 
-def rescore_samples(rows: Iterable[dict], target_delimiter: str = " ") -> dict[str, float]:
+def rescore_samples(rows: Iterable[dict[str, Any]], target_delimiter: str = " ") -> dict[str, float]:
     """Recompute a multiple-choice task's ``acc`` and ``acc_norm`` from lm-eval's per-sample
     records (one JSONL row each): the argmax of the choices' log-likelihoods, raw and divided
     by the choice's length in characters (lm-eval's acc_norm), against the gold index. Tasks
@@ -231,7 +235,7 @@ def rescore_samples(rows: Iterable[dict], target_delimiter: str = " ") -> dict[s
     return {k: sum(v) / len(v) for k, v in hits.items() if v}
 
 
-def _gold_index(row: dict) -> int:
+def _gold_index(row: dict[str, Any]) -> int:
     """The gold choice of a per-sample record: its target, or winogrande's ``answer`` ("1"/"2")
     when the target is the shared continuation text."""
     try:
@@ -255,7 +259,7 @@ def zeroshot_with_records(
     device: str | None = None,
     log_samples: bool = True,
     lm=None,
-) -> tuple[dict, dict]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """:func:`run_zeroshot` that also returns lm-eval's own records (:func:`lm_eval_records`;
     per-sample JSONL when ``log_samples``): ``(summary, records)``. ``lm``: an lm-eval ``LM``
     to score with instead of ``HFLM`` around ``model`` (e.g. ``layerwise_lm.LayerwiseLM``)."""
@@ -308,7 +312,7 @@ def run_zeroshot(
     batch_size: int = 8,
     max_length: int = 2048,
     device: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Zero-shot lm-eval on the in-memory ``model``; ``limit`` = first N docs of each task.
 
     With ``data_dir``: our ``coec_*`` tasks (lm-eval's own YAMLs, :mod:`coec.evaluate.tasks`) on

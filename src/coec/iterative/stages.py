@@ -38,7 +38,12 @@ log = logging.getLogger(__name__)
 
 
 def write_step(
-    model, state: PruneState, out_dir: str | Path, keep_meta: dict, info: dict, block_name: str | None = None
+    model,
+    state: PruneState,
+    out_dir: str | Path,
+    keep_meta: dict[str, Any],
+    info: dict[str, Any],
+    block_name: str | None = None,
 ) -> dict[str, Path]:
     """Write keep.json, the block file (default ``block0-{L-1}.safetensors``),
     state.safetensors and iterative.json (timings left out: they are logged) into ``out_dir``
@@ -182,7 +187,7 @@ def run_iterative_grams(source: CellSource, calib: DomainCalibration, opts: Opti
 
 def mix_gram_dirs(
     gram_dirs: list[str], alphas, out: str | Path, variance_mix: str = "pooled", gram_dtype: str = "float32"
-) -> dict:
+) -> dict[str, Any]:
     """``iterative mix``: existing per-domain Gram folders mixed layer by layer (eq. 8)."""
     metas = [artifacts.read_gram_meta(d) for d in gram_dirs]
     n_layers = {m["n_layers"] for m in metas}
@@ -210,7 +215,7 @@ def mix_gram_dirs(
     return write_gram_dir(out, gram_dtype, fill)
 
 
-def collect_cell(step_infos: list[str], variant: dict, keep_out: str, info_out: str) -> dict:
+def collect_cell(step_infos: list[str], variant: dict[str, Any], keep_out: str, info_out: str) -> dict[str, Any]:
     """``iterative collect``: a cell from its chain of step folders: the last step's keep.json
     (with the whole schedule) and one iterative.json with every step's info (timings are in the
     steps' logs)."""

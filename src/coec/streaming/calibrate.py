@@ -26,10 +26,12 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .. import artifacts
+from ..artifact_errors import ArtifactError
 from ..atomic import umask_modes
 from ..calibrate import gram_meta, gram_tensors, layer_call, layer_masks, layer_statistics
 from ..models import torch_dtype
@@ -80,14 +82,14 @@ class StreamPass:
             self.hidden[b] = layer_call(layer, h.to(self.device), self.masks[i], self.pos, self.pe)
 
 
-def _resume_state(work: Path, key: str) -> dict | None:
+def _resume_state(work: Path, key: str) -> dict[str, Any] | None:
     """The checkpoint of a previous pass with the same fingerprint, or None (then the folder is
     cleared for a fresh pass)."""
     try:
         state = artifacts.read_json(work / PROGRESS)
         if state.get("fingerprint") == key and (work / state["hidden"]).is_file():
             return state
-    except (artifacts.ArtifactError, KeyError, TypeError, AttributeError):
+    except (ArtifactError, KeyError, TypeError, AttributeError):
         pass
     if work.exists():
         log.info("%s: no usable checkpoint of this pass; starting afresh", work)
@@ -141,11 +143,11 @@ def calibrate_streamed(
     out_dir: str | Path,
     batch_size: int = 8,
     gram_dtype: str = "float32",
-    meta: dict | None = None,
+    meta: dict[str, Any] | None = None,
     budget_bytes: float = float("inf"),
     checkpoint_seconds: float = 600.0,
     progress: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Grams of every layer's o_proj and down_proj inputs over ``input_ids`` (n_seq, seqlen)
     -> ``out_dir/layer{i}.safetensors`` + ``meta.json``, the files ``coec.calibrate.
     calibrate_to_dir`` writes for the loaded model, byte for byte. Resumes a killed pass (module

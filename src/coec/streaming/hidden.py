@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .. import artifacts
+from ..artifact_errors import ArtifactError
+from ..atomic import write_chunks
 
 _MAX_IO = 1 << 30  # bytes per read/write call (a single call moves at most ~2 GiB on Linux)
 
@@ -53,7 +55,7 @@ def read_at(fd: int, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
     while done < len(view):
         got = os.preadv(fd, [view[done : done + _MAX_IO]], offset + done)
         if got <= 0:
-            raise artifacts.ArtifactError(f"fd {fd}", f"short read at byte {offset + done}")
+            raise ArtifactError(f"fd {fd}", f"short read at byte {offset + done}")
         done += got
     return out
 
@@ -131,17 +133,17 @@ class HiddenStore:
 
     def save(self, path: str | Path) -> None:
         """Every batch, in order, as raw bytes in one file (atomic, fsynced)."""
-        artifacts.write_chunks(path, (memoryview(_byte_view(self[b].contiguous())) for b in range(len(self))))
+        write_chunks(path, (memoryview(_byte_view(self[b].contiguous())) for b in range(len(self))))
 
     @classmethod
     def load(
-        cls, path: str | Path, shapes: list, dtype: torch.dtype, folder: str | Path, budget_bytes: float
+        cls, path: str | Path, shapes: list[Any], dtype: torch.dtype, folder: str | Path, budget_bytes: float
     ) -> HiddenStore:
         """A store filled from a :meth:`save` file of batches of ``shapes`` and ``dtype``."""
         path = Path(path)
         want = sum(nbytes(s, dtype) for s in shapes)
         if not path.is_file() or path.stat().st_size != want:
-            raise artifacts.ArtifactError(path, f"expected {want} bytes of hidden states")
+            raise ArtifactError(path, f"expected {want} bytes of hidden states")
         store = cls(folder, budget_bytes)
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -24,13 +24,16 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from .. import artifacts
 from ..arch import MODULES, ModelError, adapter_for
+from ..artifact_errors import ArtifactError
 from ..models import load_config, resolve_device, torch_dtype
+from ..safetensors_file import safetensors_header
 from .checkpoint import Checkpoint
 
 _COMP_KEY = re.compile(r"^layer(\d+)\.(o_proj|down_proj)\.(weight|bias)$")
@@ -50,19 +53,17 @@ class CellWeights:
             if meta.get(artifacts.FORMAT_KEY) != "comp-block":
                 artifacts.read_tensors(path, [], fmt="comp-block")  # raises the format error naming it
             by_layer: dict[int, list[str]] = {}
-            for key in artifacts.safetensors_header(path):
+            for key in safetensors_header(path):
                 if key == "__metadata__":
                     continue
                 m = _COMP_KEY.match(key)
                 if not m:
-                    raise artifacts.ArtifactError(
-                        path, f"unexpected tensor {key} (expected layer<i>.<module>.weight|bias)"
-                    )
+                    raise ArtifactError(path, f"unexpected tensor {key} (expected layer<i>.<module>.weight|bias)")
                 by_layer.setdefault(int(m.group(1)), []).append(key)
             for i, keys in by_layer.items():
                 self.files.setdefault(i, []).append((path, keys))
 
-    def layer_keep(self, i: int) -> dict | None:
+    def layer_keep(self, i: int) -> dict[str, Any] | None:
         """``{"kv_groups", "channels"}`` of layer i (None: a dense model)."""
         return None if self.keep is None else self.keep["layers"][i]
 
@@ -141,7 +142,7 @@ class StreamedModel:
         for alias in [name, *self._aliases.get(name, [])]:
             if alias in self.ckpt:
                 return alias
-        raise artifacts.ArtifactError(self.dir, f"tensor {name} is not in the checkpoint")
+        raise ArtifactError(self.dir, f"tensor {name} is not in the checkpoint")
 
     def materialise(self, module: nn.Module) -> nn.Module:
         """A copy of a skeleton module with its tensors read from the checkpoint, cast to the
@@ -154,7 +155,7 @@ class StreamedModel:
         for k, ref in state.items():
             t = tensors[stored[k]]
             if tuple(t.shape) != tuple(ref.shape):
-                raise artifacts.ArtifactError(
+                raise ArtifactError(
                     self.dir, f"tensor {stored[k]} has shape {tuple(t.shape)}, the config implies {tuple(ref.shape)}"
                 )
             state[k] = t.to(device=self.device, dtype=ref.dtype if ref.is_floating_point() else None)

@@ -278,7 +278,7 @@ PPL_TOKENS = 0.35e6
 PLANNED_STAGES = ("calibrate", "compensate", "ppl", "zeroshot", "export")
 
 
-def paper_settings(cfg: Mapping, model: str) -> dict:
+def paper_settings(cfg: Mapping, model: str) -> dict[str, Any]:
     """The plan's settings of one model of a (paper) config: its dtype, the largest calibration
     it runs (Fig. 2's sizes for Fig. 2's model), the evaluation sizes, the hidden-state budget."""
     cals = list(cfg["calibration"].values()) + list(cfg.get("iterative", {}).get("mixes", {}).values())
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m coec.streaming.plan [config.yaml ...]``: the planned resources of every
     model (paper.yaml by default, later files merged over earlier ones) as YAML and a table."""
     paths = (argv if argv is not None else sys.argv[1:]) or ["workflow/configs/paper.yaml"]
-    cfg: dict = {}
+    cfg: dict[str, Any] = {}
     for p in paths:
         for k, v in (yaml.safe_load(Path(p).read_text()) or {}).items():
             cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
