@@ -162,7 +162,7 @@ def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> in
     for k, v in heads.items():
         setattr(hf_cfg, k, v)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_cfg)
+        model = AutoModelForCausalLM.from_config(hf_cfg)  # type: ignore[no-untyped-call]  # transformers stub gap
     return sum(p.numel() for p in model.parameters())
 
 
@@ -180,7 +180,7 @@ def flops_per_token(
     n = sum(param_breakdown(d).values())
     if not include_embedding:
         n -= d["vocab"] * d["hidden"]
-    flops = 2.0 * n + 4.0 * d["layers"] * d["heads"] * d["head_dim"] * context_len
+    flops: float = 2.0 * n + 4.0 * d["layers"] * d["heads"] * d["head_dim"] * context_len
     return flops / 1e9
 
 
@@ -194,14 +194,16 @@ def kv_cache_bytes(
 ) -> int:
     """K and V for every layer: ``2 L n_kv head_dim seq_len batch bytes``."""
     d = arch_dims(config_dict(config), shape)
-    return 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * seq_len * batch_size * bytes_per_value
+    n: int = 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * seq_len * batch_size * bytes_per_value
+    return n
 
 
 def _layer_activation_bytes(d: Mapping[str, Any], tokens: int, nbytes: int) -> int:
     """Transient activations of one decoder layer over ``tokens`` tokens, the MLP being the
     largest: gate, up and their product (``3 d_ff``) plus the residual stream and its normed copy
     (``2 hidden``) per token, ``nbytes`` each."""
-    return tokens * (3 * d["ffn"] + 2 * d["hidden"]) * nbytes
+    n: int = tokens * (3 * d["ffn"] + 2 * d["hidden"]) * nbytes
+    return n
 
 
 def peak_memory_gb(
@@ -239,7 +241,8 @@ def peak_memory_gb(
     kv = kv_cache_bytes(config, shape, seq_len=seq_len, batch_size=batch_size, bytes_per_value=2)
     act = _layer_activation_bytes(d, batch_size * seq_len, 2)
     logits = batch_size * d["vocab"] * 4
-    return (weights + kv + act + logits) / GIB + overhead_gib
+    gib: float = (weights + kv + act + logits) / GIB + overhead_gib
+    return gib
 
 
 def cost_table(

@@ -77,9 +77,10 @@ def orth(A: Tensor) -> Tensor:
     if A.ndim != 2 or A.shape[1] > A.shape[0]:
         raise ValueError(f"orth expects a tall n x r matrix, got shape {tuple(A.shape)}")
     Q, R = torch.linalg.qr(A, mode="reduced")
-    d = torch.sign(torch.diagonal(R))
+    d: torch.Tensor = torch.sign(torch.diagonal(R))
     d[d == 0] = 1.0
-    return Q * d
+    out: torch.Tensor = Q * d
+    return out
 
 
 def principal_angles(A: Tensor, B: Tensor) -> Tensor:

@@ -55,7 +55,8 @@ def local_model_type(source: str) -> str | None:
     """The ``model_type`` of a local model folder's config.json; None for a hub id or an
     unreadable folder."""
     try:
-        return json.loads((Path(source).expanduser() / "config.json").read_text()).get("model_type")
+        model_type: str | None = json.loads((Path(source).expanduser() / "config.json").read_text()).get("model_type")
+        return model_type
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -75,7 +76,7 @@ def config_shape(model: dict[str, Any], name: str) -> tuple[dict[str, Any] | Non
     return None, ""
 
 
-def _mismatch(key: str, value, what: str, field: str, actual) -> ModelMismatch:
+def _mismatch(key: str, value: object, what: str, field: str, actual: object) -> ModelMismatch:
     return ModelMismatch(f"{key} = {value} but {what} has {field} = {actual}")
 
 
@@ -139,7 +140,7 @@ def check_identity(model_dir: str | Path, expect: dict[str, Any]) -> None:
 
 
 def check_stage(
-    model_src: str, expect: dict[str, Any] | None = None, seqlen: int | None = None, keep_path: str | None = None
+    model_src: str | Path, expect: dict[str, Any] | None = None, seqlen: int | None = None, keep_path: str | None = None
 ) -> dict[str, Any]:
     """Stage start: the model's config.json against ``expect`` (from the workflow), the stage's
     sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.

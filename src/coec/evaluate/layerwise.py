@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ..calibrate import layer_call, layer_masks
 from ..progress import bar as progress_bar
+from ..streaming.model import StreamedModel
 from .ppl import summed_nll
 
 
@@ -46,7 +47,9 @@ class LayerSequential:
     """Logits of token batches through a streamed model, one resident layer at a time (module
     docstring). ``budget_bytes``: host memory for one group's hidden states."""
 
-    def __init__(self, sm, budget_bytes: float = float("inf"), progress: bool = True, desc: str = "layers"):
+    def __init__(
+        self, sm: StreamedModel, budget_bytes: float = float("inf"), progress: bool = True, desc: str = "layers"
+    ) -> None:
         self.sm = sm
         self.budget = budget_bytes
         self.progress = progress
@@ -86,24 +89,28 @@ class LayerSequential:
 
     def batch_bytes(self, ids: torch.Tensor) -> int:
         """Host bytes of one batch's hidden states."""
-        d = self.sm.config.hidden_size
+        d: int = self.sm.config.hidden_size
         return ids.numel() * d * torch.empty((), dtype=self.sm.dtype).element_size()
 
     @torch.no_grad()
     def logits(self, batches: list[torch.Tensor]) -> Iterator[torch.Tensor]:
         """Logits (b, T, V) on the device of every batch (b, T) of token ids, in order."""
         for group in group_batches([self.batch_bytes(ids) for ids in batches], self.budget):
-            hidden = self.hidden([batches[b] for b in group])
+            hidden = cast("list[torch.Tensor | None]", self.hidden([batches[b] for b in group]))
             self.groups_run += 1
             with self.sm.head() as head:
                 for k in range(len(hidden)):
                     h, hidden[k] = hidden[k], None
-                    yield head(h)
+                    yield head(cast(torch.Tensor, h))
                     del h
 
 
 def perplexity_streamed(
-    sm, windows: torch.Tensor, batch_size: int = 4, budget_bytes: float = float("inf"), progress: bool = True
+    sm: StreamedModel,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    budget_bytes: float = float("inf"),
+    progress: bool = True,
 ) -> dict[str, Any]:
     """``coec.evaluate.ppl.perplexity`` of a streamed model over (n, seqlen) token windows,
     batched as it batches them: the same ``{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen',

@@ -46,7 +46,11 @@ def summed_nll(logits: torch.Tensor, ids: torch.Tensor, chunk_tokens: int = LOSS
 
 @torch.no_grad()
 def window_nll(
-    model, windows: torch.Tensor, batch_size: int = 4, device=None, progress: bool = True
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    device: torch.device | str | None = None,
+    progress: bool = True,
 ) -> tuple[float, int]:
     """Summed next-token NLL (float64) and number of predicted tokens over ``windows``
     (n, seqlen) of token ids."""
@@ -67,7 +71,13 @@ def window_nll(
     return total, count
 
 
-def perplexity(model, windows: torch.Tensor, batch_size: int = 4, device=None, progress: bool = True) -> dict[str, Any]:
+def perplexity(
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """{'ppl', 'nll', 'tokens_scored', 'windows', 'seconds'} for (n, seqlen) token windows."""
     t0 = time.time()
     total, count = window_nll(model, windows, batch_size, device, progress)

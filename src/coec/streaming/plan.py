@@ -136,7 +136,7 @@ def gram_file_bytes(config: Any, gram_bytes: int = 4) -> dict[str, int]:
     return {"layer": full, "total": a["L"] * full, "layer_sym": sym, "total_sym": a["L"] * sym}
 
 
-def eigh_solve_bytes(a: Mapping, ratio: float) -> float:
+def eigh_solve_bytes(a: Mapping[str, int], ratio: float) -> float:
     """Bytes of compensating one down_proj by an eigh method (:data:`EIGH_METHODS`): the float64
     eigh of the full Gram (G, eigenvectors, one work copy), the kept (k, k) slice and its tempered
     copy in float32, W0 and W in float32, the kept frame; ``k`` the kept channels at ``ratio``."""
@@ -145,7 +145,7 @@ def eigh_solve_bytes(a: Mapping, ratio: float) -> float:
     return float(3 * ff * ff * 8 + 2 * k * k * 4 + 2 * h * ff * 4 + 2 * min(h, k) * k * 4)
 
 
-def compensate_solve_bytes(a: Mapping, ratio: float, method: str, gram_bytes: int, gpu: bool) -> float:
+def compensate_solve_bytes(a: Mapping[str, int], ratio: float, method: str, gram_bytes: int, gpu: bool) -> float:
     """Bytes of one down_proj solve beside the Gram as read: for an eigh method
     :func:`eigh_solve_bytes`; for the others the float64 metric and one more
     (d_ff, d_ff) buffer (App. B's shifted copy, factored in place; the ridge solve's slices and
@@ -157,7 +157,7 @@ def compensate_solve_bytes(a: Mapping, ratio: float, method: str, gram_bytes: in
     return solve if gpu else solve + a["ff"] ** 2 * gram_bytes
 
 
-def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) -> dict[str, float]:
+def stage_memory(config: Any, stage: str, settings: Mapping[str, Any], gpu: bool = False) -> dict[str, float]:
     """``{"host_gib", "device_gib"}`` of a stage (calibrate, select, compensate, ppl, zeroshot).
 
     ``settings``: ``dtype`` (compute), ``gram_dtype``, ``nsamples``, ``seqlen``, ``batch``
@@ -192,7 +192,7 @@ def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) 
     return {"host_gib": base + host / GIB, "device_gib": dev / GIB}
 
 
-def stage_seconds(config: Any, stage: str, settings: Mapping) -> float:
+def stage_seconds(config: Any, stage: str, settings: Mapping[str, Any]) -> float:
     """Planned seconds of a stage on one GPU: checkpoint reads (once per group of batches),
     forward FLOPs (``2 x params`` per token) at :data:`FORWARD_TFLOPS`, Gram FLOPs (about
     ``1.1 (d_a^2 + d_ff^2)`` per token and layer: the upper block triangle) at
@@ -200,33 +200,38 @@ def stage_seconds(config: Any, stage: str, settings: Mapping) -> float:
     ``(d_ff / 14336)^3``."""
     a, s = arch_parts(config), settings
     ckpt = a["params"] * _w(s["dtype"])
-    flops = lambda tokens: 2.0 * a["params"] * tokens  # noqa: E731
+
+    def flops(tokens: float) -> float:
+        return 2.0 * a["params"] * tokens
+
     if stage == "calibrate":
         tokens = s["nsamples"] * s["seqlen"]
         gram_flops = a["L"] * tokens * 1.1 * (a["da"] ** 2 + a["ff"] ** 2)
         writes = a["L"] * (a["da"] ** 2 + a["ff"] ** 2) * _w(s.get("gram_dtype", "float32"))
-        return (
+        seconds: float = (
             ckpt / (READ_GB_S * 1e9)
             + flops(tokens) / (FORWARD_TFLOPS * 1e12)
             + gram_flops / (GRAM_TFLOPS * 1e12)
             + writes / (WRITE_GB_S * 1e9)
         )
+        return seconds
     if stage == "select":
         return a["L"] * (a["da"] ** 2 + a["ff"] ** 2) * 4 / (READ_GB_S * 1e9) + 60
     if stage == "compensate":
-        return s.get("block", 1) * COMPENSATE_8B_LAYER_S * (a["ff"] / 14336) ** 3
+        return float(s.get("block", 1) * COMPENSATE_8B_LAYER_S * (a["ff"] / 14336) ** 3)
     if stage == "export":
         return 2 * ckpt / (READ_GB_S * 1e9) + 60
     tokens = s["ppl_tokens"] if stage == "ppl" else s["zs_tokens"]
     groups = math.ceil(tokens * a["h"] * _w(s["dtype"]) / (s["budget_gib"] * GIB))
-    return groups * ckpt / (READ_GB_S * 1e9) + flops(tokens) / (FORWARD_TFLOPS * 1e12)
+    eval_seconds: float = groups * ckpt / (READ_GB_S * 1e9) + flops(tokens) / (FORWARD_TFLOPS * 1e12)
+    return eval_seconds
 
 
 def round_up(x: float, step: int) -> int:
     return int(math.ceil(x / step) * step)
 
 
-def slurm_resources(config: Any, stage: str, settings: Mapping) -> dict[str, int]:
+def slurm_resources(config: Any, stage: str, settings: Mapping[str, Any]) -> dict[str, int]:
     """``{"gpu", "mem_mb", "runtime"}`` of a stage's job: one GPU (the device plan must fit
     :data:`GPU_MEMORY_GIB`), host memory 1.25 x the plan + 2 GiB rounded up to 4 GiB (in MiB),
     runtime 2 x the plan + 10 minutes rounded up to 30 minutes."""
@@ -244,14 +249,14 @@ def slurm_resources(config: Any, stage: str, settings: Mapping) -> dict[str, int
     }
 
 
-def loaded_calibrate_gib(config: Any, settings: Mapping) -> float:
+def loaded_calibrate_gib(config: Any, settings: Mapping[str, Any]) -> float:
     """Host GiB of a calibration pass over the whole loaded model (the iterative method's
     stages, which run under the calibrate rule's resources): the model in the compute dtype,
     the cached hidden states (all in memory) and the Gram copies."""
     a, s = arch_parts(config), settings
     w = _w(s["dtype"])
     grams = (a["da"] ** 2 + a["ff"] ** 2) * _w(s.get("gram_dtype", "float32"))
-    hidden = s["nsamples"] * s["seqlen"] * a["h"] * w
+    hidden: int = s["nsamples"] * s["seqlen"] * a["h"] * w
     return BASELINE_GIB["calibrate"] + CUDA_CONTEXT_GIB + (a["params"] * w + hidden + grams) / GIB
 
 
@@ -278,7 +283,7 @@ PPL_TOKENS = 0.35e6
 PLANNED_STAGES = ("calibrate", "compensate", "ppl", "zeroshot", "export")
 
 
-def paper_settings(cfg: Mapping, model: str) -> dict[str, Any]:
+def paper_settings(cfg: Mapping[str, Any], model: str) -> dict[str, Any]:
     """The plan's settings of one model of a (paper) config: its dtype, the largest calibration
     it runs (Fig. 2's sizes for Fig. 2's model), the evaluation sizes, the hidden-state budget."""
     cals = list(cfg["calibration"].values()) + list(cfg.get("iterative", {}).get("mixes", {}).values())
@@ -307,7 +312,7 @@ def paper_settings(cfg: Mapping, model: str) -> dict[str, Any]:
     }
 
 
-def paper_resources(cfg: Mapping) -> dict[str, dict[str, dict[str, int]]]:
+def paper_resources(cfg: Mapping[str, Any]) -> dict[str, dict[str, dict[str, int]]]:
     """model -> rule -> ``{"gpu", "mem_mb", "runtime"}`` for every model of ``cfg`` that
     :data:`PAPER_ARCHS` knows (the rules calibrate, compensate, ppl, zeroshot, export; the
     calibrate rule of a model of the iterative tables also holds the whole model, which the
