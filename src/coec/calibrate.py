@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -108,7 +108,9 @@ class GramAccumulator:
     read after an update.
     """
 
-    def __init__(self, dim: int, device: torch.device, total_dtype=torch.float64, block: int | None = None):
+    def __init__(
+        self, dim: int, device: torch.device, total_dtype: Any = torch.float64, block: int | None = None
+    ) -> None:
         self.edges = gram_block_edges(dim, block or gram_block(device))
         self._gram = torch.zeros(dim, dim, dtype=total_dtype, device=device)
         self._mirrored = True
@@ -140,7 +142,7 @@ class GramAccumulator:
         self.count += x.shape[0]
 
 
-def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list[Any]:
+def layer_masks(model: Any, hidden: torch.Tensor, position_ids: torch.Tensor) -> list[Any]:
     """Per-layer attention masks for full-length causal sequences without padding, built the
     way the model's own forward builds them (full or sliding-window per ``layer_types``; every
     layer sliding for families that always slide, e.g. Mistral, when a window is set)."""
@@ -165,21 +167,22 @@ def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list
     return [sliding if t == "sliding_attention" else full for t in types]
 
 
-def layer_call(layer, hidden, mask, position_ids, position_embeddings) -> torch.Tensor:
+def layer_call(layer: Any, hidden: Any, mask: Any, position_ids: Any, position_embeddings: Any) -> torch.Tensor:
     """One decoder layer on a batch of hidden states (B, T, d) -> (B, T, d)."""
     out = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings)
-    return out[0] if isinstance(out, tuple) else out
+    h: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return h
 
 
 @torch.no_grad()
 def embed_batches(
-    model, input_ids: torch.Tensor, batch_size: int, device: torch.device, store_device: torch.device
+    model: Any, input_ids: torch.Tensor, batch_size: int, device: torch.device, store_device: torch.device
 ) -> list[torch.Tensor]:
     """Token embeddings of the calibration sequences, in batches kept on ``store_device``."""
     adapter = adapter_for(model.config)
     emb = adapter.embedding(model)
     scale = adapter.embed_scale(model.config)  # a factor the model's forward applies, or None
-    emb_dev = emb.weight.device
+    emb_dev = cast(torch.Tensor, emb.weight).device
     emb.to(device)
     hidden = []
     for i in range(0, input_ids.shape[0], batch_size):
@@ -199,7 +202,7 @@ class LayerPass:
     manager: the rotary module returns to its device on exit.
     """
 
-    def __init__(self, model, input_ids: torch.Tensor, batch_size: int, device=None):
+    def __init__(self, model: Any, input_ids: torch.Tensor, batch_size: int, device: Any = None) -> None:
         self.store = next(model.parameters()).device
         self.device = torch.device(device) if device is not None else self.store
         self.hidden = embed_batches(model, input_ids, batch_size, self.device, self.store)
@@ -213,11 +216,11 @@ class LayerPass:
     def __enter__(self) -> LayerPass:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.rotary.to(self.rotary_home)
 
     @torch.no_grad()
-    def run(self, i: int, layer, keep_outputs: bool = True) -> None:
+    def run(self, i: int, layer: Any, keep_outputs: bool = True) -> None:
         """Every batch through ``layer`` (layer ``i``, already on ``device``); its outputs become
         the inputs of layer i+1 unless ``keep_outputs`` is False (a statistics-only forward)."""
         for b, h in enumerate(self.hidden):
@@ -227,7 +230,7 @@ class LayerPass:
 
 
 @torch.no_grad()
-def layer_statistics(lp, i: int, layer, modules: tuple[str, ...] = MODULES) -> dict[str, GramAccumulator]:
+def layer_statistics(lp: Any, i: int, layer: Any, modules: tuple[str, ...] = MODULES) -> dict[str, GramAccumulator]:
     """:class:`GramAccumulator` statistics of the named module inputs of decoder layer ``i``
     (on ``lp.device``) over every batch of a layer pass ``lp`` (``lp.run(i, layer)``, whose
     outputs become the next layer's inputs); NaN/Inf raises :class:`NonFiniteActivations`."""
@@ -252,10 +255,10 @@ def layer_statistics(lp, i: int, layer, modules: tuple[str, ...] = MODULES) -> d
 
 @torch.no_grad()
 def run_layerwise(
-    model,
+    model: Any,
     input_ids: torch.Tensor,
     batch_size: int = 8,
-    device=None,
+    device: Any = None,
     on_layer: Callable[[int, dict[str, GramAccumulator]], None] | None = None,
     modules: tuple[str, ...] = MODULES,
     progress: bool = True,
@@ -286,18 +289,18 @@ def run_layerwise(
                 on_layer(i, stats)
 
 
-def channel_sumsq(stats) -> torch.Tensor:
+def channel_sumsq(stats: Any) -> torch.Tensor:
     """Σ x² per channel of a statistics object or dict: its ``sumsq``, else the Gram's diagonal
     (a 1-D ``gram`` is the diagonal itself)."""
-    get = stats.get if isinstance(stats, dict) else (lambda k: getattr(stats, k, None))
-    sq = get("sumsq")
+    get: Callable[[str], Any] = stats.get if isinstance(stats, dict) else (lambda k: getattr(stats, k, None))
+    sq: torch.Tensor | None = get("sumsq")
     if sq is None:
-        g = get("gram")
+        g: torch.Tensor = get("gram")
         sq = g if g.dim() == 1 else g.diagonal()
     return sq
 
 
-def gram_tensors(stats: dict[str, Any], dtype=torch.float32) -> dict[str, torch.Tensor]:
+def gram_tensors(stats: dict[str, Any], dtype: Any = torch.float32) -> dict[str, torch.Tensor]:
     """Flatten layer statistics into safetensors entries ``<module>.gram|sum|sumsq|abssum|count``.
 
     ``stats``: module -> a :class:`GramAccumulator`, or a dict with the same keys (``gram``,
@@ -349,11 +352,11 @@ def gram_meta(
 
 
 def calibrate_to_dir(
-    model,
+    model: Any,
     input_ids: torch.Tensor,
     out_dir: str | Path,
     batch_size: int = 8,
-    device=None,
+    device: Any = None,
     gram_dtype: str = "float32",
     meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -362,7 +365,7 @@ def calibrate_to_dir(
     also holds ``seconds``, which is logged, not written."""
     t0 = time.time()
 
-    def fill(write):
+    def fill(write: Any) -> Any:
         run_layerwise(model, input_ids, batch_size=batch_size, device=device, on_layer=write)
         return gram_meta(len(decoder_layers(model)), input_ids, gram_dtype, meta)
 

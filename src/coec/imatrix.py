@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 FORMAT = "coec-imatrix"
 
 
-def imatrix_modules(adapter, model) -> dict[str, nn.Module]:
+def imatrix_modules(adapter: Any, model: Any) -> dict[str, nn.Module]:
     """GGUF weight name -> the module whose input weights it: every 2-D weight of each block's
     ``gguf_layer_modules`` (norms left out) and the LM head, under ``output.weight``, or under
     ``token_embd.weight`` when the head is tied to the embedding (llama.cpp's graph then multiplies
@@ -81,8 +81,8 @@ def hook_inputs(modules: dict[str, nn.Module], acc: SumSq) -> list[Any]:
     """Forward pre-hooks adding each module's first positional input to ``acc``; returns the
     handles (remove them when done)."""
 
-    def hook(name):
-        def fn(_mod, args):
+    def hook(name: Any) -> Any:
+        def fn(_mod: Any, args: Any) -> None:
             acc.add(name, args[0])
 
         return fn
@@ -91,7 +91,7 @@ def hook_inputs(modules: dict[str, nn.Module], acc: SumSq) -> list[Any]:
 
 
 @torch.no_grad()
-def collect(model, modules: dict[str, nn.Module], input_ids: torch.Tensor, batch_size: int) -> SumSq:
+def collect(model: Any, modules: dict[str, nn.Module], input_ids: torch.Tensor, batch_size: int) -> SumSq:
     """Run ``model`` over ``input_ids`` (n_seq, seqlen) in batches and return the sums of squares
     of the ``modules``' inputs (every token counts: the windows have no padding)."""
     acc = SumSq()

@@ -42,20 +42,21 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}") from None
 
 
-def resolve_device(name: str | None) -> torch.device:
+def resolve_device(name: str | torch.device | None) -> torch.device:
     """'auto' -> cuda if available else cpu."""
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
 
-def check_family(config) -> str:
+def check_family(config: Any) -> str:
     """Return the model_type, or raise naming the unsupported family (``adapter_for``)."""
     adapter_for(config)
-    return config.model_type
+    model_type: str = config.model_type
+    return model_type
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
+def decoder_layers(model: Any) -> torch.nn.ModuleList:
     """The list of decoder blocks of a causal LM (where its family's adapter keeps them)."""
     return adapter_for(model.config).decoder_layers(model)
 
@@ -89,7 +90,7 @@ def hub_kwargs(revision: str | None = None, trust_remote_code: bool = False) -> 
     return {"revision": revision, "trust_remote_code": bool(trust_remote_code)}
 
 
-def load_config(model_dir: str | Path, revision: str | None = None, trust_remote_code: bool = False):
+def load_config(model_dir: str | Path, revision: str | None = None, trust_remote_code: bool = False) -> Any:
     """The transformers config of a resolved model folder (``AutoConfig.from_pretrained``)."""
     from transformers import AutoConfig
 
@@ -103,7 +104,7 @@ def load_model(
     trust_remote_code: bool = False,
     revision: str | None = None,
     device_map: str | None = None,
-):
+) -> Any:
     """Load (model, tokenizer) from a local directory or a hub id (at ``revision``), in eval
     mode, with SDPA attention; ``revision`` and ``trust_remote_code`` reach every loader.
     Raises :class:`ModelError` for unsupported families."""
@@ -117,7 +118,7 @@ def load_model(
     kwargs = dict(dtype=torch_dtype(dtype), attn_implementation="sdpa", **hub)
     if device_map:
         kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if not device_map and device is not None:
         model.to(resolve_device(device))
     model.eval()
@@ -138,7 +139,7 @@ def gguf_dequantize_kwargs() -> dict[str, Any]:
     return {"quantization_config": GgufConfig(dequantize=True)}
 
 
-def check_dense(model, dtype: torch.dtype) -> None:
+def check_dense(model: Any, dtype: torch.dtype) -> None:
     """Raise unless every parameter is a dense floating tensor of ``dtype`` (no GGUF blocks)."""
     packed = [n for n, p in model.named_parameters() if p.dtype != dtype]
     if packed:
@@ -158,7 +159,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     out_dir = Path(out_dir)
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, dtype=torch_dtype(dtype), **gguf_dequantize_kwargs()
     )
     check_family(model.config)
@@ -175,7 +176,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     return out_dir
 
 
-def layer_tensor_names(layer: int, config=None) -> dict[str, str]:
+def layer_tensor_names(layer: int, config: Any = None) -> dict[str, str]:
     """Checkpoint names of the tensors of one decoder layer that pruning touches, by role
     (q_proj ... down_proj), in the layout of ``config``'s family (None: the common HF layout)."""
     from .arch import Adapter
@@ -187,7 +188,8 @@ def model_config_dict(model_dir: str | Path) -> dict[str, Any]:
     """The raw config.json of a model folder."""
     from .artifacts import read_json
 
-    return read_json(Path(model_dir) / "config.json")
+    cfg: dict[str, Any] = read_json(Path(model_dir) / "config.json")
+    return cfg
 
 
 def check_model_dir(folder: str | Path) -> Path:

@@ -316,6 +316,7 @@ class CellModel:
         """``evaluate.ppl.perplexity`` of the cell over (n, seqlen) windows."""
         if self.streamed is not None:
             return perplexity_streamed(self.streamed, windows, batch_size, self.budget)
+        assert self.loaded is not None
         return perplexity(self.loaded, windows, batch_size=batch_size)
 
     def lm(self, batch_size: int, max_length: int) -> Any:

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 IDENTITY = ("weights_sha256", "commit")  # what of model_provenance must match
 
 
-def field_value(reader: gguf.GGUFReader, key: str):
+def field_value(reader: gguf.GGUFReader, key: str) -> Any:
     """A GGUF metadata value (str, number or list), None when absent."""
     f = reader.get_field(key)
     return None if f is None else f.contents()
@@ -41,7 +41,8 @@ def gguf_type_of(reader: gguf.GGUFReader) -> str | None:
     """The weight type of a GGUF: coec.export's ``gguf_type``, else general.file_type's name."""
     prov = field_value(reader, PROVENANCE_KEY)
     if prov is not None:
-        return json.loads(prov).get("gguf_type")
+        gguf_type: str | None = json.loads(prov).get("gguf_type")
+        return gguf_type
     ft = field_value(reader, "general.file_type")
     return None if ft is None else file_type_name(int(ft))
 
@@ -63,7 +64,9 @@ def gguf_facts(path: str | Path) -> dict[str, Any]:
     }
 
 
-def other_model_reason(facts: dict[str, Any], model_prov: dict[str, Any], cfg, hf_tokens: list[str]) -> str | None:
+def other_model_reason(
+    facts: dict[str, Any], model_prov: dict[str, Any], cfg: Any, hf_tokens: list[str | None]
+) -> str | None:
     """Why the GGUF is not of the model (None: it is): recorded identity when the file carries
     coec.export, else vocabulary, token list, block count, embedding length."""
     prov = facts["provenance"]
@@ -88,7 +91,7 @@ def other_model_reason(facts: dict[str, Any], model_prov: dict[str, Any], cfg, h
     return None
 
 
-def hf_token_list(tok, n: int) -> list[str | None]:
+def hf_token_list(tok: Any, n: int) -> list[str | None]:
     """The HF tokenizer's token strings by id (None where an id has none)."""
     by_id: list[str | None] = [None] * n
     for t, i in tok.get_vocab().items():

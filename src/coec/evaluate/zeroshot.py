@@ -20,7 +20,7 @@ import random
 import re
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,7 @@ def _check_limit(limit: int | None) -> int | None:
 
 
 @contextmanager
-def _kept_rng_state():
+def _kept_rng_state() -> Iterator[Any]:
     """lm-eval resets the random generators of Python, NumPy and torch; give the caller its own back."""
     import numpy as np
     import torch
@@ -119,7 +119,7 @@ def _kept_rng_state():
 
 
 def _evaluate(
-    lm, task_names: list[str], task_manager, limit: int | None, *, log_samples: bool = False
+    lm: Any, task_names: list[str], task_manager: Any, limit: int | None, *, log_samples: bool = False
 ) -> dict[str, Any]:
     """lm-eval's simple_evaluate, 0-shot, first ``limit`` docs per task; with ``log_samples``
     the result also holds lm-eval's per-sample records under ``"samples"``."""
@@ -129,9 +129,10 @@ def _evaluate(
 
     # lm-eval's request loop (the long part) reports like every other stage (coec.progress)
     with _kept_rng_state(), routed_tqdm(lm_hf, lm_task):
-        return simple_evaluate(
+        res: dict[str, Any] = simple_evaluate(
             model=lm, tasks=task_names, num_fewshot=0, limit=limit, task_manager=task_manager, log_samples=log_samples
         )
+    return res
 
 
 # ---------------------------------------------------------------------------- lm-eval's records
@@ -222,7 +223,7 @@ def rescore_samples(rows: Iterable[dict[str, Any]], target_delimiter: str = " ")
     by the choice's length in characters (lm-eval's acc_norm), against the gold index. Tasks
     that put the choices in the context (winogrande: one continuation, gold from the doc's
     ``answer``) have no acc_norm."""
-    hits = {"acc": [], "acc_norm": []}
+    hits: dict[str, list[bool]] = {"acc": [], "acc_norm": []}
     for row in rows:
         lls = [float(r[0]) for r in row["filtered_resps"]]
         gold = _gold_index(row)
@@ -248,8 +249,8 @@ def _gold_index(row: dict[str, Any]) -> int:
 
 
 def zeroshot_with_records(
-    model,
-    tokenizer,
+    model: Any,
+    tokenizer: Any,
     tasks: Iterable[str],
     *,
     data_dir: str | Path | None = None,
@@ -258,7 +259,7 @@ def zeroshot_with_records(
     max_length: int = 2048,
     device: str | None = None,
     log_samples: bool = True,
-    lm=None,
+    lm: Any = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """:func:`run_zeroshot` that also returns lm-eval's own records (:func:`lm_eval_records`;
     per-sample JSONL when ``log_samples``): ``(summary, records)``. ``lm``: an lm-eval ``LM``
@@ -303,8 +304,8 @@ def zeroshot_with_records(
 
 
 def run_zeroshot(
-    model,
-    tokenizer,
+    model: Any,
+    tokenizer: Any,
     tasks: Iterable[str],
     *,
     data_dir: str | Path | None = None,

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def write_step(
-    model,
+    model: Any,
     state: PruneState,
     out_dir: str | Path,
     keep_meta: dict[str, Any],
@@ -65,7 +65,7 @@ def write_step(
     return paths
 
 
-def load_step(model, init_dir: str | Path) -> PruneState:
+def load_step(model: Any, init_dir: str | Path) -> PruneState:
     """Apply a previous step's keep.json + block file to the dense ``model`` and return its
     state with the exact float64 biases from state.safetensors."""
     init_dir = Path(init_dir)
@@ -162,7 +162,7 @@ def run_iterative_grams(source: CellSource, calib: DomainCalibration, opts: Opti
     )
     opts.check()
 
-    def fill(write):
+    def fill(write: Any) -> Any:
         global_pass(model, cset, opts, lambda i, _layer, stats: write(i, stats))
         return gram_meta(
             len(decoder_layers(model)),
@@ -186,7 +186,7 @@ def run_iterative_grams(source: CellSource, calib: DomainCalibration, opts: Opti
 
 
 def mix_gram_dirs(
-    gram_dirs: list[str], alphas, out: str | Path, variance_mix: str = "pooled", gram_dtype: str = "float32"
+    gram_dirs: list[str], alphas: Any, out: str | Path, variance_mix: str = "pooled", gram_dtype: str = "float32"
 ) -> dict[str, Any]:
     """``iterative mix``: existing per-domain Gram folders mixed layer by layer (eq. 8)."""
     metas = [artifacts.read_gram_meta(d) for d in gram_dirs]
@@ -194,7 +194,7 @@ def mix_gram_dirs(
     if len(n_layers) != 1:
         raise ValueError(f"Gram directories disagree on the layer count: {sorted(n_layers)}")
 
-    def fill(write):
+    def fill(write: Any) -> Any:
         for i in progress_bar(range(n_layers.pop()), desc="mix", unit="layer"):
             write(
                 i,

@@ -50,7 +50,7 @@ def partial_dir(out_dir: str | Path) -> Path:
     return out.with_name(f".{out.name}.partial")
 
 
-def fingerprint(input_ids: torch.Tensor, **inputs) -> str:
+def fingerprint(input_ids: torch.Tensor, **inputs: Any) -> str:
     """sha256 of everything a pass's Grams depend on: the token ids and the named inputs."""
     h = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
     h.update(input_ids.to(torch.int64).contiguous().numpy().tobytes())
@@ -63,7 +63,7 @@ class StreamPass:
     hidden states in a :class:`HiddenStore` (filled here from the embeddings unless it holds a
     resumed pass's states already)."""
 
-    def __init__(self, sm: StreamedModel, input_ids: torch.Tensor, batch_size: int, store: HiddenStore):
+    def __init__(self, sm: StreamedModel, input_ids: torch.Tensor, batch_size: int, store: HiddenStore) -> None:
         self.device = sm.device
         self.hidden = store
         if not len(store):
@@ -76,7 +76,7 @@ class StreamPass:
         self.masks = layer_masks(sm.model, first, self.pos)
 
     @torch.no_grad()
-    def run(self, i: int, layer) -> None:
+    def run(self, i: int, layer: Any) -> None:
         """Every batch through decoder layer ``i``; the outputs go to the store's next generation."""
         for b, h in enumerate(self.hidden):
             self.hidden[b] = layer_call(layer, h.to(self.device), self.masks[i], self.pos, self.pe)
@@ -86,7 +86,7 @@ def _resume_state(work: Path, key: str) -> dict[str, Any] | None:
     """The checkpoint of a previous pass with the same fingerprint, or None (then the folder is
     cleared for a fresh pass)."""
     try:
-        state = artifacts.read_json(work / PROGRESS)
+        state: dict[str, Any] = artifacts.read_json(work / PROGRESS)
         if state.get("fingerprint") == key and (work / state["hidden"]).is_file():
             return state
     except (ArtifactError, KeyError, TypeError, AttributeError):

@@ -56,7 +56,7 @@ class Checkpoint:
     ``read(names)`` opens each shard involved once (``safe_open``), maps the tensors and closes
     it; a tensor stays mapped (file-backed pages, not a copy) until it is released."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path) -> None:
         self.dir = Path(model_dir)
         self.map = weight_map(self.dir)
 

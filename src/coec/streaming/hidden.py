@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -26,7 +26,7 @@ from ..atomic import write_chunks
 _MAX_IO = 1 << 30  # bytes per read/write call (a single call moves at most ~2 GiB on Linux)
 
 
-def nbytes(shape, dtype: torch.dtype) -> int:
+def nbytes(shape: Any, dtype: torch.dtype) -> int:
     """Bytes of a tensor of ``shape`` and ``dtype``."""
     n = 1
     for s in shape:
@@ -34,7 +34,7 @@ def nbytes(shape, dtype: torch.dtype) -> int:
     return n * torch.empty((), dtype=dtype).element_size()
 
 
-def _byte_view(t: torch.Tensor):
+def _byte_view(t: torch.Tensor) -> Any:
     """A writable uint8 NumPy view of a contiguous CPU tensor's bytes."""
     return t.reshape(-1).view(torch.uint8).numpy()
 
@@ -47,7 +47,7 @@ def write_at(fd: int, offset: int, t: torch.Tensor) -> None:
         done += os.pwrite(fd, view[done : done + _MAX_IO], offset + done)
 
 
-def read_at(fd: int, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
+def read_at(fd: int, offset: int, shape: Any, dtype: torch.dtype) -> torch.Tensor:
     """A new CPU tensor of ``shape``/``dtype`` read from ``offset`` of an open file."""
     out = torch.empty(tuple(shape), dtype=dtype)
     view = memoryview(_byte_view(out))
@@ -65,7 +65,7 @@ class HiddenStore:
     (module docstring). List-like: ``len``, ``store[b]`` (a CPU tensor), ``store[b] = h``
     (memory: replaced; file: written to the next generation), iteration in batch order."""
 
-    def __init__(self, folder: str | Path, budget_bytes: float):
+    def __init__(self, folder: str | Path, budget_bytes: float) -> None:
         self.folder = Path(folder)
         self.budget = float(budget_bytes)
         self.shapes: list[tuple[int, ...]] = []
@@ -111,7 +111,9 @@ class HiddenStore:
     def __getitem__(self, b: int) -> torch.Tensor:
         if b < len(self.memory):
             return self.memory[b]
-        return read_at(self._fds[self._gen], self.offsets[b - len(self.memory)], self.shapes[b], self.dtype)
+        return read_at(
+            self._fds[self._gen], self.offsets[b - len(self.memory)], self.shapes[b], cast(torch.dtype, self.dtype)
+        )
 
     def __setitem__(self, b: int, h: torch.Tensor) -> None:
         h = h.detach().to("cpu")

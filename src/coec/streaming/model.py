@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ class CellWeights:
     version, ``layer<i>.<module>.weight|bias`` names); a layer's tensors are read (and checked
     finite) when the layer streams."""
 
-    def __init__(self, keep_path: str | Path | None, comp_files: list[str] | None, n_layers: int):
+    def __init__(self, keep_path: str | Path | None, comp_files: list[str] | None, n_layers: int) -> None:
         self.keep = artifacts.read_keep(keep_path, n_layers) if keep_path else None
         self.files: dict[int, list[tuple[Path, list[str]]]] = {}
         for path in map(Path, comp_files or []):
@@ -76,15 +76,16 @@ class CellWeights:
         return out
 
 
-def meta_skeleton(config, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
+def meta_skeleton(config: Any, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
     """The causal LM of ``config`` on the meta device (SDPA attention, eval mode, ties made)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # transformers stub gap
             config, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
         )
-    return model.eval()
+    skeleton: nn.Module = model.eval()
+    return skeleton
 
 
 def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
@@ -106,7 +107,7 @@ class StreamedModel:
         cell: CellWeights | None = None,
         revision: str | None = None,
         trust_remote_code: bool = False,
-    ):
+    ) -> None:
         self.dir = Path(model_dir)
         self.ckpt = Checkpoint(self.dir)
         self.config = load_config(self.dir, revision, trust_remote_code)
@@ -175,7 +176,8 @@ class StreamedModel:
 
         def embed(ids: torch.Tensor) -> torch.Tensor:
             h = held[0](ids.to(self.device))
-            return h if scale is None else h * scale
+            out: torch.Tensor = h if scale is None else h * scale
+            return out
 
         try:
             yield embed
@@ -186,16 +188,18 @@ class StreamedModel:
     def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """A function last hidden states (b, T, d) -> logits (b, T, V): final norm, LM head and
         the family's logit divisor, as the model's forward computes them."""
+        hf_model: Any = self.model  # a transformers model: get_output_embeddings
         held = [
-            self.materialise(self.adapter.backbone(self.model).norm),
-            self.materialise(self.model.get_output_embeddings()),
+            self.materialise(cast(nn.Module, self.adapter.backbone(self.model).norm)),
+            self.materialise(hf_model.get_output_embeddings()),
         ]
         div = self.adapter.logit_divisor(self.config)
 
         def logits(h: torch.Tensor) -> torch.Tensor:
             norm, lm_head = held
             out = lm_head(norm(h.to(self.device)))
-            return out if div is None else out / div
+            logits: torch.Tensor = out if div is None else out / div
+            return logits
 
         try:
             yield logits
