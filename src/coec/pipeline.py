@@ -29,7 +29,7 @@ from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
 from .selection import aligned_steps, check_multiple, select_layer, selection_spec
 from .source import CalibrateOptions, CellSource, PplOptions, SelectOptions, ZeroshotOptions
-from .streaming.calibrate import calibrate_streamed
+from .streaming.calibrate import PassOptions, calibrate_streamed
 from .streaming.model import StreamedModel
 from .streaming.options import StreamOptions
 from .streaming.stages import open_model, streams
@@ -53,16 +53,9 @@ def run_calibrate(source: CellSource, options: CalibrateOptions, out_dir: str) -
         "seed": w.seed,
         "dtype": source.dtype,
     }
-    return calibrate_streamed(
-        sm,
-        ids,
-        out_dir,
-        batch_size=w.batch_size,
-        gram_dtype=options.gram_dtype,
-        meta=meta,
-        budget_bytes=options.stream.budget_bytes(),
-        checkpoint_seconds=options.stream.checkpoint_seconds(),
-    )
+    stream = options.stream
+    run = PassOptions(w.batch_size, options.gram_dtype, stream.budget_bytes(), stream.checkpoint_seconds())
+    return calibrate_streamed(sm, ids, out_dir, run, meta)
 
 
 def run_select(source: CellSource, grams: str, options: SelectOptions, out: str) -> dict[str, Any]:
@@ -395,16 +388,7 @@ def run_zeroshot(source: CellSource, options: ZeroshotOptions, out: str) -> dict
     the cell is loaded or streams (:func:`open_cell`; streamed: ``LayerwiseLM``)."""
     t0 = time.time()
     cell = open_cell(source, options.stream)
-    res, records = zeroshot_with_records(
-        cell.loaded,
-        cell.tokenizer,
-        list(options.tasks),
-        data_dir=options.data_dir,
-        limit=options.limit,
-        batch_size=options.batch_size,
-        max_length=options.max_length,
-        log_samples=options.log_samples,
-        lm=cell.lm(options.batch_size, options.max_length),
-    )
+    lm = cell.lm(options.batch_size, options.max_length)
+    res, records = zeroshot_with_records(cell.loaded, cell.tokenizer, options, lm=lm)
     provenance = model_provenance(source.model, *source.hub)
     return write_zeroshot(out, res, records, provenance, source, t0)

@@ -10,6 +10,7 @@ to run on it. ``coec.cli`` builds both once from the parsed flags. No torch impo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .streaming.options import StreamOptions
@@ -77,7 +78,7 @@ class ZeroshotOptions:
     whether lm-eval's per-sample records are saved too."""
 
     tasks: tuple[str, ...]
-    data_dir: str | None = None
+    data_dir: str | Path | None = None
     limit: int | None = None
     batch_size: int = 8
     max_length: int = 2048

@@ -20,7 +20,7 @@ from coec.evaluate.layerwise import LayerSequential, group_batches, perplexity_s
 from coec.evaluate.ppl import perplexity
 from coec.models import ModelError, load_model
 from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
-from coec.streaming.calibrate import calibrate_streamed, partial_dir
+from coec.streaming.calibrate import PassOptions, calibrate_streamed, partial_dir
 from coec.streaming.checkpoint import Checkpoint, weight_map
 from coec.streaming.hidden import HiddenStore
 from coec.streaming.model import CellWeights, StreamedModel
@@ -198,12 +198,8 @@ def test_streamed_grams_are_byte_identical(tmp_path, family_dir, budget, every):
         StreamedModel(family_dir),
         ids,
         tmp_path / "st",
-        batch_size=2,
-        gram_dtype="float64",
+        PassOptions(batch_size=2, gram_dtype="float64", budget_bytes=budget, checkpoint_seconds=every, progress=False),
         meta={"x": 1},
-        budget_bytes=budget,
-        checkpoint_seconds=every,
-        progress=False,
     )
     assert digest(tmp_path / "st") == digest(tmp_path / "ref")
     assert info["resumed_at"] == 0 and not partial_dir(tmp_path / "st").exists()
@@ -327,7 +323,7 @@ def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
     ids = calibration_ids(tok, ds, 8, 256, 0)
     calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=4, device="cpu", gram_dtype="float64")
     calibrate_streamed(
-        StreamedModel(model_dir), ids, tmp_path / "st", batch_size=4, gram_dtype="float64", progress=False
+        StreamedModel(model_dir), ids, tmp_path / "st", PassOptions(batch_size=4, gram_dtype="float64", progress=False)
     )
     assert digest(tmp_path / "st") == digest(tmp_path / "ref")
     run_select(

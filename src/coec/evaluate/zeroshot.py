@@ -22,13 +22,14 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..artifacts import log_timings, write_result
 from ..atomic import write_bytes
 from ..progress import routed_tqdm
-from ..source import CellSource
+from ..source import CellSource, ZeroshotOptions
 from .tasks import PAPER_TASKS, TASKS, TaskSpec, builtin_yaml_source, data_file, render_task_dir, task_spec
 
 log = logging.getLogger(__name__)
@@ -249,28 +250,19 @@ def _gold_index(row: dict[str, Any]) -> int:
 
 
 def zeroshot_with_records(
-    model: Any,
-    tokenizer: Any,
-    tasks: Iterable[str],
-    *,
-    data_dir: str | Path | None = None,
-    limit: int | None = None,
-    batch_size: int = 8,
-    max_length: int = 2048,
-    device: str | None = None,
-    log_samples: bool = True,
-    lm: Any = None,
+    model: Any, tokenizer: Any, options: ZeroshotOptions, *, device: str | None = None, lm: Any = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """:func:`run_zeroshot` that also returns lm-eval's own records (:func:`lm_eval_records`;
-    per-sample JSONL when ``log_samples``): ``(summary, records)``. ``lm``: an lm-eval ``LM``
-    to score with instead of ``HFLM`` around ``model`` (e.g. ``layerwise_lm.LayerwiseLM``)."""
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
+    per-sample JSONL when ``options.log_samples``): ``(summary, records)``. ``lm``: an lm-eval
+    ``LM`` to score with instead of ``HFLM`` around ``model`` (e.g. ``layerwise_lm.LayerwiseLM``)."""
+    from lm_eval.models.huggingface import HFLM  # deferred: lm_eval is an optional dependency
+    from lm_eval.tasks import TaskManager  # deferred: lm_eval is an optional dependency
 
-    specs = [task_spec(t) for t in dict.fromkeys(tasks)]
+    data_dir, batch_size, max_length = options.data_dir, options.batch_size, options.max_length
+    specs = [task_spec(t) for t in dict.fromkeys(options.tasks)]
     if not specs:
         raise ValueError(f"no zero-shot tasks given; known: {', '.join(TASKS)}")
-    limit = _check_limit(limit)
+    limit = _check_limit(options.limit)
     if data_dir is not None:
         for spec in specs:  # fail before touching the model
             data_file(spec, data_dir)
@@ -280,7 +272,7 @@ def zeroshot_with_records(
         model.eval()
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
     t0 = time.time()
-    extra = {"log_samples": True} if log_samples else {}
+    extra = {"log_samples": True} if options.log_samples else {}
     if data_dir is None:
         names = [s.builtin for s in specs]
         raw = _evaluate(lm, names, None, limit, **extra)  # lm-eval's default TaskManager
@@ -303,33 +295,13 @@ def zeroshot_with_records(
     return out, lm_eval_records(raw, specs, names, includes)
 
 
-def run_zeroshot(
-    model: Any,
-    tokenizer: Any,
-    tasks: Iterable[str],
-    *,
-    data_dir: str | Path | None = None,
-    limit: int | None = None,
-    batch_size: int = 8,
-    max_length: int = 2048,
-    device: str | None = None,
-) -> dict[str, Any]:
-    """Zero-shot lm-eval on the in-memory ``model``; ``limit`` = first N docs of each task.
+def run_zeroshot(model: Any, tokenizer: Any, options: ZeroshotOptions, *, device: str | None = None) -> dict[str, Any]:
+    """Zero-shot lm-eval on the in-memory ``model``; ``options.limit`` = first N docs of each task.
 
-    With ``data_dir``: our ``coec_*`` tasks (lm-eval's own YAMLs, :mod:`coec.evaluate.tasks`) on
-    the local JSONL files; without: lm-eval's built-in tasks (their hub datasets). ``device``
+    With ``options.data_dir``: our ``coec_*`` tasks (lm-eval's own YAMLs, :mod:`coec.evaluate.tasks`)
+    on the local JSONL files; without: lm-eval's built-in tasks (their hub datasets). ``device``
     moves the model there first. Returns per-task metric/value/stderr/n docs/version, the
     paper metric per task and ``mean7`` when all seven paper tasks ran. (The summary only:
     :func:`zeroshot_with_records` also returns lm-eval's own records.)
     """
-    return zeroshot_with_records(
-        model,
-        tokenizer,
-        tasks,
-        data_dir=data_dir,
-        limit=limit,
-        batch_size=batch_size,
-        max_length=max_length,
-        device=device,
-        log_samples=False,
-    )[0]
+    return zeroshot_with_records(model, tokenizer, replace(options, log_samples=False), device=device)[0]

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,22 +138,32 @@ def _publish(work: Path, out: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class PassOptions:
+    """How a streamed calibration pass runs: ``batch_size`` sequences at a time, Grams stored in
+    ``gram_dtype``, at most ``budget_bytes`` of hidden states in memory (the rest in files), a
+    checkpoint after the first layer that ends ``checkpoint_seconds`` after the last one."""
+
+    batch_size: int = 8
+    gram_dtype: str = "float32"
+    budget_bytes: float = float("inf")
+    checkpoint_seconds: float = 600.0
+    progress: bool = True
+
+
 def calibrate_streamed(
     sm: StreamedModel,
     input_ids: torch.Tensor,
     out_dir: str | Path,
-    batch_size: int = 8,
-    gram_dtype: str = "float32",
+    options: PassOptions = PassOptions(),
     meta: dict[str, Any] | None = None,
-    budget_bytes: float = float("inf"),
-    checkpoint_seconds: float = 600.0,
-    progress: bool = True,
 ) -> dict[str, Any]:
     """Grams of every layer's o_proj and down_proj inputs over ``input_ids`` (n_seq, seqlen)
     -> ``out_dir/layer{i}.safetensors`` + ``meta.json``, the files ``coec.calibrate.
     calibrate_to_dir`` writes for the loaded model, byte for byte. Resumes a killed pass (module
     docstring). Returns meta.json's dict plus ``seconds`` and ``resumed_at``."""
     t0 = time.time()
+    batch_size, gram_dtype, budget_bytes = options.batch_size, options.gram_dtype, options.budget_bytes
     out = Path(out_dir)
     work = partial_dir(out)
     info = gram_meta(sm.n_layers, input_ids, gram_dtype, meta)
@@ -172,7 +183,7 @@ def calibrate_streamed(
     try:
         lp = StreamPass(sm, input_ids, batch_size, store)
         last = time.monotonic()
-        bar = progress_bar(range(start, sm.n_layers), desc="calibrate", unit="layer", disable=not progress)
+        bar = progress_bar(range(start, sm.n_layers), desc="calibrate", unit="layer", disable=not options.progress)
         for i in bar:
             with sm.layer(i) as layer:
                 stats = layer_statistics(lp, i, layer)
@@ -180,7 +191,7 @@ def calibrate_streamed(
             store.flip()
             artifacts.write_gram_layer(artifacts.gram_path(work, i), gram_tensors(stats, dt))
             del stats
-            if i + 1 < sm.n_layers and time.monotonic() - last >= checkpoint_seconds:
+            if i + 1 < sm.n_layers and time.monotonic() - last >= options.checkpoint_seconds:
                 _checkpoint(work, store, i + 1, key)
                 last = time.monotonic()
         spilled, batches = store.spilled, len(store)
