@@ -14,6 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .artifacts import read_keep
+from .embedded import EMBEDDED_SHAPES
+from .models import resolve_model_dir
+from .provenance import PLAN_DIGITS, resolved_commit, weights_manifest
+
 __all__ = [
     "ModelMismatch",
     "shape_of",
@@ -67,8 +72,6 @@ def config_shape(model: dict[str, Any], name: str) -> tuple[dict[str, Any] | Non
     Hub ids give (None, "")."""
     if model["source"] == "embedded":
         emb = model.get("embedded", name)
-        from .embedded import EMBEDDED_SHAPES
-
         return EMBEDDED_SHAPES.get(emb), f"the embedded model {emb!r}"
     path = Path(model["source"]).expanduser()
     if path.is_dir():
@@ -116,8 +119,6 @@ def check_identity(model_dir: str | Path, expect: dict[str, Any]) -> None:
     (``provenance.planned_identity``, in ``expect``): the same files with the same contents
     (``weights``), or the same hub commit (``commit``). Raises :class:`ModelMismatch` (one
     line naming the model and the changed files) otherwise, before any work."""
-    from .provenance import PLAN_DIGITS, resolved_commit, weights_manifest
-
     where = expect.get("model", "model")
     planned = expect.get("weights")
     if planned is not None:
@@ -146,8 +147,6 @@ def check_stage(
     sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
     Returns the shape. Reads config.json and, where the plan recorded the weights, their
     cached digests (a hub id is resolved as the stage would)."""
-    from .models import resolve_model_dir
-
     model_dir = resolve_model_dir(str(model_src))
     geom = read_shape(model_dir)
     if geom is None:
@@ -160,7 +159,5 @@ def check_stage(
     check_expected(geom, expect, what)
     check_identity(model_dir, expect)
     if keep_path:
-        from .artifacts import read_keep  # names the file: truncated, bad JSON, wrong version
-
         check_keep(geom, read_keep(keep_path), keep_path, what)
     return geom

@@ -26,6 +26,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from ..artifacts import log_timings, write_result
 from ..atomic import write_bytes
 from ..progress import routed_tqdm
@@ -62,7 +65,7 @@ def summarize(
     raw: dict[str, Any], specs: list[TaskSpec], lm_names: list[str], limit: int | None, source: str
 ) -> dict[str, Any]:
     """Reduce lm-eval's results dict to the JSON-serialisable record we store."""
-    import lm_eval
+    import lm_eval  # deferred: lm_eval is an optional dependency
 
     tasks = {}
     for spec, name in zip(specs, lm_names, strict=False):
@@ -107,9 +110,6 @@ def _check_limit(limit: int | None) -> int | None:
 @contextmanager
 def _kept_rng_state() -> Iterator[Any]:
     """lm-eval resets the random generators of Python, NumPy and torch; give the caller its own back."""
-    import numpy as np
-    import torch
-
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     try:
         yield
@@ -124,9 +124,9 @@ def _evaluate(
 ) -> dict[str, Any]:
     """lm-eval's simple_evaluate, 0-shot, first ``limit`` docs per task; with ``log_samples``
     the result also holds lm-eval's per-sample records under ``"samples"``."""
-    import lm_eval.api.task as lm_task
-    import lm_eval.models.huggingface as lm_hf
-    from lm_eval import simple_evaluate
+    import lm_eval.api.task as lm_task  # deferred: lm_eval is an optional dependency
+    import lm_eval.models.huggingface as lm_hf  # deferred: lm_eval is an optional dependency
+    from lm_eval import simple_evaluate  # deferred: lm_eval is an optional dependency
 
     # lm-eval's request loop (the long part) reports like every other stage (coec.progress)
     with _kept_rng_state(), routed_tqdm(lm_hf, lm_task):
@@ -156,7 +156,7 @@ def lm_eval_records(
     the rendered wrapper lives in a temporary folder). ``samples`` (only when ``raw`` holds them, i.e. the
     run logged samples) is ``save_results_samples``' JSONL per task, keyed by our task name.
     """
-    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.loggers import EvaluationTracker  # deferred: lm_eval is an optional dependency
 
     results = {k: v for k, v in raw.items() if k != "samples"}
     samples = raw.get("samples")

@@ -28,11 +28,13 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 from .. import artifacts
 from ..arch import MODULES, ModelError, adapter_for
 from ..artifact_errors import ArtifactError
 from ..models import load_config, resolve_device, torch_dtype
+from ..prune import set_output_weights_
 from ..safetensors_file import safetensors_header
 from .checkpoint import Checkpoint
 
@@ -78,8 +80,6 @@ class CellWeights:
 
 def meta_skeleton(config: Any, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
     """The causal LM of ``config`` on the meta device (SDPA attention, eval mode, ties made)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # transformers stub gap
             config, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
@@ -209,8 +209,6 @@ class StreamedModel:
     def build_layer(self, i: int) -> nn.Module:
         """Decoder layer i on the device: read, pruned by the cell's keep set and given its
         compensated weights (what ``prune_model_`` + ``install_weights_`` do to the whole)."""
-        from ..prune import set_output_weights_
-
         layer = self.materialise(self.layers[i])
         keep = self.cell.layer_keep(i) if self.cell else None
         if keep is not None:
