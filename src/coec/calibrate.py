@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -351,22 +352,43 @@ def gram_meta(
     }
 
 
+@dataclass(frozen=True)
+class PassOptions:
+    """How a calibration pass runs: ``batch_size`` sequences at a time, Grams stored in
+    ``gram_dtype``; a streamed pass (``streaming.calibrate``) also keeps at most ``budget_bytes`` of
+    hidden states in memory (the rest in files) and checkpoints after the first layer that ends
+    ``checkpoint_seconds`` after the last checkpoint."""
+
+    batch_size: int = 8
+    gram_dtype: str = "float32"
+    budget_bytes: float = float("inf")
+    checkpoint_seconds: float = 600.0
+    progress: bool = True
+
+
+#: The defaults of :class:`PassOptions` (a module-level instance: argument defaults call nothing).
+PASS_DEFAULTS = PassOptions()
+
+
 def calibrate_to_dir(
     model: Any,
     input_ids: torch.Tensor,
     out_dir: str | Path,
-    batch_size: int = 8,
-    device: Any = None,
-    gram_dtype: str = "float32",
+    options: PassOptions = PASS_DEFAULTS,
     meta: dict[str, Any] | None = None,
+    device: Any = None,
 ) -> dict[str, Any]:
     """Write ``layer{i}.safetensors`` (Grams, sums, counts of o_proj and down_proj inputs) for
-    every layer plus ``meta.json`` into ``out_dir`` (:func:`write_gram_dir`). The returned info
-    also holds ``seconds``, which is logged, not written."""
+    every layer plus ``meta.json`` into ``out_dir`` (:func:`write_gram_dir`), the hidden states
+    cached on ``device`` (``options``: batch size and Gram dtype). The returned info also holds
+    ``seconds``, which is logged, not written."""
     t0 = time.time()
+    gram_dtype = options.gram_dtype
 
     def fill(write: Any) -> Any:
-        run_layerwise(model, input_ids, batch_size=batch_size, device=device, on_layer=write)
+        run_layerwise(
+            model, input_ids, batch_size=options.batch_size, device=device, on_layer=write, progress=options.progress
+        )
         return gram_meta(len(decoder_layers(model)), input_ids, gram_dtype, meta)
 
     info = write_gram_dir(out_dir, gram_dtype, fill)

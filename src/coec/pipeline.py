@@ -19,6 +19,7 @@ import torch
 from . import artifacts, data
 from .arch import attention_shape, o_proj_columns, pruned_value_proj
 from .artifacts import log_timings, read_gram_layer
+from .calibrate import PassOptions
 from .evaluate.layerwise import perplexity_streamed
 from .evaluate.ppl import perplexity, ppl_record
 from .evaluate.zeroshot import write_zeroshot, zeroshot_with_records
@@ -29,7 +30,7 @@ from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
 from .selection import aligned_steps, check_multiple, select_layer, selection_spec
 from .source import CalibrateOptions, CellSource, PplOptions, SelectOptions, ZeroshotOptions
-from .streaming.calibrate import PassOptions, calibrate_streamed
+from .streaming.calibrate import calibrate_streamed
 from .streaming.model import StreamedModel
 from .streaming.options import StreamOptions
 from .streaming.stages import open_model, streams

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.calibrate import calibrate_to_dir, layer_call, layer_masks
+from coec.calibrate import PassOptions, calibrate_to_dir, layer_call, layer_masks
 from coec.evaluate.layerwise import LayerSequential, group_batches, perplexity_streamed
 from coec.evaluate.ppl import perplexity
 from coec.models import ModelError, load_model
 from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
-from coec.streaming.calibrate import PassOptions, calibrate_streamed, partial_dir
+from coec.streaming.calibrate import calibrate_streamed, partial_dir
 from coec.streaming.checkpoint import Checkpoint, weight_map
 from coec.streaming.hidden import HiddenStore
 from coec.streaming.model import CellWeights, StreamedModel
@@ -193,7 +193,7 @@ def test_streamed_grams_are_byte_identical(tmp_path, family_dir, budget, every):
     whether it checkpoints after every layer; its work folder is gone afterwards."""
     ids = _ids()
     model, _ = load_model(family_dir)
-    calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=2, device="cpu", gram_dtype="float64", meta={"x": 1})
+    calibrate_to_dir(model, ids, tmp_path / "ref", PassOptions(batch_size=2, gram_dtype="float64"), {"x": 1}, "cpu")
     info = calibrate_streamed(
         StreamedModel(family_dir),
         ids,
@@ -248,7 +248,7 @@ def test_cli_calibrate_streams_the_same_files(tmp_path, llama_dir):
     ids = calibration_ids(tok, ds, 6, 16, 0)
     meta = {"model": model_provenance(str(llama_dir)), "dataset": ds, "nsamples": 6, "seed": 0, "dtype": "float32"}
     calibrate_to_dir(
-        model, ids, tmp_path / "ref", batch_size=4, device="cpu", gram_dtype="float32", meta=meta
+        model, ids, tmp_path / "ref", PassOptions(batch_size=4, gram_dtype="float32"), meta, "cpu"
     )  # the schema's gram_dtype
     assert digest(tmp_path / "cli") == digest(tmp_path / "ref")
 
@@ -321,7 +321,7 @@ def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
     ds = {"source": "embedded", "dir": str(text)}
     model, tok = load_model(model_dir)
     ids = calibration_ids(tok, ds, 8, 256, 0)
-    calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=4, device="cpu", gram_dtype="float64")
+    calibrate_to_dir(model, ids, tmp_path / "ref", PassOptions(batch_size=4, gram_dtype="float64"), device="cpu")
     calibrate_streamed(
         StreamedModel(model_dir), ids, tmp_path / "st", PassOptions(batch_size=4, gram_dtype="float64", progress=False)
     )

@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ import torch
 from .. import artifacts
 from ..artifact_errors import ArtifactError
 from ..atomic import umask_modes
-from ..calibrate import gram_meta, gram_tensors, layer_call, layer_masks, layer_statistics
+from ..calibrate import PASS_DEFAULTS, PassOptions, gram_meta, gram_tensors, layer_call, layer_masks, layer_statistics
 from ..models import torch_dtype
 from ..progress import bar as progress_bar
 from .hidden import HiddenStore
@@ -138,24 +137,11 @@ def _publish(work: Path, out: Path) -> None:
         os.close(fd)
 
 
-@dataclass(frozen=True)
-class PassOptions:
-    """How a streamed calibration pass runs: ``batch_size`` sequences at a time, Grams stored in
-    ``gram_dtype``, at most ``budget_bytes`` of hidden states in memory (the rest in files), a
-    checkpoint after the first layer that ends ``checkpoint_seconds`` after the last one."""
-
-    batch_size: int = 8
-    gram_dtype: str = "float32"
-    budget_bytes: float = float("inf")
-    checkpoint_seconds: float = 600.0
-    progress: bool = True
-
-
 def calibrate_streamed(
     sm: StreamedModel,
     input_ids: torch.Tensor,
     out_dir: str | Path,
-    options: PassOptions = PassOptions(),
+    options: PassOptions = PASS_DEFAULTS,
     meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Grams of every layer's o_proj and down_proj inputs over ``input_ids`` (n_seq, seqlen)
