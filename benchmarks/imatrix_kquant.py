@@ -46,6 +46,7 @@ def main() -> None:
     from coec.evaluate.llamacpp import gguf_perplexity
     from coec.export import run_export
     from coec.imatrix import run_imatrix
+    from coec.source import CalibrationWindows, CellSource
 
     torch.set_num_threads(a.threads)
     work = Path(a.work)
@@ -61,7 +62,8 @@ def main() -> None:
         imx = work / f"imatrix-{target}.safetensors"
         if not imx.exists():
             t0 = time.time()
-            run_imatrix(a.model, dataset, a.nsamples, a.seqlen, a.seed, 4, "float32", "cpu", str(imx), keep, comp)
+            source = CellSource(a.model, "float32", "cpu", keep=keep, comp=tuple(comp))
+            run_imatrix(source, CalibrationWindows(dataset, a.nsamples, a.seqlen, a.seed, 4), str(imx))
             print(f"{target}: imatrix in {time.time() - t0:.0f}s", flush=True)
         for gtype, use in [("f32", False)] + [(t, u) for t in a.types for u in (False, True)]:
             out = work / f"{target}-{gtype}{'-imatrix' if use else ''}.gguf"

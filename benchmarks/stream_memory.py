@@ -34,7 +34,7 @@ def child(argv: list[str]) -> None:
     if argv[0] == "inmem-calibrate":  # the loaded-model path of earlier versions, for --compare
         import torch
 
-        from coec.calibrate import calibrate_to_dir
+        from coec.calibrate import PassOptions, calibrate_to_dir
         from coec.data import calibration_ids
         from coec.models import load_model
         from coec.provenance import model_provenance
@@ -51,7 +51,7 @@ def child(argv: list[str]) -> None:
             "seed": 0,
             "dtype": "float32",
         }
-        calibrate_to_dir(m, ids, out, batch_size=batch, device="cpu", gram_dtype=gram_dtype, meta=meta)
+        calibrate_to_dir(m, ids, out, PassOptions(batch_size=batch, gram_dtype=gram_dtype), meta, "cpu")
         rc = 0
     else:
         from coec.cli import main

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
 from coec.tiny import CORPUS, make_model_dir, make_tokenizer, tiny_config
 
 __all__ = ["CORPUS", "make_model_dir", "make_tokenizer", "tiny_config"]  # tests import them from here
@@ -300,8 +301,14 @@ def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
     from coec import pipeline
 
     d = tmp_path_factory.mktemp("cell")
-    pipeline.run_calibrate(str(llama_dir), text_dataset, str(d / "grams"), 4, 32, 0, 2, "float32", "cpu", "float32")
-    pipeline.run_select(str(llama_dir), str(d / "grams"), "wanda_sp", 0.5, "ceil", str(d / "keep.json"))
+    pipeline.run_calibrate(
+        CellSource(str(llama_dir), "float32", "cpu"),
+        CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 0, 2), "float32"),
+        str(d / "grams"),
+    )
+    pipeline.run_select(
+        CellSource(str(llama_dir)), str(d / "grams"), SelectOptions("wanda_sp", 0.5, "ceil"), str(d / "keep.json")
+    )
     return d
 
 

@@ -14,18 +14,22 @@ one layer (and one layer's Grams) is on the device at once.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, cast
 
 import torch
 
+from . import artifacts, atomic
 from .arch import MODULES, adapter_for
 from .artifacts import all_finite
-from .models import decoder_layers
+from .models import decoder_layers, torch_dtype
 from .progress import bar as progress_bar
 
 log = logging.getLogger(__name__)
@@ -68,7 +72,7 @@ def gram_upper_add_(G: torch.Tensor, x: torch.Tensor, edges: list[int]) -> torch
     tensor_core = x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda"
     if not tensor_core:
         x = x.to(_accumulation_dtype(x))
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         a, b = x[:, lo:hi], x[:, lo:]
         G[lo:hi, lo:].add_(torch.mm(a.mT, b, out_dtype=torch.float32) if tensor_core else a.mT @ b)
     return G
@@ -78,10 +82,10 @@ def symmetrize_upper_(G: torch.Tensor, edges: list[int]) -> torch.Tensor:
     """Make G symmetric in place from its upper triangle (the part ``gram_upper_add_`` forms):
     each strictly lower block is the transpose of its mirror block, and each diagonal block's
     lower triangle the transpose of its upper one. Temporaries are block-sized. Returns G."""
-    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         D = G[lo:hi, lo:hi]
         D.copy_(torch.triu(D) + torch.triu(D, 1).mT)
-        for lo2, hi2 in zip(edges[i + 1 : -1], edges[i + 2 :]):
+        for lo2, hi2 in zip(edges[i + 1 : -1], edges[i + 2 :], strict=True):
             G[lo2:hi2, lo:hi] = G[lo:hi, lo2:hi2].mT
     return G
 
@@ -107,7 +111,9 @@ class GramAccumulator:
     read after an update.
     """
 
-    def __init__(self, dim: int, device: torch.device, total_dtype=torch.float64, block: int | None = None):
+    def __init__(
+        self, dim: int, device: torch.device, total_dtype: Any = torch.float64, block: int | None = None
+    ) -> None:
         self.edges = gram_block_edges(dim, block or gram_block(device))
         self._gram = torch.zeros(dim, dim, dtype=total_dtype, device=device)
         self._mirrored = True
@@ -139,13 +145,14 @@ class GramAccumulator:
         self.count += x.shape[0]
 
 
-def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list:
+def layer_masks(model: Any, hidden: torch.Tensor, position_ids: torch.Tensor) -> list[Any]:
     """Per-layer attention masks for full-length causal sequences without padding, built the
     way the model's own forward builds them (full or sliding-window per ``layer_types``; every
     layer sliding for families that always slide, e.g. Mistral, when a window is set)."""
-    import inspect
-
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+    from transformers.masking_utils import (  # deferred: transformers, +1-4 s on coec --help (measured)
+        create_causal_mask,
+        create_sliding_window_causal_mask,
+    )
 
     cfg = model.config
     # built for one sequence, so that a materialised (1, 1, T, T) mask broadcasts over any batch
@@ -164,21 +171,22 @@ def layer_masks(model, hidden: torch.Tensor, position_ids: torch.Tensor) -> list
     return [sliding if t == "sliding_attention" else full for t in types]
 
 
-def layer_call(layer, hidden, mask, position_ids, position_embeddings) -> torch.Tensor:
+def layer_call(layer: Any, hidden: Any, mask: Any, position_ids: Any, position_embeddings: Any) -> torch.Tensor:
     """One decoder layer on a batch of hidden states (B, T, d) -> (B, T, d)."""
     out = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings)
-    return out[0] if isinstance(out, tuple) else out
+    h: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return h
 
 
 @torch.no_grad()
 def embed_batches(
-    model, input_ids: torch.Tensor, batch_size: int, device: torch.device, store_device: torch.device
+    model: Any, input_ids: torch.Tensor, batch_size: int, device: torch.device, store_device: torch.device
 ) -> list[torch.Tensor]:
     """Token embeddings of the calibration sequences, in batches kept on ``store_device``."""
     adapter = adapter_for(model.config)
     emb = adapter.embedding(model)
     scale = adapter.embed_scale(model.config)  # a factor the model's forward applies, or None
-    emb_dev = emb.weight.device
+    emb_dev = cast(torch.Tensor, emb.weight).device
     emb.to(device)
     hidden = []
     for i in range(0, input_ids.shape[0], batch_size):
@@ -198,7 +206,7 @@ class LayerPass:
     manager: the rotary module returns to its device on exit.
     """
 
-    def __init__(self, model, input_ids: torch.Tensor, batch_size: int, device=None):
+    def __init__(self, model: Any, input_ids: torch.Tensor, batch_size: int, device: Any = None) -> None:
         self.store = next(model.parameters()).device
         self.device = torch.device(device) if device is not None else self.store
         self.hidden = embed_batches(model, input_ids, batch_size, self.device, self.store)
@@ -212,11 +220,11 @@ class LayerPass:
     def __enter__(self) -> LayerPass:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.rotary.to(self.rotary_home)
 
     @torch.no_grad()
-    def run(self, i: int, layer, keep_outputs: bool = True) -> None:
+    def run(self, i: int, layer: Any, keep_outputs: bool = True) -> None:
         """Every batch through ``layer`` (layer ``i``, already on ``device``); its outputs become
         the inputs of layer i+1 unless ``keep_outputs`` is False (a statistics-only forward)."""
         for b, h in enumerate(self.hidden):
@@ -226,7 +234,7 @@ class LayerPass:
 
 
 @torch.no_grad()
-def layer_statistics(lp, i: int, layer, modules: tuple[str, ...] = MODULES) -> dict[str, GramAccumulator]:
+def layer_statistics(lp: Any, i: int, layer: Any, modules: tuple[str, ...] = MODULES) -> dict[str, GramAccumulator]:
     """:class:`GramAccumulator` statistics of the named module inputs of decoder layer ``i``
     (on ``lp.device``) over every batch of a layer pass ``lp`` (``lp.run(i, layer)``, whose
     outputs become the next layer's inputs); NaN/Inf raises :class:`NonFiniteActivations`."""
@@ -251,10 +259,10 @@ def layer_statistics(lp, i: int, layer, modules: tuple[str, ...] = MODULES) -> d
 
 @torch.no_grad()
 def run_layerwise(
-    model,
+    model: Any,
     input_ids: torch.Tensor,
     batch_size: int = 8,
-    device=None,
+    device: Any = None,
     on_layer: Callable[[int, dict[str, GramAccumulator]], None] | None = None,
     modules: tuple[str, ...] = MODULES,
     progress: bool = True,
@@ -285,18 +293,18 @@ def run_layerwise(
                 on_layer(i, stats)
 
 
-def channel_sumsq(stats) -> torch.Tensor:
+def channel_sumsq(stats: Any) -> torch.Tensor:
     """Σ x² per channel of a statistics object or dict: its ``sumsq``, else the Gram's diagonal
     (a 1-D ``gram`` is the diagonal itself)."""
-    get = stats.get if isinstance(stats, dict) else (lambda k: getattr(stats, k, None))
-    sq = get("sumsq")
+    get: Callable[[str], Any] = stats.get if isinstance(stats, dict) else (lambda k: getattr(stats, k, None))
+    sq: torch.Tensor | None = get("sumsq")
     if sq is None:
-        g = get("gram")
+        g: torch.Tensor = get("gram")
         sq = g if g.dim() == 1 else g.diagonal()
     return sq
 
 
-def gram_tensors(stats: dict, dtype=torch.float32) -> dict[str, torch.Tensor]:
+def gram_tensors(stats: dict[str, Any], dtype: Any = torch.float32) -> dict[str, torch.Tensor]:
     """Flatten layer statistics into safetensors entries ``<module>.gram|sum|sumsq|abssum|count``.
 
     ``stats``: module -> a :class:`GramAccumulator`, or a dict with the same keys (``gram``,
@@ -317,13 +325,12 @@ def gram_tensors(stats: dict, dtype=torch.float32) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gram_dir(out_dir: str | Path, gram_dtype: str, fill: Callable[[Callable[[int, dict], None]], dict]) -> dict:
+def write_gram_dir(
+    out_dir: str | Path, gram_dtype: str, fill: Callable[[Callable[[int, dict[str, Any]], None]], dict[str, Any]]
+) -> dict[str, Any]:
     """A Gram folder, atomically (``atomic.atomic_dir``): ``fill(write)`` produces the
     statistics, calling ``write(i, stats)`` once per layer (``layer{i}.safetensors``,
     :func:`gram_tensors` with the Gram in ``gram_dtype``), and returns ``meta.json``'s dict."""
-    from . import artifacts, atomic
-    from .models import torch_dtype
-
     dt = torch_dtype(gram_dtype)
     with atomic.atomic_dir(out_dir) as tmp:
         meta = fill(lambda i, stats: artifacts.write_gram_layer(artifacts.gram_path(tmp, i), gram_tensors(stats, dt)))
@@ -331,7 +338,9 @@ def write_gram_dir(out_dir: str | Path, gram_dtype: str, fill: Callable[[Callabl
     return meta
 
 
-def gram_meta(n_layers: int, input_ids: torch.Tensor, gram_dtype: str, meta: dict | None = None) -> dict:
+def gram_meta(
+    n_layers: int, input_ids: torch.Tensor, gram_dtype: str, meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``meta.json`` of a calibration pass over ``input_ids`` (n_seq, seqlen), then ``meta``."""
     return {
         "n_layers": n_layers,
@@ -343,22 +352,43 @@ def gram_meta(n_layers: int, input_ids: torch.Tensor, gram_dtype: str, meta: dic
     }
 
 
+@dataclass(frozen=True)
+class PassOptions:
+    """How a calibration pass runs: ``batch_size`` sequences at a time, Grams stored in
+    ``gram_dtype``; a streamed pass (``streaming.calibrate``) also keeps at most ``budget_bytes`` of
+    hidden states in memory (the rest in files) and checkpoints after the first layer that ends
+    ``checkpoint_seconds`` after the last checkpoint."""
+
+    batch_size: int = 8
+    gram_dtype: str = "float32"
+    budget_bytes: float = float("inf")
+    checkpoint_seconds: float = 600.0
+    progress: bool = True
+
+
+#: The defaults of :class:`PassOptions` (a module-level instance: argument defaults call nothing).
+PASS_DEFAULTS = PassOptions()
+
+
 def calibrate_to_dir(
-    model,
+    model: Any,
     input_ids: torch.Tensor,
     out_dir: str | Path,
-    batch_size: int = 8,
-    device=None,
-    gram_dtype: str = "float32",
-    meta: dict | None = None,
-) -> dict:
+    options: PassOptions = PASS_DEFAULTS,
+    meta: dict[str, Any] | None = None,
+    device: Any = None,
+) -> dict[str, Any]:
     """Write ``layer{i}.safetensors`` (Grams, sums, counts of o_proj and down_proj inputs) for
-    every layer plus ``meta.json`` into ``out_dir`` (:func:`write_gram_dir`). The returned info
-    also holds ``seconds``, which is logged, not written."""
+    every layer plus ``meta.json`` into ``out_dir`` (:func:`write_gram_dir`), the hidden states
+    cached on ``device`` (``options``: batch size and Gram dtype). The returned info also holds
+    ``seconds``, which is logged, not written."""
     t0 = time.time()
+    gram_dtype = options.gram_dtype
 
-    def fill(write):
-        run_layerwise(model, input_ids, batch_size=batch_size, device=device, on_layer=write)
+    def fill(write: Any) -> Any:
+        run_layerwise(
+            model, input_ids, batch_size=options.batch_size, device=device, on_layer=write, progress=options.progress
+        )
         return gram_meta(len(decoder_layers(model)), input_ids, gram_dtype, meta)
 
     info = write_gram_dir(out_dir, gram_dtype, fill)

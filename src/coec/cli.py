@@ -11,33 +11,55 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+from safetensors import SafetensorError
 
 from .arch.tiny import DEFAULT_FAMILY
+from .config import schema_default
+from .embedded import ZEROSHOT_WHEEL, fetch_wheel, prepare_embedded_model, prepare_embedded_text
+from .evaluate.zeroshot_data import build_zeroshot_data
 from .export import run_export  # registers the built-in formats (hf, gguf)
 from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS
 from .extension import EXTENSIONS, extensions
+from .modelcheck import check_stage
+from .models import resolve_model_dir
+from .registry import plugins_from_env
+from .selection import CHANNEL_ROUNDINGS
+from .source import (
+    CalibrateOptions,
+    CalibrationWindows,
+    CellSource,
+    GgufPplOptions,
+    PplOptions,
+    SelectOptions,
+    ZeroshotOptions,
+)
+from .starter import run_command, write_starter
+from .streaming.options import OPTIONS, STAGE_OPTIONS, StreamOptions
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def json_arg(s: str):
+def json_arg(s: str) -> Any:
     try:
         return json.loads(s)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {s!r} ({exc})") from None
 
 
-def optional_int(s: str):
+def optional_int(s: str) -> int | None:
     return None if s in ("", "none", "None", "null", "0") else int(s)
 
 
-def config_arg(s: argparse.ArgumentParser, flag: str, key: str, **kw) -> argparse.Action:
+def config_arg(s: argparse.ArgumentParser, flag: str, key: str, **kw: Any) -> argparse.Action:
     """An option whose default is the config schema's default of ``key`` (``coec.config.
     schema_default``), so a stage run by hand and the same stage run by the workflow agree.
     The action records ``config_key`` (tests/workflow/test_cli_defaults.py checks every option the rules
     pass is required, has one, or defaults to nothing)."""
-    from .config import schema_default
-
     action = s.add_argument(flag, default=schema_default(key), **kw)
-    action.config_key = key
+    action.config_key = key  # type: ignore[attr-defined]  # typeshed: Action has no attribute for this
     if action.help is None:
         action.help = f"default: config {key} = {action.default!r}"
     return action
@@ -72,7 +94,7 @@ EXPECT_HELP = (
 )
 
 
-def hub_options(a) -> tuple[str | None, bool]:
+def hub_options(a: argparse.Namespace) -> tuple[str | None, bool]:
     """(revision, trust_remote_code) of a parsed model stage (absent options: None, False)."""
     return getattr(a, "revision", None), bool(getattr(a, "trust_remote_code", False))
 
@@ -87,40 +109,58 @@ def add_hub_args(s: argparse.ArgumentParser) -> None:
     )
 
 
-def check_model_stage(a) -> None:
+def check_model_stage(a: argparse.Namespace) -> None:
     """A model stage's model against --expect, its --seqlen and its --keep, before any work
     (``coec.modelcheck``): one error line naming the config key and both values."""
-    from .modelcheck import check_stage
-    from .models import resolve_model_dir
-
     model_dir = resolve_model_dir(a.model, *hub_options(a))  # at --revision, as the stage loads it
     check_stage(model_dir, getattr(a, "expect", None), getattr(a, "seqlen", None), getattr(a, "keep", None))
 
 
 def add_stream_args(parser: argparse.ArgumentParser, stage: str) -> None:
     """Add the streaming options of ``stage`` (``STAGE_OPTIONS``) to its subparser."""
-    from .streaming.options import OPTIONS, STAGE_OPTIONS
-
     for dest in STAGE_OPTIONS[stage]:
         flag, key = OPTIONS[dest]
         config_arg(parser, flag, key, type=float, dest=dest)
 
 
-def stream_options(args: argparse.Namespace) -> dict:
-    """The parsed streaming options of a stage, as keyword arguments of its pipeline function."""
-    from .streaming.options import OPTIONS
-
-    return {dest: getattr(args, dest) for dest in OPTIONS if hasattr(args, dest)}
+def stream_options(a: argparse.Namespace) -> StreamOptions:
+    """The parsed streaming options of a stage (those it does not take: None)."""
+    return StreamOptions(**{dest: getattr(a, dest) for dest in OPTIONS if hasattr(a, dest)})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coec", description=__doc__)
-    sub = p.add_subparsers(dest="stage", required=True)
+def cell_source(a: argparse.Namespace) -> CellSource:
+    """Which model and which cell a parsed stage names (options it does not take: their defaults)."""
+    return CellSource(
+        model=a.model,
+        dtype=getattr(a, "dtype", "float32"),
+        device=getattr(a, "device", None),
+        revision=getattr(a, "revision", None),
+        trust_remote_code=bool(getattr(a, "trust_remote_code", False)),
+        keep=getattr(a, "keep", None),
+        comp=tuple(getattr(a, "comp", None) or ()),
+        cell=dict(getattr(a, "cell", None) or {}),
+        device_map=getattr(a, "device_map", None),
+    )
 
+
+def calibration_windows(a: argparse.Namespace) -> CalibrationWindows:
+    """The calibration windows of ``coec calibrate`` / ``coec imatrix``."""
+    return CalibrationWindows(a.dataset, a.nsamples, a.seqlen, a.seed, a.batch_size)
+
+
+def ppl_options(a: argparse.Namespace) -> PplOptions:
+    """The options of ``coec ppl`` / ``coec iterative ppl``."""
+    return PplOptions(a.dataset, a.seqlen, a.max_windows, a.batch_size, stream_options(a))
+
+
+def _model_parsers(sub: Subparsers) -> None:
+    """The subcommands that only prepare inputs: prepare-model, tiny-model, prepare-text,
+    prepare-zeroshot, report."""
     s = sub.add_parser("prepare-model", help="convert an embedded (wheel-shipped) model")
     s.add_argument("--name", required=True)
     s.add_argument("--spec", type=json_arg, default={})
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_prepare_model)
 
     s = sub.add_parser(
         "tiny-model",
@@ -131,22 +171,29 @@ def build_parser() -> argparse.ArgumentParser:
     what = f"model family (a model_type coec.arch supports; default {DEFAULT_FAMILY})"
     s.add_argument("--family", default=DEFAULT_FAMILY, help=what)
     s.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    s.set_defaults(func=cmd_tiny_model)
 
     s = sub.add_parser("prepare-text", help="extract the embedded Wikipedia text")
     s.add_argument("--out", required=True)
     config_arg(s, "--eval-every", "datasets.*.eval_every", type=int)
+    s.set_defaults(func=cmd_prepare_text)
 
+
+def _prune_parsers(sub: Subparsers) -> None:
+    """calibrate, gram-check, select, compensate."""
     s = sub.add_parser("calibrate", help="Grams of o_proj/down_proj inputs, layer by layer")
     _calibration_args(s)
     config_arg(s, "--gram-dtype", "calibration.*.gram_dtype")
     config_arg(s, "--device", "compute.device")
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_calibrate)
 
     s = sub.add_parser("gram-check", help="App. B's verdict on every Gram and each module's output energy")
     s.add_argument("--model", required=True)
     s.add_argument("--grams", required=True)
     config_arg(s, "--device", "compute.device")
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_gram_check)
 
     s = sub.add_parser("select", help="column scores -> keep.json")
     s.add_argument("--model", required=True)
@@ -159,11 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--ratio", type=float, required=True)
     config_arg(s, "--group-rounding", "group_rounding")
-    from .selection import CHANNEL_ROUNDINGS
-
     config_arg(s, "--channel-multiple", "channel_multiple", type=int)
     config_arg(s, "--channel-rounding", "channel_rounding", choices=CHANNEL_ROUNDINGS)
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_select)
 
     s = sub.add_parser("compensate", help="compensate a block of layers")
     s.add_argument("--model", required=True)
@@ -179,7 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="gram_checks/{calib}.json of the Grams (coec gram-check); none: formed in this job",
     )
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_compensate)
 
+
+def _eval_parsers(sub: Subparsers) -> None:
+    """ppl, zeroshot, imatrix, geometry."""
     s = sub.add_parser("ppl", help="perplexity of a dense or pruned/compensated model")
     s.add_argument("--model", required=True)
     s.add_argument("--dataset", type=json_arg, required=True)
@@ -189,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cell_args(s)
     s.add_argument("--gguf", default=None, help="score this GGUF file in llama.cpp instead (docs/deploy.md)")
     s.add_argument("--threads", type=int, default=None, help="llama.cpp threads of --gguf (none: its default)")
+    s.set_defaults(func=cmd_ppl)
 
     s = sub.add_parser("zeroshot", help="lm-eval zero-shot accuracy of a model cell")
     s.add_argument("--model", required=True)
@@ -205,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also save lm-eval's per-sample records (<out stem>_samples/<task>.jsonl)",
     )
     _cell_args(s)
+    s.set_defaults(func=cmd_zeroshot)
 
     s = sub.add_parser(
         "imatrix", help="importance matrix for llama.cpp's quantizer: mean x^2 of each weight's input columns"
@@ -215,21 +267,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--comp", nargs="*", default=[], help="compensation block files")
     s.add_argument("--cell", type=json_arg, default={}, help="cell labels recorded in the file")
     s.add_argument("--out", required=True, help="the imatrix file (.safetensors)")
+    s.set_defaults(func=cmd_imatrix)
 
     s = sub.add_parser("prepare-zeroshot", help="extract the offline zero-shot task data")
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_prepare_zeroshot)
 
     s = sub.add_parser("report", help="assemble a table from cell results")
     s.add_argument("--kind", required=True)
     s.add_argument("--spec", type=json_arg, required=True)
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("geometry", help="App. C measurements of one cell")
     s.add_argument("--model", required=True)
     s.add_argument("--keep", required=True)
     s.add_argument("--comp", nargs="*", default=[])
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_geometry)
 
+
+def _export_parser(sub: Subparsers) -> None:
     s = sub.add_parser("export", help="write a pruned, compensated HF checkpoint or GGUF file")
     s.add_argument("--model", required=True)
     s.add_argument("--keep", default=None, help="keep.json of the cell (none: the dense model)")
@@ -252,15 +310,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--out", required=True, help="hf: absent or empty folder; gguf: a file name (never inside the source model)"
     )
+    s.set_defaults(func=cmd_export)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coec", description=__doc__)
+    sub = p.add_subparsers(dest="stage", required=True)
+    _model_parsers(sub)
+    _prune_parsers(sub)
+    _eval_parsers(sub)
+    _export_parser(sub)
     for stage in MODEL_STAGES:  # the workflow's expectations, checked before any work
         sub.choices[stage].add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
         add_hub_args(sub.choices[stage])
-    from .streaming.options import STAGE_OPTIONS
-
     for stage in STAGE_OPTIONS:  # layer-by-layer streaming (docs/streaming.md)
         add_stream_args(sub.choices[stage], stage)
-
     for ext in extensions():  # e.g. `coec iterative ...` (coec.iterative.extension)
         if ext.add_cli is not None:
             ext.add_cli(sub)
@@ -269,8 +333,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .registry import plugins_from_env
-
     try:  # the workflow's `plugins` (COEC_PLUGINS): their methods, scores, families, tasks
         plugins_from_env()
     except ValueError as exc:
@@ -283,11 +345,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage in EXTENSIONS:
         run = EXTENSIONS[args.stage].run_cli
         assert run is not None  # an extension that adds a command group runs it
-        return run(args, p)
-    return run_guarded(args.stage, lambda: _dispatch(args))
+        return int(run(args, p))
+    return run_guarded(args.stage, lambda: run_stage(args))
 
 
-def export_options_of_other_formats(args) -> list[str]:
+def run_stage(a: argparse.Namespace) -> None:
+    """A parsed stage: its model checked against the config first (model stages), then its
+    command (``set_defaults(func=...)``)."""
+    if a.stage in MODEL_STAGES:
+        check_model_stage(a)
+    a.func(a)
+
+
+def export_options_of_other_formats(args: argparse.Namespace) -> list[str]:
     """The flags given to ``coec export`` that belong to formats other than ``--format``."""
     return [
         o.flag
@@ -298,58 +368,10 @@ def export_options_of_other_formats(args) -> list[str]:
     ]
 
 
-def run_ppl_args(a: argparse.Namespace, options: dict) -> None:
-    """``coec ppl`` and ``coec iterative ppl``: the perplexity stage from parsed arguments,
-    ``options`` the hub and streaming options."""
-    from . import pipeline
-
-    if getattr(a, "gguf", None):
-        return run_ppl_gguf_args(a, options)
-    pipeline.run_ppl(
-        a.model,
-        a.dataset,
-        a.seqlen,
-        a.max_windows,
-        a.batch_size,
-        a.dtype,
-        a.device,
-        a.out,
-        a.keep,
-        a.comp,
-        a.cell,
-        a.device_map,
-        **options,
-    )
-
-
-def run_ppl_gguf_args(a: argparse.Namespace, options: dict) -> None:
-    """``coec ppl --gguf``: the cell is the file, so --keep, --comp and --device-map are refused;
-    --dtype, --device, --batch-size and the streaming options do not apply and are ignored."""
-    from .evaluate.ppl_gguf import run_ppl_gguf
-
-    given = [f for f, v in (("--keep", a.keep), ("--comp", a.comp), ("--device-map", a.device_map)) if v]
-    if given:
-        raise ValueError(f"{given[0]} does not apply with --gguf (the GGUF file is the cell)")
-    run_ppl_gguf(
-        a.gguf,
-        a.model,
-        a.dataset,
-        a.seqlen,
-        a.max_windows,
-        a.out,
-        a.cell,
-        a.threads,
-        options.get("revision"),
-        options.get("trust_remote_code", False),
-    )
-
-
-def run_guarded(stage: str, fn) -> int:
+def run_guarded(stage: str, fn: Callable[[], object]) -> int:
     """Run one stage with logging; a bad input ends it with one error line and exit code 2."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     log = logging.getLogger("coec")
-    from safetensors import SafetensorError
-
     t0 = time.time()
     try:
         fn()
@@ -363,99 +385,104 @@ def run_guarded(stage: str, fn) -> int:
     return 0
 
 
-def _dispatch(a) -> None:
-    from . import pipeline
+def cmd_prepare_model(a: argparse.Namespace) -> None:
+    prepare_embedded_model(a.spec.get("embedded", a.name), a.out, dtype=a.spec.get("store_dtype", "float32"))
 
-    hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
-    hub.update(stream_options(a))  # calibrate, ppl, zeroshot: the streaming options
-    if a.stage in MODEL_STAGES:
-        check_model_stage(a)
-    if a.stage == "prepare-model":
-        pipeline.prepare_model(a.spec, a.name, a.out)
-    elif a.stage == "tiny-model":
-        from .starter import run_command, write_starter
 
-        write_starter(a.out, a.family, a.seed)
-        print(f"wrote {a.out}; from the repository: {run_command(a.out)}")
-    elif a.stage == "prepare-text":
-        from .embedded import prepare_embedded_text
+def cmd_tiny_model(a: argparse.Namespace) -> None:
+    write_starter(a.out, a.family, a.seed)
+    print(f"wrote {a.out}; from the repository: {run_command(a.out)}")
 
-        prepare_embedded_text(a.out, a.eval_every)
-    elif a.stage == "calibrate":
-        pipeline.run_calibrate(
-            a.model,
-            a.dataset,
-            a.out,
-            a.nsamples,
-            a.seqlen,
-            a.seed,
-            a.batch_size,
-            a.dtype,
-            a.device,
-            a.gram_dtype,
-            **hub,
-        )
-    elif a.stage == "select":
-        pipeline.run_select(
-            a.model,
-            a.grams,
-            a.method,
-            a.ratio,
-            a.group_rounding,
-            a.out,
-            options=json.loads(a.options),
-            channel_multiple=a.channel_multiple,
-            channel_rounding=a.channel_rounding,
-            **hub,
-        )
-    elif a.stage == "compensate":
-        pipeline.run_compensate(
-            a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device, gram_check=a.gram_check, **hub
-        )
-    elif a.stage == "gram-check":
-        pipeline.run_gram_check(a.model, a.grams, a.out, a.device, **hub)
-    elif a.stage == "ppl":
-        run_ppl_args(a, hub)
-    elif a.stage == "zeroshot":
-        pipeline.run_zeroshot(
-            a.model,
-            a.tasks,
-            a.data_dir,
-            a.limit,
-            a.batch_size,
-            a.max_length,
-            a.dtype,
-            a.device,
-            a.out,
-            a.keep,
-            a.comp,
-            a.cell,
-            a.device_map,
-            log_samples=a.log_samples,
-            **hub,
-        )
-    elif a.stage == "imatrix":
-        from .imatrix import run_imatrix
 
-        run_imatrix(
-            a.model, a.dataset, a.nsamples, a.seqlen, a.seed, a.batch_size, a.dtype, a.device, a.out,
-            a.keep, a.comp, a.cell, *hub_options(a),
-        )  # fmt: skip
-    elif a.stage == "prepare-zeroshot":
-        pipeline.prepare_zeroshot(a.out)
-    elif a.stage == "report":
-        from .report import write_report
+def cmd_prepare_text(a: argparse.Namespace) -> None:
+    prepare_embedded_text(a.out, a.eval_every)
 
-        write_report(a.kind, a.spec, a.out)
-    elif a.stage == "geometry":
-        pipeline.run_geometry(a.model, a.keep, a.comp, a.out, **hub)
-    elif a.stage == "export":
-        options = {
-            o.dest: getattr(a, o.dest)
-            for o in EXPORT_FORMATS[a.format or DEFAULT_FORMAT].options
-            if getattr(a, o.dest) is not None
-        }
-        run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub, fmt=a.format, **options)
+
+def cmd_prepare_zeroshot(a: argparse.Namespace) -> None:
+    build_zeroshot_data(fetch_wheel(ZEROSHOT_WHEEL), a.out)
+
+
+def cmd_report(a: argparse.Namespace) -> None:
+    from .report import write_report  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+
+    write_report(a.kind, a.spec, a.out)
+
+
+def cmd_calibrate(a: argparse.Namespace) -> None:
+    from .pipeline import run_calibrate  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+
+    run_calibrate(cell_source(a), CalibrateOptions(calibration_windows(a), a.gram_dtype, stream_options(a)), a.out)
+
+
+def cmd_gram_check(a: argparse.Namespace) -> None:
+    from .pipeline import run_gram_check  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+
+    revision, trust_remote_code = hub_options(a)
+    run_gram_check(a.model, a.grams, a.out, a.device, revision=revision, trust_remote_code=trust_remote_code)
+
+
+def cmd_select(a: argparse.Namespace) -> None:
+    from .pipeline import run_select  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+
+    options = SelectOptions(
+        a.method, a.ratio, a.group_rounding, json.loads(a.options), a.channel_multiple, a.channel_rounding
+    )
+    run_select(cell_source(a), a.grams, options, a.out)
+
+
+def cmd_compensate(a: argparse.Namespace) -> None:
+    from .pipeline import run_compensate  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+
+    revision, trust_remote_code = hub_options(a)
+    run_compensate(
+        a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device,
+        gram_check=a.gram_check, revision=revision, trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+
+
+def cmd_ppl(a: argparse.Namespace) -> None:
+    """``coec ppl`` and ``coec iterative ppl``: the perplexity of the cell, or with ``--gguf`` of
+    that file in llama.cpp: the file is the cell, so --keep, --comp and --device-map are refused;
+    --dtype, --device, --batch-size and the streaming options do not apply and are ignored."""
+    from .evaluate.ppl_gguf import run_ppl_gguf  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from .pipeline import run_ppl  # deferred: transformers, as above
+
+    if not getattr(a, "gguf", None):
+        run_ppl(cell_source(a), ppl_options(a), a.out)
+        return
+    given = [f for f, v in (("--keep", a.keep), ("--comp", a.comp), ("--device-map", a.device_map)) if v]
+    if given:
+        raise ValueError(f"{given[0]} does not apply with --gguf (the GGUF file is the cell)")
+    run_ppl_gguf(cell_source(a), ppl_options(a), GgufPplOptions(a.gguf, a.threads), a.out)
+
+
+def cmd_zeroshot(a: argparse.Namespace) -> None:
+    from .pipeline import run_zeroshot  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+
+    options = ZeroshotOptions(
+        tuple(a.tasks), a.data_dir, a.limit, a.batch_size, a.max_length, a.log_samples, stream_options(a)
+    )
+    run_zeroshot(cell_source(a), options, a.out)
+
+
+def cmd_imatrix(a: argparse.Namespace) -> None:
+    from .imatrix import run_imatrix  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+
+    run_imatrix(cell_source(a), calibration_windows(a), a.out)
+
+
+def cmd_geometry(a: argparse.Namespace) -> None:
+    from .pipeline import run_geometry  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+
+    run_geometry(cell_source(a), a.out)
+
+
+def cmd_export(a: argparse.Namespace) -> None:
+    fmt = EXPORT_FORMATS[a.format or DEFAULT_FORMAT]
+    options = {o.dest: getattr(a, o.dest) for o in fmt.options if getattr(a, o.dest) is not None}
+    revision, trust_remote_code = hub_options(a)
+    run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, revision, trust_remote_code, a.format,
+               **options)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ What is counted
   convention that reproduces Table 4 (15.2 for Qwen2.5-7B, 141.1 for Llama-3-70B); the honest
   matmul-only count (``include_embedding=False``) and the attention-score term
   (``4 * layers * heads * head_dim * context_len``) are available as options.
-* Peak memory (GiB = 2**30 bytes, which the paper labels "GB"): see ``peak_memory_gb``.
+* Peak memory (GiB = 2**30 bytes, which the paper labels "GB"; :data:`GIB`, used by the
+  workflow's memory plan too, ``coec.streaming.plan``): see ``peak_memory_gb``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from .arch import adapter_for
 from .arch.published import PUBLISHED_ARCHS  # re-exported: the Table 4 architectures
+from .selection import n_keep
 
 __all__ = [
     "PUBLISHED_ARCHS",
@@ -90,8 +94,6 @@ def arch_dims(cfg: Mapping[str, Any], shape: Mapping[str, Any] | None = None) ->
 def kept_count(n: int, ratio: float, rounding: str = "ceil") -> int:
     """Units kept out of ``n`` at pruning ratio ``ratio`` in (0, 1): the selection stage's own
     rule (:func:`coec.selection.n_keep`), so cost figures and pruned models cannot disagree."""
-    from .selection import n_keep
-
     if n < 1:
         raise ValueError(f"count must be >= 1, got {n}")
     return n_keep(n, ratio, rounding)
@@ -148,8 +150,7 @@ def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> in
     a 32-head 4096-wide model at 30 %), so the head counts are set as attributes after construction; the
     modelling code itself handles such shapes.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: +0.9 s on coec --help (measured)
 
     cfg = config_dict(config) | dict(shape or {})
     d = arch_dims(cfg)
@@ -161,7 +162,7 @@ def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> in
     for k, v in heads.items():
         setattr(hf_cfg, k, v)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_cfg)
+        model = AutoModelForCausalLM.from_config(hf_cfg)  # type: ignore[no-untyped-call]  # transformers stub gap
     return sum(p.numel() for p in model.parameters())
 
 
@@ -179,7 +180,7 @@ def flops_per_token(
     n = sum(param_breakdown(d).values())
     if not include_embedding:
         n -= d["vocab"] * d["hidden"]
-    flops = 2.0 * n + 4.0 * d["layers"] * d["heads"] * d["head_dim"] * context_len
+    flops: float = 2.0 * n + 4.0 * d["layers"] * d["heads"] * d["head_dim"] * context_len
     return flops / 1e9
 
 
@@ -193,14 +194,16 @@ def kv_cache_bytes(
 ) -> int:
     """K and V for every layer: ``2 L n_kv head_dim seq_len batch bytes``."""
     d = arch_dims(config_dict(config), shape)
-    return 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * seq_len * batch_size * bytes_per_value
+    n: int = 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * seq_len * batch_size * bytes_per_value
+    return n
 
 
 def _layer_activation_bytes(d: Mapping[str, Any], tokens: int, nbytes: int) -> int:
     """Transient activations of one decoder layer over ``tokens`` tokens, the MLP being the
     largest: gate, up and their product (``3 d_ff``) plus the residual stream and its normed copy
     (``2 hidden``) per token, ``nbytes`` each."""
-    return tokens * (3 * d["ffn"] + 2 * d["hidden"]) * nbytes
+    n: int = tokens * (3 * d["ffn"] + 2 * d["hidden"]) * nbytes
+    return n
 
 
 def peak_memory_gb(
@@ -238,7 +241,8 @@ def peak_memory_gb(
     kv = kv_cache_bytes(config, shape, seq_len=seq_len, batch_size=batch_size, bytes_per_value=2)
     act = _layer_activation_bytes(d, batch_size * seq_len, 2)
     logits = batch_size * d["vocab"] * 4
-    return (weights + kv + act + logits) / GIB + overhead_gib
+    gib: float = (weights + kv + act + logits) / GIB + overhead_gib
+    return gib
 
 
 def cost_table(
@@ -268,70 +272,3 @@ def cost_table(
             }
         )
     return rows
-
-
-def memory_plan(
-    config: Any,
-    ratio: float = 0.3,
-    nsamples: int = 128,
-    seqlen: int = 2048,
-    act_bytes: int = 2,
-    gram_bytes: int = 4,
-    ppl_seqlen: int = 4096,
-    ppl_batch: int = 1,
-    loss_chunk: int = 1024,
-    gram_block: int = 1024,
-) -> dict[str, float]:
-    """Memory of each workflow stage for one model, in GiB (2^30 bytes).
-
-    - ``gram_layer_gb`` / ``gram_total_gb``: stored Grams of one layer / all layers (o_proj input
-      d_heads², down_proj input d_ff², ``gram_bytes`` each, full matrices as stored);
-      ``*_sym_gb``: the same with only one triangle.
-    - ``calib_peak_gb``: the calibration job's device peak: one layer's weights (bf16), the fp64
-      Gram accumulators of that layer, the cached hidden states of all sequences
-      (nsamples × seqlen × hidden × ``act_bytes``; they live on the offload device, counted here
-      as the worst case), one batch's MLP activations and one block row of the batch's Gram
-      product (``gram_block`` × d_ff in fp32, ``calibrate.GRAM_BLOCK["cuda"]``); never all
-      layers' Grams.
-    - ``comp_down_peak_gb``: compensating one down_proj: the fp64 eigh of the full Gram (G,
-      eigenvectors, one work copy), Gxx / the tempered slice in fp32, W0, W and R in fp32.
-    - ``weights_bf16_gb``: the dense model in bf16 (evaluation; spread over the GPUs with
-      ``device_map``).
-    - ``ppl_batch_gb``: what one perplexity batch adds to the weights (on the last GPU under
-      ``device_map``): one decoder layer's activations (as ``peak_memory_gb``; no KV cache, the
-      forward runs with ``use_cache=False``), the bf16 logits of every position
-      (``ppl_batch x ppl_seqlen x vocab``) and the float32 loss chunk (upcast + log-softmax of
-      ``loss_chunk`` positions, ``evaluate.ppl.LOSS_CHUNK_TOKENS``).
-    """
-    d = arch_dims(config_dict(config))
-    h, L, ff = d["hidden"], d["layers"], d["ffn"]
-    d_attn = d["heads"] * d["head_dim"]
-    GiB = 2.0**30
-    gram_entries = d_attn**2 + ff**2
-    parts = param_breakdown(d)
-    layer_params = (parts["attention"] + parts["mlp"] + parts["norms"]) // L
-    k_ff = kept_count(ff, ratio, "ceil")
-    batch = 8 * seqlen
-    return {
-        "gram_layer_gb": gram_entries * gram_bytes / GiB,
-        "gram_total_gb": L * gram_entries * gram_bytes / GiB,
-        "gram_layer_sym_gb": (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
-        "gram_total_sym_gb": L * (d_attn * (d_attn + 1) + ff * (ff + 1)) / 2 * gram_bytes / GiB,
-        "calib_peak_gb": (
-            layer_params * 2
-            + gram_entries * 8
-            + nsamples * seqlen * h * act_bytes
-            + _layer_activation_bytes(d, batch, 4)
-            + min(gram_block, ff) * ff * 4
-        )
-        / GiB,
-        "comp_down_peak_gb": (3 * ff * ff * 8 + 2 * k_ff * k_ff * 4 + 2 * h * ff * 4 + 2 * min(h, k_ff) * k_ff * 4)
-        / GiB,
-        "weights_bf16_gb": count_params(config) * 2 / GiB,
-        "ppl_batch_gb": (
-            _layer_activation_bytes(d, ppl_batch * ppl_seqlen, act_bytes)
-            + ppl_batch * ppl_seqlen * d["vocab"] * act_bytes
-            + 2 * min(loss_chunk, ppl_seqlen) * d["vocab"] * 4
-        )
-        / GiB,
-    }

@@ -77,9 +77,10 @@ def orth(A: Tensor) -> Tensor:
     if A.ndim != 2 or A.shape[1] > A.shape[0]:
         raise ValueError(f"orth expects a tall n x r matrix, got shape {tuple(A.shape)}")
     Q, R = torch.linalg.qr(A, mode="reduced")
-    d = torch.sign(torch.diagonal(R))
+    d: torch.Tensor = torch.sign(torch.diagonal(R))
     d[d == 0] = 1.0
-    return Q * d
+    out: torch.Tensor = Q * d
+    return out
 
 
 def principal_angles(A: Tensor, B: Tensor) -> Tensor:
@@ -255,7 +256,7 @@ def summarize_geometry(rows: Iterable[Mapping[str, float]]) -> dict[str, float]:
         out[f"{m}.angle_OP_min"] = min(op)
         out[f"{m}.angle_OP_max"] = max(op)
         out[f"{m}.angle_OC_mean"] = sum(oc) / len(oc)
-        out[f"{m}.n_OC_gt_OP"] = float(sum(c > p for c, p in zip(oc, op)))
+        out[f"{m}.n_OC_gt_OP"] = float(sum(c > p for c, p in zip(oc, op, strict=True)))
         out[f"{m}.discrepancy_mean"] = sum(disc) / len(disc)
         out[f"{m}.discrepancy_max"] = max(disc)
     out["n_OC_gt_OP"] = float(sum(float(r["angle_OC_mean"]) > float(r["angle_OP_mean"]) for r in rows))

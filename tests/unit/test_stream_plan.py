@@ -102,3 +102,27 @@ def test_paper_yaml_resources_are_the_plan():
     streamed = {rule: r for rule, r in planned["llama-3-70b"].items() if rule != "export"}
     assert all(r["gpu"] == 1 and r["mem_mb"] <= 32 * 1024 for r in streamed.values())
     assert planned["llama-3-70b"]["export"]["gpu"] == 0  # coec export loads the model, on the CPU
+
+
+def test_gram_sizes_and_eigh_solve_match_meta_shapes():
+    """Gram sizes follow the meta-device module shapes; 8B / 70B figures as in docs/benchmarks.md
+    (Memory plan); one down_proj's eigh solve (coec) of a 70B model fits one GPU with room."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(PUBLISHED_ARCHS["Llama-3.1-8B"])
+    fam = spec.pop("model_type")
+    cfg = AutoConfig.for_model(fam, **dict(spec, num_hidden_layers=1))
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    layer = m.model.layers[0]
+    d_o, d_ff = layer.self_attn.o_proj.in_features, layer.mlp.down_proj.in_features
+    grams = plan.gram_file_bytes(PUBLISHED_ARCHS["Llama-3.1-8B"])
+    assert grams["layer"] == (d_o**2 + d_ff**2) * 4
+    assert round(grams["layer"] / GIB, 3) == 0.828 and round(grams["total"] / GIB, 1) == 26.5
+    big = plan.gram_file_bytes(PUBLISHED_ARCHS["Llama-3-70B"])
+    assert round(big["layer"] / GIB, 2) == 3.31 and round(big["total"] / GIB) == 265
+    assert round(big["total_sym"] / GIB) == 133
+    solve = plan.eigh_solve_bytes(plan.arch_parts(PUBLISHED_ARCHS["Llama-3-70B"]), 0.3)
+    assert 15 < solve / GIB < 40
+    assert solve < plan.GPU_MEMORY_GIB * GIB

@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 
 from ..calibrate import layer_call, layer_masks
 from ..progress import bar as progress_bar
+from ..streaming.model import StreamedModel
 from .ppl import summed_nll
 
 
@@ -45,15 +47,17 @@ class LayerSequential:
     """Logits of token batches through a streamed model, one resident layer at a time (module
     docstring). ``budget_bytes``: host memory for one group's hidden states."""
 
-    def __init__(self, sm, budget_bytes: float = float("inf"), progress: bool = True, desc: str = "layers"):
+    def __init__(
+        self, sm: StreamedModel, budget_bytes: float = float("inf"), progress: bool = True, desc: str = "layers"
+    ) -> None:
         self.sm = sm
         self.budget = budget_bytes
         self.progress = progress
         self.desc = desc
-        self._ctx: dict[int, tuple] = {}
+        self._ctx: dict[int, tuple[Any, ...]] = {}
         self.groups_run = 0
 
-    def _context(self, h: torch.Tensor) -> tuple:
+    def _context(self, h: torch.Tensor) -> tuple[Any, ...]:
         """(position ids (1, T), rotary (cos, sin), per-layer masks) for sequences of h's length."""
         T = h.shape[1]
         if T not in self._ctx:
@@ -85,25 +89,29 @@ class LayerSequential:
 
     def batch_bytes(self, ids: torch.Tensor) -> int:
         """Host bytes of one batch's hidden states."""
-        d = self.sm.config.hidden_size
+        d: int = self.sm.config.hidden_size
         return ids.numel() * d * torch.empty((), dtype=self.sm.dtype).element_size()
 
     @torch.no_grad()
     def logits(self, batches: list[torch.Tensor]) -> Iterator[torch.Tensor]:
         """Logits (b, T, V) on the device of every batch (b, T) of token ids, in order."""
         for group in group_batches([self.batch_bytes(ids) for ids in batches], self.budget):
-            hidden = self.hidden([batches[b] for b in group])
+            hidden = cast("list[torch.Tensor | None]", self.hidden([batches[b] for b in group]))
             self.groups_run += 1
             with self.sm.head() as head:
                 for k in range(len(hidden)):
                     h, hidden[k] = hidden[k], None
-                    yield head(h)
+                    yield head(cast(torch.Tensor, h))
                     del h
 
 
 def perplexity_streamed(
-    sm, windows: torch.Tensor, batch_size: int = 4, budget_bytes: float = float("inf"), progress: bool = True
-) -> dict:
+    sm: StreamedModel,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    budget_bytes: float = float("inf"),
+    progress: bool = True,
+) -> dict[str, Any]:
     """``coec.evaluate.ppl.perplexity`` of a streamed model over (n, seqlen) token windows,
     batched as it batches them: the same ``{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen',
     'seconds'}``, the same sums in the same order."""
@@ -111,7 +119,7 @@ def perplexity_streamed(
     batches = [windows[s : s + batch_size] for s in range(0, windows.shape[0], batch_size)]
     runner = LayerSequential(sm, budget_bytes, progress, desc="perplexity")
     total, count = 0.0, 0
-    for b, (ids, logits) in enumerate(zip(batches, runner.logits(batches))):
+    for b, (ids, logits) in enumerate(zip(batches, runner.logits(batches), strict=False)):
         nll = float(summed_nll(logits, ids.to(logits.device)))
         del logits
         if not math.isfinite(nll):

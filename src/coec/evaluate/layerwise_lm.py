@@ -18,6 +18,8 @@ Only loglikelihood requests (the multiple-choice tasks of ``coec.evaluate.tasks`
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat  # the names HFLM uses
 
@@ -27,7 +29,7 @@ from .layerwise import LayerSequential
 class _Served:
     """The planned batches and the iterator of their logits, handed out in order."""
 
-    def __init__(self, plan: list[torch.Tensor], logits):
+    def __init__(self, plan: list[torch.Tensor], logits: Any) -> None:
         self.plan, self.logits, self.k = plan, logits, 0
 
     def next(self, inps: torch.Tensor) -> torch.Tensor:
@@ -37,30 +39,31 @@ class _Served:
                 "its loglikelihood batching changed (LayerwiseLM.plan)"
             )
         self.k += 1
-        return next(self.logits)
+        logits: torch.Tensor = next(self.logits)
+        return logits
 
 
-class LayerwiseLM(HFLM):
+class LayerwiseLM(HFLM):  # type: ignore[misc]  # lm_eval ships no type information
     """``HFLM`` over a :class:`StreamedModel`, scoring layer by layer (module docstring).
 
     ``budget_bytes``: host memory for the hidden states of one group of batches."""
 
     def __init__(
         self,
-        sm,
-        tokenizer,
+        sm: Any,
+        tokenizer: Any,
         batch_size: int = 8,
         max_length: int = 2048,
         budget_bytes: float = float("inf"),
         progress: bool = True,
-    ):
+    ) -> None:
         super().__init__(pretrained=sm.model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
         self._device = sm.device
         self.sm = sm
         self.runner = LayerSequential(sm, budget_bytes, progress, desc="zero-shot")
         self._served: _Served | None = None
 
-    def plan(self, requests) -> list[torch.Tensor]:
+    def plan(self, requests: Any) -> list[torch.Tensor]:
         """The token batches (b, T) HFLM's ``_loglikelihood_tokens`` forms for ``requests``
         (causal models): requests sorted by length, longest first, one per shared
         context + continuation[:-1] when logits are cached, ``batch_size`` a batch, each input
@@ -68,7 +71,7 @@ class LayerwiseLM(HFLM):
         if self.batch_size == "auto":
             raise ValueError("layer-sequential scoring needs a fixed batch size, not 'auto'")
 
-        def by_length(req):
+        def by_length(req: Any) -> Any:
             toks = req[1] + req[2]
             return -len(toks), tuple(toks)
 
@@ -86,7 +89,7 @@ class LayerwiseLM(HFLM):
             batches.append(pad_and_concat(max(len(x) for x in inps), inps, padding_side="right"))
         return batches
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
+    def _loglikelihood_tokens(self, requests: Any, disable_tqdm: bool = False, override_bs: int | None = None) -> Any:
         if self.backend != "causal":
             raise ValueError(f"layer-sequential scoring serves causal LMs, not {self.backend}")
         plan = self.plan(requests)
@@ -96,17 +99,17 @@ class LayerwiseLM(HFLM):
         finally:
             self._served = None
 
-    def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
+    def _model_call(self, inps: torch.Tensor, attn_mask: Any = None, labels: Any = None) -> torch.Tensor:
         if self._served is None or attn_mask is not None or labels is not None:
             raise RuntimeError("LayerwiseLM serves only the model calls of _loglikelihood_tokens")
         return self._served.next(inps)
 
-    def generate_until(self, requests, disable_tqdm: bool = False):
+    def generate_until(self, requests: Any, disable_tqdm: bool = False) -> None:
         raise ValueError("layer-sequential zero-shot scores loglikelihood tasks only, not generation (generate_until)")
 
-    def get_model_info(self) -> dict:
+    def get_model_info(self) -> dict[str, Any]:
         """HFLM's record, with the parameter count of the (pruned) model as it streamed."""
-        info = super().get_model_info()
+        info: dict[str, Any] = super().get_model_info()
         if len(self.sm.layer_params) == self.sm.n_layers:
             info["model_num_parameters"] = self.sm.param_count()
         return info

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..progress import bar as progress_bar
+from ..source import CellSource, PplOptions
 
 #: Positions per float32 loss chunk: the loss adds ``2 x LOSS_CHUNK_TOKENS x vocab x 4`` bytes to
 #: the forward's peak (1 GiB at a 128k vocabulary), whatever the batch and window length.
@@ -44,7 +46,11 @@ def summed_nll(logits: torch.Tensor, ids: torch.Tensor, chunk_tokens: int = LOSS
 
 @torch.no_grad()
 def window_nll(
-    model, windows: torch.Tensor, batch_size: int = 4, device=None, progress: bool = True
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    device: torch.device | str | None = None,
+    progress: bool = True,
 ) -> tuple[float, int]:
     """Summed next-token NLL (float64) and number of predicted tokens over ``windows``
     (n, seqlen) of token ids."""
@@ -65,7 +71,13 @@ def window_nll(
     return total, count
 
 
-def perplexity(model, windows: torch.Tensor, batch_size: int = 4, device=None, progress: bool = True) -> dict:
+def perplexity(
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """{'ppl', 'nll', 'tokens_scored', 'windows', 'seconds'} for (n, seqlen) token windows."""
     t0 = time.time()
     total, count = window_nll(model, windows, batch_size, device, progress)
@@ -80,26 +92,20 @@ def perplexity(model, windows: torch.Tensor, batch_size: int = 4, device=None, p
     }
 
 
-def ppl_record(
-    res: dict,
-    model: dict,
-    dataset: dict,
-    dtype: str | None,
-    max_windows: int | None,
-    params: int,
-    cell: dict | None,
-    t0: float,
-) -> dict:
-    """``res`` of :func:`perplexity` completed to a ppl.json record (``model``: the model's
-    provenance; ``t0``: the stage's start, for ``total_seconds``), in place; returns it."""
+def ppl_record(res: dict[str, Any], model: dict[str, Any], source: CellSource, options: PplOptions,
+               params: int, t0: float) -> dict[str, Any]:  # fmt: skip
+    """``res`` of :func:`perplexity` completed to a ppl.json record, in place; returns it.
+    ``model``: the model's provenance; ``source``: the cell (its dtype and labels are recorded);
+    ``options``: the windows scored; ``params``: the cell's parameter count; ``t0``: the stage's
+    start, for ``total_seconds``. The one builder of ppl.json (loaded, streamed, llama.cpp)."""
     res.update(
         {
             "model": model,
-            "dataset": dataset,
-            "dtype": dtype,
-            "max_windows": max_windows,
+            "dataset": options.dataset,
+            "dtype": source.dtype,
+            "max_windows": options.max_windows,
             "params": params,
-            "cell": cell or {},
+            "cell": source.cell,
             "total_seconds": round(time.time() - t0, 3),
         }
     )

@@ -4,19 +4,26 @@ as ``coec ppl`` (the model's HF tokenizer, ``data.eval_windows``) -> a ppl.json 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import gguf
+from transformers import AutoTokenizer
 
 from .. import artifacts, data
 from ..arch.gguf import file_type_name
 from ..artifacts import log_timings
 from ..embedded import file_sha256
 from ..gguf.writer import PROVENANCE_KEY
+from ..models import hub_kwargs, load_config, resolve_model_dir
 from ..provenance import model_provenance
+from ..source import CellSource, GgufPplOptions, PplOptions
+from .llamacpp import gguf_perplexity, require
 from .ppl import ppl_record
 
 log = logging.getLogger(__name__)
@@ -24,7 +31,7 @@ log = logging.getLogger(__name__)
 IDENTITY = ("weights_sha256", "commit")  # what of model_provenance must match
 
 
-def field_value(reader: gguf.GGUFReader, key: str):
+def field_value(reader: gguf.GGUFReader, key: str) -> Any:
     """A GGUF metadata value (str, number or list), None when absent."""
     f = reader.get_field(key)
     return None if f is None else f.contents()
@@ -34,12 +41,13 @@ def gguf_type_of(reader: gguf.GGUFReader) -> str | None:
     """The weight type of a GGUF: coec.export's ``gguf_type``, else general.file_type's name."""
     prov = field_value(reader, PROVENANCE_KEY)
     if prov is not None:
-        return json.loads(prov).get("gguf_type")
+        gguf_type: str | None = json.loads(prov).get("gguf_type")
+        return gguf_type
     ft = field_value(reader, "general.file_type")
     return None if ft is None else file_type_name(int(ft))
 
 
-def gguf_facts(path: str | Path) -> dict:
+def gguf_facts(path: str | Path) -> dict[str, Any]:
     """What ``coec ppl --gguf`` reads of a GGUF: provenance, type, parameters, vocabulary,
     block count, embedding length."""
     r = gguf.GGUFReader(str(path))
@@ -56,7 +64,9 @@ def gguf_facts(path: str | Path) -> dict:
     }
 
 
-def other_model_reason(facts: dict, model_prov: dict, cfg, hf_tokens: list[str]) -> str | None:
+def other_model_reason(
+    facts: dict[str, Any], model_prov: dict[str, Any], cfg: Any, hf_tokens: list[str | None]
+) -> str | None:
     """Why the GGUF is not of the model (None: it is): recorded identity when the file carries
     coec.export, else vocabulary, token list, block count, embedding length."""
     prov = facts["provenance"]
@@ -75,13 +85,13 @@ def other_model_reason(facts: dict, model_prov: dict, cfg, hf_tokens: list[str])
     for what, mine, theirs in checks:
         if mine != theirs:
             return f"{what} {mine} != {theirs} of"
-    for i, (a, b) in enumerate(zip(facts["tokens"], hf_tokens)):
+    for i, (a, b) in enumerate(zip(facts["tokens"], hf_tokens, strict=True)):
         if b is not None and a != b:
             return f"token {i} {a!r} != {b!r} of"
     return None
 
 
-def hf_token_list(tok, n: int) -> list[str | None]:
+def hf_token_list(tok: Any, n: int) -> list[str | None]:
     """The HF tokenizer's token strings by id (None where an id has none)."""
     by_id: list[str | None] = [None] * n
     for t, i in tok.get_vocab().items():
@@ -90,47 +100,31 @@ def hf_token_list(tok, n: int) -> list[str | None]:
     return by_id
 
 
-def run_ppl_gguf(
-    gguf_path: str,
-    model_src: str,
-    dataset: dict,
-    seqlen: int,
-    max_windows: int | None,
-    out: str,
-    cell: dict | None = None,
-    threads: int | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> dict:
-    """Perplexity of ``gguf_path`` in llama.cpp over ``coec ppl``'s windows of ``model_src``'s
-    tokenizer -> ppl.json (with runtime, gguf_type, gguf_file, gguf_sha256, llama_cpp_python).
-    ValueError (nothing written): bindings missing, or a GGUF of another model."""
-    import importlib.metadata
-
-    from transformers import AutoTokenizer
-
-    from ..models import hub_kwargs, load_config, resolve_model_dir
-    from .llamacpp import gguf_perplexity, require
-
+def run_ppl_gguf(source: CellSource, options: PplOptions, gguf_file: GgufPplOptions, out: str) -> dict[str, Any]:
+    """Perplexity of ``gguf_file.gguf`` in llama.cpp over ``coec ppl``'s windows of
+    ``source.model``'s tokenizer -> ppl.json (with runtime, gguf_type, gguf_file, gguf_sha256,
+    llama_cpp_python; its ``dtype`` is the GGUF type). ValueError (nothing written): bindings
+    missing, or a GGUF of another model."""
     require("coec ppl --gguf")
     t0 = time.time()
+    gguf_path = gguf_file.gguf
     if not Path(gguf_path).is_file():
         raise FileNotFoundError(f"{gguf_path}: no such GGUF file")
     try:
         facts = gguf_facts(gguf_path)
     except (ValueError, OSError) as exc:
         raise ValueError(f"{gguf_path} is not a readable GGUF ({' '.join(str(exc).split())})") from None
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    prov = model_provenance(model_src, revision, trust_remote_code, model_dir)
-    tok = AutoTokenizer.from_pretrained(model_dir, **hub_kwargs(revision, trust_remote_code))
-    cfg = load_config(model_dir, revision, trust_remote_code)
+    model_dir = resolve_model_dir(source.model, *source.hub)
+    prov = model_provenance(source.model, *source.hub, model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir, **hub_kwargs(*source.hub))
+    cfg = load_config(model_dir, *source.hub)
     why = other_model_reason(facts, prov, cfg, hf_token_list(tok, len(facts["tokens"])))
     if why is not None:
-        raise ValueError(f"{gguf_path} is a GGUF of another model ({why} {model_src})")
-    tokens = data.tokenize_text(tok, data.load_split(dataset, "eval"))
-    windows = data.eval_windows(tokens, seqlen, max_windows)
-    res = gguf_perplexity(gguf_path, windows, threads)
-    res = ppl_record(res, prov, dataset, facts["gguf_type"], max_windows, facts["params"], cell, t0)
+        raise ValueError(f"{gguf_path} is a GGUF of another model ({why} {source.model})")
+    tokens = data.tokenize_text(tok, data.load_split(options.dataset, "eval"))
+    windows = data.eval_windows(tokens, options.seqlen, options.max_windows)
+    res = gguf_perplexity(gguf_path, windows, gguf_file.threads)
+    res = ppl_record(res, prov, replace(source, dtype=facts["gguf_type"]), options, facts["params"], t0)
     res.update(
         {
             "runtime": "llama.cpp",

@@ -20,13 +20,19 @@ import random
 import re
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from ..artifacts import log_timings, write_result
 from ..atomic import write_bytes
 from ..progress import routed_tqdm
+from ..source import CellSource, ZeroshotOptions
 from .tasks import PAPER_TASKS, TASKS, TaskSpec, builtin_yaml_source, data_file, render_task_dir, task_spec
 
 log = logging.getLogger(__name__)
@@ -35,9 +41,9 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------- evaluation
 
 
-def _metric_table(res: dict) -> dict[str, dict]:
+def _metric_table(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{"acc,none": v, "acc_stderr,none": s}`` -> ``{"acc": {"value": v, "stderr": s}}``."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for key, val in res.items():
         name, _, filt = key.partition(",")
         if filt != "none" or name.endswith("_stderr"):
@@ -55,12 +61,14 @@ def _num(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def summarize(raw: dict, specs: list[TaskSpec], lm_names: list[str], limit: int | None, source: str) -> dict:
+def summarize(
+    raw: dict[str, Any], specs: list[TaskSpec], lm_names: list[str], limit: int | None, source: str
+) -> dict[str, Any]:
     """Reduce lm-eval's results dict to the JSON-serialisable record we store."""
-    import lm_eval
+    import lm_eval  # deferred: lm_eval is an optional dependency
 
     tasks = {}
-    for spec, name in zip(specs, lm_names):
+    for spec, name in zip(specs, lm_names, strict=False):
         metrics = _metric_table(raw["results"][name])
         if spec.metric not in metrics:
             raise KeyError(f"{name}: lm-eval reported no {spec.metric} (got {sorted(metrics)})")
@@ -100,11 +108,8 @@ def _check_limit(limit: int | None) -> int | None:
 
 
 @contextmanager
-def _kept_rng_state():
+def _kept_rng_state() -> Iterator[Any]:
     """lm-eval resets the random generators of Python, NumPy and torch; give the caller its own back."""
-    import numpy as np
-    import torch
-
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     try:
         yield
@@ -114,18 +119,21 @@ def _kept_rng_state():
         torch.set_rng_state(states[2])
 
 
-def _evaluate(lm, task_names: list[str], task_manager, limit: int | None, *, log_samples: bool = False) -> dict:
+def _evaluate(
+    lm: Any, task_names: list[str], task_manager: Any, limit: int | None, *, log_samples: bool = False
+) -> dict[str, Any]:
     """lm-eval's simple_evaluate, 0-shot, first ``limit`` docs per task; with ``log_samples``
     the result also holds lm-eval's per-sample records under ``"samples"``."""
-    import lm_eval.api.task as lm_task
-    import lm_eval.models.huggingface as lm_hf
-    from lm_eval import simple_evaluate
+    import lm_eval.api.task as lm_task  # deferred: lm_eval is an optional dependency
+    import lm_eval.models.huggingface as lm_hf  # deferred: lm_eval is an optional dependency
+    from lm_eval import simple_evaluate  # deferred: lm_eval is an optional dependency
 
     # lm-eval's request loop (the long part) reports like every other stage (coec.progress)
     with _kept_rng_state(), routed_tqdm(lm_hf, lm_task):
-        return simple_evaluate(
+        res: dict[str, Any] = simple_evaluate(
             model=lm, tasks=task_names, num_fewshot=0, limit=limit, task_manager=task_manager, log_samples=log_samples
         )
+    return res
 
 
 # ---------------------------------------------------------------------------- lm-eval's records
@@ -136,8 +144,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")  # "<function f at 0x7f..>" -> "<f
 
 
 def lm_eval_records(
-    raw: dict, specs: list[TaskSpec], lm_names: list[str], config_sources: dict[str, str] | None = None
-) -> dict:
+    raw: dict[str, Any], specs: list[TaskSpec], lm_names: list[str], config_sources: dict[str, str] | None = None
+) -> dict[str, Any]:
     """lm-eval's own files for this run, written by its ``EvaluationTracker`` and made
     deterministic: ``{"aggregated": dict, "samples": {task: JSONL text}}``.
 
@@ -148,7 +156,7 @@ def lm_eval_records(
     the rendered wrapper lives in a temporary folder). ``samples`` (only when ``raw`` holds them, i.e. the
     run logged samples) is ``save_results_samples``' JSONL per task, keyed by our task name.
     """
-    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.loggers import EvaluationTracker  # deferred: lm_eval is an optional dependency
 
     results = {k: v for k, v in raw.items() if k != "samples"}
     samples = raw.get("samples")
@@ -161,7 +169,7 @@ def lm_eval_records(
             raise FileNotFoundError(f"lm-eval's EvaluationTracker wrote no results file in {tmp}")
         agg = json.loads(_ADDRESS.sub(">", written[0].read_text(encoding="utf-8")))
         if samples:
-            for spec, name in zip(specs, lm_names):
+            for spec, name in zip(specs, lm_names, strict=False):
                 tracker.save_results_samples(task_name=name, samples=samples[name])
                 files_ = list(Path(tmp).glob(f"samples_{name}_*.jsonl"))
                 if len(files_) != 1:
@@ -177,7 +185,7 @@ def lm_eval_records(
     return out
 
 
-def write_records(records: dict, out_json: str | Path) -> list[Path]:
+def write_records(records: dict[str, Any], out_json: str | Path) -> list[Path]:
     """Write :func:`lm_eval_records` next to ``out_json`` (``<dir>/zeroshot.json``):
     ``<stem>_lm_eval.json`` and, when samples were logged, ``<stem>_samples/<task>.jsonl``.
     Returns the paths written."""
@@ -195,27 +203,28 @@ def write_records(records: dict, out_json: str | Path) -> list[Path]:
 
 
 def write_zeroshot(
-    out: str | Path, res: dict, records: dict, provenance: dict, dtype: str, cell: dict | None, t0: float
-) -> dict:
-    """The summary ``out`` (zeroshot.json: ``res`` with the model's provenance, dtype, cell and
-    the seconds since ``t0``, timings logged and kept out of the file) and lm-eval's records next
-    to it (:func:`write_records`); the loaded and the streamed evaluation both end here."""
-    from ..artifacts import log_timings, write_result
-
-    res.update({"model": provenance, "dtype": dtype, "cell": cell or {}, "total_seconds": round(time.time() - t0, 3)})
+    out: str | Path, res: dict[str, Any], records: dict[str, Any], provenance: dict[str, Any], source: CellSource,
+    t0: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The summary ``out`` (zeroshot.json: ``res`` with the model's provenance, the cell's dtype
+    and labels and the seconds since ``t0``, timings logged and kept out of the file) and
+    lm-eval's records next to it (:func:`write_records`): the one builder of zeroshot.json."""
+    res.update(
+        {"model": provenance, "dtype": source.dtype, "cell": source.cell, "total_seconds": round(time.time() - t0, 3)}
+    )
     write_records(records, out)
     log_timings(str(out), res)
     write_result(out, res, "zeroshot")  # timings stay in the log
     return res
 
 
-def rescore_samples(rows: Iterable[dict], target_delimiter: str = " ") -> dict[str, float]:
+def rescore_samples(rows: Iterable[dict[str, Any]], target_delimiter: str = " ") -> dict[str, float]:
     """Recompute a multiple-choice task's ``acc`` and ``acc_norm`` from lm-eval's per-sample
     records (one JSONL row each): the argmax of the choices' log-likelihoods, raw and divided
     by the choice's length in characters (lm-eval's acc_norm), against the gold index. Tasks
     that put the choices in the context (winogrande: one continuation, gold from the doc's
     ``answer``) have no acc_norm."""
-    hits = {"acc": [], "acc_norm": []}
+    hits: dict[str, list[bool]] = {"acc": [], "acc_norm": []}
     for row in rows:
         lls = [float(r[0]) for r in row["filtered_resps"]]
         gold = _gold_index(row)
@@ -223,12 +232,12 @@ def rescore_samples(rows: Iterable[dict], target_delimiter: str = " ") -> dict[s
         conts = [a["arg_1"] for a in row["arguments"].values()]
         if len(set(conts)) == len(conts):  # distinct continuations = the choices
             lens = [len(c[len(target_delimiter) :] if c.startswith(target_delimiter) else c) for c in conts]
-            norm = [ll / n for ll, n in zip(lls, lens)]
+            norm = [ll / n for ll, n in zip(lls, lens, strict=False)]
             hits["acc_norm"].append(max(range(len(norm)), key=lambda i: (norm[i], -i)) == gold)
     return {k: sum(v) / len(v) for k, v in hits.items() if v}
 
 
-def _gold_index(row: dict) -> int:
+def _gold_index(row: dict[str, Any]) -> int:
     """The gold choice of a per-sample record: its target, or winogrande's ``answer`` ("1"/"2")
     when the target is the shared continuation text."""
     try:
@@ -241,28 +250,19 @@ def _gold_index(row: dict) -> int:
 
 
 def zeroshot_with_records(
-    model,
-    tokenizer,
-    tasks: Iterable[str],
-    *,
-    data_dir: str | Path | None = None,
-    limit: int | None = None,
-    batch_size: int = 8,
-    max_length: int = 2048,
-    device: str | None = None,
-    log_samples: bool = True,
-    lm=None,
-) -> tuple[dict, dict]:
+    model: Any, tokenizer: Any, options: ZeroshotOptions, *, device: str | None = None, lm: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """:func:`run_zeroshot` that also returns lm-eval's own records (:func:`lm_eval_records`;
-    per-sample JSONL when ``log_samples``): ``(summary, records)``. ``lm``: an lm-eval ``LM``
-    to score with instead of ``HFLM`` around ``model`` (e.g. ``layerwise_lm.LayerwiseLM``)."""
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
+    per-sample JSONL when ``options.log_samples``): ``(summary, records)``. ``lm``: an lm-eval
+    ``LM`` to score with instead of ``HFLM`` around ``model`` (e.g. ``layerwise_lm.LayerwiseLM``)."""
+    from lm_eval.models.huggingface import HFLM  # deferred: lm_eval is an optional dependency
+    from lm_eval.tasks import TaskManager  # deferred: lm_eval is an optional dependency
 
-    specs = [task_spec(t) for t in dict.fromkeys(tasks)]
+    data_dir, batch_size, max_length = options.data_dir, options.batch_size, options.max_length
+    specs = [task_spec(t) for t in dict.fromkeys(options.tasks)]
     if not specs:
         raise ValueError(f"no zero-shot tasks given; known: {', '.join(TASKS)}")
-    limit = _check_limit(limit)
+    limit = _check_limit(options.limit)
     if data_dir is not None:
         for spec in specs:  # fail before touching the model
             data_file(spec, data_dir)
@@ -272,7 +272,7 @@ def zeroshot_with_records(
         model.eval()
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
     t0 = time.time()
-    extra = {"log_samples": True} if log_samples else {}
+    extra = {"log_samples": True} if options.log_samples else {}
     if data_dir is None:
         names = [s.builtin for s in specs]
         raw = _evaluate(lm, names, None, limit, **extra)  # lm-eval's default TaskManager
@@ -281,7 +281,7 @@ def zeroshot_with_records(
         with tempfile.TemporaryDirectory(prefix="coec_tasks_") as tmp:
             names = render_task_dir([s.name for s in specs], data_dir, tmp)
             # the wrapper lives in tmp: name lm-eval's included YAML instead (machine-independent)
-            includes = {n: builtin_yaml_source(s) for n, s in zip(names, specs)}
+            includes = {n: builtin_yaml_source(s) for n, s in zip(names, specs, strict=False)}
             raw = _evaluate(lm, names, TaskManager(include_path=tmp, include_defaults=False), limit, **extra)
         source = "local"
     out = summarize(raw, specs, names, limit, source)
@@ -295,33 +295,13 @@ def zeroshot_with_records(
     return out, lm_eval_records(raw, specs, names, includes)
 
 
-def run_zeroshot(
-    model,
-    tokenizer,
-    tasks: Iterable[str],
-    *,
-    data_dir: str | Path | None = None,
-    limit: int | None = None,
-    batch_size: int = 8,
-    max_length: int = 2048,
-    device: str | None = None,
-) -> dict:
-    """Zero-shot lm-eval on the in-memory ``model``; ``limit`` = first N docs of each task.
+def run_zeroshot(model: Any, tokenizer: Any, options: ZeroshotOptions, *, device: str | None = None) -> dict[str, Any]:
+    """Zero-shot lm-eval on the in-memory ``model``; ``options.limit`` = first N docs of each task.
 
-    With ``data_dir``: our ``coec_*`` tasks (lm-eval's own YAMLs, :mod:`coec.evaluate.tasks`) on
-    the local JSONL files; without: lm-eval's built-in tasks (their hub datasets). ``device``
+    With ``options.data_dir``: our ``coec_*`` tasks (lm-eval's own YAMLs, :mod:`coec.evaluate.tasks`)
+    on the local JSONL files; without: lm-eval's built-in tasks (their hub datasets). ``device``
     moves the model there first. Returns per-task metric/value/stderr/n docs/version, the
     paper metric per task and ``mean7`` when all seven paper tasks ran. (The summary only:
     :func:`zeroshot_with_records` also returns lm-eval's own records.)
     """
-    return zeroshot_with_records(
-        model,
-        tokenizer,
-        tasks,
-        data_dir=data_dir,
-        limit=limit,
-        batch_size=batch_size,
-        max_length=max_length,
-        device=device,
-        log_samples=False,
-    )[0]
+    return zeroshot_with_records(model, tokenizer, replace(options, log_samples=False), device=device)[0]

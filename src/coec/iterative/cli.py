@@ -4,23 +4,28 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from ..cli import (
     EXPECT_HELP,
+    Subparsers,
     add_hub_args,
     add_stream_args,
+    cell_source,
     check_model_stage,
+    cmd_ppl,
     config_arg,
-    hub_options,
     json_arg,
     optional_int,
     run_guarded,
-    run_ppl_args,
-    stream_options,
 )
 from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS
-from .method import MODES
+from ..source import CellSource
+from . import stages
+from .domains import build_domain
+from .method import MODES, Options
 from .schedule import make_schedule
+from .stages import DomainCalibration
 from .stats import VARIANCE_MIXES
 from .structure import STRUCTURES
 
@@ -50,7 +55,7 @@ def _calib_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--out", required=True)
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subparsers) -> None:
     """``coec iterative <run|grams|mix|prepare-domain|collect|ppl>``: the stages of the
     iterative multi-domain FLAP method (``coec.iterative.stages``)."""
 
@@ -73,9 +78,11 @@ def add_parser(sub) -> None:
     s.add_argument("--channel-rounding", default="ceil", choices=CHANNEL_ROUNDINGS)
     s.add_argument("--init", default=None, help="continue from a previous step's output folder")
     s.add_argument("--block-name", default=None, help="default block0-{L-1}.safetensors")
+    s.set_defaults(func=cmd_run)
 
     s = cmds.add_parser("grams", help="multi-domain Gram directory (one pass, mixed by alpha)")
     _calib_args(s)
+    s.set_defaults(func=cmd_grams)
 
     s = cmds.add_parser("mix", help="mix per-domain Gram directories (eq. 8)")
     s.add_argument("--grams", nargs="+", required=True)
@@ -83,11 +90,13 @@ def add_parser(sub) -> None:
     config_arg(s, "--variance-mix", "iterative.mixes.*.variance_mix", choices=VARIANCE_MIXES)
     config_arg(s, "--gram-dtype", "iterative.mixes.*.gram_dtype")
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_mix)
 
     s = cmds.add_parser("prepare-domain", help="write a domain's calibration text")
     s.add_argument("--spec", type=json_arg, required=True)
     s.add_argument("--datasets", type=json_arg, default={})
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_prepare_domain)
 
     s = cmds.add_parser("collect", help="assemble a cell from its step folders")
     s.add_argument("--steps", nargs="*", default=[], help="the steps' iterative.json, in order")
@@ -98,7 +107,12 @@ def add_parser(sub) -> None:
     s.add_argument("--first", type=int, default=0)
     s.add_argument("--last", type=int)
     s.add_argument("--block-out")
+    s.set_defaults(func=cmd_collect)
+    _ppl_parser(cmds)
 
+
+def _ppl_parser(cmds: Subparsers) -> None:
+    """``iterative ppl``: ``coec ppl`` of a cell whose layers may have their own widths."""
     s = cmds.add_parser("ppl", help="perplexity of a cell (per-layer widths may differ)")
     s.add_argument("--model", required=True)
     s.add_argument("--dataset", type=json_arg, required=True)
@@ -115,9 +129,10 @@ def add_parser(sub) -> None:
     add_hub_args(s)
     add_stream_args(s, "ppl")  # streamed as `coec ppl` is, each layer pruned to its own widths
     s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_ppl)  # per-layer widths may differ (AL-AM): the cell is pruned as it is
 
 
-def schedule_args_error(a) -> str | None:
+def schedule_args_error(a: argparse.Namespace) -> str | None:
     """What is wrong with the schedule options of ``iterative run`` (None: nothing)."""
     given = sum(x is not None for x in (a.steps, a.step)) + bool(a.schedule)
     if a.schedule and (a.steps is not None or a.step is not None):
@@ -127,7 +142,7 @@ def schedule_args_error(a) -> str | None:
     return None
 
 
-def schedule(a) -> list[float]:
+def schedule(a: argparse.Namespace) -> list[float]:
     """The cumulative ratios of ``iterative run``: --schedule, or --ratio with exactly one of
     --steps / --step (``schedule.make_schedule``)."""
     return [float(x) for x in a.schedule.split(",")] if a.schedule else make_schedule(a.ratio, a.steps, a.step)
@@ -137,54 +152,46 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``coec iterative <cmd>``: checked, then run with one error line on bad input."""
     if args.cmd == "run" and schedule_args_error(args):
         parser.error(f"iterative run: {schedule_args_error(args)}")
-    return run_guarded(f"iterative {args.cmd}", lambda: _dispatch(args))
+    return run_guarded(f"iterative {args.cmd}", lambda: run_cmd(args))
 
 
-def _dispatch(a) -> None:
-    """Run one ``coec iterative <cmd>`` (``coec.iterative.stages``)."""
-    from . import stages
-    from .domains import build_domain
-
-    hub = dict(zip(("revision", "trust_remote_code"), hub_options(a)))
-    if a.cmd in MODEL_STAGES:  # the model against the config, before any work
+def run_cmd(a: argparse.Namespace) -> None:
+    """One ``coec iterative <cmd>``: its model checked against the config first (run, grams,
+    ppl), then its command (``set_defaults(func=...)``)."""
+    if a.cmd in MODEL_STAGES:
         check_model_stage(a)
-    if a.cmd in ("run", "grams"):
-        calib = dict(
-            seed=a.seed,
-            batch_size=a.batch_size,
-            dtype=a.dtype,
-            gram_dtype=a.gram_dtype,
-            variance_mix=a.variance_mix,
-            device=a.device,
-            progress=not a.quiet,
-            **hub,
-        )
-    if a.cmd == "run":
-        stages.run_iterative_prune(
-            a.model,
-            a.domains,
-            a.nsamples,
-            a.seqlen,
-            schedule(a),
-            a.out,
-            mode=a.mode,
-            structure=a.structure,
-            group_rounding=a.group_rounding,
-            channel_rounding=a.channel_rounding,
-            init=a.init,
-            block_name=a.block_name,
-            **calib,
-        )
-    elif a.cmd == "grams":
-        stages.run_iterative_grams(a.model, a.domains, a.nsamples, a.seqlen, a.out, **calib)
-    elif a.cmd == "mix":
-        stages.mix_gram_dirs(a.grams, a.alphas, a.out, a.variance_mix, a.gram_dtype)
-    elif a.cmd == "collect":
-        if a.steps:
-            stages.collect_cell(a.steps, a.variant, a.keep_out, a.info_out)
-        if a.block:
-            stages.copy_block(a.block, a.first, a.last, a.block_out)
-    elif a.cmd == "prepare-domain":
-        build_domain(a.spec, a.out, a.datasets)
-    elif a.cmd == "ppl":  # per-layer widths may differ (AL-AM): build_model prunes them as they are
-        run_ppl_args(a, {**hub, **stream_options(a)})
+    a.func(a)
+
+
+def _calibration(a: argparse.Namespace) -> tuple[CellSource, DomainCalibration, Options]:
+    """The model, the calibration set and the pass options of ``iterative run`` / ``grams``."""
+    calib = DomainCalibration(a.domains, a.nsamples, a.seqlen, a.seed)
+    opts = Options(variance_mix=a.variance_mix, gram_dtype=a.gram_dtype, batch_size=a.batch_size, progress=not a.quiet)
+    return cell_source(a), calib, opts
+
+
+def cmd_run(a: argparse.Namespace) -> None:
+    source, calib, opts = _calibration(a)
+    opts = replace(
+        opts, mode=a.mode, structure=a.structure, group_rounding=a.group_rounding, channel_rounding=a.channel_rounding
+    )
+    stages.run_iterative_prune(source, calib, opts, stages.Step(schedule(a), a.init, a.block_name), a.out)
+
+
+def cmd_grams(a: argparse.Namespace) -> None:
+    stages.run_iterative_grams(*_calibration(a), a.out)
+
+
+def cmd_mix(a: argparse.Namespace) -> None:
+    stages.mix_gram_dirs(a.grams, a.alphas, a.out, a.variance_mix, a.gram_dtype)
+
+
+def cmd_collect(a: argparse.Namespace) -> None:
+    if a.steps:
+        stages.collect_cell(a.steps, a.variant, a.keep_out, a.info_out)
+    if a.block:
+        stages.copy_block(a.block, a.first, a.last, a.block_out)
+
+
+def cmd_prepare_domain(a: argparse.Namespace) -> None:
+    build_domain(a.spec, a.out, a.datasets)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,15 +29,21 @@ from ..calibrate import gram_meta, write_gram_dir
 from ..models import decoder_layers, load_model, resolve_device
 from ..progress import bar as progress_bar
 from ..provenance import model_provenance
+from ..source import CellSource
 from .method import Options, global_pass, run_iterative
 from .state import PruneState, block_tensors, keep_dict, restore_state, state_tensors
-from .stats import calib_set, finalize_stats, normalise_alphas
+from .stats import CalibSet, calib_set, finalize_stats, normalise_alphas
 
 log = logging.getLogger(__name__)
 
 
 def write_step(
-    model, state: PruneState, out_dir: str | Path, keep_meta: dict, info: dict, block_name: str | None = None
+    model: Any,
+    state: PruneState,
+    out_dir: str | Path,
+    keep_meta: dict[str, Any],
+    info: dict[str, Any],
+    block_name: str | None = None,
 ) -> dict[str, Path]:
     """Write keep.json, the block file (default ``block0-{L-1}.safetensors``),
     state.safetensors and iterative.json (timings left out: they are logged) into ``out_dir``
@@ -57,7 +65,7 @@ def write_step(
     return paths
 
 
-def load_step(model, init_dir: str | Path) -> PruneState:
+def load_step(model: Any, init_dir: str | Path) -> PruneState:
     """Apply a previous step's keep.json + block file to the dense ``model`` and return its
     state with the exact float64 biases from state.safetensors."""
     init_dir = Path(init_dir)
@@ -73,142 +81,120 @@ def load_step(model, init_dir: str | Path) -> PruneState:
     )
 
 
+@dataclass(frozen=True)
+class DomainCalibration:
+    """The calibration set of the iterative stages: ``nsamples`` sequences of ``seqlen`` tokens over
+    ``domains`` (``{"name", "alpha", "dataset"}`` each), drawn with ``seed``."""
+
+    domains: list[dict[str, Any]]
+    nsamples: int
+    seqlen: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ``iterative run``: the cumulative ratios ``schedule``, the step folder it continues
+    from (``init``; None: the dense model), the block file's name (None: ``block0-{L-1}``)."""
+
+    schedule: list[float]
+    init: str | None = None
+    block_name: str | None = None
+
+
+def _load(source: CellSource, calib: DomainCalibration) -> tuple[Any, CalibSet]:
+    """The dense model on the CPU and the calibration set (seeded as the calibrate stage is)."""
+    torch.manual_seed(calib.seed)
+    model, tok = load_model(source.model, dtype=source.dtype, device="cpu", revision=source.revision,
+                            trust_remote_code=source.trust_remote_code)  # fmt: skip
+    return model, calib_set(tok, calib.domains, calib.nsamples, calib.seqlen, calib.seed)
+
+
 def run_iterative_prune(
-    model_src: str,
-    domains: list[dict],
-    nsamples: int,
-    seqlen: int,
-    schedule: list[float],
-    out: str,
-    seed: int = 0,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    gram_dtype: str = "float32",
-    variance_mix: str = "pooled",
-    device: str | None = None,
-    progress: bool = True,
-    mode: str = "global",
-    structure: str = "uniform",
-    group_rounding: str = "ceil",
-    channel_rounding: str = "ceil",
-    init: str | None = None,
-    block_name: str | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> dict:
-    """``iterative run``: load, (continue from the step folder ``init``), prune along
-    ``schedule`` (cumulative ratios), write the step (:func:`write_step`)."""
+    source: CellSource, calib: DomainCalibration, opts: Options, step: Step, out: str
+) -> dict[str, Any]:
+    """``iterative run``: load, (continue from the step folder ``step.init``), prune along
+    ``step.schedule`` (cumulative ratios) with ``opts`` (its device: ``source.device``), write the
+    step (:func:`write_step`)."""
     t0 = time.time()
-    torch.manual_seed(seed)
-    model, tok = load_model(
-        model_src, dtype=dtype, device="cpu", revision=revision, trust_remote_code=trust_remote_code
-    )
-    calib = calib_set(tok, domains, nsamples, seqlen, seed)
-    opts = Options(
-        mode=mode,
-        structure=structure,
-        variance_mix=variance_mix,
-        group_rounding=group_rounding,
-        channel_rounding=channel_rounding,
-        gram_dtype=gram_dtype,
-        batch_size=batch_size,
-        device=resolve_device(device),
-        progress=progress,
-    )
-    state = load_step(model, init) if init else None
-    state, infos = run_iterative(model, calib, schedule, opts, state)
+    model, cset = _load(source, calib)
+    opts = replace(opts, device=resolve_device(source.device))
+    state = load_step(model, step.init) if step.init else None
+    state, infos = run_iterative(model, cset, step.schedule, opts, state)
     meta = {
-        "ratio": schedule[-1],
-        "schedule": schedule,
-        "mode": mode,
-        "structure": structure,
-        "group_rounding": group_rounding,
-        "channel_rounding": channel_rounding,
+        "ratio": step.schedule[-1],
+        "schedule": step.schedule,
+        "mode": opts.mode,
+        "structure": opts.structure,
+        "group_rounding": opts.group_rounding,
+        "channel_rounding": opts.channel_rounding,
     }
     info = {
-        "model": model_provenance(model_src, revision, trust_remote_code),
-        "domains": domains,
-        "alphas": calib.alphas,
-        "sequences_per_domain": calib.counts,
-        "seqlen": seqlen,
-        "seed": seed,
-        "variance_mix": variance_mix,
-        "gram_dtype": gram_dtype,
-        "init": init,
+        "model": model_provenance(source.model, *source.hub),
+        "domains": calib.domains,
+        "alphas": cset.alphas,
+        "sequences_per_domain": cset.counts,
+        "seqlen": calib.seqlen,
+        "seed": calib.seed,
+        "variance_mix": opts.variance_mix,
+        "gram_dtype": opts.gram_dtype,
+        "init": step.init,
         **meta,
         "steps": infos,
         "seconds": round(time.time() - t0, 3),
     }
-    write_step(model, state, out, meta, info, block_name)
+    write_step(model, state, out, meta, info, step.block_name)
     return info
 
 
-def run_iterative_grams(
-    model_src: str,
-    domains: list[dict],
-    nsamples: int,
-    seqlen: int,
-    out: str,
-    seed: int = 0,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    gram_dtype: str = "float32",
-    variance_mix: str = "pooled",
-    device: str | None = None,
-    progress: bool = True,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> dict:
+def run_iterative_grams(source: CellSource, calib: DomainCalibration, opts: Options, out: str) -> dict[str, Any]:
     """``iterative grams``: one pass of the dense model, per-domain statistics mixed by alpha
-    (eq. 8), written as a Gram folder (the calibrate stage's format) for select/compensate."""
+    (eq. 8), written as a Gram folder (the calibrate stage's format) for select/compensate;
+    ``opts``: the pass's variance mix, Gram dtype, batch size and progress bar."""
     t0 = time.time()
-    torch.manual_seed(seed)
-    model, tok = load_model(
-        model_src, dtype=dtype, device="cpu", revision=revision, trust_remote_code=trust_remote_code
-    )
-    calib = calib_set(tok, domains, nsamples, seqlen, seed)
+    model, cset = _load(source, calib)
     opts = Options(
-        variance_mix=variance_mix,
-        gram_dtype=gram_dtype,
-        batch_size=batch_size,
-        device=resolve_device(device),
-        progress=progress,
+        variance_mix=opts.variance_mix,
+        gram_dtype=opts.gram_dtype,
+        batch_size=opts.batch_size,
+        device=resolve_device(source.device),
+        progress=opts.progress,
     )
     opts.check()
 
-    def fill(write):
-        global_pass(model, calib, opts, lambda i, _layer, stats: write(i, stats))
+    def fill(write: Any) -> Any:
+        global_pass(model, cset, opts, lambda i, _layer, stats: write(i, stats))
         return gram_meta(
             len(decoder_layers(model)),
-            calib.ids,
-            gram_dtype,
+            cset.ids,
+            opts.gram_dtype,
             {
-                "model": model_provenance(model_src, revision, trust_remote_code),
-                "domains": domains,
-                "alphas": calib.alphas,
-                "sequences_per_domain": calib.counts,
-                "variance_mix": variance_mix,
-                "seed": seed,
-                "dtype": dtype,
+                "model": model_provenance(source.model, *source.hub),
+                "domains": calib.domains,
+                "alphas": cset.alphas,
+                "sequences_per_domain": cset.counts,
+                "variance_mix": opts.variance_mix,
+                "seed": calib.seed,
+                "dtype": source.dtype,
             },
         )
 
-    meta = write_gram_dir(out, gram_dtype, fill)
+    meta = write_gram_dir(out, opts.gram_dtype, fill)
     meta["seconds"] = round(time.time() - t0, 3)
     log.info("Grams of %d layers in %.1fs", meta["n_layers"], meta["seconds"])
     return meta
 
 
 def mix_gram_dirs(
-    gram_dirs: list[str], alphas, out: str | Path, variance_mix: str = "pooled", gram_dtype: str = "float32"
-) -> dict:
+    gram_dirs: list[str], alphas: Any, out: str | Path, variance_mix: str = "pooled", gram_dtype: str = "float32"
+) -> dict[str, Any]:
     """``iterative mix``: existing per-domain Gram folders mixed layer by layer (eq. 8)."""
     metas = [artifacts.read_gram_meta(d) for d in gram_dirs]
     n_layers = {m["n_layers"] for m in metas}
     if len(n_layers) != 1:
         raise ValueError(f"Gram directories disagree on the layer count: {sorted(n_layers)}")
 
-    def fill(write):
+    def fill(write: Any) -> Any:
         for i in progress_bar(range(n_layers.pop()), desc="mix", unit="layer"):
             write(
                 i,
@@ -229,7 +215,7 @@ def mix_gram_dirs(
     return write_gram_dir(out, gram_dtype, fill)
 
 
-def collect_cell(step_infos: list[str], variant: dict, keep_out: str, info_out: str) -> dict:
+def collect_cell(step_infos: list[str], variant: dict[str, Any], keep_out: str, info_out: str) -> dict[str, Any]:
     """``iterative collect``: a cell from its chain of step folders: the last step's keep.json
     (with the whole schedule) and one iterative.json with every step's info (timings are in the
     steps' logs)."""
@@ -239,7 +225,7 @@ def collect_cell(step_infos: list[str], variant: dict, keep_out: str, info_out: 
     keep["schedule"] = schedule
     infos = [
         {**st["steps"][-1], "step": s + 1, "dir": str(Path(p).parent)}
-        for s, (st, p) in enumerate(zip(steps, step_infos))
+        for s, (st, p) in enumerate(zip(steps, step_infos, strict=True))
     ]
     info = {
         **{k: v for k, v in steps[-1].items() if k not in ("steps", "seconds", "init")},

@@ -10,7 +10,9 @@
   layers, in host memory up to a budget and in files next to the output beyond it.
 * :mod:`.calibrate` -- the calibration pass over a streamed model, resumable after a kill at
   the layer of its last checkpoint.
-* :mod:`.stages` -- the stage entry points (calibrate, ppl, zeroshot) the pipeline calls.
+* :mod:`.stages` -- how a stage reaches a streamed cell (whether an evaluation streams, the
+  streamed model with its tokenizer); the stage bodies are ``coec.pipeline``'s.
+* :mod:`.options` -- the streaming flags and their values (:class:`StreamOptions`).
 
 Layer-sequential evaluation lives in :mod:`coec.evaluate.layerwise` (perplexity) and
 :mod:`coec.evaluate.layerwise_lm` (an lm-eval ``LM``); the memory plan in :mod:`.plan`.

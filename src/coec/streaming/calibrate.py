@@ -26,12 +26,14 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .. import artifacts
+from ..artifact_errors import ArtifactError
 from ..atomic import umask_modes
-from ..calibrate import gram_meta, gram_tensors, layer_call, layer_masks, layer_statistics
+from ..calibrate import PASS_DEFAULTS, PassOptions, gram_meta, gram_tensors, layer_call, layer_masks, layer_statistics
 from ..models import torch_dtype
 from ..progress import bar as progress_bar
 from .hidden import HiddenStore
@@ -48,7 +50,7 @@ def partial_dir(out_dir: str | Path) -> Path:
     return out.with_name(f".{out.name}.partial")
 
 
-def fingerprint(input_ids: torch.Tensor, **inputs) -> str:
+def fingerprint(input_ids: torch.Tensor, **inputs: Any) -> str:
     """sha256 of everything a pass's Grams depend on: the token ids and the named inputs."""
     h = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
     h.update(input_ids.to(torch.int64).contiguous().numpy().tobytes())
@@ -61,7 +63,7 @@ class StreamPass:
     hidden states in a :class:`HiddenStore` (filled here from the embeddings unless it holds a
     resumed pass's states already)."""
 
-    def __init__(self, sm: StreamedModel, input_ids: torch.Tensor, batch_size: int, store: HiddenStore):
+    def __init__(self, sm: StreamedModel, input_ids: torch.Tensor, batch_size: int, store: HiddenStore) -> None:
         self.device = sm.device
         self.hidden = store
         if not len(store):
@@ -74,20 +76,20 @@ class StreamPass:
         self.masks = layer_masks(sm.model, first, self.pos)
 
     @torch.no_grad()
-    def run(self, i: int, layer) -> None:
+    def run(self, i: int, layer: Any) -> None:
         """Every batch through decoder layer ``i``; the outputs go to the store's next generation."""
         for b, h in enumerate(self.hidden):
             self.hidden[b] = layer_call(layer, h.to(self.device), self.masks[i], self.pos, self.pe)
 
 
-def _resume_state(work: Path, key: str) -> dict | None:
+def _resume_state(work: Path, key: str) -> dict[str, Any] | None:
     """The checkpoint of a previous pass with the same fingerprint, or None (then the folder is
     cleared for a fresh pass)."""
     try:
-        state = artifacts.read_json(work / PROGRESS)
+        state: dict[str, Any] = artifacts.read_json(work / PROGRESS)
         if state.get("fingerprint") == key and (work / state["hidden"]).is_file():
             return state
-    except (artifacts.ArtifactError, KeyError, TypeError, AttributeError):
+    except (ArtifactError, KeyError, TypeError, AttributeError):
         pass
     if work.exists():
         log.info("%s: no usable checkpoint of this pass; starting afresh", work)
@@ -139,18 +141,15 @@ def calibrate_streamed(
     sm: StreamedModel,
     input_ids: torch.Tensor,
     out_dir: str | Path,
-    batch_size: int = 8,
-    gram_dtype: str = "float32",
-    meta: dict | None = None,
-    budget_bytes: float = float("inf"),
-    checkpoint_seconds: float = 600.0,
-    progress: bool = True,
-) -> dict:
+    options: PassOptions = PASS_DEFAULTS,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Grams of every layer's o_proj and down_proj inputs over ``input_ids`` (n_seq, seqlen)
     -> ``out_dir/layer{i}.safetensors`` + ``meta.json``, the files ``coec.calibrate.
     calibrate_to_dir`` writes for the loaded model, byte for byte. Resumes a killed pass (module
     docstring). Returns meta.json's dict plus ``seconds`` and ``resumed_at``."""
     t0 = time.time()
+    batch_size, gram_dtype, budget_bytes = options.batch_size, options.gram_dtype, options.budget_bytes
     out = Path(out_dir)
     work = partial_dir(out)
     info = gram_meta(sm.n_layers, input_ids, gram_dtype, meta)
@@ -170,7 +169,7 @@ def calibrate_streamed(
     try:
         lp = StreamPass(sm, input_ids, batch_size, store)
         last = time.monotonic()
-        bar = progress_bar(range(start, sm.n_layers), desc="calibrate", unit="layer", disable=not progress)
+        bar = progress_bar(range(start, sm.n_layers), desc="calibrate", unit="layer", disable=not options.progress)
         for i in bar:
             with sm.layer(i) as layer:
                 stats = layer_statistics(lp, i, layer)
@@ -178,7 +177,7 @@ def calibrate_streamed(
             store.flip()
             artifacts.write_gram_layer(artifacts.gram_path(work, i), gram_tensors(stats, dt))
             del stats
-            if i + 1 < sm.n_layers and time.monotonic() - last >= checkpoint_seconds:
+            if i + 1 < sm.n_layers and time.monotonic() - last >= options.checkpoint_seconds:
                 _checkpoint(work, store, i + 1, key)
                 last = time.monotonic()
         spilled, batches = store.spilled, len(store)

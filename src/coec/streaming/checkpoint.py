@@ -16,6 +16,8 @@ import torch
 
 from .. import artifacts
 from ..arch import ModelError
+from ..artifact_errors import ArtifactError
+from ..safetensors_file import safetensors_header
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -33,16 +35,11 @@ def weight_map(model_dir: str | Path) -> dict[str, str]:
     if index.is_file():
         wm = artifacts.read_json(index).get("weight_map")
         if not isinstance(wm, dict) or not wm:
-            raise artifacts.ArtifactError(index, "missing weight_map")
+            raise ArtifactError(index, "missing weight_map")
         return {str(k): str(v) for k, v in wm.items()}
     shards = [folder / SINGLE] if (folder / SINGLE).is_file() else sorted(folder.glob("*.safetensors"))
     if shards:
-        return {
-            name: shard.name
-            for shard in shards
-            for name in artifacts.safetensors_header(shard)
-            if name != "__metadata__"
-        }
+        return {name: shard.name for shard in shards for name in safetensors_header(shard) if name != "__metadata__"}
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES) if folder.is_dir() else []
     if pickles:
         raise ModelError(
@@ -59,7 +56,7 @@ class Checkpoint:
     ``read(names)`` opens each shard involved once (``safe_open``), maps the tensors and closes
     it; a tensor stays mapped (file-backed pages, not a copy) until it is released."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path) -> None:
         self.dir = Path(model_dir)
         self.map = weight_map(self.dir)
 
@@ -75,7 +72,7 @@ class Checkpoint:
         raises ``ArtifactError`` naming the folder; a damaged shard names the shard."""
         missing = [n for n in names if n not in self.map]
         if missing:
-            raise artifacts.ArtifactError(self.dir, f"tensors not in the checkpoint: {missing[:3]}")
+            raise ArtifactError(self.dir, f"tensors not in the checkpoint: {missing[:3]}")
         by_shard: dict[str, list[str]] = {}
         for n in names:
             by_shard.setdefault(self.map[n], []).append(n)

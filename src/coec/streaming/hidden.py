@@ -16,15 +16,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
-from .. import artifacts
+from ..artifact_errors import ArtifactError
+from ..atomic import write_chunks
 
 _MAX_IO = 1 << 30  # bytes per read/write call (a single call moves at most ~2 GiB on Linux)
 
 
-def nbytes(shape, dtype: torch.dtype) -> int:
+def nbytes(shape: Any, dtype: torch.dtype) -> int:
     """Bytes of a tensor of ``shape`` and ``dtype``."""
     n = 1
     for s in shape:
@@ -32,7 +34,7 @@ def nbytes(shape, dtype: torch.dtype) -> int:
     return n * torch.empty((), dtype=dtype).element_size()
 
 
-def _byte_view(t: torch.Tensor):
+def _byte_view(t: torch.Tensor) -> Any:
     """A writable uint8 NumPy view of a contiguous CPU tensor's bytes."""
     return t.reshape(-1).view(torch.uint8).numpy()
 
@@ -45,7 +47,7 @@ def write_at(fd: int, offset: int, t: torch.Tensor) -> None:
         done += os.pwrite(fd, view[done : done + _MAX_IO], offset + done)
 
 
-def read_at(fd: int, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
+def read_at(fd: int, offset: int, shape: Any, dtype: torch.dtype) -> torch.Tensor:
     """A new CPU tensor of ``shape``/``dtype`` read from ``offset`` of an open file."""
     out = torch.empty(tuple(shape), dtype=dtype)
     view = memoryview(_byte_view(out))
@@ -53,7 +55,7 @@ def read_at(fd: int, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
     while done < len(view):
         got = os.preadv(fd, [view[done : done + _MAX_IO]], offset + done)
         if got <= 0:
-            raise artifacts.ArtifactError(f"fd {fd}", f"short read at byte {offset + done}")
+            raise ArtifactError(f"fd {fd}", f"short read at byte {offset + done}")
         done += got
     return out
 
@@ -63,7 +65,7 @@ class HiddenStore:
     (module docstring). List-like: ``len``, ``store[b]`` (a CPU tensor), ``store[b] = h``
     (memory: replaced; file: written to the next generation), iteration in batch order."""
 
-    def __init__(self, folder: str | Path, budget_bytes: float):
+    def __init__(self, folder: str | Path, budget_bytes: float) -> None:
         self.folder = Path(folder)
         self.budget = float(budget_bytes)
         self.shapes: list[tuple[int, ...]] = []
@@ -109,7 +111,9 @@ class HiddenStore:
     def __getitem__(self, b: int) -> torch.Tensor:
         if b < len(self.memory):
             return self.memory[b]
-        return read_at(self._fds[self._gen], self.offsets[b - len(self.memory)], self.shapes[b], self.dtype)
+        return read_at(
+            self._fds[self._gen], self.offsets[b - len(self.memory)], self.shapes[b], cast(torch.dtype, self.dtype)
+        )
 
     def __setitem__(self, b: int, h: torch.Tensor) -> None:
         h = h.detach().to("cpu")
@@ -131,17 +135,17 @@ class HiddenStore:
 
     def save(self, path: str | Path) -> None:
         """Every batch, in order, as raw bytes in one file (atomic, fsynced)."""
-        artifacts.write_chunks(path, (memoryview(_byte_view(self[b].contiguous())) for b in range(len(self))))
+        write_chunks(path, (memoryview(_byte_view(self[b].contiguous())) for b in range(len(self))))
 
     @classmethod
     def load(
-        cls, path: str | Path, shapes: list, dtype: torch.dtype, folder: str | Path, budget_bytes: float
+        cls, path: str | Path, shapes: list[Any], dtype: torch.dtype, folder: str | Path, budget_bytes: float
     ) -> HiddenStore:
         """A store filled from a :meth:`save` file of batches of ``shapes`` and ``dtype``."""
         path = Path(path)
         want = sum(nbytes(s, dtype) for s in shapes)
         if not path.is_file() or path.stat().st_size != want:
-            raise artifacts.ArtifactError(path, f"expected {want} bytes of hidden states")
+            raise ArtifactError(path, f"expected {want} bytes of hidden states")
         store = cls(folder, budget_bytes)
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -24,13 +24,18 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 from .. import artifacts
 from ..arch import MODULES, ModelError, adapter_for
+from ..artifact_errors import ArtifactError
 from ..models import load_config, resolve_device, torch_dtype
+from ..prune import set_output_weights_
+from ..safetensors_file import safetensors_header
 from .checkpoint import Checkpoint
 
 _COMP_KEY = re.compile(r"^layer(\d+)\.(o_proj|down_proj)\.(weight|bias)$")
@@ -42,7 +47,7 @@ class CellWeights:
     version, ``layer<i>.<module>.weight|bias`` names); a layer's tensors are read (and checked
     finite) when the layer streams."""
 
-    def __init__(self, keep_path: str | Path | None, comp_files: list[str] | None, n_layers: int):
+    def __init__(self, keep_path: str | Path | None, comp_files: list[str] | None, n_layers: int) -> None:
         self.keep = artifacts.read_keep(keep_path, n_layers) if keep_path else None
         self.files: dict[int, list[tuple[Path, list[str]]]] = {}
         for path in map(Path, comp_files or []):
@@ -50,19 +55,17 @@ class CellWeights:
             if meta.get(artifacts.FORMAT_KEY) != "comp-block":
                 artifacts.read_tensors(path, [], fmt="comp-block")  # raises the format error naming it
             by_layer: dict[int, list[str]] = {}
-            for key in artifacts.safetensors_header(path):
+            for key in safetensors_header(path):
                 if key == "__metadata__":
                     continue
                 m = _COMP_KEY.match(key)
                 if not m:
-                    raise artifacts.ArtifactError(
-                        path, f"unexpected tensor {key} (expected layer<i>.<module>.weight|bias)"
-                    )
+                    raise ArtifactError(path, f"unexpected tensor {key} (expected layer<i>.<module>.weight|bias)")
                 by_layer.setdefault(int(m.group(1)), []).append(key)
             for i, keys in by_layer.items():
                 self.files.setdefault(i, []).append((path, keys))
 
-    def layer_keep(self, i: int) -> dict | None:
+    def layer_keep(self, i: int) -> dict[str, Any] | None:
         """``{"kv_groups", "channels"}`` of layer i (None: a dense model)."""
         return None if self.keep is None else self.keep["layers"][i]
 
@@ -75,15 +78,14 @@ class CellWeights:
         return out
 
 
-def meta_skeleton(config, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
+def meta_skeleton(config: Any, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
     """The causal LM of ``config`` on the meta device (SDPA attention, eval mode, ties made)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # transformers stub gap
             config, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
         )
-    return model.eval()
+    skeleton: nn.Module = model.eval()
+    return skeleton
 
 
 def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
@@ -105,7 +107,7 @@ class StreamedModel:
         cell: CellWeights | None = None,
         revision: str | None = None,
         trust_remote_code: bool = False,
-    ):
+    ) -> None:
         self.dir = Path(model_dir)
         self.ckpt = Checkpoint(self.dir)
         self.config = load_config(self.dir, revision, trust_remote_code)
@@ -141,7 +143,7 @@ class StreamedModel:
         for alias in [name, *self._aliases.get(name, [])]:
             if alias in self.ckpt:
                 return alias
-        raise artifacts.ArtifactError(self.dir, f"tensor {name} is not in the checkpoint")
+        raise ArtifactError(self.dir, f"tensor {name} is not in the checkpoint")
 
     def materialise(self, module: nn.Module) -> nn.Module:
         """A copy of a skeleton module with its tensors read from the checkpoint, cast to the
@@ -154,7 +156,7 @@ class StreamedModel:
         for k, ref in state.items():
             t = tensors[stored[k]]
             if tuple(t.shape) != tuple(ref.shape):
-                raise artifacts.ArtifactError(
+                raise ArtifactError(
                     self.dir, f"tensor {stored[k]} has shape {tuple(t.shape)}, the config implies {tuple(ref.shape)}"
                 )
             state[k] = t.to(device=self.device, dtype=ref.dtype if ref.is_floating_point() else None)
@@ -174,7 +176,8 @@ class StreamedModel:
 
         def embed(ids: torch.Tensor) -> torch.Tensor:
             h = held[0](ids.to(self.device))
-            return h if scale is None else h * scale
+            out: torch.Tensor = h if scale is None else h * scale
+            return out
 
         try:
             yield embed
@@ -185,16 +188,18 @@ class StreamedModel:
     def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """A function last hidden states (b, T, d) -> logits (b, T, V): final norm, LM head and
         the family's logit divisor, as the model's forward computes them."""
+        hf_model: Any = self.model  # a transformers model: get_output_embeddings
         held = [
-            self.materialise(self.adapter.backbone(self.model).norm),
-            self.materialise(self.model.get_output_embeddings()),
+            self.materialise(cast(nn.Module, self.adapter.backbone(self.model).norm)),
+            self.materialise(hf_model.get_output_embeddings()),
         ]
         div = self.adapter.logit_divisor(self.config)
 
         def logits(h: torch.Tensor) -> torch.Tensor:
             norm, lm_head = held
             out = lm_head(norm(h.to(self.device)))
-            return out if div is None else out / div
+            logits: torch.Tensor = out if div is None else out / div
+            return logits
 
         try:
             yield logits
@@ -204,8 +209,6 @@ class StreamedModel:
     def build_layer(self, i: int) -> nn.Module:
         """Decoder layer i on the device: read, pruned by the cell's keep set and given its
         compensated weights (what ``prune_model_`` + ``install_weights_`` do to the whole)."""
-        from ..prune import set_output_weights_
-
         layer = self.materialise(self.layers[i])
         keep = self.cell.layer_keep(i) if self.cell else None
         if keep is not None:

@@ -12,7 +12,7 @@ value, ``h`` hidden size, ``d_a`` = heads x head_dim, ``d_ff`` the MLP width, ``
   each; the layer is gone by then); the embedding (while the sequences are embedded).
 * select: one layer's o_proj / down_proj weights as stored and in float64, and its Gram file.
 * compensate: one down_proj's solve and its Gram: for coec (``settings["method"]``, the default)
-  ``cost.memory_plan``'s ``comp_down_peak_gb`` (the eigh of the full Gram), for the other methods
+  :func:`eigh_solve_bytes` (the eigh of the full Gram), for the other methods
   the float64 metric and one more (d_ff, d_ff) buffer (``compensate_solve_bytes``).
 * export (not streamed): the whole model in the compute dtype, on the CPU.
 * ppl / zeroshot: one group's hidden states (at most the budget), plus the largest of the
@@ -31,12 +31,16 @@ tests/unit/test_stream_plan.py. :func:`slurm_resources` turns a plan into ``gpu`
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from ..cost import arch_dims, config_dict, memory_plan, param_breakdown
+import yaml
 
-GIB = 2**30
+from ..arch.published import PUBLISHED_ARCHS
+from ..config import schema_default
+from ..cost import GIB, arch_dims, config_dict, kept_count, param_breakdown
 
 #: Resident memory of a stage's process beside its model data (GiB): python, torch,
 #: transformers, the tokenized text (calibrate: the whole calibration split), lm-eval and its
@@ -64,7 +68,7 @@ def _w(dtype: str) -> int:
     return {"float32": 4, "fp32": 4, "float64": 8, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}[dtype]
 
 
-def _parts(config: Any) -> dict[str, int]:
+def arch_parts(config: Any) -> dict[str, int]:
     """Architecture numbers: hidden, d_a, d_ff, vocab, layers, parameters of one layer and of
     the embedding (and of an untied head)."""
     d = arch_dims(config_dict(config))
@@ -82,10 +86,11 @@ def _parts(config: Any) -> dict[str, int]:
     }
 
 
-def calibrate_memory(
-    a: Mapping, nsamples: int, seqlen: int, batch: int, w: int, gram_bytes: int, budget: float, gpu: bool
-) -> tuple[float, float]:
-    """(host bytes, device bytes) of a calibration pass at its largest moment."""
+def calibrate_memory(a: Mapping[str, int], s: Mapping[str, Any], budget: float, gpu: bool) -> tuple[float, float]:
+    """(host bytes, device bytes) of a calibration pass at its largest moment (``s``: the
+    settings of :func:`stage_memory`)."""
+    nsamples, seqlen, batch = s["nsamples"], s["seqlen"], s["batch"]
+    w, gram_bytes = _w(s["dtype"]), _w(s.get("gram_dtype", "float32"))
     hidden = min(nsamples * seqlen * a["h"] * w, budget)
     grams = a["da"] ** 2 + a["ff"] ** 2
     toks = batch * seqlen
@@ -101,9 +106,11 @@ def calibrate_memory(
 
 
 def eval_memory(
-    a: Mapping, tokens: int, seqlen: int, batch: int, w: int, budget: float, gpu: bool, log_softmax: bool
+    a: Mapping[str, int], sizes: tuple[float, int, int], w: int, budget: float, gpu: bool, log_softmax: bool
 ) -> tuple[float, float]:
-    """(host bytes, device bytes) of a layer-sequential evaluation at its largest moment."""
+    """(host bytes, device bytes) of a layer-sequential evaluation at its largest moment;
+    ``sizes``: (tokens, seqlen, batch)."""
+    tokens, seqlen, batch = sizes
     group = min(tokens * a["h"] * w, max(budget, batch * seqlen * a["h"] * w))
     toks = batch * seqlen
     act = toks * (3 * a["ff"] + 2 * a["h"]) * 4
@@ -119,49 +126,64 @@ def eval_memory(
 EIGH_METHODS = frozenset({"coec"})
 
 
-def compensate_solve_bytes(config: Any, a: Mapping, ratio: float, method: str, gram_bytes: int, gpu: bool) -> float:
+def gram_file_bytes(config: Any, gram_bytes: int = 4) -> dict[str, int]:
+    """Bytes of the stored Grams (o_proj input ``d_a^2``, down_proj input ``d_ff^2``, ``gram_bytes``
+    each): ``layer`` / ``total`` (all layers) as stored, ``layer_sym`` / ``total_sym`` with one
+    triangle only."""
+    a = arch_parts(config)
+    full = (a["da"] ** 2 + a["ff"] ** 2) * gram_bytes
+    sym = (a["da"] * (a["da"] + 1) + a["ff"] * (a["ff"] + 1)) // 2 * gram_bytes
+    return {"layer": full, "total": a["L"] * full, "layer_sym": sym, "total_sym": a["L"] * sym}
+
+
+def eigh_solve_bytes(a: Mapping[str, int], ratio: float) -> float:
+    """Bytes of compensating one down_proj by an eigh method (:data:`EIGH_METHODS`): the float64
+    eigh of the full Gram (G, eigenvectors, one work copy), the kept (k, k) slice and its tempered
+    copy in float32, W0 and W in float32, the kept frame; ``k`` the kept channels at ``ratio``."""
+    h, ff = a["h"], a["ff"]
+    k = kept_count(ff, ratio, "ceil")
+    return float(3 * ff * ff * 8 + 2 * k * k * 4 + 2 * h * ff * 4 + 2 * min(h, k) * k * 4)
+
+
+def compensate_solve_bytes(a: Mapping[str, int], ratio: float, method: str, gram_bytes: int, gpu: bool) -> float:
     """Bytes of one down_proj solve beside the Gram as read: for an eigh method
-    ``cost.memory_plan``'s ``comp_down_peak_gb``; for the others the float64 metric and one more
+    :func:`eigh_solve_bytes`; for the others the float64 metric and one more
     (d_ff, d_ff) buffer (App. B's shifted copy, factored in place; the ridge solve's slices and
     factor are smaller) and W0 in float64. On the CPU the Gram file's mapped pages count too."""
     if method in EIGH_METHODS:
-        solve = memory_plan(config, ratio=ratio)["comp_down_peak_gb"] * GIB
+        solve = eigh_solve_bytes(a, ratio)
     else:
         solve = 2 * a["ff"] ** 2 * 8 + a["h"] * a["ff"] * 8
     return solve if gpu else solve + a["ff"] ** 2 * gram_bytes
 
 
-def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) -> dict[str, float]:
+def stage_memory(config: Any, stage: str, settings: Mapping[str, Any], gpu: bool = False) -> dict[str, float]:
     """``{"host_gib", "device_gib"}`` of a stage (calibrate, select, compensate, ppl, zeroshot).
 
     ``settings``: ``dtype`` (compute), ``gram_dtype``, ``nsamples``, ``seqlen``, ``batch``
     (calibration), ``ratio``, ``method`` (compensation; default coec), ``ppl_tokens``,
     ``ppl_seqlen``, ``ppl_batch``, ``zs_tokens``, ``zs_max_length``, ``zs_batch``, ``budget_gib``
     (``compute.hidden_cache_budget_gb``)."""
-    a, s = _parts(config), settings
+    a, s = arch_parts(config), settings
     w, gb = _w(s["dtype"]), _w(s.get("gram_dtype", "float32"))
     budget = s["budget_gib"] * GIB
     if stage == "calibrate":
-        host, dev = calibrate_memory(a, s["nsamples"], s["seqlen"], s["batch"], w, gb, budget, gpu)
+        host, dev = calibrate_memory(a, s, budget, gpu)
     elif stage == "select":
         # o_proj and down_proj as stored and as float64 (the scores), both layers' Gram files
         host, dev = (a["h"] * (a["da"] + a["ff"])) * (w + 8) + (a["da"] ** 2 + a["ff"] ** 2) * gb, 0.0
     elif stage == "compensate":
-        solve = compensate_solve_bytes(config, a, s.get("ratio", 0.3), s.get("method", "coec"), gb, gpu)
+        solve = compensate_solve_bytes(a, s.get("ratio", 0.3), s.get("method", "coec"), gb, gpu)
         gram = a["ff"] ** 2 * gb + 3 * a["h"] * a["ff"] * 4
         host, dev = (gram, solve) if gpu else (gram + solve, 0.0)
     elif stage in ("ppl", "zeroshot"):
         ppl = stage == "ppl"
-        host, dev = eval_memory(
-            a,
+        sizes = (
             s["ppl_tokens"] if ppl else s["zs_tokens"],
             s["ppl_seqlen"] if ppl else min(s["zs_max_length"], s.get("zs_longest", ZEROSHOT_MAX_TOKENS)),
             s["ppl_batch"] if ppl else s["zs_batch"],
-            w,
-            budget,
-            gpu,
-            log_softmax=not ppl,
         )
+        host, dev = eval_memory(a, sizes, w, budget, gpu, log_softmax=not ppl)
     elif stage == "export":  # loads the whole model (coec export), on the CPU
         host, dev, gpu = a["params"] * w + a["layer"] * w, 0.0, False
     else:
@@ -170,41 +192,46 @@ def stage_memory(config: Any, stage: str, settings: Mapping, gpu: bool = False) 
     return {"host_gib": base + host / GIB, "device_gib": dev / GIB}
 
 
-def stage_seconds(config: Any, stage: str, settings: Mapping) -> float:
+def stage_seconds(config: Any, stage: str, settings: Mapping[str, Any]) -> float:
     """Planned seconds of a stage on one GPU: checkpoint reads (once per group of batches),
     forward FLOPs (``2 x params`` per token) at :data:`FORWARD_TFLOPS`, Gram FLOPs (about
     ``1.1 (d_a^2 + d_ff^2)`` per token and layer: the upper block triangle) at
     :data:`GRAM_TFLOPS`, Gram writes, a compensation layer scaled from the measured 8B one by
     ``(d_ff / 14336)^3``."""
-    a, s = _parts(config), settings
+    a, s = arch_parts(config), settings
     ckpt = a["params"] * _w(s["dtype"])
-    flops = lambda tokens: 2.0 * a["params"] * tokens  # noqa: E731
+
+    def flops(tokens: float) -> float:
+        return 2.0 * a["params"] * tokens
+
     if stage == "calibrate":
         tokens = s["nsamples"] * s["seqlen"]
         gram_flops = a["L"] * tokens * 1.1 * (a["da"] ** 2 + a["ff"] ** 2)
         writes = a["L"] * (a["da"] ** 2 + a["ff"] ** 2) * _w(s.get("gram_dtype", "float32"))
-        return (
+        seconds: float = (
             ckpt / (READ_GB_S * 1e9)
             + flops(tokens) / (FORWARD_TFLOPS * 1e12)
             + gram_flops / (GRAM_TFLOPS * 1e12)
             + writes / (WRITE_GB_S * 1e9)
         )
+        return seconds
     if stage == "select":
         return a["L"] * (a["da"] ** 2 + a["ff"] ** 2) * 4 / (READ_GB_S * 1e9) + 60
     if stage == "compensate":
-        return s.get("block", 1) * COMPENSATE_8B_LAYER_S * (a["ff"] / 14336) ** 3
+        return float(s.get("block", 1) * COMPENSATE_8B_LAYER_S * (a["ff"] / 14336) ** 3)
     if stage == "export":
         return 2 * ckpt / (READ_GB_S * 1e9) + 60
     tokens = s["ppl_tokens"] if stage == "ppl" else s["zs_tokens"]
     groups = math.ceil(tokens * a["h"] * _w(s["dtype"]) / (s["budget_gib"] * GIB))
-    return groups * ckpt / (READ_GB_S * 1e9) + flops(tokens) / (FORWARD_TFLOPS * 1e12)
+    eval_seconds: float = groups * ckpt / (READ_GB_S * 1e9) + flops(tokens) / (FORWARD_TFLOPS * 1e12)
+    return eval_seconds
 
 
 def round_up(x: float, step: int) -> int:
     return int(math.ceil(x / step) * step)
 
 
-def slurm_resources(config: Any, stage: str, settings: Mapping) -> dict[str, int]:
+def slurm_resources(config: Any, stage: str, settings: Mapping[str, Any]) -> dict[str, int]:
     """``{"gpu", "mem_mb", "runtime"}`` of a stage's job: one GPU (the device plan must fit
     :data:`GPU_MEMORY_GIB`), host memory 1.25 x the plan + 2 GiB rounded up to 4 GiB (in MiB),
     runtime 2 x the plan + 10 minutes rounded up to 30 minutes."""
@@ -222,14 +249,14 @@ def slurm_resources(config: Any, stage: str, settings: Mapping) -> dict[str, int
     }
 
 
-def loaded_calibrate_gib(config: Any, settings: Mapping) -> float:
+def loaded_calibrate_gib(config: Any, settings: Mapping[str, Any]) -> float:
     """Host GiB of a calibration pass over the whole loaded model (the iterative method's
     stages, which run under the calibrate rule's resources): the model in the compute dtype,
     the cached hidden states (all in memory) and the Gram copies."""
-    a, s = _parts(config), settings
+    a, s = arch_parts(config), settings
     w = _w(s["dtype"])
     grams = (a["da"] ** 2 + a["ff"] ** 2) * _w(s.get("gram_dtype", "float32"))
-    hidden = s["nsamples"] * s["seqlen"] * a["h"] * w
+    hidden: int = s["nsamples"] * s["seqlen"] * a["h"] * w
     return BASELINE_GIB["calibrate"] + CUDA_CONTEXT_GIB + (a["params"] * w + hidden + grams) / GIB
 
 
@@ -256,11 +283,9 @@ PPL_TOKENS = 0.35e6
 PLANNED_STAGES = ("calibrate", "compensate", "ppl", "zeroshot", "export")
 
 
-def paper_settings(cfg: Mapping, model: str) -> dict:
+def paper_settings(cfg: Mapping[str, Any], model: str) -> dict[str, Any]:
     """The plan's settings of one model of a (paper) config: its dtype, the largest calibration
     it runs (Fig. 2's sizes for Fig. 2's model), the evaluation sizes, the hidden-state budget."""
-    from ..config import schema_default
-
     cals = list(cfg["calibration"].values()) + list(cfg.get("iterative", {}).get("mixes", {}).values())
     big = max(cals, key=lambda c: c["nsamples"] * c["seqlen"])
     nsamples = big["nsamples"]
@@ -287,13 +312,11 @@ def paper_settings(cfg: Mapping, model: str) -> dict:
     }
 
 
-def paper_resources(cfg: Mapping) -> dict[str, dict[str, dict[str, int]]]:
+def paper_resources(cfg: Mapping[str, Any]) -> dict[str, dict[str, dict[str, int]]]:
     """model -> rule -> ``{"gpu", "mem_mb", "runtime"}`` for every model of ``cfg`` that
     :data:`PAPER_ARCHS` knows (the rules calibrate, compensate, ppl, zeroshot, export; the
     calibrate rule of a model of the iterative tables also holds the whole model, which the
     iterative method's stages load)."""
-    from ..arch.published import PUBLISHED_ARCHS
-
     out = {}
     for model in cfg["models"]:
         if model in PAPER_ARCHS:
@@ -305,17 +328,11 @@ def paper_resources(cfg: Mapping) -> dict[str, dict[str, dict[str, int]]]:
 def main(argv: list[str] | None = None) -> None:
     """``python -m coec.streaming.plan [config.yaml ...]``: the planned resources of every
     model (paper.yaml by default, later files merged over earlier ones) as YAML and a table."""
-    import sys
-    from pathlib import Path
-
-    import yaml
-
     paths = (argv if argv is not None else sys.argv[1:]) or ["workflow/configs/paper.yaml"]
-    cfg: dict = {}
+    cfg: dict[str, Any] = {}
     for p in paths:
         for k, v in (yaml.safe_load(Path(p).read_text()) or {}).items():
             cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
-    from ..arch.published import PUBLISHED_ARCHS
 
     print("| model | stage | host GiB | device GiB | gpu | mem_mb | runtime (min) |")
     print("|---|---|---:|---:|---:|---:|---:|")
