@@ -15,6 +15,12 @@ import yaml
 from .extension import extensions
 
 SCHEMA = Path(str(files("coec") / "schemas" / "config.schema.yaml"))  # package data
+#: a config name (model, dataset, calibration set, compensation, table, ...): it becomes a path
+#: component, a wildcard value and a shell word. The one home of the pattern: the workflow's
+#: wildcard constraints use NAME, validation NAME_PATTERN (the schema's ``$defs.name.pattern``
+#: repeats it; tests/unit/test_targets.py checks they agree).
+NAME = "[A-Za-z0-9][A-Za-z0-9._-]*"
+NAME_PATTERN = f"^{NAME}$"
 
 
 @functools.cache
@@ -200,7 +206,6 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
     return config
 
 
-NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 def _selection_refs(obj, where: str = ""):

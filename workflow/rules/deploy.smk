@@ -100,14 +100,14 @@ rule table4_measured:
     conda:
         "../../envs/coec.yaml"
     input:
-        lambda wc: deploy_spec.measured_inputs(config),
+        W.measured_inputs,
     output:
         csv=paths.table_file(deploy_spec.KEY),
         md=paths.table_file(deploy_spec.KEY, "md"),
         runs=paths.table_file(deploy_spec.KEY, "runs.json"),
         png=paths.figure_file(deploy_spec.KEY),
     params:
-        spec=lambda wc: json.dumps(deploy_spec.measured_spec(config)),
+        spec=W.measured_spec,
     log:
         paths.log_file("report", deploy_spec.KEY),
     benchmark:
@@ -141,7 +141,7 @@ rule imatrix_dense:
         seed=W.calibration_param("seed"),
         batch=W.calibration_param("batch_size"),
         dtype=W.model_dtype,
-        device=config["compute"]["device"],
+        device=W.device,
         expect=lambda wc: W.expect_json(wc.model, f"calibration.{wc.calib}.seqlen"),
         hub=W.hub,
         extra="",

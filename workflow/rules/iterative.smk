@@ -15,9 +15,7 @@
 from coec.iterative import targets as iterative_targets
 from coec.iterative.wiring import IterativeWiring, alternatives
 
-# calibration-size figure: its resized calibrations and mixes exist before the rules are defined
-iterative_targets.add_size_calibrations(config)
-IT = IterativeWiring(W)
+IT = IterativeWiring(W)  # the calibration-size figure's resized calibrations and mixes: in W already
 STEP = f"{iterative_targets.steps_dir('{model}', '{calib}', '{method}')}/{{chain}}"
 IT_CELL = iterative_targets.cell_dir("{model}", "{calib}", "{variant}", "{ratio}")
 IT_LOG = "{model}/{calib}/iterative/{variant}-{ratio}"
@@ -89,14 +87,14 @@ rule iterative_step:
         state=f"{STEP}/state.safetensors",
         info=f"{STEP}/iterative.json",
     wildcard_constraints:
-        method=r"(global|sequential)-(uniform|al-am)",
-        chain=r"0\.[0-9]+(/0\.[0-9]+)*",
+        method=IT.METHOD,
+        chain=IT.CHAIN,
     params:
         **IT.calib_params(),
-        ratio=lambda wc: wc.chain.rsplit("/", 1)[-1],
-        mode=lambda wc: wc.method.split("-", 1)[0],
-        structure=lambda wc: wc.method.split("-", 1)[1],
-        group_rounding=config["group_rounding"],
+        ratio=IT.step_ratio,
+        mode=IT.step_mode,
+        structure=IT.step_structure,
+        group_rounding=W.group_rounding,
         init=IT.init_arg,
         outdir=IT.step_outdir,
         **W.plugin_params("iterative_step"),
@@ -202,14 +200,13 @@ use rule zeroshot_cell as iterative_zeroshot with:
 # ----------------------------------------------------------------------------- table and figure
 use rule table as table_iterative with:
     input:
-        lambda wc: targets.spec_inputs(iterative_targets.table_spec(config)),
+        W.iterative_table_inputs,
     output:
-        main=report(paths.table_file("table_iterative"), caption="../report/table.rst", category="Iterative",
-                   labels=lambda wc: targets.report_label(config, paths.table_file("table_iterative"))),
+        main=report_output(paths.table_file("table_iterative"), "table.rst", "Iterative"),
         md=paths.table_file("table_iterative", "md"),
     params:
         kind="table",
-        spec=lambda wc: json.dumps(iterative_targets.table_spec(config)),
+        spec=W.iterative_table_spec,
     log:
         paths.log_file("report", "table_iterative"),
     benchmark:
@@ -218,14 +215,13 @@ use rule table as table_iterative with:
 
 use rule table as table_iterative_zeroshot with:
     input:
-        lambda wc: targets.spec_inputs(iterative_targets.zeroshot_table_spec(config)),
+        W.iterative_zeroshot_inputs,
     output:
-        main=report(paths.table_file("table_iterative_zeroshot"), caption="../report/table.rst", category="Iterative",
-                   labels=lambda wc: targets.report_label(config, paths.table_file("table_iterative_zeroshot"))),
+        main=report_output(paths.table_file("table_iterative_zeroshot"), "table.rst", "Iterative"),
         md=paths.table_file("table_iterative_zeroshot", "md"),
     params:
         kind="table",
-        spec=lambda wc: json.dumps(iterative_targets.zeroshot_table_spec(config)),
+        spec=W.iterative_zeroshot_spec,
     log:
         paths.log_file("report", "table_iterative_zeroshot"),
     benchmark:
@@ -234,14 +230,12 @@ use rule table as table_iterative_zeroshot with:
 
 use rule table as iterative_calibration_size with:
     input:
-        lambda wc: targets.figure_inputs(iterative_targets.size_spec(config)),
+        W.iterative_size_inputs,
     output:
-        main=report(paths.figure_file("iterative_calibration_size"), caption="../report/iterative_size.rst",
-               category="Iterative",
-               labels=lambda wc: targets.report_label(config, paths.figure_file("iterative_calibration_size"))),
+        main=report_output(paths.figure_file("iterative_calibration_size"), "iterative_size.rst", "Iterative"),
     params:
         kind="lines-figure",
-        spec=lambda wc: json.dumps(iterative_targets.size_spec(config)),
+        spec=W.iterative_size_spec,
     log:
         paths.log_file("report", "iterative_calibration_size"),
     benchmark:
