@@ -206,8 +206,6 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
     return config
 
 
-
-
 def _selection_refs(obj, where: str = ""):
     """(where, name) of every ``selection: <name>`` in the config outside ``selections``."""
     if isinstance(obj, dict):

@@ -22,11 +22,11 @@ from .arch import ADAPTERS
 from .compensate.inputs import Job
 from .compensate.method import METHODS
 from .config import NAME, ConfigError
-from .paths import RATIO_PATTERN
 from .evaluate.tasks import TASKS
 from .export_formats import split_gguf_variant
 from .iterative import targets as iterative_targets
 from .modelcheck import local_model_type
+from .paths import RATIO_PATTERN
 from .provenance import planned_identity
 from .registry import plugin_sha256
 from .selection import SCORES, selection_registry
@@ -36,7 +36,6 @@ from .wiring_artifacts import ArtifactWiring
 from .wiring_resources import SLURM_STRING_RESOURCES, JobResources
 
 __all__ = ["Wiring", "coec_command", "planned_config", "SLURM_STRING_RESOURCES", "NO_PLUGINS"]
-
 
 
 def coec_command(deployment_methods: Any, executable: str = sys.executable) -> str:

@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from . import frontier, paths
+from . import frontier
 from .deploy import spec as deploy_spec
 from .iterative import targets as iterative_targets
 from .targets import claims, figures, report_labels, tables

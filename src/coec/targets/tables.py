@@ -65,7 +65,11 @@ def table_spec(config: Config, name: str, filename: str) -> dict[str, Any]:
                 m: f"{cell_dir(m, t['calibration'], row['selection'], r, row['compensation'])}/{filename}"
                 for m in models
             }
-            labels = {"ratio": float(r), "selection": row["selection"], "compensation": row.get("label", row["compensation"])}
+            labels = {
+                "ratio": float(r),
+                "selection": row["selection"],
+                "compensation": row.get("label", row["compensation"]),
+            }
             rows.append({"labels": labels, "cells": cells})
             groups.append(((float(r), row["selection"]), row["compensation"], row.get("compare")))
     metric = t["metric"]
