@@ -107,14 +107,16 @@ class Wiring(JobResources, ArtifactWiring):
 
     # ------------------------------------------------------------------------- models and data
     def model(self, name: str) -> dict[str, Any]:
-        return self.config["models"][name]
+        """A ``models`` entry."""
+        entry: dict[str, Any] = self.config["models"][name]
+        return entry
 
     def model_path(self, wc: Any) -> str:
         """What the CLI loads: the converted folder of an embedded model, else its hub id / folder."""
         return model_path(self.config, wc.model)
 
     def model_dtype(self, wc: Any) -> str:
-        return self.model(wc.model)["dtype"]
+        return str(self.model(wc.model)["dtype"])
 
     def hub(self, wc: Any) -> str:
         """--revision / --trust-remote-code of a model's config, each word shell-quoted; empty when
@@ -175,7 +177,9 @@ class Wiring(JobResources, ArtifactWiring):
 
     # ------------------------------------------------------------------------- calibration
     def calibration(self, name: str) -> dict[str, Any]:
-        return self.config["calibration"][name]
+        """A calibration set (the resized ones of the figures included)."""
+        entry: dict[str, Any] = self.config["calibration"][name]
+        return entry
 
     def calibration_dataset(self, name: str) -> dict[str, Any]:
         """The --dataset of a calibration set; a `disjoint_from` set also names the windows to avoid."""
@@ -204,7 +208,9 @@ class Wiring(JobResources, ArtifactWiring):
         return f"{args} {width}" if width else args
 
     def compensation(self, name: str) -> dict[str, Any]:
-        return self.config["compensations"][name]
+        """A ``compensations`` entry."""
+        entry: dict[str, Any] = self.config["compensations"][name]
+        return entry
 
     def blocks(self, model: str) -> list[tuple[int, int]]:
         """(first, last) layer ranges of the compensation jobs of a model."""
@@ -269,7 +275,7 @@ class Wiring(JobResources, ArtifactWiring):
     def job_plugins(self, rule: str, wc: Any) -> set[str]:
         """The plug-ins whose entries a job uses: its model's family; a select job's score, a
         compensate job's method, a zeroshot job's tasks."""
-        used = self.family_plugins(wc.model) if hasattr(wc, "model") else set()
+        used: set[str | None] = set(self.family_plugins(wc.model)) if hasattr(wc, "model") else set()
         if rule == "select":
             used.add(SCORES.plugin_of(self.selections[wc.select].score))
         elif rule == "compensate":

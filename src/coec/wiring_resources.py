@@ -121,6 +121,6 @@ class JobResources:
 
         def threads(wildcards: Wildcards) -> int:
             gpu = cpus["gpu"](wildcards)
-            return max(1, gpu * cpus["cpus_per_gpu"](wildcards) if gpu > 0 else cpus["cpus_per_task"](wildcards))
+            return max(1, int(gpu * cpus["cpus_per_gpu"](wildcards) if gpu > 0 else cpus["cpus_per_task"](wildcards)))
 
         return threads

@@ -31,17 +31,20 @@ def domain_dir(name: str) -> str:
 
 def section(config: Config) -> dict[str, Any]:
     """The config's `iterative` section ({} without one)."""
-    return config.get("iterative", {})
+    out: dict[str, Any] = config.get("iterative", {})
+    return out
 
 
 def mix_entries(config: Config) -> dict[str, Any]:
     """The config's ``iterative.mixes`` ({} without)."""
-    return section(config).get("mixes", {})
+    out: dict[str, Any] = section(config).get("mixes", {})
+    return out
 
 
 def variant_entries(config: Config) -> dict[str, Any]:
     """The config's ``iterative.variants`` ({} without)."""
-    return section(config).get("variants", {})
+    out: dict[str, Any] = section(config).get("variants", {})
+    return out
 
 
 def check_config(config: Config) -> None:
@@ -99,10 +102,9 @@ def size_calibrations(config: Config) -> tuple[dict[str, Any], dict[str, Any]]:
 def calibration_entry(config: Config, name: str) -> dict[str, Any]:
     """A calibration entry or an iterative mix."""
     known = mix_entries(config)
-    if name in known:
-        return known[name]
-    if name in config["calibration"]:
-        return config["calibration"][name]
+    entry: dict[str, Any] | None = known.get(name, config["calibration"].get(name))
+    if entry is not None:
+        return entry
     raise ValueError(f"unknown calibration {name!r}: not in calibration nor iterative.mixes")
 
 
@@ -136,7 +138,8 @@ def variant_spec(config: Config, name: str) -> dict[str, Any]:
     known = variant_entries(config)
     if name not in known:
         raise ValueError(f"unknown iterative variant {name!r} (known: {', '.join(known)})")
-    return known[name]
+    entry: dict[str, Any] = known[name]
+    return entry
 
 
 def step_method(config: Config, name: str) -> str:
@@ -185,7 +188,7 @@ def table_spec(config: Config, filename: str = "ppl.json", metric: str = "ppl") 
     rows = [
         {"labels": {"ratio": 0.0, "method": "dense"}, "cells": {m: f"{paths.dense_dir(m)}/{filename}" for m in models}}
     ]
-    groups = [None]
+    groups: list[Any] = [None]
     for r in t["ratios"]:
         for row in t["rows"]:
             calib = row.get("calibration", t["calibration"])
@@ -229,7 +232,7 @@ def size_spec(config: Config) -> dict[str, Any]:
     calibs = sorted({row.get("calibration", base) for row in f["rows"]})
     return size_figure_spec(
         panels,
-        calibration_entry(config, base)["seqlen"],
+        calibration_entry(config, str(base))["seqlen"],
         f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
         f"resized to N, selection recomputed at each N; variants "
         f"{json.dumps(variant_entries(config), sort_keys=True)}; eval "

@@ -133,4 +133,4 @@ class IterativeWiring:
 
     @staticmethod
     def step_outdir(wc: Any, output: Any) -> str:
-        return os.path.dirname(output.keep)
+        return os.path.dirname(str(output.keep))
