@@ -26,7 +26,7 @@ class ArtifactWiring:
     config: dict[str, Any]
 
     # ------------------------------------------------------------------------- tables 1-3, extra
-    def table_names(self) -> str:
+    def table_constraint(self) -> str:
         """A regex of the generic table rule's names: table1-3 and the config's extra tables."""
         extra = self.config.get("extra_tables") or {}
         return r"table[123]|" + "|".join(re.escape(n) for n in extra) if extra else r"table[123]|table_none"

@@ -66,7 +66,7 @@ use rule export_gguf as export_gguf_iterative with:
         gguf=paths.gguf_file(IT_CELL, "{gguf_type}"),
         report=paths.gguf_report_file(IT_CELL, "{gguf_type}"),
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
         gguf_type="|".join(GGUF_TYPES),
     log:
         paths.log_file("export", f"{IT_LOG}-{{gguf_type}}"),
@@ -216,7 +216,7 @@ use rule ppl_gguf_cell as ppl_gguf_iterative with:
     output:
         paths.gguf_ppl_file(IT_CELL, "{gguf_type}"),
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
         gguf_type="|".join(GGUF_TYPES),
     log:
         paths.log_file("ppl", f"{IT_LOG}-gguf-{{gguf_type}}"),

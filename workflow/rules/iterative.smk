@@ -13,7 +13,7 @@
 # that share a prefix share those steps (with `step: 0.1` the 0.5 cell reuses the three steps of the
 # 0.3 cell), and adding a step reruns only what follows it. {method} = {mode}-{structure}.
 from coec.iterative import targets as iterative_targets
-from coec.iterative.wiring import IterativeWiring, alternatives
+from coec.iterative.wiring import IterativeWiring
 
 IT = IterativeWiring(W)  # the calibration-size figure's resized calibrations and mixes: in W already
 STEP = f"{iterative_targets.steps_dir('{model}', '{calib}', '{method}')}/{{chain}}"
@@ -28,7 +28,7 @@ rule iterative_domain:
         calib=f"{iterative_targets.domain_dir('{domain}')}/calib.txt",
         manifest=f"{iterative_targets.domain_dir('{domain}')}/manifest.json",
     wildcard_constraints:
-        domain=alternatives([d for d, s in IT.domains.items() if s["source"] != "dataset"]),
+        domain=IT.domain_constraint,
     params:
         spec=lambda wc: json.dumps(IT.domains[wc.domain], sort_keys=True),
     log:
@@ -51,7 +51,7 @@ rule iterative_grams:
     output:
         directory(paths.grams_dir("{model}", "{calib}")),
     wildcard_constraints:
-        calib=alternatives(IT.mixes),
+        calib=IT.mix_constraint,
     params:
         **IT.calib_params(),
         **W.plugin_params("iterative_grams"),
@@ -127,7 +127,7 @@ rule iterative_cell:
         keep=f"{IT_CELL}/keep.json",
         info=f"{IT_CELL}/iterative.json",
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
     params:
         variant=IT.variant_json,
     log:
@@ -149,7 +149,7 @@ rule iterative_cell_block:
     output:
         paths.block_file(IT_CELL, "{first}", "{last}"),
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
     log:
         paths.log_file("iterative", IT_LOG, "block{first}-{last}"),
     benchmark:
@@ -172,7 +172,7 @@ use rule ppl_cell as iterative_ppl with:
     output:
         f"{IT_CELL}/ppl.json",
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
     params:
         command=IT.ppl_command,
     log:
@@ -190,7 +190,7 @@ use rule zeroshot_cell as iterative_zeroshot with:
     output:
         **W.zeroshot_outputs(IT_CELL),
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
     log:
         paths.log_file("zeroshot", IT_LOG),
     benchmark:

@@ -12,7 +12,7 @@ rule table:
         main=report_output(paths.table_file("{table}"), "table.rst", "Tables", W.report_table_kind),
         md=paths.table_file("{table}", "md"),
     wildcard_constraints:
-        table=W.table_names(),
+        table=W.table_constraint(),
     params:
         kind="table",
         spec=W.table_spec,

@@ -35,6 +35,10 @@ class IterativeWiring:
         self.mixes = targets.mix_entries(self.config)
         self.variants = targets.variant_entries(self.config)
         self.domains = self.config.get("domains", {})
+        #: wildcard constraints: the variants; the mixes; the domains whose text a rule writes
+        self.variant_constraint = alternatives(self.variants)
+        self.mix_constraint = alternatives(self.mixes)
+        self.domain_constraint = alternatives([d for d, s in self.domains.items() if s["source"] != "dataset"])
 
     def text_inputs(self, wc: Any) -> list[str]:
         """The text files of a calibration or mix's domains."""
