@@ -4,30 +4,44 @@ with one error line naming the offending key."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from .extension import extensions
+from .embedded import EMBEDDED_MODELS
+from .evaluate.tasks import TASKS
+from .extension import Need, extensions
+from .modelcheck import ModelMismatch, check_expected, config_shape
+from .registry import PLUGINS_ENV, Registry, load_plugins
 
 SCHEMA = Path(str(files("coec") / "schemas" / "config.schema.yaml"))  # package data
+#: a config name (model, dataset, calibration set, compensation, table, ...): it becomes a path
+#: component, a wildcard value and a shell word. The one home of the pattern: the workflow's
+#: wildcard constraints use NAME, validation NAME_PATTERN (the schema's ``$defs.name.pattern``
+#: repeats it; tests/unit/test_targets.py checks they agree).
+NAME = "[A-Za-z0-9][A-Za-z0-9._-]*"
+NAME_PATTERN = f"^{NAME}$"
 
 
 @functools.cache
-def _load_schema(path: str) -> dict:
-    return yaml.safe_load(Path(path).read_text())
+def _load_schema(path: str) -> dict[str, Any]:
+    out: dict[str, Any] = yaml.safe_load(Path(path).read_text())
+    return out
 
 
-def schema(path: str | Path = SCHEMA) -> dict:
+def schema(path: str | Path = SCHEMA) -> dict[str, Any]:
     """The config schema (read once per process)."""
     return _load_schema(str(path))
 
 
-def schema_default(key: str):
+def schema_default(key: str) -> Any:
     """The schema's default of a config key, the one home of every default the workflow and the
     CLI share. ``key`` is dotted; ``*`` stands for any entry name, e.g.
     ``schema_default("calibration.*.seed") == 0``. A default given under a conditional
@@ -52,7 +66,7 @@ def schema_default(key: str):
     return node["default"]
 
 
-def _deref(node: dict, root: dict) -> dict:
+def _deref(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     """A schema node with its local ``$ref`` followed."""
     while isinstance(node, dict) and "$ref" in node:
         target = root
@@ -78,23 +92,21 @@ def one_line_errors() -> Iterator[None]:
         raise SystemExit(1) from None
 
 
-def _path(parts) -> str:
+def _path(parts: Iterable[Any]) -> str:
     return ".".join(str(p) for p in parts) or "<root>"
 
 
-def fill_defaults(config: dict) -> dict:
+def fill_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the schema's defaults filled in place (what ``validate_config`` does
     after validating; ``coec.targets`` reads configs in this form). Returns config."""
     _fill_defaults(schema(), config, schema())
     return config
 
 
-def _fill_defaults(schema: dict, obj, root: dict) -> None:
+def _fill_defaults(schema: dict[str, Any], obj: Any, root: dict[str, Any]) -> None:
     """Insert ``default`` values of object properties (recursively, following local $refs and
     the ``then`` branches of ``allOf: [{if, then}]`` whose ``if`` the object satisfies)."""
-    import copy
-
-    import jsonschema
+    import jsonschema  # jsonschema takes ~0.3-0.9 s to import (measured), needed only to validate
 
     schema = _deref(schema, root)
     if not isinstance(obj, dict) or schema.get("type") not in ("object", None):
@@ -115,26 +127,23 @@ def _fill_defaults(schema: dict, obj, root: dict) -> None:
                 _fill_defaults(extra, val, root)
 
 
-def registries() -> dict:
+def registries() -> dict[str, Registry[Any]]:
     """The plug-in registries a schema node names with ``x-registry`` (their built-in entries
     registered): ``methods``, ``scores``, ``tasks``."""
-    from .compensate.method import METHODS
-    from .evaluate.tasks import TASKS
-    from .selection import SCORES
+    from .compensate.method import METHODS  # deferred: imports torch (~1 s), as does .selection
+    from .selection import SCORES  # deferred: imports torch
 
     return {"methods": METHODS, "scores": SCORES, "tasks": TASKS}
 
 
-def registry_schema(schema_path: str | Path = SCHEMA) -> dict:
+def registry_schema(schema_path: str | Path = SCHEMA) -> dict[str, Any]:
     """The config schema with every ``x-registry: <kind>`` node given ``enum`` = the names
     registered now (built-ins and loaded plug-ins), so the schema's lists of methods, scores and
     tasks are the registries themselves."""
-    import copy
-
     regs = registries()
     out = copy.deepcopy(_load_schema(str(schema_path)))
 
-    def walk(node):
+    def walk(node: Any) -> None:
         if isinstance(node, dict):
             if "x-registry" in node:
                 node["enum"] = list(regs[node["x-registry"]].names())
@@ -148,13 +157,9 @@ def registry_schema(schema_path: str | Path = SCHEMA) -> dict:
     return out
 
 
-def load_config_plugins(config: dict) -> list[str]:
+def load_config_plugins(config: dict[str, Any]) -> list[str]:
     """Import the config's ``plugins`` (``coec.registry.load_plugins``), and hand them to every
     job the workflow starts (``COEC_PLUGINS``). ConfigError naming the entry on failure."""
-    import os
-
-    from .registry import PLUGINS_ENV, load_plugins
-
     specs = config.get("plugins", [])
     if not isinstance(specs, list) or not all(isinstance(s, str) and s for s in specs):
         raise ConfigError(f"config: bad value at plugins: expected a list of file paths or module names, got {specs!r}")
@@ -169,10 +174,10 @@ def load_config_plugins(config: dict) -> list[str]:
     return specs
 
 
-def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
+def validate_config(config: dict[str, Any], schema_path: str | Path = SCHEMA) -> dict[str, Any]:
     """Validate ``config`` in place (defaults filled) or raise :class:`ConfigError`: its plug-ins
     loaded first (their names join the schema's enums), then the schema, then cross-references."""
-    import jsonschema
+    import jsonschema  # jsonschema takes ~0.3-0.9 s to import (measured), needed only to validate
 
     load_config_plugins(config)
     schema = registry_schema(schema_path)
@@ -200,10 +205,7 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> dict:
     return config
 
 
-NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
-
-
-def _selection_refs(obj, where: str = ""):
+def _selection_refs(obj: Any, where: str = "") -> Iterator[tuple[str, str]]:
     """(where, name) of every ``selection: <name>`` in the config outside ``selections``."""
     if isinstance(obj, dict):
         for k, v in obj.items():
@@ -217,9 +219,9 @@ def _selection_refs(obj, where: str = ""):
             yield from _selection_refs(v, f"{where}[{i}]")
 
 
-def _check_selections(cfg: dict) -> None:
+def _check_selections(cfg: dict[str, Any]) -> None:
     """The ``selections`` registry (coec.selection.selection_registry) and every name used."""
-    from .selection import selection_registry
+    from .selection import selection_registry  # deferred: imports torch (~1 s)
 
     try:
         known = selection_registry(cfg.get("selections"))
@@ -230,11 +232,11 @@ def _check_selections(cfg: dict) -> None:
             raise ConfigError(f"config: {where} names unknown selection {name!r} (known: {', '.join(known)})")
 
 
-def _check_compensations(cfg: dict) -> None:
+def _check_compensations(cfg: dict[str, Any]) -> None:
     """Every option of every compensation, as each module will see it, and the entries its
     method's inputs name (coec.compensate.options, coec.compensate.inputs)."""
-    from .compensate.method import METHODS
-    from .compensate.options import method, resolve, top_level_options, validate_spec
+    from .compensate.method import METHODS  # deferred: imports torch (~1 s)
+    from .compensate.options import method, resolve, top_level_options, validate_spec  # deferred: torch
 
     for name, spec in cfg.get("compensations", {}).items():
         where = f"compensations.{name}"
@@ -245,12 +247,12 @@ def _check_compensations(cfg: dict) -> None:
         m = method(spec["method"])
         options = resolve(m.name, top_level_options(spec))
         for inp in m.inputs:
-            problem = inp.check_reference(m.name, options, cfg, where, METHODS)
+            problem = inp.check_reference(m.name, options, cfg, where, dict(METHODS.items()))
             if problem:
                 raise ConfigError(f"config: {problem}")
 
 
-def _seqlen_key(cfg: dict, calib: str) -> tuple[str, int] | None:
+def _seqlen_key(cfg: dict[str, Any], calib: str) -> tuple[str, int] | None:
     """(config key, length) of a calibration entry or of a calibration an extension defines
     (an iterative mix)."""
     if calib in cfg.get("calibration", {}):
@@ -262,11 +264,11 @@ def _seqlen_key(cfg: dict, calib: str) -> tuple[str, int] | None:
     return None
 
 
-def _model_calibrations(cfg: dict) -> dict[str, set]:
+def _model_calibrations(cfg: dict[str, Any]) -> dict[str, set[str]]:
     """{model: calibrations (or mixes) it is run with} over every table and figure of the config."""
-    used: dict[str, set] = {}
+    used: dict[str, set[str]] = {}
 
-    def add(models, calibs):
+    def add(models: Iterable[str], calibs: Iterable[str | None]) -> None:
         for m in models:
             used.setdefault(m, set()).update(c for c in calibs if c)
 
@@ -283,10 +285,9 @@ def _model_calibrations(cfg: dict) -> dict[str, set]:
     return used
 
 
-def _check_model_shapes(cfg: dict) -> None:
+def _check_model_shapes(cfg: dict[str, Any]) -> None:
     """Layer counts and sequence lengths against the model's own config, where it is readable
     now (local folders, embedded models); hub models are checked when their stage starts."""
-    from .modelcheck import ModelMismatch, check_expected, config_shape
 
     used = _model_calibrations(cfg)
     for name, model in cfg["models"].items():
@@ -306,13 +307,20 @@ def _check_model_shapes(cfg: dict) -> None:
             raise ConfigError(f"config: {exc}") from None
 
 
-def _check_references(cfg: dict) -> None:
-    def need(kind: str, name: str, where: str):
+def _needs(cfg: dict[str, Any]) -> Need:
+    """need(kind, name, where): ConfigError naming ``where`` unless ``cfg[kind]`` has ``name``."""
+
+    def need(kind: str, name: str, where: str) -> None:
         if name not in cfg.get(kind, {}):
             raise ConfigError(
                 f"config: {where} names unknown {kind} entry {name!r} (known: {', '.join(cfg.get(kind, {})) or 'none'})"
             )
 
+    return need
+
+
+def _check_calibration_refs(cfg: dict[str, Any], need: Need) -> None:
+    """Each calibration set's dataset and ``disjoint_from``, and the perplexity dataset."""
     for name, cal in cfg["calibration"].items():
         need("datasets", cal["dataset"], f"calibration.{name}.dataset")
         if "disjoint_from" in cal:
@@ -324,6 +332,10 @@ def _check_references(cfg: dict) -> None:
                     f"calibration set of the same dataset ({cal['dataset']!r})"
                 )
     need("datasets", cfg["evaluation"]["ppl_dataset"], "evaluation.ppl_dataset")
+
+
+def _check_table_refs(cfg: dict[str, Any], need: Need) -> None:
+    """Each table's calibration, models, rows' compensations and ``compare`` rows."""
     tables = {k: cfg[k] for k in ("table1", "table2", "table3") if k in cfg}
     tables.update(cfg.get("extra_tables", {}))
     for tname, t in tables.items():
@@ -339,6 +351,10 @@ def _check_references(cfg: dict) -> None:
                     f"config: {tname}.rows[{i}].compare: no row of selection "
                     f"{row['selection']!r} has compensation {row['compare']!r}"
                 )
+
+
+def _check_figure_refs(cfg: dict[str, Any], need: Need) -> None:
+    """The names App. C, Fig. 2 and Table 4 use."""
     if "appC" in cfg:
         a = cfg["appC"]
         need("calibration", a["calibration"], "appC.calibration")
@@ -352,15 +368,26 @@ def _check_references(cfg: dict) -> None:
             need("compensations", c, f"fig2.compensations[{i}]")
     for i, m in enumerate(cfg.get("table4", {}).get("models", [])):
         need("models", m, f"table4.models[{i}]")
-    for ext in extensions():
-        if ext.check_config is not None:
-            ext.check_config(cfg, need)
+
+
+def _check_embedded_models(cfg: dict[str, Any]) -> None:
+    """Every embedded model names one the package ships."""
     for name, m in cfg["models"].items():
         if m["source"] == "embedded":
-            from .embedded import EMBEDDED_MODELS
-
             emb = m.get("embedded", name)
             if emb not in EMBEDDED_MODELS:
                 raise ConfigError(
                     f"config: models.{name}: unknown embedded model {emb!r} (known: {', '.join(EMBEDDED_MODELS)})"
                 )
+
+
+def _check_references(cfg: dict[str, Any]) -> None:
+    """Every name the config uses names an entry of the section it refers to."""
+    need = _needs(cfg)
+    _check_calibration_refs(cfg, need)
+    _check_table_refs(cfg, need)
+    _check_figure_refs(cfg, need)
+    for ext in extensions():
+        if ext.check_config is not None:
+            ext.check_config(cfg, need)
+    _check_embedded_models(cfg)

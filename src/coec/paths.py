@@ -20,12 +20,15 @@ RESULTS = "results"
 RESOURCES = "resources"
 ZEROSHOT_DATA = f"{RESOURCES}/zeroshot"
 ZEROSHOT_MANIFEST = f"{ZEROSHOT_DATA}/manifest.json"
+#: a ratio as it appears in paths (``fmt_ratio``), the ``{ratio}`` wildcard's constraint
+RATIO_PATTERN = r"0\.[0-9]+"
 
 __all__ = [
     "RESULTS",
     "RESOURCES",
     "ZEROSHOT_DATA",
     "ZEROSHOT_MANIFEST",
+    "RATIO_PATTERN",
     "fmt_ratio",
     "model_dir",
     "text_dir",

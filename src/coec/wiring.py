@@ -11,16 +11,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from shlex import quote as shlex_quote
 from typing import Any
 
-from . import paths, targets
+from . import paths
+from .arch import ADAPTERS
+from .compensate.inputs import Job
+from .compensate.method import METHODS
+from .config import NAME, ConfigError
+from .evaluate.tasks import TASKS
+from .export_formats import split_gguf_variant
+from .iterative import targets as iterative_targets
+from .modelcheck import local_model_type
+from .paths import RATIO_PATTERN
+from .provenance import planned_identity
+from .registry import plugin_sha256
+from .selection import SCORES, selection_registry
+from .targets import base_cells, dataset_spec, fig2_calibrations, gram_check_input, method_inputs, model_path
+from .widths import selection_width, width_args
+from .wiring_artifacts import ArtifactWiring
+from .wiring_resources import SLURM_STRING_RESOURCES, JobResources
 
-__all__ = ["Wiring", "coec_command", "SLURM_STRING_RESOURCES", "NO_PLUGINS"]
-
-SLURM_STRING_RESOURCES = ("slurm_partition", "slurm_account", "gpu_model", "slurm_extra")
+__all__ = ["Wiring", "coec_command", "planned_config", "SLURM_STRING_RESOURCES", "NO_PLUGINS"]
 
 
 def coec_command(deployment_methods: Any, executable: str = sys.executable) -> str:
@@ -36,6 +51,25 @@ def coec_command(deployment_methods: Any, executable: str = sys.executable) -> s
     return f"{shlex_quote(executable)} -m coec"
 
 
+def planned_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config the rules plan with: the validated config (never changed itself) and the
+    calibration sets and mixes the calibration-size figures resize (``<base>-n<N>``: Fig. 2's,
+    ``coec.targets.fig2_calibrations``; the iterative figure's, ``size_calibrations``), each added
+    after the configured ones unless the config names it already."""
+    it_calibs, it_mixes = iterative_targets.size_calibrations(config)
+    calibration = dict(config["calibration"])
+    for extra in (fig2_calibrations(config), it_calibs):
+        for name, entry in extra.items():
+            calibration.setdefault(name, entry)
+    out = dict(config, calibration=calibration)
+    if it_mixes:
+        mixes = dict(iterative_targets.mix_entries(config))
+        for name, entry in it_mixes.items():
+            mixes.setdefault(name, entry)
+        out["iterative"] = dict(config["iterative"], mixes=mixes)
+    return out
+
+
 class _NoPlugins:
     """The ``plugins`` param of a job that no plug-in's code reaches: not a plain value, so
     Snakemake leaves it out of the params it records and compares (such a job's params are
@@ -48,28 +82,41 @@ class _NoPlugins:
 NO_PLUGINS = _NoPlugins()
 
 
-class Wiring:
-    """The wiring of one validated config (``coec.config.validate_config``)."""
+class Wiring(JobResources, ArtifactWiring):
+    """The wiring of one validated config (``coec.config.validate_config``): the rules read the
+    config only through it. ``config`` is :func:`planned_config` of it (the resized calibration
+    sets added); the validated config is never changed."""
 
     def __init__(self, config: dict[str, Any]):
-        from .selection import selection_registry
-
-        self.config = config
-        self.evaluation = config["evaluation"]
-        self.selections = selection_registry(config.get("selections"))
+        self.config = planned_config(config)
+        self.evaluation = self.config["evaluation"]
+        self.selections = selection_registry(self.config.get("selections"))
+        #: --device of every stage, --group-rounding of the select and iterative jobs
+        self.device: str = self.config["compute"]["device"]
+        self.group_rounding: str = self.config["group_rounding"]
         self._identity: dict[str, dict[str, Any]] = {}
         self._plugin_sha: dict[str, str] = {}
 
+    def wildcard_constraints(self) -> dict[str, str]:
+        """The workflow-wide wildcard constraints: a config name (``coec.config.NAME``) for
+        model, calibration and compensation; a selection of the registry; a ratio as in paths
+        (``coec.paths.RATIO_PATTERN``); a layer index."""
+        select = "|".join(re.escape(n) for n in sorted(self.selections, key=len, reverse=True))
+        layer = r"[0-9]+"
+        return dict(model=NAME, calib=NAME, select=select, ratio=RATIO_PATTERN, comp=NAME, first=layer, last=layer)
+
     # ------------------------------------------------------------------------- models and data
     def model(self, name: str) -> dict[str, Any]:
-        return self.config["models"][name]
+        """A ``models`` entry."""
+        entry: dict[str, Any] = self.config["models"][name]
+        return entry
 
     def model_path(self, wc: Any) -> str:
         """What the CLI loads: the converted folder of an embedded model, else its hub id / folder."""
-        return targets.model_path(self.config, wc.model)
+        return model_path(self.config, wc.model)
 
     def model_dtype(self, wc: Any) -> str:
-        return self.model(wc.model)["dtype"]
+        return str(self.model(wc.model)["dtype"])
 
     def hub(self, wc: Any) -> str:
         """--revision / --trust-remote-code of a model's config, each word shell-quoted; empty when
@@ -83,9 +130,6 @@ class Wiring:
         file digests, a hub id's commit; nothing for an embedded model, a workflow output), once per
         model and plan. Part of every model stage's --expect, so changed weights re-plan exactly
         that model's jobs, and a job that finds other weights than planned stops before any work."""
-        from .config import ConfigError
-        from .provenance import planned_identity
-
         m = self.model(model)
         if m["source"] == "embedded":
             return {}
@@ -116,7 +160,7 @@ class Wiring:
         return f"--device-map {shlex_quote(dm)}" if dm else ""
 
     def dataset_spec(self, name: str) -> dict[str, Any]:
-        return targets.dataset_spec(self.config, name)
+        return dataset_spec(self.config, name)
 
     def dataset_input(self, name: str) -> list[str]:
         """The text files of a dataset the workflow makes or reads (none for a hub dataset)."""
@@ -127,9 +171,15 @@ class Wiring:
             return [d["calib"], d["eval"]]
         return []
 
+    def eval_every(self, wc: Any) -> Any:
+        """``--eval-every`` of an embedded dataset's text (``datasets.<dataset>.eval_every``)."""
+        return self.config["datasets"][wc.dataset]["eval_every"]
+
     # ------------------------------------------------------------------------- calibration
     def calibration(self, name: str) -> dict[str, Any]:
-        return self.config["calibration"][name]
+        """A calibration set (the resized ones of the figures included)."""
+        entry: dict[str, Any] = self.config["calibration"][name]
+        return entry
 
     def calibration_dataset(self, name: str) -> dict[str, Any]:
         """The --dataset of a calibration set; a `disjoint_from` set also names the windows to avoid."""
@@ -152,15 +202,15 @@ class Wiring:
         """`select`'s --method and --options of a selection name (options {} for the paper's),
         and its width's --channel-multiple / --channel-rounding unless the paper's rule
         (``coec.widths.width_args``: the params of a paper cell's select job stay as they were)."""
-        from .widths import selection_width, width_args
-
         spec = self.selections[wc.select]
         args = f"--method {shlex_quote(spec.score)} --options {shlex_quote(json.dumps(spec.options(), sort_keys=True))}"
         width = width_args(selection_width(self.config, wc.select))
         return f"{args} {width}" if width else args
 
     def compensation(self, name: str) -> dict[str, Any]:
-        return self.config["compensations"][name]
+        """A ``compensations`` entry."""
+        entry: dict[str, Any] = self.config["compensations"][name]
+        return entry
 
     def blocks(self, model: str) -> list[tuple[int, int]]:
         """(first, last) layer ranges of the compensation jobs of a model."""
@@ -178,11 +228,12 @@ class Wiring:
     def method_inputs(self, wc: Any) -> dict[str, str]:
         """The extra inputs of a compensate job's method (``Method.inputs``; none for most),
         name -> path: e.g. blend's base cell block of the same layers and held-out Grams."""
-        return targets.method_inputs(self.config, wc.comp, wc.model, wc.calib, wc.select, wc.ratio, wc.first, wc.last)
+        job = Job(model=wc.model, calib=wc.calib, select=wc.select, ratio=wc.ratio, first=wc.first, last=wc.last)
+        return method_inputs(self.config, wc.comp, job)
 
     def gram_check_input(self, wc: Any) -> list[str]:
         """The compensate job's Gram check: [path] for a method without errors of its own, else []."""
-        return targets.gram_check_input(self.config, wc.comp, wc.model, wc.calib)
+        return gram_check_input(self.config, wc.comp, wc.model, wc.calib)
 
     def gram_check_arg(self, wc: Any) -> str:
         """``--gram-check <path>`` of a compensate job that reads one, else nothing."""
@@ -194,12 +245,10 @@ class Wiring:
         its cell's folder) or of rule ``compensate`` (every other cell). ``snakemake --until
         <rule>`` releases no job after a job of that rule, so blend's jobs can run under
         ``--until compensate`` only when their base's blocks come from a rule of another name."""
-        import re
-
-        alt = "|".join(f"(?<={re.escape(d + '/')}){re.escape(c)}(?![^/])" for d, c in targets.base_cells(self.config))
+        alt = "|".join(f"(?<={re.escape(d + '/')}){re.escape(c)}(?![^/])" for d, c in base_cells(self.config))
         if base:
             return f"(?:{alt})" if alt else "(?!)"
-        return f"(?!{alt})[^/]+" if alt else "[^/]+"
+        return f"(?!{alt}){NAME}" if alt else NAME
 
     def compensate_spec(self, wc: Any) -> str:
         """--spec of a compensation job: the config entry, plus its method's input paths."""
@@ -219,8 +268,6 @@ class Wiring:
 
     def plugin_code(self, specs: set[str]) -> Any:
         """JSON ``{plug-in: sha256 of its code}`` (hashed once per plan), or ``NO_PLUGINS``."""
-        from .registry import plugin_sha256
-
         for spec in specs - set(self._plugin_sha):
             self._plugin_sha[spec] = plugin_sha256(spec)
         return json.dumps({s: self._plugin_sha[s] for s in sorted(specs)}) if specs else NO_PLUGINS
@@ -228,11 +275,7 @@ class Wiring:
     def job_plugins(self, rule: str, wc: Any) -> set[str]:
         """The plug-ins whose entries a job uses: its model's family; a select job's score, a
         compensate job's method, a zeroshot job's tasks."""
-        from .compensate.method import METHODS
-        from .evaluate.tasks import TASKS
-        from .selection import SCORES
-
-        used = self.family_plugins(wc.model) if hasattr(wc, "model") else set()
+        used: set[str | None] = set(self.family_plugins(wc.model)) if hasattr(wc, "model") else set()
         if rule == "select":
             used.add(SCORES.plugin_of(self.selections[wc.select].score))
         elif rule == "compensate":
@@ -245,9 +288,6 @@ class Wiring:
         """The plug-in of a model's family (``coec.arch.ADAPTERS``), read from a local folder's
         config.json; every family plug-in where the family is not known before a job runs (a
         hub id); none for an embedded model (a built-in family)."""
-        from .arch import ADAPTERS
-        from .modelcheck import local_model_type
-
         plugged = ADAPTERS.plugins()
         m = self.model(model)
         if not plugged or m["source"] == "embedded":
@@ -266,7 +306,7 @@ class Wiring:
             seqlen=ev["ppl_seqlen"],
             max_windows=ev.get("ppl_max_windows") or 0,
             batch=ev["ppl_batch_size"],
-            device=self.config["compute"]["device"],
+            device=self.device,
             expect=lambda wc: self.expect_json(wc.model, "evaluation.ppl_seqlen"),
             hub=self.hub,
         )
@@ -283,7 +323,7 @@ class Wiring:
             limit=ev.get("zeroshot_limit") or 0,
             batch=ev["zeroshot_batch_size"],
             max_length=ev["zeroshot_max_length"],
-            device=self.config["compute"]["device"],
+            device=self.device,
             expect=self.expect,
             hub=self.hub,
             samples="--log-samples" if ev["zeroshot_log_samples"] else "--no-log-samples",
@@ -317,8 +357,6 @@ class Wiring:
         """The dense model's imatrix calibration set (``imatrix_calibration``, else the first)."""
         name = self.config.get("imatrix_calibration") or next(iter(self.config["calibration"]))
         if name not in self.config["calibration"]:
-            from .config import ConfigError
-
             raise ConfigError(f"config: imatrix_calibration: unknown calibration set {name!r}")
         return str(name)
 
@@ -326,8 +364,6 @@ class Wiring:
         """The importance matrix a GGUF export reads: the cell's own (``imatrix.safetensors``) or
         the dense model's on :meth:`imatrix_calibration`, for a ``<type>-imatrix`` target; none
         otherwise."""
-        from .export_formats import split_gguf_variant
-
         if not split_gguf_variant(wc.gguf_type)[1]:
             return []
         if "comp" in wc.keys():
@@ -337,117 +373,6 @@ class Wiring:
     @staticmethod
     def gguf_args(wc: Any, input: Any) -> str:
         """--gguf-type of a GGUF export target's name, and --imatrix when it names one."""
-        from .export_formats import split_gguf_variant
-
         gguf_type, imatrix = split_gguf_variant(wc.gguf_type)
         args = f"--gguf-type {shlex_quote(gguf_type)}"
         return f"{args} --imatrix {shlex_quote(input.imatrix[0])}" if imatrix else args
-
-    # ------------------------------------------------------------------------- tables
-    def table_names(self) -> str:
-        """A regex of the generic table rule's names: table1-3 and the config's extra tables."""
-        import re
-
-        extra = self.config.get("extra_tables") or {}
-        return r"table[123]|" + "|".join(re.escape(n) for n in extra) if extra else r"table[123]|table_none"
-
-    # ------------------------------------------------------------------------- resources
-    def _levels(self, rule_name: str, model: str | None) -> list[dict[str, Any]]:
-        res = self.config.get("resources", {})
-        levels = [res.get("default", {}), res.get(rule_name, {})]
-        if model:
-            levels.append(self.model(model).get("resources", {}).get(rule_name, {}))
-        return levels
-
-    def resource(self, rule_name: str, key: str, default: Any = None) -> Callable[[Any], Any]:
-        """A resource of a rule's jobs: config.resources.default < .<rule> < models.<model>.resources.<rule>,
-        else ``default`` (the profile's when None); a callable of wildcards."""
-
-        def get(wc: Any) -> Any:
-            out: dict[str, Any] = {}
-            for level in self._levels(rule_name, getattr(wc, "model", None)):
-                out.update(level)
-            return out.get(key, default)
-
-        return get
-
-    def configured(self, rule_name: str, key: str) -> bool:
-        """Whether config.resources (default or the rule) or any model's resources set ``key``."""
-        res = self.config.get("resources", {})
-        levels = [res.get("default", {}), res.get(rule_name, {})]
-        levels += [(m or {}).get("resources", {}).get(rule_name, {}) for m in self.config.get("models", {}).values()]
-        return any(key in lvl for lvl in levels)
-
-    def rule_resources(self, rule_name: str) -> dict[str, Any]:
-        """Resources of a rule, per job: gpu, mem_mb, runtime, and the CPUs as ``cpus_per_gpu`` on
-        GPU jobs (the config's ``cpus_per_gpu``, else its ``cpus_per_task``; so they scale with a
-        model's GPU count) or ``cpus_per_task`` on CPU jobs, the other one 0 (the SLURM executor
-        lets a set ``cpus_per_task`` win over ``cpus_per_gpu``). The SLURM string resources are set
-        only where the config gives them (profiles/slurm/site.yaml), so the profile's
-        ``default-resources`` apply otherwise; gpu_model only on GPU jobs."""
-        gpu = self.resource(rule_name, "gpu", 0)
-        per_task = self.resource(rule_name, "cpus_per_task", 1)
-        per_gpu = self.resource(rule_name, "cpus_per_gpu", None)
-
-        def cpus_per_task(wc: Any) -> int:
-            return 0 if gpu(wc) > 0 else per_task(wc)
-
-        def cpus_per_gpu(wc: Any) -> int:
-            return (per_gpu(wc) or per_task(wc)) if gpu(wc) > 0 else 0
-
-        out: dict[str, Any] = dict(
-            gpu=gpu,
-            mem_mb=self.resource(rule_name, "mem_mb", 8000),
-            runtime=self.resource(rule_name, "runtime", 60),
-            cpus_per_task=cpus_per_task,
-            cpus_per_gpu=cpus_per_gpu,
-        )
-        for key in SLURM_STRING_RESOURCES:
-            if self.configured(rule_name, key):
-                out[key] = self.resource(rule_name, key, "")
-        if "gpu_model" in out:  # a site-wide gpu_model (resources.default) must not reach CPU jobs
-            model = out["gpu_model"]
-            out["gpu_model"] = lambda wc: model(wc) if gpu(wc) > 0 else ""
-        return out
-
-    def stream_resources(self, stage: str) -> dict[str, str]:
-        """The streaming options of a calibrate / ppl / zeroshot job (``coec.streaming.options``)
-        from the config's ``compute`` section, as resources named by the option: they change a
-        job's memory and time, never its result (the streamed and the loaded model give the same
-        files, docs/streaming.md), so a change reruns nothing, as a change of ``mem_mb`` does not.
-        The rules pass each as ``--<flag> {resources.<name>:q}``."""
-        from .streaming.options import OPTIONS, STAGE_OPTIONS
-
-        compute = self.config["compute"]
-        return {dest: str(compute[OPTIONS[dest][1].removeprefix("compute.")]) for dest in STAGE_OPTIONS[stage]}
-
-    def export_resources(self) -> dict[str, Any]:
-        """``resources.export`` where the config sets it; else the ppl job's memory and runtime
-        (an export holds the same model in memory), on CPU."""
-        out = self.rule_resources("export")
-        for key, default in (("mem_mb", 8000), ("runtime", 60)):
-            if not self.configured("export", key):
-                out[key] = self.resource("ppl", key, default)
-        return out
-
-    def threads(self, rule_name: str, keys: tuple[str, ...] = ("threads",)) -> Any:
-        """Torch threads of a rule's jobs (``threads:``, passed on as OMP_NUM_THREADS), per job.
-
-        The first of ``config.compute.<keys>`` that is set and not 0 (a laptop config fixes them);
-        else the CPUs the job's resources request when the config sets any for the rule:
-        ``cpus_per_task`` on a CPU job, ``gpu x cpus_per_gpu`` on a GPU job (the SLURM executor's
-        convention: threads = the CPUs the job is given); else 2. Snakemake caps the value at
-        ``--cores``."""
-        compute = self.config["compute"]
-        for key in keys:
-            if compute.get(key):
-                return compute[key]
-        if not (self.configured(rule_name, "cpus_per_task") or self.configured(rule_name, "cpus_per_gpu")):
-            return 2
-        cpus = self.rule_resources(rule_name)
-
-        def threads(wildcards: Any) -> int:
-            gpu = cpus["gpu"](wildcards)
-            return max(1, gpu * cpus["cpus_per_gpu"](wildcards) if gpu > 0 else cpus["cpus_per_task"](wildcards))
-
-        return threads

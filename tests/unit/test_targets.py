@@ -11,8 +11,10 @@ import pytest
 import yaml
 
 from coec import paths, targets
-from coec.config import fill_defaults
+from coec.config import NAME_PATTERN, fill_defaults, schema, schema_default
 from coec.iterative import targets as iterative_targets
+from coec.rounding import DEFAULT_ROUNDING
+from coec.wiring import planned_config
 from conftest import TEST_CONFIG, in_work_folder
 
 
@@ -187,19 +189,26 @@ def test_zeroshot_tables_compare_each_row_with_its_selections_first():
         targets.table_spec(cfg, "table2", "zeroshot.json")
 
 
-def test_sized_calibration_adds_a_resized_copy_once():
+def test_sized_calibration_names_a_resized_copy():
     reg = {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32}}
-    assert targets.sized_calibration(reg, "c8", 8) == "c8" and list(reg) == ["c8"]
+    assert targets.sized_calibration(reg, "c8", 8) == "c8" and targets.sized_entry(reg, "c8", 8) == {}
     assert targets.sized_calibration(reg, "c8", 4) == "c8-n4"
-    assert reg["c8-n4"] == {"dataset": "local", "nsamples": 4, "seqlen": 32}
-    reg["c8-n4"]["seqlen"] = 16  # a second use keeps the first entry
-    assert targets.sized_calibration(reg, "c8", 4) == "c8-n4" and reg["c8-n4"]["seqlen"] == 16
+    assert targets.sized_entry(reg, "c8", 4) == {"c8-n4": {"dataset": "local", "nsamples": 4, "seqlen": 32}}
+    assert list(reg) == ["c8"]  # pure: the registry is never changed
+
+
+def test_planned_config_adds_the_resized_calibrations_and_keeps_the_config():
+    cfg = config()
+    cfg["calibration"]["c8-n4"] = dict(cfg["calibration"]["c8"], nsamples=4, seqlen=16)  # named: kept
+    before = copy.deepcopy(cfg)
+    planned = planned_config(cfg)
+    assert cfg == before and planned["calibration"]["c8-n4"]["seqlen"] == 16
+    assert planned["iterative"]["mixes"]["mix8-n4"] == dict(cfg["iterative"]["mixes"]["mix8"], nsamples=4)
 
 
 def test_fig2_spec_and_its_inputs():
     cfg = config()
-    targets.add_fig2_calibrations(cfg)
-    assert list(cfg["calibration"]) == ["c8", "c8-n4"]
+    assert list(targets.fig2_calibrations(cfg)) == ["c8-n4"]
     spec = targets.fig2_spec(cfg)
     assert spec["panels"] == {
         "50 % column sparsity": {
@@ -286,9 +295,9 @@ def test_iterative_table_specs():
 
 def test_iterative_size_figure_resizes_calibrations_and_mixes():
     cfg = config()
-    iterative_targets.add_size_calibrations(cfg)  # base: iterative.table.calibration (c8)
-    assert cfg["calibration"]["c8-n4"]["nsamples"] == 4
-    assert cfg["iterative"]["mixes"]["mix8-n4"] == dict(cfg["iterative"]["mixes"]["mix8"], nsamples=4)
+    calibs, mixes = iterative_targets.size_calibrations(cfg)  # base: iterative.table.calibration (c8)
+    assert calibs["c8-n4"]["nsamples"] == 4
+    assert mixes["mix8-n4"] == dict(cfg["iterative"]["mixes"]["mix8"], nsamples=4)
     spec = iterative_targets.size_spec(cfg)
     assert spec["panels"] == {
         "50 % width pruned": {
@@ -305,7 +314,7 @@ def test_iterative_size_figure_resizes_calibrations_and_mixes():
     assert spec["caption"].startswith("iterative calibration size: tiny, calibrations c8, mix8 resized")
     del cfg["iterative"]["table"]
     with pytest.raises(ValueError, match="calibration_size needs a calibration"):
-        iterative_targets.add_size_calibrations(cfg)
+        iterative_targets.size_calibrations(cfg)
 
 
 def test_check_iterative_config():
@@ -366,9 +375,7 @@ def test_report_items_in_paper_order_and_labels():
 
 
 def test_specs_do_not_change_the_config():
-    cfg = config()
-    targets.add_fig2_calibrations(cfg)
-    iterative_targets.add_size_calibrations(cfg)
+    cfg = planned_config(config())
     before = copy.deepcopy(cfg)
     for f in (
         targets.fig2_spec,
@@ -391,3 +398,19 @@ def test_test_config_paths_are_relative_to_the_work_folder(tmp_path):
     assert resolved["models"]["tiny"]["source"] == str(tmp_path / "tiny-llama")
     assert resolved["datasets"]["local"]["eval"] == str(tmp_path / "eval.txt")
     assert cfg["models"]["tiny"]["source"] == "tiny-llama"  # a copy
+
+
+def test_one_home_for_the_rounding_default_and_the_name_pattern():
+    assert schema_default("group_rounding") == schema_default("table4.group_rounding") == DEFAULT_ROUNDING
+    defs = schema()["$defs"]
+    assert defs["name"]["pattern"] == defs["selection"]["pattern"] == NAME_PATTERN
+
+
+def test_table4_takes_its_own_rounding():
+    cfg = config()
+    cfg["group_rounding"] = "nearest"  # the cells' rounding: not Table 4's
+    spec = targets.table4_spec(cfg)
+    assert spec["group_rounding"] == "ceil" and "(ceil rounding" in spec["caption"]
+    cfg["table4"]["group_rounding"] = "nearest"
+    spec = targets.table4_spec(cfg)
+    assert spec["group_rounding"] == "nearest" and "(nearest rounding" in spec["caption"]

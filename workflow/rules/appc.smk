@@ -32,15 +32,13 @@ rule appC:
     conda:
         "../../envs/coec.yaml"
     input:
-        lambda wc: targets.appc_geometry(config),
+        W.appc_inputs,
     output:
-        csv=report(paths.table_file("appC"), caption="../report/appc.rst", category="Geometry",
-                   labels=lambda wc: targets.report_label(config, paths.table_file("appC"))),
+        csv=report_output(paths.table_file("appC"), "appc.rst", "Geometry"),
         md=paths.table_file("appC", "md"),
-        png=report(paths.figure_file("appC_angles"), caption="../report/appc_angles.rst", category="Geometry",
-                   labels=lambda wc: targets.report_label(config, paths.figure_file("appC_angles"))),
+        png=report_output(paths.figure_file("appC_angles"), "appc_angles.rst", "Geometry"),
     params:
-        spec=lambda wc: json.dumps(targets.appc_spec(config)),
+        spec=W.appc_spec,
     log:
         paths.log_file("report", "appC"),
     benchmark:

@@ -20,7 +20,7 @@ rule calibrate:
         batch=W.calibration_param("batch_size"),
         gram_dtype=W.calibration_param("gram_dtype"),
         dtype=W.model_dtype,
-        device=config["compute"]["device"],
+        device=W.device,
         expect=lambda wc: W.expect_json(wc.model, f"calibration.{wc.calib}.seqlen"),
         hub=W.hub,
         **W.plugin_params("calibrate"),
@@ -56,7 +56,7 @@ rule gram_check:
         paths.gram_check_file("{model}", "{calib}"),
     params:
         model=W.model_path,
-        device=config["compute"]["device"],
+        device=W.device,
         expect=W.expect,
         hub=W.hub,
         **W.plugin_params("gram_check"),

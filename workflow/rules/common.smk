@@ -1,19 +1,16 @@
-# The config, validated and filled from the schema (the one home of every default), and what the
-# rules wire: coec.wiring (models, data, params, resources), coec.paths (the path scheme),
-# coec.targets (each table's and figure's result files and spec). Rules only name these.
+# The config, validated and filled from the schema (the one home of every default), then read only
+# through W (coec.wiring: models, data, params, resources, each table's and figure's inputs and
+# spec) and coec.paths (the path scheme). Rules only name these; the config is never changed.
 import json
-import re
 
-from coec import paths, targets
+from coec import paths
 from coec.config import SCHEMA, one_line_errors, validate_config
 from coec.wiring import Wiring, coec_command
 
 # a bad config stops here with its one line (no traceback) and exit status 1
 with one_line_errors():
     validate_config(config, SCHEMA)  # the schema is package data of coec (src/coec/schemas/); loads plugins
-    # Fig. 2 calibration sets: the base set with nsamples replaced
-    targets.add_fig2_calibrations(config)
-    W = Wiring(config)
+    W = Wiring(config)  # holds the planned config: the resized calibration sets of the figures added
 PY = coec_command(workflow.deployment_settings.deployment_method)
 # envs/coec.post-deploy.sh installs this repository into a fresh --sdm conda environment
 os.environ.update(COEC_SOURCE=workflow.basedir)  # set for the post-deploy script, not read here
@@ -25,10 +22,11 @@ CELL_LOG = "{model}/{calib}/{select}-{ratio}/{comp}"
 
 
 wildcard_constraints:
-    model=r"[^/]+",
-    calib=r"[^/]+",
-    select="|".join(re.escape(n) for n in sorted(W.selections, key=len, reverse=True)),
-    ratio=r"0\.[0-9]+",
-    comp=r"[^/]+",
-    first=r"[0-9]+",
-    last=r"[0-9]+",
+    **W.wildcard_constraints(),
+
+
+def report_output(path, caption, category, subcategory=None, labels=None):
+    """A table's or figure's output in the Snakemake report: its caption (workflow/report/<caption>),
+    category, subcategory and label (its title, W.report_label, unless given)."""
+    return report(path, caption=f"../report/{caption}", category=category, subcategory=subcategory,
+                  labels=labels or (lambda wc: W.report_label(path, wc)))

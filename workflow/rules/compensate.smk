@@ -22,7 +22,7 @@ rule compensate:
     params:
         model=W.model_path,
         spec=W.compensate_spec,
-        device=config["compute"]["device"],
+        device=W.device,
         expect=W.expect,
         hub=W.hub,
         gram_check=W.gram_check_arg,

@@ -66,7 +66,7 @@ use rule export_gguf as export_gguf_iterative with:
         gguf=paths.gguf_file(IT_CELL, "{gguf_type}"),
         report=paths.gguf_report_file(IT_CELL, "{gguf_type}"),
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
         gguf_type="|".join(GGUF_TYPES),
     log:
         paths.log_file("export", f"{IT_LOG}-{{gguf_type}}"),
@@ -100,14 +100,14 @@ rule table4_measured:
     conda:
         "../../envs/coec.yaml"
     input:
-        lambda wc: deploy_spec.measured_inputs(config),
+        W.measured_inputs,
     output:
         csv=paths.table_file(deploy_spec.KEY),
         md=paths.table_file(deploy_spec.KEY, "md"),
         runs=paths.table_file(deploy_spec.KEY, "runs.json"),
         png=paths.figure_file(deploy_spec.KEY),
     params:
-        spec=lambda wc: json.dumps(deploy_spec.measured_spec(config)),
+        spec=W.measured_spec,
     log:
         paths.log_file("report", deploy_spec.KEY),
     benchmark:
@@ -141,7 +141,7 @@ rule imatrix_dense:
         seed=W.calibration_param("seed"),
         batch=W.calibration_param("batch_size"),
         dtype=W.model_dtype,
-        device=config["compute"]["device"],
+        device=W.device,
         expect=lambda wc: W.expect_json(wc.model, f"calibration.{wc.calib}.seqlen"),
         hub=W.hub,
         extra="",
@@ -216,7 +216,7 @@ use rule ppl_gguf_cell as ppl_gguf_iterative with:
     output:
         paths.gguf_ppl_file(IT_CELL, "{gguf_type}"),
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
         gguf_type="|".join(GGUF_TYPES),
     log:
         paths.log_file("ppl", f"{IT_LOG}-gguf-{{gguf_type}}"),

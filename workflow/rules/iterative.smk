@@ -13,11 +13,9 @@
 # that share a prefix share those steps (with `step: 0.1` the 0.5 cell reuses the three steps of the
 # 0.3 cell), and adding a step reruns only what follows it. {method} = {mode}-{structure}.
 from coec.iterative import targets as iterative_targets
-from coec.iterative.wiring import IterativeWiring, alternatives
+from coec.iterative.wiring import IterativeWiring
 
-# calibration-size figure: its resized calibrations and mixes exist before the rules are defined
-iterative_targets.add_size_calibrations(config)
-IT = IterativeWiring(W)
+IT = IterativeWiring(W)  # the calibration-size figure's resized calibrations and mixes: in W already
 STEP = f"{iterative_targets.steps_dir('{model}', '{calib}', '{method}')}/{{chain}}"
 IT_CELL = iterative_targets.cell_dir("{model}", "{calib}", "{variant}", "{ratio}")
 IT_LOG = "{model}/{calib}/iterative/{variant}-{ratio}"
@@ -30,7 +28,7 @@ rule iterative_domain:
         calib=f"{iterative_targets.domain_dir('{domain}')}/calib.txt",
         manifest=f"{iterative_targets.domain_dir('{domain}')}/manifest.json",
     wildcard_constraints:
-        domain=alternatives([d for d, s in IT.domains.items() if s["source"] != "dataset"]),
+        domain=IT.domain_constraint,
     params:
         spec=lambda wc: json.dumps(IT.domains[wc.domain], sort_keys=True),
     log:
@@ -53,7 +51,7 @@ rule iterative_grams:
     output:
         directory(paths.grams_dir("{model}", "{calib}")),
     wildcard_constraints:
-        calib=alternatives(IT.mixes),
+        calib=IT.mix_constraint,
     params:
         **IT.calib_params(),
         **W.plugin_params("iterative_grams"),
@@ -89,14 +87,14 @@ rule iterative_step:
         state=f"{STEP}/state.safetensors",
         info=f"{STEP}/iterative.json",
     wildcard_constraints:
-        method=r"(global|sequential)-(uniform|al-am)",
-        chain=r"0\.[0-9]+(/0\.[0-9]+)*",
+        method=IT.METHOD,
+        chain=IT.CHAIN,
     params:
         **IT.calib_params(),
-        ratio=lambda wc: wc.chain.rsplit("/", 1)[-1],
-        mode=lambda wc: wc.method.split("-", 1)[0],
-        structure=lambda wc: wc.method.split("-", 1)[1],
-        group_rounding=config["group_rounding"],
+        ratio=IT.step_ratio,
+        mode=IT.step_mode,
+        structure=IT.step_structure,
+        group_rounding=W.group_rounding,
         init=IT.init_arg,
         outdir=IT.step_outdir,
         **W.plugin_params("iterative_step"),
@@ -129,7 +127,7 @@ rule iterative_cell:
         keep=f"{IT_CELL}/keep.json",
         info=f"{IT_CELL}/iterative.json",
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
     params:
         variant=IT.variant_json,
     log:
@@ -151,7 +149,7 @@ rule iterative_cell_block:
     output:
         paths.block_file(IT_CELL, "{first}", "{last}"),
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
     log:
         paths.log_file("iterative", IT_LOG, "block{first}-{last}"),
     benchmark:
@@ -174,7 +172,7 @@ use rule ppl_cell as iterative_ppl with:
     output:
         f"{IT_CELL}/ppl.json",
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
     params:
         command=IT.ppl_command,
     log:
@@ -192,7 +190,7 @@ use rule zeroshot_cell as iterative_zeroshot with:
     output:
         **W.zeroshot_outputs(IT_CELL),
     wildcard_constraints:
-        variant=alternatives(IT.variants),
+        variant=IT.variant_constraint,
     log:
         paths.log_file("zeroshot", IT_LOG),
     benchmark:
@@ -202,14 +200,13 @@ use rule zeroshot_cell as iterative_zeroshot with:
 # ----------------------------------------------------------------------------- table and figure
 use rule table as table_iterative with:
     input:
-        lambda wc: targets.spec_inputs(iterative_targets.table_spec(config)),
+        W.iterative_table_inputs,
     output:
-        main=report(paths.table_file("table_iterative"), caption="../report/table.rst", category="Iterative",
-                   labels=lambda wc: targets.report_label(config, paths.table_file("table_iterative"))),
+        main=report_output(paths.table_file("table_iterative"), "table.rst", "Iterative"),
         md=paths.table_file("table_iterative", "md"),
     params:
         kind="table",
-        spec=lambda wc: json.dumps(iterative_targets.table_spec(config)),
+        spec=W.iterative_table_spec,
     log:
         paths.log_file("report", "table_iterative"),
     benchmark:
@@ -218,14 +215,13 @@ use rule table as table_iterative with:
 
 use rule table as table_iterative_zeroshot with:
     input:
-        lambda wc: targets.spec_inputs(iterative_targets.zeroshot_table_spec(config)),
+        W.iterative_zeroshot_inputs,
     output:
-        main=report(paths.table_file("table_iterative_zeroshot"), caption="../report/table.rst", category="Iterative",
-                   labels=lambda wc: targets.report_label(config, paths.table_file("table_iterative_zeroshot"))),
+        main=report_output(paths.table_file("table_iterative_zeroshot"), "table.rst", "Iterative"),
         md=paths.table_file("table_iterative_zeroshot", "md"),
     params:
         kind="table",
-        spec=lambda wc: json.dumps(iterative_targets.zeroshot_table_spec(config)),
+        spec=W.iterative_zeroshot_spec,
     log:
         paths.log_file("report", "table_iterative_zeroshot"),
     benchmark:
@@ -234,14 +230,12 @@ use rule table as table_iterative_zeroshot with:
 
 use rule table as iterative_calibration_size with:
     input:
-        lambda wc: targets.figure_inputs(iterative_targets.size_spec(config)),
+        W.iterative_size_inputs,
     output:
-        main=report(paths.figure_file("iterative_calibration_size"), caption="../report/iterative_size.rst",
-               category="Iterative",
-               labels=lambda wc: targets.report_label(config, paths.figure_file("iterative_calibration_size"))),
+        main=report_output(paths.figure_file("iterative_calibration_size"), "iterative_size.rst", "Iterative"),
     params:
         kind="lines-figure",
-        spec=lambda wc: json.dumps(iterative_targets.size_spec(config)),
+        spec=W.iterative_size_spec,
     log:
         paths.log_file("report", "iterative_calibration_size"),
     benchmark:

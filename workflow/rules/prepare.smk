@@ -30,7 +30,7 @@ rule prepare_text:
         eval=f"{paths.text_dir('{dataset}')}/eval.txt",
         manifest=f"{paths.text_dir('{dataset}')}/manifest.json",
     params:
-        eval_every=lambda wc: config["datasets"][wc.dataset]["eval_every"],
+        eval_every=W.eval_every,
     log:
         paths.log_file("prepare_text", "{dataset}"),
     benchmark:

@@ -7,17 +7,15 @@ rule table:
     conda:
         "../../envs/coec.yaml"
     input:
-        lambda wc: targets.table_inputs(config, wc.table),
+        W.table_inputs,
     output:
-        main=report(paths.table_file("{table}"), caption="../report/table.rst", category="Tables",
-                   subcategory=lambda wc: targets.report_table_kind(config, wc.table),
-                   labels=lambda wc: targets.report_label(config, paths.table_file(wc.table))),
+        main=report_output(paths.table_file("{table}"), "table.rst", "Tables", W.report_table_kind),
         md=paths.table_file("{table}", "md"),
     wildcard_constraints:
-        table=W.table_names(),
+        table=W.table_constraint(),
     params:
         kind="table",
-        spec=lambda wc: json.dumps(targets.table_spec(config, wc.table, targets.table_file(config, wc.table))),
+        spec=W.table_spec,
     log:
         paths.log_file("report", "{table}"),
     benchmark:
@@ -31,14 +29,13 @@ rule table:
 
 use rule table as table4 with:
     input:
-        lambda wc: targets.table4_inputs(config),
+        W.table4_inputs,
     output:
-        main=report(paths.table_file("table4"), caption="../report/table4.rst", category="Tables",
-                   subcategory="Deployment cost", labels=lambda wc: targets.report_label(config, paths.table_file("table4"))),
+        main=report_output(paths.table_file("table4"), "table4.rst", "Tables", "Deployment cost"),
         md=paths.table_file("table4", "md"),
     params:
         kind="table4",
-        spec=lambda wc: json.dumps(targets.table4_spec(config)),
+        spec=W.table4_spec,
     log:
         paths.log_file("report", "table4"),
     benchmark:
@@ -47,13 +44,12 @@ use rule table as table4 with:
 
 use rule table as fig2 with:
     input:
-        lambda wc: targets.figure_inputs(targets.fig2_spec(config)),
+        W.fig2_inputs,
     output:
-        main=report(paths.figure_file("fig2_calibration_size"), caption="../report/fig2.rst", category="Figures",
-               labels=lambda wc: targets.report_label(config, paths.figure_file("fig2_calibration_size"))),
+        main=report_output(paths.figure_file("fig2_calibration_size"), "fig2.rst", "Figures"),
     params:
         kind="lines-figure",
-        spec=lambda wc: json.dumps(targets.fig2_spec(config)),
+        spec=W.fig2_spec,
     log:
         paths.log_file("report", "fig2"),
     benchmark:
@@ -64,13 +60,13 @@ use rule table as fig2 with:
 # (coec.claims; docs/claims.md); a claim whose tables are not configured reads "not testable here".
 use rule table as claims with:
     input:
-        lambda wc: targets.claims_inputs(config),
+        W.claims_inputs,
     output:
-        main=report(f"{paths.RESULTS}/claims.md", caption="../report/claims.rst", category="Tables",
-               subcategory="Claims", labels={"artifact": "Claims of the papers: verdicts"}),
+        main=report_output(f"{paths.RESULTS}/claims.md", "claims.rst", "Tables", "Claims",
+                           labels={"artifact": "Claims of the papers: verdicts"}),
     params:
         kind="claims",
-        spec=lambda wc: json.dumps(targets.claims_spec(config)),
+        spec=W.claims_spec,
     log:
         paths.log_file("report", "claims"),
     benchmark:
@@ -79,16 +75,15 @@ use rule table as claims with:
 
 # `snakemake --report report.html <targets>` (docs/report.md): the report() outputs of the table,
 # figure and App. C rules, with captions in workflow/report/ and the labels and subcategories of
-# coec.targets (report_label, report_table_kind; titles in paper order: report_items).
+# coec.targets.report_labels (titles in paper order), each through report_output (common.smk).
 use rule table as report_readme with:
     input:
-        lambda wc: [p for p, _, _ in targets.report_items(config)],
+        W.report_inputs,
     output:
         main=f"{paths.RESULTS}/README.md",
     params:
         kind="readme",
-        spec=lambda wc: json.dumps(targets.readme_spec(
-            config, [os.path.relpath(f, workflow.basedir) for f in workflow.configfiles])),
+        spec=lambda wc: W.readme_spec([os.path.relpath(f, workflow.basedir) for f in workflow.configfiles]),
     log:
         paths.log_file("report", "readme"),
     benchmark:

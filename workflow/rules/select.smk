@@ -11,7 +11,7 @@ rule select:
         paths.keep_file("{model}", "{calib}", "{select}", "{ratio}"),
     params:
         model=W.model_path,
-        group_rounding=config["group_rounding"],
+        group_rounding=W.group_rounding,
         method=W.selection_args,
         expect=W.expect,
         hub=W.hub,

@@ -10,12 +10,18 @@ paths: pure functions of the workflow config (its ``iterative`` and ``domains`` 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from .. import paths
 from ..paths import cell_dir as grid_cell_dir
 from ..paths import fmt_ratio
-from ..targets import dataset_spec, size_figure_spec, sized_calibration, with_comparisons
+from ..targets.calibrations import sized_calibration, sized_entry
+from ..targets.figures import size_figure_spec
+from ..targets.sources import dataset_spec
+from ..targets.tables import with_comparisons
 from .schedule import make_schedule
+
+Config = dict[str, Any]
 
 
 def domain_dir(name: str) -> str:
@@ -23,20 +29,25 @@ def domain_dir(name: str) -> str:
     return f"{paths.RESOURCES}/domains/{name}"
 
 
-def section(config) -> dict:
+def section(config: Config) -> dict[str, Any]:
     """The config's `iterative` section ({} without one)."""
-    return config.get("iterative", {})
+    out: dict[str, Any] = config.get("iterative", {})
+    return out
 
 
-def mix_entries(config) -> dict:
-    return section(config).get("mixes", {})
+def mix_entries(config: Config) -> dict[str, Any]:
+    """The config's ``iterative.mixes`` ({} without)."""
+    out: dict[str, Any] = section(config).get("mixes", {})
+    return out
 
 
-def variant_entries(config) -> dict:
-    return section(config).get("variants", {})
+def variant_entries(config: Config) -> dict[str, Any]:
+    """The config's ``iterative.variants`` ({} without)."""
+    out: dict[str, Any] = section(config).get("variants", {})
+    return out
 
 
-def check_config(config) -> None:
+def check_config(config: Config) -> None:
     """Mix names distinct from calibration names; every mix domain and domain dataset known."""
     known, doms = mix_entries(config), config.get("domains", {})
     both = sorted(set(known) & set(config["calibration"]))
@@ -54,46 +65,55 @@ def check_config(config) -> None:
             raise ValueError(f"config: domains.{name}.dataset names unknown dataset {dom.get('dataset')!r}")
 
 
-def sized(config, calib, n) -> str:
-    """Name of calibration or mix `calib` resized to n sequences (itself when n is its size)."""
+def sized(config: Config, calib: str, n: int | str) -> str:
+    """Name of calibration or mix ``calib`` resized to n sequences (itself when n is its size)."""
     known = mix_entries(config)
     return sized_calibration(known if calib in known else config["calibration"], calib, n)
 
 
-def size_base(config):
+def size_base(config: Config) -> str | None:
     """The default calibration of the iterative calibration-size figure's rows."""
     it = section(config)
-    return it["calibration_size"].get("calibration", it.get("table", {}).get("calibration"))
+    base = it["calibration_size"].get("calibration", it.get("table", {}).get("calibration"))
+    return None if base is None else str(base)
 
 
-def add_size_calibrations(config) -> None:
-    """Add the resized calibrations and mixes of the iterative calibration-size figure."""
+def size_calibrations(config: Config) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The resized (calibrations, mixes) of the iterative calibration-size figure, each
+    name -> entry (what the wiring object adds to its view of the config)."""
     it = section(config)
+    calibs: dict[str, Any] = {}
+    mixes: dict[str, Any] = {}
     if "calibration_size" not in it:
-        return
-    if size_base(config) is None:
+        return calibs, mixes
+    base = size_base(config)
+    if base is None:
         raise ValueError("config: iterative.calibration_size needs a calibration (or iterative.table.calibration)")
+    known = mix_entries(config)
     for row in it["calibration_size"]["rows"]:
+        calib = row.get("calibration", base)
+        registry, out = (known, mixes) if calib in known else (config["calibration"], calibs)
         for n in it["calibration_size"]["nsamples"]:
-            sized(config, row.get("calibration", size_base(config)), n)
+            for name, entry in sized_entry(registry, calib, n).items():
+                out.setdefault(name, entry)
+    return calibs, mixes
 
 
-def calibration_entry(config, name) -> dict:
+def calibration_entry(config: Config, name: str) -> dict[str, Any]:
     """A calibration entry or an iterative mix."""
     known = mix_entries(config)
-    if name in known:
-        return known[name]
-    if name in config["calibration"]:
-        return config["calibration"][name]
+    entry: dict[str, Any] | None = known.get(name, config["calibration"].get(name))
+    if entry is not None:
+        return entry
     raise ValueError(f"unknown calibration {name!r}: not in calibration nor iterative.mixes")
 
 
-def calibration_key(config, name) -> str:
+def calibration_key(config: Config, name: str) -> str:
     """The config key of a calibration entry or an iterative mix."""
     return f"iterative.mixes.{name}" if name in mix_entries(config) else f"calibration.{name}"
 
 
-def domain_spec(config, name) -> dict:
+def domain_spec(config: Config, name: str) -> dict[str, Any]:
     """The data.load_split spec of a domain's calibration text."""
     d = config.get("domains", {})[name]
     if d["source"] == "dataset":
@@ -101,7 +121,7 @@ def domain_spec(config, name) -> dict:
     return {"source": "files", "calib": f"{domain_dir(name)}/calib.txt"}
 
 
-def calibration_domains(config, calib) -> list[dict]:
+def calibration_domains(config: Config, calib: str) -> list[dict[str, Any]]:
     """[{name, alpha, dataset}] of an iterative calibration (one domain for `calibration`)."""
     known = mix_entries(config)
     if calib in known:
@@ -113,41 +133,45 @@ def calibration_domains(config, calib) -> list[dict]:
     return [{"name": ds, "alpha": 1.0, "dataset": dataset_spec(config, ds)}]
 
 
-def variant_spec(config, name) -> dict:
+def variant_spec(config: Config, name: str) -> dict[str, Any]:
+    """An ``iterative.variants`` entry; ValueError naming the known ones."""
     known = variant_entries(config)
     if name not in known:
         raise ValueError(f"unknown iterative variant {name!r} (known: {', '.join(known)})")
-    return known[name]
+    entry: dict[str, Any] = known[name]
+    return entry
 
 
-def step_method(config, name) -> str:
+def step_method(config: Config, name: str) -> str:
     """The step folder's method of a variant: {mode}-{structure}."""
     v = variant_spec(config, name)
     return f"{v['mode']}-{v['structure']}"
 
 
-def chain(config, variant, ratio) -> list[str]:
+def chain(config: Config, variant: str, ratio: float | str) -> list[str]:
     """The step folders of a cell, e.g. ['0.1', '0.1/0.2', '0.1/0.2/0.3']."""
     v = variant_spec(config, variant)
     sched = [fmt_ratio(r) for r in make_schedule(float(ratio), v.get("steps"), v.get("step"))]
     return ["/".join(sched[: s + 1]) for s in range(len(sched))]
 
 
-def steps_dir(model, calib, method) -> str:
+def steps_dir(model: str, calib: str, method: str) -> str:
+    """The folder of a method's cached pruning steps on a calibration."""
     return f"{paths.RESULTS}/{model}/{calib}/iterative/{method}/steps"
 
 
-def cell_steps(config, model, calib, variant, ratio) -> list[str]:
+def cell_steps(config: Config, model: str, calib: str, variant: str, ratio: float | str) -> list[str]:
     """The step folders a cell's chain runs through, first to last."""
     base = steps_dir(model, calib, step_method(config, variant))
     return [f"{base}/{c}" for c in chain(config, variant, ratio)]
 
 
-def cell_dir(model, calib, variant, ratio) -> str:
+def cell_dir(model: str, calib: str, variant: str, ratio: float | str) -> str:
+    """The folder of an iterative cell."""
     return f"{paths.RESULTS}/{model}/{calib}/iterative/{variant}-{fmt_ratio(ratio)}"
 
 
-def row_file(model, calib, row, ratio, filename) -> str:
+def row_file(model: str, calib: str, row: dict[str, Any], ratio: float | str, filename: str) -> str:
     """A table/figure row's result file: an iterative cell (variant) or a workflow cell
     (selection + compensation) on calibration `calib`."""
     if "variant" in row:
@@ -155,7 +179,7 @@ def row_file(model, calib, row, ratio, filename) -> str:
     return f"{grid_cell_dir(model, calib, row['selection'], ratio, row['compensation'])}/{filename}"
 
 
-def table_spec(config, filename="ppl.json", metric="ppl") -> dict:
+def table_spec(config: Config, filename: str = "ppl.json", metric: str = "ppl") -> dict[str, Any]:
     """Rows (ratio x method) of table_iterative: workflow cells (selection + compensation on the
     table's calibration) and iterative cells (variant on a calibration or mix)."""
     t = section(config)["table"]
@@ -164,7 +188,7 @@ def table_spec(config, filename="ppl.json", metric="ppl") -> dict:
     rows = [
         {"labels": {"ratio": 0.0, "method": "dense"}, "cells": {m: f"{paths.dense_dir(m)}/{filename}" for m in models}}
     ]
-    groups = [None]
+    groups: list[Any] = [None]
     for r in t["ratios"]:
         for row in t["rows"]:
             calib = row.get("calibration", t["calibration"])
@@ -186,12 +210,12 @@ def table_spec(config, filename="ppl.json", metric="ppl") -> dict:
     return with_comparisons(config, spec, groups, "iterative.table.rows")
 
 
-def zeroshot_table_spec(config) -> dict:
+def zeroshot_table_spec(config: Config) -> dict[str, Any]:
     """table_iterative_zeroshot: the table_iterative cells scored by zero-shot mean7."""
     return table_spec(config, "zeroshot.json", "mean7")
 
 
-def size_spec(config) -> dict:
+def size_spec(config: Config) -> dict[str, Any]:
     """Seed Fig. 2: perplexity against calibration size N, one panel per ratio, one line per
     row; every row's calibration (or mix) is resized to N and everything downstream recomputed."""
     f = section(config)["calibration_size"]
@@ -208,7 +232,7 @@ def size_spec(config) -> dict:
     calibs = sorted({row.get("calibration", base) for row in f["rows"]})
     return size_figure_spec(
         panels,
-        calibration_entry(config, base)["seqlen"],
+        calibration_entry(config, str(base))["seqlen"],
         f"iterative calibration size: {f['model']}, calibrations {', '.join(calibs)} "
         f"resized to N, selection recomputed at each N; variants "
         f"{json.dumps(variant_entries(config), sort_keys=True)}; eval "

@@ -7,9 +7,11 @@ import json
 import os
 import re
 from collections.abc import Iterable
+from shlex import quote
 from typing import Any
 
 from ..config import schema_default
+from ..paths import RATIO_PATTERN
 from ..wiring import Wiring
 from . import targets
 
@@ -22,12 +24,21 @@ def alternatives(names: Iterable[str]) -> str:
 class IterativeWiring:
     """The iterative rules' wiring of one validated config."""
 
+    #: the step folder's {method}: {mode}-{structure}
+    METHOD = r"(global|sequential)-(uniform|al-am)"
+    #: a step folder's chain of cumulative ratios, e.g. 0.1/0.2/0.3
+    CHAIN = rf"{RATIO_PATTERN}(/{RATIO_PATTERN})*"
+
     def __init__(self, wiring: Wiring):
         self.w = wiring
-        self.config = wiring.config
+        self.config = wiring.config  # the planned config: the resized mixes included
         self.mixes = targets.mix_entries(self.config)
         self.variants = targets.variant_entries(self.config)
         self.domains = self.config.get("domains", {})
+        #: wildcard constraints: the variants; the mixes; the domains whose text a rule writes
+        self.variant_constraint = alternatives(self.variants)
+        self.mix_constraint = alternatives(self.mixes)
+        self.domain_constraint = alternatives([d for d, s in self.domains.items() if s["source"] != "dataset"])
 
     def text_inputs(self, wc: Any) -> list[str]:
         """The text files of a calibration or mix's domains."""
@@ -60,7 +71,7 @@ class IterativeWiring:
             gram_dtype=lambda wc: c(wc)["gram_dtype"],
             variance_mix=lambda wc: c(wc).get("variance_mix", schema_default("iterative.mixes.*.variance_mix")),
             dtype=self.w.model_dtype,
-            device=cfg["compute"]["device"],
+            device=self.w.device,
             expect=lambda wc: self.w.expect_json(wc.model, f"{targets.calibration_key(cfg, wc.calib)}.seqlen"),
             hub=self.w.hub,
         )
@@ -92,9 +103,23 @@ class IterativeWiring:
         files = ("keep.json", "bias.safetensors", "state.safetensors")
         return [] if parent is None else [f"{parent}/{f}" for f in files]
 
-    def init_arg(self, wc: Any) -> str:
-        from shlex import quote
+    @staticmethod
+    def step_ratio(wc: Any) -> str:
+        """The cumulative ratio a step prunes to: the last of its chain."""
+        return str(wc.chain.rsplit("/", 1)[-1])
 
+    @staticmethod
+    def step_mode(wc: Any) -> str:
+        """global | sequential: the {mode} of a step's {method}."""
+        return str(wc.method.split("-", 1)[0])
+
+    @staticmethod
+    def step_structure(wc: Any) -> str:
+        """uniform | al-am: the {structure} of a step's {method}."""
+        return str(wc.method.split("-", 1)[1])
+
+    def init_arg(self, wc: Any) -> str:
+        """``--init <parent step>`` of a step that continues one, else nothing."""
         parent = self.parent(wc)
         return "" if parent is None else f"--init {quote(parent)}"
 
@@ -112,4 +137,4 @@ class IterativeWiring:
 
     @staticmethod
     def step_outdir(wc: Any, output: Any) -> str:
-        return os.path.dirname(output.keep)
+        return os.path.dirname(str(output.keep))
