@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 
-from ..claims.core import CLAIMS, Claim, NotTestable, Results, all_hold, as_float, every, lower
+from ..claims.core import CLAIMS, Check, Claim, NotTestable, Results, Verdict, all_hold, as_float, every, lower
 
 ITER = "iterative multi-domain FLAP"
 
 
-def _it_rows(res: Results, label: str) -> dict:
+def _it_rows(res: Results, label: str) -> dict[tuple[float, str], float]:
     out = {}
     for r in res.table("table_iterative", "iterative.table (table_iterative)", ("ratio", "method")):
         if r["method"] == label and math.isfinite(r["value"]):
@@ -20,8 +20,8 @@ def _it_rows(res: Results, label: str) -> dict:
     return out
 
 
-def _it_beats(ours: str, base: str, only_top: bool = False):
-    def check(res: Results):
+def _it_beats(ours: str, base: str, only_top: bool = False) -> Check:
+    def check(res: Results) -> Verdict:
         a, b = _it_rows(res, ours), _it_rows(res, base)
         keys = sorted(set(a) & set(b))
         if only_top:
@@ -33,7 +33,7 @@ def _it_beats(ours: str, base: str, only_top: bool = False):
     return check
 
 
-def _it_gap_grows(res: Results):
+def _it_gap_grows(res: Results) -> Verdict:
     a, b = _it_rows(res, "iterative + multi-domain"), _it_rows(res, "FLAP")
     keys = sorted(set(a) & set(b))
     models = sorted({m for _, m in keys})
@@ -49,8 +49,8 @@ def _it_gap_grows(res: Results):
     return "; ".join(parts), "holds" if ok else "does not hold"
 
 
-def _it_size(kind: str):
-    def check(res: Results):
+def _it_size(kind: str) -> Check:
+    def check(res: Results) -> Verdict:
         panels = res.curves("iterative_size", "iterative.calibration_size")
         parts, ok = [], True
         for panel, lines in panels.items():
