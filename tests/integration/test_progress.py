@@ -50,9 +50,8 @@ def test_bad_env_value_is_one_clear_error(monkeypatch):
 def test_log_lines_every_tenth_with_count_and_eta(monkeypatch, caplog):
     monkeypatch.delenv(PR.ENV, raising=False)
     caplog.set_level(logging.INFO, logger="coec.progress")
-    assert list(PR.bar(range(20), desc="calibrate", unit="layer", display=PR.Display(stream=io.StringIO()))) == list(
-        range(20)
-    )
+    in_a_log = PR.Display(stream=io.StringIO())  # not a terminal
+    assert list(PR.bar(range(20), desc="calibrate", unit="layer", display=in_a_log)) == list(range(20))
     lines = _lines(caplog)
     assert len(lines) == 10
     assert lines[0].startswith("calibrate: 2/20 layers (10%) elapsed ")
