@@ -142,8 +142,8 @@ def zeroshot_display(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
 
     out = df[list(spec["label_columns"]) + ["vs"]].copy()
     for m in spec["models"]:
-        out[m] = [pm(v, se) for v, se in zip(df[m], df[f"{m} se"])]
-        out[f"{m} Δ"] = [pm(v, se, sign=True) for v, se in zip(df[f"{m} diff"], df[f"{m} diff se"])]
+        out[m] = [pm(v, se) for v, se in zip(df[m], df[f"{m} se"], strict=True)]
+        out[f"{m} Δ"] = [pm(v, se, sign=True) for v, se in zip(df[f"{m} diff"], df[f"{m} diff se"], strict=True)]
     return out
 
 
@@ -186,7 +186,7 @@ def plot_geometry(spec: Spec, out: str | Path) -> None:
 
     df = pd.DataFrame(artifacts.read_csv_rows(spec["geometry"], artifacts.GEOMETRY_COLUMNS))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for ax, module in zip(axes, ("o_proj", "down_proj")):
+    for ax, module in zip(axes, ("o_proj", "down_proj"), strict=True):
         d = df[df.module == module]
         r = int(d["r"].iloc[0]) if len(d) else 0
         ax.plot(d.layer, d.angle_OP_mean, "o-", label="O–P (pruning)")
@@ -216,7 +216,7 @@ def plot_lines(spec: Spec, out: str | Path) -> None:
 
     panels = spec["panels"]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
-    for ax, (title, series) in zip(axes[0], panels.items()):
+    for ax, (title, series) in zip(axes[0], panels.items(), strict=True):
         all_y = []
         for name, points in series.items():
             xs = [x for x, _ in points]

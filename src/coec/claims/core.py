@@ -115,7 +115,7 @@ class Results:
         def make() -> dict[str, dict[str, float]]:
             rows = [r for r in _csv(path) if r.get("selection") != "dense"]
             out = {}
-            for name, row in zip(names, rows):
+            for name, row in zip(names, rows, strict=False):
                 out[name] = {k: as_float(v) for k, v in row.items() if k not in ("ratio", "selection", "compensation")}
             return out
 

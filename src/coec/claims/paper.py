@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any
 
 from .core import (
@@ -46,7 +47,7 @@ def _gap_grows(res: Results) -> Verdict:
         )
     vals = [gaps[r] for r in sorted(gaps)]
     text = ", ".join(f"{r * 100:g} %: {g:.3g}" for r, g in sorted(gaps.items()))
-    return text, "holds" if all(a < b for a, b in zip(vals, vals[1:])) else "does not hold"
+    return text, "holds" if all(a < b for a, b in pairwise(vals)) else "does not hold"
 
 
 def _bias_ahead_low(res: Results) -> Verdict:
@@ -114,8 +115,8 @@ def _t4_grows(res: Results) -> Verdict:
     if len(rows) < 2:
         raise NotTestable("table4 needs two or more models")
     red = [_reductions(r)["params"] for r in rows]
-    text = ", ".join(f"{r['model']} ({r['params_dense_B']:.3g} B): −{v:.1f} %" for r, v in zip(rows, red))
-    return text, "holds" if all(a <= b for a, b in zip(red, red[1:])) else "does not hold"
+    text = ", ".join(f"{r['model']} ({r['params_dense_B']:.3g} B): −{v:.1f} %" for r, v in zip(rows, red, strict=True))
+    return text, "holds" if all(a <= b for a, b in pairwise(red)) else "does not hold"
 
 
 def _appc(fn: Callable[[AppC], Verdict]) -> Check:
@@ -151,7 +152,7 @@ def _appc_disc(a: AppC) -> Verdict:
 
 
 def _monotone(vals: Sequence[float], tol: float = 0.0) -> bool:
-    return all(b <= a + tol for a, b in zip(vals, vals[1:]))
+    return all(b <= a + tol for a, b in pairwise(vals))
 
 
 FIG2_PAPER_LINES = ("none", "rcpu")  # what the paper's Fig. 2 draws beside COEC

@@ -77,7 +77,7 @@ def paired_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, flo
             raise ValueError(f"task {task}: the two results share no document")
         xa, xb = [a[task][i] for i in docs], [b[task][i] for i in docs]
         (ma, sa), (mb, sb) = _stats(xa), _stats(xb)
-        md, sd = _stats([p - q for p, q in zip(xa, xb)])
+        md, sd = _stats([p - q for p, q in zip(xa, xb, strict=True)])
         tasks[task] = {"n": len(docs), "a": ma, "b": mb, "diff": md, "se": sd, "se_unpaired": math.hypot(sa, sb)}
     T = len(tasks)
     diff = sum(t["diff"] for t in tasks.values()) / T
@@ -150,7 +150,7 @@ def margin_agreement(a: dict[int, tuple[float, int]], b: dict[int, tuple[float, 
     ma, mb = [a[i][0] for i in docs], [b[i][0] for i in docs]
     n = len(ma)
     ca, cb = sum(ma) / n, sum(mb) / n
-    sab = sum((x - ca) * (y - cb) for x, y in zip(ma, mb))
+    sab = sum((x - ca) * (y - cb) for x, y in zip(ma, mb, strict=True))
     saa = sum((x - ca) ** 2 for x in ma)
     sbb = sum((y - cb) ** 2 for y in mb)
     corr = sab / math.sqrt(saa * sbb) if saa > 0 and sbb > 0 else math.nan
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 ms = [margins(d, task) for d in (args.a, args.b)]
             except ValueError:
                 continue  # not a two-choice task
-            for tag, m in zip("AB", ms):
+            for tag, m in zip("AB", ms, strict=True):
                 st = two_choice(m.values())
                 print(
                     f"{task + ' ' + tag:<14} {st['n']:>5} {100 * st['choice1_rate']:11.1f} "

@@ -205,7 +205,7 @@ def _check_boolq(rows: list[Row], google: list[Row]) -> None:
     """SuperGLUE rows must match google/boolq row by row (question, answer, passage body)."""
     if len(rows) != len(google):
         raise ValueError(f"boolq: {len(rows)} SuperGLUE rows vs {len(google)} google/boolq rows")
-    for r, g in zip(rows, google):
+    for r, g in zip(rows, google, strict=True):
         if r["question"] != g["question"] or bool(r["label"]) != g["answer"] or not r["passage"].endswith(g["passage"]):
             raise ValueError(f"boolq idx {r['idx']}: differs from google/boolq")
 

@@ -4,6 +4,7 @@ from ``table_iterative`` and the iterative calibration-size figure)."""
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 from ..claims.core import CLAIMS, Check, Claim, NotTestable, Results, Verdict, all_hold, as_float, every, lower
 
@@ -43,7 +44,7 @@ def _it_gap_grows(res: Results) -> Verdict:
         if len(gaps) < 2:
             continue
         parts.append(f"{m}: " + ", ".join(f"{r * 100:g} % {g:.4g}" for r, g in gaps))
-        ok &= all(x[1] < y[1] for x, y in zip(gaps, gaps[1:]))
+        ok &= all(x[1] < y[1] for x, y in pairwise(gaps))
     if not parts:
         raise NotTestable("iterative.table needs two or more ratios")
     return "; ".join(parts), "holds" if ok else "does not hold"
@@ -65,9 +66,10 @@ def _it_size(kind: str) -> Check:
                     f" (N {f[0][0]} → {f[-1][0]})"
                 )
             else:
-                good = all(b < a for (_, a), (_, b) in zip(f, i))
+                good = all(b < a for (_, a), (_, b) in zip(f, i, strict=False))
                 parts.append(
-                    f"{panel}: FLAP − {it} = " + ", ".join(f"N={n} {a - b:.4g}" for (n, a), (_, b) in zip(f, i))
+                    f"{panel}: FLAP − {it} = "
+                    + ", ".join(f"N={n} {a - b:.4g}" for (n, a), (_, b) in zip(f, i, strict=False))
                 )
             ok &= good
         return "; ".join(parts), "holds" if ok else "does not hold"

@@ -263,7 +263,7 @@ def apportion(n: int, alphas: list[float]) -> list[int]:
         raise DomainError(f"nsamples={n} is fewer than the {sum(a > 0 for a in alphas)} domains")
     total = float(sum(alphas))
     exact = [n * a / total for a in alphas]
-    counts = [max(1 if a > 0 else 0, math.floor(e)) for a, e in zip(alphas, exact)]
+    counts = [max(1 if a > 0 else 0, math.floor(e)) for a, e in zip(alphas, exact, strict=True)]
     order = sorted(range(len(alphas)), key=lambda k: (-(exact[k] - math.floor(exact[k])), k))
     i = 0
     while sum(counts) < n:

@@ -168,7 +168,7 @@ def run_step(
     if opts.structure == "al-am":
         d_model = model.config.hidden_size
         keeps = alam_keep([p[0] for p in pending], [p[1] for p in pending], state, d_model, ratio)
-        for i, ((g, c), p) in enumerate(zip(keeps, pending)):
+        for i, ((g, c), p) in enumerate(zip(keeps, pending, strict=True)):
             apply_layer_step_(layers[i], state, i, g, c, p[2])
     return {
         "ratio": ratio,

@@ -3,6 +3,8 @@ ratios of the ORIGINAL width of every layer."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from ..selection import check_ratio
 
 
@@ -32,5 +34,5 @@ def check_schedule(schedule: list[float]) -> None:
         raise ValueError("empty pruning schedule")
     for r in schedule:
         check_ratio(r)
-    if any(b < a for a, b in zip(schedule, schedule[1:])):
+    if any(b < a for a, b in pairwise(schedule)):
         raise ValueError(f"pruning schedule must not decrease: {schedule}")

@@ -73,7 +73,7 @@ class PruneState:
         """Fraction of prunable parameters (KV groups + channels) removed so far."""
         wg, wc = unit_params(self.geom, 1)
         total = len(self.kv_groups) * (self.geom.n_kv * wg + self.d_ff * wc)
-        kept = sum(len(g) * wg + len(c) * wc for g, c in zip(self.kv_groups, self.channels))
+        kept = sum(len(g) * wg + len(c) * wc for g, c in zip(self.kv_groups, self.channels, strict=True))
         return 1.0 - kept / total
 
 
@@ -150,7 +150,7 @@ def keep_dict(state: PruneState, meta: dict[str, Any]) -> dict[str, Any]:
         "n_heads": state.geom.n_heads,
         "head_dim": state.geom.head_dim,
         "d_ff": state.d_ff,
-        "layers": [{"kv_groups": g, "channels": c} for g, c in zip(state.kv_groups, state.channels)],
+        "layers": [{"kv_groups": g, "channels": c} for g, c in zip(state.kv_groups, state.channels, strict=True)],
     }
 
 

@@ -58,7 +58,7 @@ def mix_stats(per_domain: list[Stats], alphas: Iterable[float], variance_mix: st
     weights = list(alphas)
     if len(per_domain) != len(weights) or not per_domain:
         raise ValueError(f"{len(per_domain)} domain statistics but {len(weights)} weights")
-    used = [(a, s) for a, s in zip(normalise_alphas(weights), per_domain) if a > 0]
+    used = [(a, s) for a, s in zip(normalise_alphas(weights), per_domain, strict=True) if a > 0]
     for _, s in used:
         if int(s["count"]) < (2 if variance_mix == "eq8" else 1):
             raise ValueError(f"a domain with weight > 0 has {int(s['count'])} tokens")
@@ -71,7 +71,7 @@ def mix_stats(per_domain: list[Stats], alphas: Iterable[float], variance_mix: st
         return out
     n = sum(int(s["count"]) for _, s in used)
     means = [s["sum"].double() / int(s["count"]) for _, s in used]
-    m = sum(a * mk for (a, _), mk in zip(used, means))
+    m = sum(a * mk for (a, _), mk in zip(used, means, strict=True))
 
     def mix(
         key: str, outer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -80,7 +80,7 @@ def mix_stats(per_domain: list[Stats], alphas: Iterable[float], variance_mix: st
             return n * sum(a * s[key].double() / int(s["count"]) for a, s in used)
         cov = sum(
             a * (s[key].double() - int(s["count"]) * outer(mk, mk)) / (int(s["count"]) - 1)
-            for (a, s), mk in zip(used, means)
+            for (a, s), mk in zip(used, means, strict=True)
         )
         return (n - 1) * cov + n * outer(m, m)
 
@@ -164,7 +164,7 @@ def calib_set(tokenizer: Any, domains: list[dict[str, Any]], nsamples: int, seql
     alphas = normalise_alphas([d.get("alpha", 1.0) for d in domains])
     counts = apportion(nsamples, alphas)
     ids, labels = [], []
-    for k, (dom, n) in enumerate(zip(domains, counts)):
+    for k, (dom, n) in enumerate(zip(domains, counts, strict=True)):
         if n == 0:
             continue
         ids.append(calibration_ids(tokenizer, dom["dataset"], n, seqlen, seed))

@@ -68,7 +68,7 @@ def alam_keep(
     wg, wc = unit_params(state.geom, d_model)
     budget = (1.0 - ratio) * len(scores) * (state.geom.n_kv * wg + state.d_ff * wc)
     vals, weights, owner = [], [], []
-    for i, ((o, d), geom) in enumerate(zip(scores, geoms)):
+    for i, ((o, d), geom) in enumerate(zip(scores, geoms, strict=True)):
         g = standardise(o**2).view(geom.n_kv, -1).mean(1)
         vals += [g, standardise(d)]
         weights += [
@@ -84,7 +84,7 @@ def alam_keep(
     for idx in order[:t].tolist():
         i, kind, j = owner[idx]
         kept[i][kind].append(j)
-    for i, ((o, d), geom) in enumerate(zip(scores, geoms)):
+    for i, ((o, d), geom) in enumerate(zip(scores, geoms, strict=True)):
         if not kept[i][0]:
             kept[i][0] = [int(torch.argmax(standardise(o**2).view(geom.n_kv, -1).mean(1)))]
         if not kept[i][1]:
