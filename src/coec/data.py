@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import bz2
 import hashlib
+import io
 import json
 import re
 import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
+from typing import IO, Any
 
 import torch
+
+from .atomic import write_text
+
+#: A dataset spec of the config (``datasets.<name>``)
+Spec = dict[str, Any]
 
 WIKI_MEMBER = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
@@ -82,7 +90,7 @@ def strip_wiki_markup(text: str) -> str:
     return _BLANKS.sub("\n\n", "\n".join(lines)).strip()
 
 
-def read_wiki_articles(bz2_path: str | Path, min_words: int = 50) -> list[tuple[str, str]]:
+def read_wiki_articles(bz2_path: str | Path | IO[bytes], min_words: int = 50) -> list[tuple[str, str]]:
     """(title, plain text) of the main-namespace, non-redirect articles of a MediaWiki dump,
     in file order; articles shorter than ``min_words`` after stripping are skipped."""
     articles = []
@@ -111,14 +119,9 @@ def split_articles(articles: list[tuple[str, str]], eval_every: int) -> tuple[li
     return calib, evals
 
 
-def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int = 5) -> dict:
+def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int = 5) -> dict[str, Any]:
     """Extract the Wikipedia dump from the gensim wheel and write calib.txt / eval.txt and a
     manifest (article and word counts, sha256) into ``out_dir``."""
-    import io
-    import zipfile
-
-    from .atomic import write_text
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as zf:
@@ -128,7 +131,7 @@ def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int 
             raise FileNotFoundError(f"{wheel} does not contain {WIKI_MEMBER}") from None
     articles = read_wiki_articles(io.BytesIO(raw))
     calib, evals = split_articles(articles, eval_every)
-    manifest = {
+    manifest: dict[str, Any] = {
         "source": Path(wheel).name,
         "member": WIKI_MEMBER,
         "eval_every": eval_every,
@@ -147,7 +150,7 @@ def build_embedded_wiki(wheel: str | Path, out_dir: str | Path, eval_every: int 
 
 
 # ----------------------------------------------------------------------------- sources
-def load_split(spec: dict, split: str) -> str:
+def load_split(spec: Spec, split: str) -> str:
     """The text of ``split`` ('calib' or 'eval') of a dataset spec from the config."""
     if split not in ("calib", "eval"):
         raise ValueError(f"split must be 'calib' or 'eval', got {split!r}")
@@ -159,6 +162,7 @@ def load_split(spec: dict, split: str) -> str:
             raise FileNotFoundError(f"text file not found: {path}{hint}")
         return path.read_text()
     if kind == "hub":
+        # deferred: datasets costs ~1.2 s to import; only hub datasets need it
         from datasets import load_dataset
 
         kwargs = {"data_files": spec["data_files"]} if spec.get("data_files") else {}
@@ -167,15 +171,15 @@ def load_split(spec: dict, split: str) -> str:
     raise ValueError(f"unknown dataset source {kind!r}; expected embedded, files or hub")
 
 
-def tokenize_text(tokenizer, text: str) -> torch.Tensor:
+def tokenize_text(tokenizer: Any, text: str) -> torch.Tensor:
     """The whole text as one 1-D LongTensor of token ids (no special tokens added beyond what
     the tokenizer adds by default)."""
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=True).input_ids[0]
+    ids: torch.Tensor = tokenizer(text, return_tensors="pt", add_special_tokens=True).input_ids[0]
     return ids.long()
 
 
 def sample_windows(
-    tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int, exclude: dict | None = None
+    tokens: torch.Tensor, nsamples: int, seqlen: int, seed: int, exclude: dict[str, int] | None = None
 ) -> torch.Tensor:
     """``nsamples`` random windows of ``seqlen`` tokens from a token stream, (nsamples, seqlen).
 
@@ -200,7 +204,7 @@ def window_starts(n_tokens: int, nsamples: int, seqlen: int, seed: int) -> torch
     return torch.randint(0, n_tokens - seqlen + 1, (nsamples,), generator=gen)
 
 
-def disjoint_starts(n_tokens: int, nsamples: int, seqlen: int, seed: int, exclude: dict) -> torch.Tensor:
+def disjoint_starts(n_tokens: int, nsamples: int, seqlen: int, seed: int, exclude: dict[str, int]) -> torch.Tensor:
     """Start offsets of windows that share no token with the windows of another calibration set
     (``exclude`` = its {nsamples, seqlen, seed}): candidates are drawn from ``seed``'s generator in
     order and kept while they overlap none of the excluded windows (deterministic)."""
@@ -232,7 +236,7 @@ def eval_windows(tokens: torch.Tensor, seqlen: int, max_windows: int | None = No
     return tokens[: n * seqlen].view(n, seqlen)
 
 
-def calibration_ids(tokenizer, dataset: dict, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
+def calibration_ids(tokenizer: Any, dataset: Spec, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
     """The (nsamples, seqlen) calibration windows of a dataset spec (``exclude_windows``: a
     held-out set's, disjoint from another set's windows)."""
     tokens = tokenize_text(tokenizer, load_split(dataset, "calib"))

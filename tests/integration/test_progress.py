@@ -50,14 +50,15 @@ def test_bad_env_value_is_one_clear_error(monkeypatch):
 def test_log_lines_every_tenth_with_count_and_eta(monkeypatch, caplog):
     monkeypatch.delenv(PR.ENV, raising=False)
     caplog.set_level(logging.INFO, logger="coec.progress")
-    assert list(PR.bar(range(20), desc="calibrate", unit="layer", stream=io.StringIO())) == list(range(20))
+    in_a_log = PR.Display(stream=io.StringIO())  # not a terminal
+    assert list(PR.bar(range(20), desc="calibrate", unit="layer", display=in_a_log)) == list(range(20))
     lines = _lines(caplog)
     assert len(lines) == 10
     assert lines[0].startswith("calibrate: 2/20 layers (10%) elapsed ")
     assert lines[-1].startswith("calibrate: 20/20 layers (100%) elapsed ")
     assert all(re.search(r" eta (\d\d:)?\d\d:\d\d", line) for line in lines)
     caplog.clear()
-    for _ in PR.bar(range(3), desc="perplexity", unit="batch", stream=io.StringIO()):
+    for _ in PR.bar(range(3), desc="perplexity", unit="batch", display=PR.Display(stream=io.StringIO())):
         pass
     assert _lines(caplog)[-1].startswith("perplexity: 3/3 batches (100%)")
     caplog.clear()  # slow items: a line once `interval` seconds have passed, between the tenths
@@ -69,7 +70,7 @@ def test_terminal_draws_a_bar_and_logs_nothing(monkeypatch, caplog):
     monkeypatch.delenv(PR.ENV, raising=False)
     caplog.set_level(logging.INFO, logger="coec.progress")
     tty = _Tty()
-    for _ in PR.bar(range(3), desc="perplexity", unit="batch", stream=tty):
+    for _ in PR.bar(range(3), desc="perplexity", unit="batch", display=PR.Display(stream=tty)):
         pass
     assert "perplexity" in tty.getvalue() and "3/3" in tty.getvalue()
     assert _lines(caplog) == []
@@ -79,10 +80,10 @@ def test_off_and_disabled_and_inner_loops_are_silent(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="coec.progress")
     tty = _Tty()
     monkeypatch.setenv(PR.ENV, "0")
-    assert sum(PR.bar(range(5), desc="x", stream=tty)) == 10
+    assert sum(PR.bar(range(5), desc="x", display=PR.Display(stream=tty))) == 10
     monkeypatch.setenv(PR.ENV, "lines")
-    assert sum(PR.bar(range(5), desc="x", disable=True, stream=tty)) == 10
-    assert sum(PR.bar(range(5), desc="rounds", leave=False)) == 10  # an inner loop in a log
+    assert sum(PR.bar(range(5), desc="x", disable=True, display=PR.Display(stream=tty))) == 10
+    assert sum(PR.bar(range(5), desc="rounds", display=PR.INNER)) == 10  # an inner loop in a log
     assert tty.getvalue() == "" and _lines(caplog) == []
 
 

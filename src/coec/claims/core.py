@@ -6,10 +6,22 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 from ..registry import Registry
+from ..table_columns import is_model_column
+
+T = TypeVar("T")
+#: model -> (base value, new value)
+Pairs = dict[str, tuple[float, float]]
+#: a claim's check result: (the figure measured here, the verdict)
+Verdict = tuple[str, str]
+Better = Callable[[float, float], bool]
+Rule = Callable[[Pairs, Better], Verdict]
+Check = Callable[["Results"], Verdict]
 
 VERDICTS = ("holds", "does not hold", "not testable here")
 
@@ -19,23 +31,21 @@ class NotTestable(Exception):
 
 
 # --------------------------------------------------------------------------- reading results
-def as_float(v) -> float:
+def as_float(v: str | float | None) -> float:
     try:
-        return float(v)
+        return float(v) if v is not None else math.nan
     except (TypeError, ValueError):
         return math.nan
 
 
-def _csv(path) -> list[dict]:
+def _csv(path: str | Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
 
-def _long(paths, label_columns) -> list[dict]:
+def _long(paths: Iterable[str | Path] | None, label_columns: tuple[str, ...]) -> list[dict[str, Any]]:
     """Tables (label columns, then one column per model; a zero-shot table's noise columns
     are skipped) as long rows: labels, model, value."""
-    from ..table_columns import is_model_column
-
     out = []
     for p in paths or []:
         for row in _csv(p):
@@ -46,7 +56,8 @@ def _long(paths, label_columns) -> list[dict]:
     return out
 
 
-def _ppl(path) -> float:
+def _ppl(path: str | Path) -> float:
+    # deferred: coec.artifacts imports torch (~1.8 s); this module loads with every `coec` command
     from ..artifacts import read_result
 
     return as_float(read_result(path).get("ppl"))
@@ -55,30 +66,31 @@ def _ppl(path) -> float:
 class Results:
     """Lazy, cached readers of the result files named by a claims spec."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec: dict[str, Any]):
         self.spec = spec
-        self._cache: dict = {}
+        self._cache: dict[str, Any] = {}
 
-    def _get(self, key, make):
+    def _get(self, key: str, make: Callable[[], T]) -> T:
         if key not in self._cache:
             self._cache[key] = make()
-        return self._cache[key]
+        value: T = self._cache[key]
+        return value
 
-    def need(self, key: str, what: str):
+    def need(self, key: str, what: str) -> Any:
         if not self.spec.get(key):
             raise NotTestable(f"the config defines no {what}")
         return self.spec[key]
 
-    def cells(self, metric: str) -> list[dict]:
+    def cells(self, metric: str) -> list[dict[str, Any]]:
         """Long rows (ratio, selection, compensation, model, value) of every ppl / zero-shot table."""
         key = "ppl_tables" if metric == "ppl" else "zeroshot_tables"
         paths = self.need(key, "perplexity tables" if metric == "ppl" else "zero-shot tables")
         rows = self._get(key, lambda: _long(paths, ("ratio", "selection", "compensation")))
         return rows
 
-    def pairs(self, metric: str, ratio: float, selection: str, base: str, new: str) -> dict:
+    def pairs(self, metric: str, ratio: float, selection: str, base: str, new: str) -> Pairs:
         """model -> (base value, new value) of two compensations under one selection and ratio."""
-        found: dict = {}
+        found: dict[str, dict[str, float]] = {}
         for r in self.cells(metric):
             if (
                 math.isclose(as_float(r["ratio"]), ratio)
@@ -100,16 +112,16 @@ class Results:
         path = self.need("table3", "table3 (ablation ladder)")
         names = self.spec.get("table3_rows") or []
 
-        def make():
+        def make() -> dict[str, dict[str, float]]:
             rows = [r for r in _csv(path) if r.get("selection") != "dense"]
             out = {}
-            for name, row in zip(names, rows):
+            for name, row in zip(names, rows, strict=False):
                 out[name] = {k: as_float(v) for k, v in row.items() if k not in ("ratio", "selection", "compensation")}
             return out
 
         return self._get("table3", make)
 
-    def table4(self) -> list[dict]:
+    def table4(self) -> list[dict[str, Any]]:
         path = self.need("table4", "table4 (deployment cost)")
         return self._get(
             "table4", lambda: [{k: (v if k == "model" else as_float(v)) for k, v in r.items()} for r in _csv(path)]
@@ -119,7 +131,7 @@ class Results:
         path = self.need("appC", "appC (geometry)")
         return self._get("appC", lambda: {r["quantity"]: as_float(r["value"]) for r in _csv(path)})
 
-    def table(self, key: str, what: str, label_columns: tuple[str, ...]) -> list[dict]:
+    def table(self, key: str, what: str, label_columns: tuple[str, ...]) -> list[dict[str, Any]]:
         """Long rows (labels, model, value) of the table the spec names under ``key``."""
         path = self.need(key, what)
         return self._get(key, lambda: _long([path], label_columns))
@@ -140,36 +152,36 @@ def fmt(v: float) -> str:
     return "n/a" if not math.isfinite(v) else f"{v:.4g}"
 
 
-def count_better(pairs: dict, better: Callable[[float, float], bool]) -> tuple[int, str]:
+def count_better(pairs: Pairs, better: Better) -> tuple[int, str]:
     wins = sum(better(b, n) for b, n in pairs.values())
     detail = "; ".join(f"{m}: {fmt(b)} → {fmt(n)}" for m, (b, n) in sorted(pairs.items()))
     return wins, f"{wins}/{len(pairs)} models ({detail})"
 
 
-def lower(b, n):
+def lower(b: float, n: float) -> bool:
     return n < b
 
 
-def not_lower(b, n):  # accuracy matched or improved
+def not_lower(b: float, n: float) -> bool:  # accuracy matched or improved
     return n >= b
 
 
-def every(pairs, better):
+def every(pairs: Pairs, better: Better) -> Verdict:
     wins, text = count_better(pairs, better)
     return text, "holds" if wins == len(pairs) else "does not hold"
 
 
-def most(pairs, better):
+def most(pairs: Pairs, better: Better) -> Verdict:
     wins, text = count_better(pairs, better)
     return text, "holds" if wins > len(pairs) / 2 else "does not hold"
 
 
-def selection_label(name):
+def selection_label(name: str) -> str:
     return {"wanda_sp": "Wanda-sp", "flap": "FLAP", "rcpu": "RCPU"}[name]
 
 
-def pair_claim(metric, ratio, selection, base, new, rule):
-    def check(res: Results):
+def pair_claim(metric: str, ratio: float, selection: str, base: str, new: str, rule: Rule) -> Check:
+    def check(res: Results) -> Verdict:
         return rule(
             res.pairs(metric, ratio, selection_label(selection), base, new), lower if metric == "ppl" else not_lower
         )
@@ -177,14 +189,14 @@ def pair_claim(metric, ratio, selection, base, new, rule):
     return check
 
 
-def never(reason: str):
-    def check(res: Results):
+def never(reason: str) -> Check:
+    def check(res: Results) -> Verdict:
         raise NotTestable(reason)
 
     return check
 
 
-def all_hold(*results):
+def all_hold(*results: Verdict) -> Verdict:
     text = "; ".join(t for t, _ in results)
     return text, "holds" if all(v == "holds" for _, v in results) else "does not hold"
 
@@ -199,7 +211,7 @@ class Claim:
     section: str
     claim: str
     paper_figure: str
-    check: Callable[[Results], tuple[str, str]]
+    check: Check
 
     @property
     def name(self) -> str:

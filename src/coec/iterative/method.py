@@ -11,23 +11,35 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
-from ..arch import MODULES
+from ..arch import MODULES, AttnShape
 from ..calibrate import LayerPass, run_layerwise
 from ..models import decoder_layers, torch_dtype
 from ..progress import bar as progress_bar
 from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS, n_keep
 from .schedule import check_schedule
 from .state import PruneState, apply_layer_step_, current_shape
-from .stats import VARIANCE_MIXES, CalibSet, attach_accumulators, finalize_stats
+from .stats import VARIANCE_MIXES, CalibSet, DomainAccumulator, Stats, attach_accumulators, finalize_stats
 from .structure import STRUCTURES, alam_keep, layer_scores, uniform_keep
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
 MODES = ("global", "sequential")
+
+#: module -> mixed statistics of one layer
+LayerStats = dict[str, Stats]
+#: on_stats(i, layer, stats): called per layer during a pass (may prune layer i)
+OnStats = Callable[[int, nn.Module, LayerStats], None]
 
 
 @dataclass
@@ -63,24 +75,24 @@ class Options:
         torch_dtype(self.gram_dtype)
 
 
-def _mixed(accs: dict, calib: CalibSet, opts: Options, diag: bool) -> dict:
+def _mixed(accs: dict[str, DomainAccumulator], calib: CalibSet, opts: Options, diag: bool) -> LayerStats:
     """module -> mixed statistics (eq. 8) of one layer's DomainAccumulators."""
     return {m: finalize_stats(a.stats(diag), calib.alphas, opts.variance_mix, opts.gram_dtype) for m, a in accs.items()}
 
 
-def global_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool = False) -> None:
+def global_pass(model: PreTrainedModel, calib: CalibSet, opts: Options, on_stats: OnStats, diag: bool = False) -> None:
     """One calibration pass (``calibrate.run_layerwise``) of the current model; after layer i has
     produced the inputs of layer i+1, ``on_stats(i, layer, stats)`` receives its mixed
     statistics (it may prune layer i: later layers still see the model of the previous step);
     ``diag``: only the Grams' diagonals leave the device (all FLAP needs)."""
-    live = {}
+    live: dict[str, Any] = {}
 
-    def before(i, layer):
+    def before(i: int, layer: nn.Module) -> None:
         live["accs"], live["handles"] = attach_accumulators(
             layer, calib, opts.batch_size, next(layer.parameters()).device
         )
 
-    def after(i, _unused):
+    def after(i: int, _unused: object) -> None:
         for h in live.pop("handles"):
             h.remove()
         stats = _mixed(live.pop("accs"), calib, opts, diag)
@@ -99,7 +111,9 @@ def global_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool = Fa
 
 
 @torch.no_grad()
-def sequential_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool = False) -> None:
+def sequential_pass(
+    model: PreTrainedModel, calib: CalibSet, opts: Options, on_stats: OnStats, diag: bool = False
+) -> None:
     """One layer-sequential pass: for each layer, statistics on the inputs produced by the
     already pruned earlier layers, ``on_stats(i, layer, stats)`` (prunes layer i), then the
     pruned layer is run again to produce the inputs of layer i+1 (two forwards per layer)."""
@@ -121,7 +135,14 @@ def sequential_pass(model, calib: CalibSet, opts: Options, on_stats, diag: bool 
             layer.to(home)
 
 
-def run_step(model, calib: CalibSet, state: PruneState, ratio: float, opts: Options, record=None) -> dict:
+def run_step(
+    model: PreTrainedModel,
+    calib: CalibSet,
+    state: PruneState,
+    ratio: float,
+    opts: Options,
+    record: Callable[[int, LayerStats], None] | None = None,
+) -> dict[str, Any]:
     """One iterative step to cumulative ``ratio``: a calibration pass over the current model
     (eq. 12–13), FLAP scores of the remaining units, pruning and bias. ``record(i, stats)``
     (optional) sees every layer's statistics. Returns the step's info."""
@@ -129,9 +150,9 @@ def run_step(model, calib: CalibSet, state: PruneState, ratio: float, opts: Opti
     layers = decoder_layers(model)
     n_groups = n_keep(state.geom.n_kv, ratio, opts.group_rounding)
     n_channels = n_keep(state.d_ff, ratio, opts.channel_rounding)
-    pending = []
+    pending: list[tuple[tuple[torch.Tensor, torch.Tensor], AttnShape, dict[str, torch.Tensor]]] = []
 
-    def on_stats(i, layer, stats):
+    def on_stats(i: int, layer: nn.Module, stats: LayerStats) -> None:
         if record is not None:
             record(i, stats)
         o, d = layer_scores(layer, stats)
@@ -147,7 +168,7 @@ def run_step(model, calib: CalibSet, state: PruneState, ratio: float, opts: Opti
     if opts.structure == "al-am":
         d_model = model.config.hidden_size
         keeps = alam_keep([p[0] for p in pending], [p[1] for p in pending], state, d_model, ratio)
-        for i, ((g, c), p) in enumerate(zip(keeps, pending)):
+        for i, ((g, c), p) in enumerate(zip(keeps, pending, strict=True)):
             apply_layer_step_(layers[i], state, i, g, c, p[2])
     return {
         "ratio": ratio,
@@ -160,8 +181,13 @@ def run_step(model, calib: CalibSet, state: PruneState, ratio: float, opts: Opti
 
 
 def run_iterative(
-    model, calib: CalibSet, schedule: list[float], opts: Options, state: PruneState | None = None, record=None
-) -> tuple[PruneState, list[dict]]:
+    model: PreTrainedModel,
+    calib: CalibSet,
+    schedule: list[float],
+    opts: Options,
+    state: PruneState | None = None,
+    record: Callable[[int, int, LayerStats], None] | None = None,
+) -> tuple[PruneState, list[dict[str, Any]]]:
     """Prune ``model`` in place along ``schedule`` (cumulative ratios), starting from ``state``
     (a previous step's result applied to the model) or the dense model. S steps cost S passes
     (layer-sequential: S passes of two forwards per layer)."""
@@ -170,9 +196,7 @@ def run_iterative(
     state = state or PruneState.fresh(model)
     infos = []
     for s, ratio in enumerate(schedule):
-        info = run_step(
-            model, calib, state, ratio, opts, record=None if record is None else (lambda i, st, s=s: record(s, i, st))
-        )
+        info = run_step(model, calib, state, ratio, opts, record=None if record is None else partial(record, s))
         infos.append({"step": s + 1, **info})
         log.info(
             "step %d/%d: ratio %.4g, %.1f%% of prunable params removed, %.1fs",

@@ -8,16 +8,24 @@ steps add up and are installed rounded exactly as a block file stores them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from ..arch import MODULES, AttnShape, adapter_for, attention_shape, o_proj_columns
 from ..compensate.methods.bias import flap_bias
 from ..models import decoder_layers
 from ..prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def output_module(layer, name: str):
+#: module (o_proj / down_proj) -> a tensor or None
+PerModule = dict[str, torch.Tensor | None]
+
+
+def output_module(layer: nn.Module, name: str) -> nn.Linear:
     """o_proj or down_proj of a decoder layer, where its family's adapter keeps it."""
     return adapter_for(layer).output_module(layer, name)
 
@@ -36,16 +44,16 @@ class PruneState:
     d_ff: int
     kv_groups: list[list[int]]
     channels: list[list[int]]
-    bias: list[dict] = field(default_factory=list)  # module -> float64 (d_out,) or None
-    base_bias: list[dict] = field(default_factory=list)  # module -> original bias or None
+    bias: list[PerModule] = field(default_factory=list)  # module -> float64 (d_out,) or None
+    base_bias: list[PerModule] = field(default_factory=list)  # module -> original bias or None
 
     @classmethod
-    def fresh(cls, model) -> PruneState:
+    def fresh(cls, model: PreTrainedModel) -> PruneState:
         adapter = adapter_for(model.config)
         geom = attention_shape(model.config)
         layers = decoder_layers(model)
         d_ff = adapter.ffn_width(layers[0])
-        base = [
+        base: list[PerModule] = [
             {
                 m: (None if output_module(layer, m).bias is None else output_module(layer, m).bias.detach().clone())
                 for m in MODULES
@@ -57,7 +65,7 @@ class PruneState:
             d_ff,
             [list(range(geom.n_kv)) for _ in layers],
             [list(range(d_ff)) for _ in layers],
-            [{m: None for m in MODULES} for _ in layers],
+            [dict.fromkeys(MODULES) for _ in layers],
             base,
         )
 
@@ -65,27 +73,33 @@ class PruneState:
         """Fraction of prunable parameters (KV groups + channels) removed so far."""
         wg, wc = unit_params(self.geom, 1)
         total = len(self.kv_groups) * (self.geom.n_kv * wg + self.d_ff * wc)
-        kept = sum(len(g) * wg + len(c) * wc for g, c in zip(self.kv_groups, self.channels))
+        kept = sum(len(g) * wg + len(c) * wc for g, c in zip(self.kv_groups, self.channels, strict=True))
         return 1.0 - kept / total
 
 
-def current_shape(layer, geom0: AttnShape) -> AttnShape:
+def current_shape(layer: nn.Module, geom0: AttnShape) -> AttnShape:
     """The attention geometry of a (partially pruned) layer: same head_dim and groups."""
     n_kv = adapter_for(layer).kv_width(layer) // geom0.head_dim
     return AttnShape(n_kv * geom0.groups, n_kv, geom0.head_dim)
 
 
-def install_bias_(layer, module: str, base: torch.Tensor | None, total: torch.Tensor) -> None:
+def install_bias_(layer: nn.Module, module: str, base: torch.Tensor | None, total: torch.Tensor) -> None:
     """Give ``module`` the bias base + total, rounded exactly as a block file stores and
     ``pipeline.build_model`` installs it (weight dtype, then float32, then added to base)."""
     lin = output_module(layer, module)
-    lin.bias = None if base is None else torch.nn.Parameter(base.clone(), requires_grad=False)
+    # torch stub gap: Linear.bias is typed Parameter, None (no bias) is valid at runtime
+    lin.bias = None if base is None else torch.nn.Parameter(base.clone(), requires_grad=False)  # type: ignore[assignment]
     file_bias = total.to(lin.weight.dtype).to(lin.weight.device)
     set_output_weights_(layer, module, lin.weight.data, file_bias.to(torch.float32))
 
 
 def apply_layer_step_(
-    layer, state: PruneState, i: int, groups_local: list[int], channels_local: list[int], means: dict
+    layer: nn.Module,
+    state: PruneState,
+    i: int,
+    groups_local: list[int],
+    channels_local: list[int],
+    means: dict[str, torch.Tensor],
 ) -> None:
     """Prune layer ``i`` to the kept local groups/channels and add this step's bias
     b = W[:, P] mean[P] (eq. 3, W the current weight, mean from this step's statistics)."""
@@ -95,22 +109,27 @@ def apply_layer_step_(
         W = output_module(layer, m).weight.detach().double()
         _, b = flap_bias(W, means[m].to(W.device, torch.float64), keeps[m].to(W.device))
         b = b.cpu()
-        state.bias[i][m] = b if state.bias[i][m] is None else state.bias[i][m] + b
+        acc = state.bias[i][m]
+        state.bias[i][m] = b if acc is None else acc + b
     prune_layer_(layer, geom, groups_local, channels_local)
     state.kv_groups[i] = [state.kv_groups[i][g] for g in groups_local]
     state.channels[i] = [state.channels[i][c] for c in channels_local]
     for m in MODULES:
-        install_bias_(layer, m, state.base_bias[i][m], state.bias[i][m])
+        total = state.bias[i][m]
+        assert total is not None  # set above
+        install_bias_(layer, m, state.base_bias[i][m], total)
 
 
-def apply_keep_(model, keep: dict, tensors: dict | None = None) -> None:
+def apply_keep_(model: nn.Module, keep: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
     """Prune a dense model by a keep.json dict and install a block file's weights/biases
     (per-layer widths may differ, as with AL-AM: then the config is left alone)."""
     prune_model_(model, keep)
     install_weights_(model, tensors or {})
 
 
-def restore_state(model, keep: dict, block: dict, biases: dict) -> PruneState:
+def restore_state(
+    model: PreTrainedModel, keep: dict[str, Any], block: dict[str, torch.Tensor], biases: dict[str, torch.Tensor]
+) -> PruneState:
     """Apply a previous step's keep.json dict and block tensors to the dense ``model`` and return
     its state with the exact float64 ``biases`` (``layer{i}.{module}.bias``, state_tensors)."""
     state = PruneState.fresh(model)
@@ -122,7 +141,7 @@ def restore_state(model, keep: dict, block: dict, biases: dict) -> PruneState:
     return state
 
 
-def keep_dict(state: PruneState, meta: dict) -> dict:
+def keep_dict(state: PruneState, meta: dict[str, Any]) -> dict[str, Any]:
     """keep.json in the select stage's format (ORIGINAL indices) plus the method's fields."""
     return {
         "selection": "iflap",
@@ -131,11 +150,11 @@ def keep_dict(state: PruneState, meta: dict) -> dict:
         "n_heads": state.geom.n_heads,
         "head_dim": state.geom.head_dim,
         "d_ff": state.d_ff,
-        "layers": [{"kv_groups": g, "channels": c} for g, c in zip(state.kv_groups, state.channels)],
+        "layers": [{"kv_groups": g, "channels": c} for g, c in zip(state.kv_groups, state.channels, strict=True)],
     }
 
 
-def block_tensors(model, state: PruneState) -> dict[str, torch.Tensor]:
+def block_tensors(model: nn.Module, state: PruneState) -> dict[str, torch.Tensor]:
     """``layer{i}.{module}.weight`` (the kept original columns) and ``.bias`` (accumulated,
     in the weight dtype): the compensate stage's block format, as ``prune.install_weights_``
     reads it."""
@@ -144,16 +163,17 @@ def block_tensors(model, state: PruneState) -> dict[str, torch.Tensor]:
         for m in MODULES:
             w = output_module(layer, m).weight.data
             out[f"layer{i}.{m}.weight"] = w.detach().cpu().contiguous()
-            if state.bias[i][m] is not None:
-                out[f"layer{i}.{m}.bias"] = state.bias[i][m].to(w.dtype).cpu().contiguous()
+            b = state.bias[i][m]
+            if b is not None:
+                out[f"layer{i}.{m}.bias"] = b.to(w.dtype).cpu().contiguous()
     return out
 
 
 def state_tensors(state: PruneState) -> dict[str, torch.Tensor]:
     """The float64 accumulated biases ``layer{i}.{module}.bias`` (a later step continues exactly)."""
     return {
-        f"layer{i}.{m}.bias": b[m].cpu().contiguous()
+        f"layer{i}.{m}.bias": t.cpu().contiguous()
         for i, b in enumerate(state.bias)
         for m in MODULES
-        if b[m] is not None
+        if (t := b[m]) is not None
     }

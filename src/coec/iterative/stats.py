@@ -8,19 +8,26 @@ with the weights alpha_k into the statistics of one calibration distribution.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
 from ..arch import MODULES, adapter_for
 from ..calibrate import GramAccumulator, NonFiniteActivations, channel_sumsq, gram_tensors
+from ..data import calibration_ids
 from ..models import torch_dtype
+from .domains import apportion
 
 VARIANCE_MIXES = ("pooled", "eq8")
+#: One set of statistics: gram (d, d) or its diagonal (d,), sum (d,), sumsq (d,), count, abssum
+#: (d,) or None; finalized ones also mean (d,).
+Stats = dict[str, Any]
 
 
-def normalise_alphas(alphas) -> list[float]:
+def normalise_alphas(alphas: Iterable[float]) -> list[float]:
     """Domain weights alpha_k >= 0 scaled to sum 1 (eq. 7)."""
     a = [float(x) for x in alphas]
     if not a or any(x < 0 or not math.isfinite(x) for x in a) or sum(a) <= 0:
@@ -28,7 +35,7 @@ def normalise_alphas(alphas) -> list[float]:
     return [x / sum(a) for x in a]
 
 
-def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> dict:
+def mix_stats(per_domain: list[Stats], alphas: Iterable[float], variance_mix: str = "pooled") -> Stats:
     """Mix per-domain statistics {gram (d,d), sum (d,), count} into one set, float64 (eq. 8).
 
     With n_k tokens, m_k = sum_k / n_k, alpha normalised, N = sum of the n_k, m = sum alpha_k m_k:
@@ -48,11 +55,10 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
     """
     if variance_mix not in VARIANCE_MIXES:
         raise ValueError(f"unknown variance_mix {variance_mix!r}; expected {VARIANCE_MIXES}")
-    alphas = list(alphas)
-    if len(per_domain) != len(alphas) or not per_domain:
-        raise ValueError(f"{len(per_domain)} domain statistics but {len(alphas)} weights")
-    alphas = normalise_alphas(alphas)
-    used = [(a, s) for a, s in zip(alphas, per_domain) if a > 0]
+    weights = list(alphas)
+    if len(per_domain) != len(weights) or not per_domain:
+        raise ValueError(f"{len(per_domain)} domain statistics but {len(weights)} weights")
+    used = [(a, s) for a, s in zip(normalise_alphas(weights), per_domain, strict=True) if a > 0]
     for _, s in used:
         if int(s["count"]) < (2 if variance_mix == "eq8" else 1):
             raise ValueError(f"a domain with weight > 0 has {int(s['count'])} tokens")
@@ -65,14 +71,16 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
         return out
     n = sum(int(s["count"]) for _, s in used)
     means = [s["sum"].double() / int(s["count"]) for _, s in used]
-    m = sum(a * mk for (a, _), mk in zip(used, means))
+    m = sum(a * mk for (a, _), mk in zip(used, means, strict=True))
 
-    def mix(key, outer):  # the Gram (outer = torch.outer) or its diagonal Σx² (torch.mul)
+    def mix(
+        key: str, outer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ) -> Any:  # the Gram (outer = torch.outer) or its diagonal Σx² (torch.mul)
         if variance_mix == "pooled":
             return n * sum(a * s[key].double() / int(s["count"]) for a, s in used)
         cov = sum(
             a * (s[key].double() - int(s["count"]) * outer(mk, mk)) / (int(s["count"]) - 1)
-            for (a, s), mk in zip(used, means)
+            for (a, s), mk in zip(used, means, strict=True)
         )
         return (n - 1) * cov + n * outer(m, m)
 
@@ -83,7 +91,7 @@ def mix_stats(per_domain: list[dict], alphas, variance_mix: str = "pooled") -> d
     return out
 
 
-def finalize_stats(per_domain: list[dict], alphas, variance_mix: str, gram_dtype: str) -> dict:
+def finalize_stats(per_domain: list[Stats], alphas: Iterable[float], variance_mix: str, gram_dtype: str) -> Stats:
     """Mixed statistics in the form ``artifacts.read_gram_layer`` returns (gram cast to the
     stored ``gram_dtype`` exactly as a Gram file would hold it, float64 sum, count, mean)."""
     mixed = mix_stats(per_domain, alphas, variance_mix)
@@ -101,7 +109,7 @@ class DomainAccumulator:
     """Per-domain :class:`GramAccumulator` s of one module input; the rows of each batch are
     routed by the domain label of their calibration sequence (batches arrive in order)."""
 
-    def __init__(self, dim: int, device, labels: torch.Tensor, batch_size: int, n_domains: int):
+    def __init__(self, dim: int, device: torch.device, labels: torch.Tensor, batch_size: int, n_domains: int):
         self.accs = [GramAccumulator(dim, device) for _ in range(n_domains)]
         self.labels, self.batch_size, self.calls = labels, batch_size, 0
 
@@ -111,11 +119,11 @@ class DomainAccumulator:
         self.calls += 1
         if lab.numel() != x.shape[0]:
             raise RuntimeError("calibration batch does not match the domain labels")
-        for k in lab.unique().tolist():
+        for k in torch.unique(lab).tolist():
             sel = lab == k
             self.accs[k].update(x if bool(sel.all()) else x[sel.to(x.device)])
 
-    def stats(self, diag: bool = False) -> list[dict]:
+    def stats(self, diag: bool = False) -> list[Stats]:
         """Per-domain {gram, sum, count}; ``diag``: only the Gram's diagonal (d,)."""
         return [
             {"gram": a.sumsq if diag else a.gram, "sum": a.sum, "sumsq": a.sumsq, "abssum": a.abssum, "count": a.count}
@@ -134,9 +142,12 @@ class CalibSet:
     counts: list[int]
 
 
-def attach_accumulators(layer, calib: CalibSet, batch_size: int, device) -> tuple[dict, list]:
+def attach_accumulators(
+    layer: torch.nn.Module, calib: CalibSet, batch_size: int, device: torch.device
+) -> tuple[dict[str, DomainAccumulator], list[torch.utils.hooks.RemovableHandle]]:
     """Forward pre-hooks on o_proj / down_proj of ``layer`` feeding DomainAccumulators."""
-    accs, handles = {}, []
+    accs: dict[str, DomainAccumulator] = {}
+    handles = []
     for name in MODULES:
         mod = adapter_for(layer).output_module(layer, name)
         acc = accs[name] = DomainAccumulator(mod.in_features, device, calib.labels, batch_size, len(calib.names))
@@ -144,19 +155,16 @@ def attach_accumulators(layer, calib: CalibSet, batch_size: int, device) -> tupl
     return accs, handles
 
 
-def calib_set(tokenizer, domains: list[dict], nsamples: int, seqlen: int, seed: int) -> CalibSet:
+def calib_set(tokenizer: Any, domains: list[dict[str, Any]], nsamples: int, seqlen: int, seed: int) -> CalibSet:
     """Windows of every domain {name, alpha, dataset}: nsamples split by alpha (largest
     remainder), each domain's windows from ``data.sample_windows`` with ``seed`` (one domain
     gives exactly the workflow's calibration windows)."""
-    from ..data import calibration_ids
-    from .domains import apportion
-
     if not domains:
         raise ValueError("no calibration domains given")
     alphas = normalise_alphas([d.get("alpha", 1.0) for d in domains])
     counts = apportion(nsamples, alphas)
     ids, labels = [], []
-    for k, (dom, n) in enumerate(zip(domains, counts)):
+    for k, (dom, n) in enumerate(zip(domains, counts, strict=True)):
         if n == 0:
             continue
         ids.append(calibration_ids(tokenizer, dom["dataset"], n, seqlen, seed))

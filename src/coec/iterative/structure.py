@@ -5,16 +5,18 @@ layers ranked together under one parameter budget)."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from ..arch import MODULES, AttnShape
 from ..calibrate import channel_sumsq
 from ..selection import column_scores, group_scores, top_k_sorted
 from .state import PruneState, output_module, unit_params
+from .stats import Stats
 
 STRUCTURES = ("uniform", "al-am")
 
 
-def layer_scores(layer, stats: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_scores(layer: nn.Module, stats: dict[str, Stats]) -> tuple[torch.Tensor, torch.Tensor]:
     """FLAP column scores (eq. 5) of the current o_proj and down_proj inputs, (k_o,), (k_d,),
     on the CPU (computed where the weight lives; the Gram may be full or its diagonal)."""
     out = []
@@ -24,7 +26,9 @@ def layer_scores(layer, stats: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return out[0], out[1]
 
 
-def uniform_keep(o_scores, d_scores, geom: AttnShape, n_groups: int, n_channels: int):
+def uniform_keep(
+    o_scores: torch.Tensor, d_scores: torch.Tensor, geom: AttnShape, n_groups: int, n_channels: int
+) -> tuple[list[int], list[int]]:
     """Local keep sets of one layer: the ``n_groups`` best KV groups (group score = sum of its
     o_proj column scores, as ``select.select_layer``) and the ``n_channels`` best channels."""
     if n_groups > geom.n_kv or n_channels > d_scores.numel():
@@ -47,7 +51,11 @@ def standardise(x: torch.Tensor) -> torch.Tensor:
 
 
 def alam_keep(
-    scores: list[tuple], geoms: list[AttnShape], state: PruneState, d_model: int, ratio: float
+    scores: list[tuple[torch.Tensor, torch.Tensor]],
+    geoms: list[AttnShape],
+    state: PruneState,
+    d_model: int,
+    ratio: float,
 ) -> list[tuple[list[int], list[int]]]:
     """FLAP AL-AM: KV groups and channels of all layers ranked together.
 
@@ -60,7 +68,7 @@ def alam_keep(
     wg, wc = unit_params(state.geom, d_model)
     budget = (1.0 - ratio) * len(scores) * (state.geom.n_kv * wg + state.d_ff * wc)
     vals, weights, owner = [], [], []
-    for i, ((o, d), geom) in enumerate(zip(scores, geoms)):
+    for i, ((o, d), geom) in enumerate(zip(scores, geoms, strict=True)):
         g = standardise(o**2).view(geom.n_kv, -1).mean(1)
         vals += [g, standardise(d)]
         weights += [
@@ -72,11 +80,11 @@ def alam_keep(
     order = torch.sort(-v, stable=True).indices
     prefix = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w[order], 0)])
     t = int(torch.argmin((prefix - budget).abs()))
-    kept = [[[], []] for _ in scores]
+    kept: list[list[list[int]]] = [[[], []] for _ in scores]
     for idx in order[:t].tolist():
         i, kind, j = owner[idx]
         kept[i][kind].append(j)
-    for i, ((o, d), geom) in enumerate(zip(scores, geoms)):
+    for i, ((o, d), geom) in enumerate(zip(scores, geoms, strict=True)):
         if not kept[i][0]:
             kept[i][0] = [int(torch.argmax(standardise(o**2).view(geom.n_kv, -1).mean(1)))]
         if not kept[i][1]:

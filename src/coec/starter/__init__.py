@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any
 
+import yaml
+
 from ..arch.tiny import DEFAULT_FAMILY
+from ..tiny import families, make_model_dir
 
 MODEL = "model"
 PLUGIN = "my_method.py"
@@ -52,8 +56,6 @@ CONFIG: dict[str, Any] = {
 def reference_text(eval_every: int = EVAL_EVERY) -> tuple[str, str]:
     """(calibration, evaluation) text: the Python reference manual's topics (``pydoc_data``, in
     every CPython), sorted by name, every ``eval_every``-th one evaluation text."""
-    from pydoc_data.topics import topics
-
     docs = [topics[name] for name in sorted(topics)]
     calib = [d for i, d in enumerate(docs) if i % eval_every]
     evals = [d for i, d in enumerate(docs) if not i % eval_every]
@@ -68,10 +70,6 @@ def run_command(out: str | Path) -> str:
 def write_starter(out: str | Path, family: str = DEFAULT_FAMILY, seed: int = 0) -> dict[str, Path]:
     """Write the starter folder into ``out`` (absent or empty); returns its files by role.
     Raises ValueError for a folder that is not empty or a family the surgery does not support."""
-    import yaml
-
-    from ..tiny import families, make_model_dir
-
     out = Path(out)
     if family not in families():
         raise ValueError(f"--family: unknown model family {family!r}; supported: {', '.join(families())}")
