@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .arch import COMP_KEY, MODULES
 from .artifact_errors import ArtifactError, need_file
 from .artifact_errors import MissingArtifact as MissingArtifact  # artifacts.MissingArtifact, as ever
 from .atomic import write_chunks, write_text
@@ -287,7 +288,7 @@ def read_gram_checks(path: str | Path, n_layers: int | None = None) -> list[dict
         if not isinstance(layer, dict):
             raise ArtifactError(path, f"layers[{i}] is not an object")
         checks = {}
-        for module in ("o_proj", "down_proj"):
+        for module in MODULES:
             try:
                 checks[module] = GramCheck.from_json(layer.get(module))
             except ValueError as exc:
@@ -313,19 +314,16 @@ def read_keep(path: str | Path, n_layers: int | None = None) -> dict:
     return keep
 
 
-_COMP_KEY = re.compile(r"^layer(\d+)\.(o_proj|down_proj)\.(weight|bias)$")
-
-
 def read_comp_block(path: str | Path, first: int | None = None, last: int | None = None) -> dict[str, torch.Tensor]:
     """A compensation block file: ``layer{i}.{o_proj|down_proj}.weight|bias``, finite; with
     ``first``/``last`` exactly those layers."""
     path = Path(path)
     t = read_tensors(path, fmt="comp-block")
-    bad = [k for k in t if not _COMP_KEY.match(k)]
+    bad = [k for k in t if not COMP_KEY.match(k)]
     if bad:
         raise ArtifactError(path, f"unexpected tensor {bad[0]} (expected layer<i>.<module>.weight|bias)")
     if first is not None:
-        layers = {int(_COMP_KEY.match(k).group(1)) for k in t}
+        layers = {int(COMP_KEY.match(k).group(1)) for k in t}
         want = set(range(first, (last if last is not None else first) + 1))
         if layers != want:
             raise ArtifactError(path, f"holds layers {sorted(layers)}, expected {first}..{last}")

@@ -223,13 +223,13 @@ def _export_provenance(request, model_dir) -> dict:
 
 def run_export_hf(request) -> dict:
     """Write a pruned, compensated checkpoint that a vanilla ``AutoModelForCausalLM.from_pretrained``
-    reloads (stock class chosen by ``prune.build_export_model``; see docs/export.md), reloaded
+    reloads (stock class chosen by ``export_class.build_export_model``; see docs/export.md), reloaded
     from disk and its logits checked. ``request.out`` must be absent or empty; with ``force`` a
     previous export there is replaced. Returns the provenance recorded as ``coec_export`` in
     config.json."""
     from .models import resolve_model_dir
     from .pipeline import build_model
-    from .prune import build_export_model
+    from .export_class import build_export_model
 
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
     protected = [model_dir, *([request.keep] if request.keep else []), *request.comp]

@@ -15,7 +15,7 @@ from coec.arch import ModelError
 from coec.cli import main
 from coec.export import MARKER, ExportRefused, check_out_dir, run_export
 from coec.pipeline import build_model
-from coec.prune import ExportNeeds, choose_export_class
+from coec.export_class import ExportNeeds, choose_export_class
 from conftest import make_model_dir
 
 LLAMA3_ROPE = {

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..registry import Registry
 from .base import (
+    COMP_KEY,
     MODULES,
     Adapter,
     AttnShape,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 __all__ = [
+    "COMP_KEY",
     "MODULES",
     "Adapter",
     "AttnShape",

@@ -10,6 +10,7 @@ differs. Method code reaches a family only through :func:`coec.arch.adapter_for`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -23,13 +24,17 @@ if TYPE_CHECKING:
 # are the query heads' values) and the MLP output projection (its input columns are channels).
 MODULES = ("o_proj", "down_proj")
 
+# A compensated tensor's name in a compensation block file, ``layer{i}.{module}.{weight|bias}``
+# (group 1: the layer index, group 2: the module, group 3: weight or bias).
+COMP_KEY = re.compile(rf"^layer(\d+)\.({'|'.join(MODULES)})\.(weight|bias)$")
+
 
 class ModelError(ValueError):
     """A model that the pruning code cannot handle, with a message naming why."""
 
 
 class NeedsView(Protocol):
-    """What the export rules read of the structure a pruned model needs (``prune.ExportNeeds``)."""
+    """What the export rules read of the structure a pruned model needs (``export_class.ExportNeeds``)."""
 
     @property
     def qkv_bias(self) -> bool: ...

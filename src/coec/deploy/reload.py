@@ -1,6 +1,6 @@
 """The checked reload after an HF export: the written folder is loaded back the way a user
 loads it (``AutoModelForCausalLM.from_pretrained``, no custom code) and its logits compared with
-the in-memory cell's (``prune.check_same_logits``: 1e-4 of the logit scale in fp32, 2e-2 in
+the in-memory cell's (``export_class.check_same_logits``: 1e-4 of the logit scale in fp32, 2e-2 in
 16-bit), before the folder is moved into place."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def check_reload(folder: str | Path, reference, n_tokens: int = 8, seed: int = 1
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..prune import check_same_logits
+    from ..export_class import check_same_logits
 
     dtype = next(reference.parameters()).dtype
     reloaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
