@@ -159,14 +159,17 @@ def _meta_twin(model: PreTrainedModel, cfg: PretrainedConfig) -> PreTrainedModel
     dtype = next(model.parameters()).dtype
     device = next(model.parameters()).device
     with torch.device("meta"):
-        target: PreTrainedModel = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        target: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # transformers: untyped
+            cfg, dtype=dtype
+        )
     target.load_state_dict(_target_state(model, target), strict=True, assign=True)
     rotary = target.model.rotary_emb  # non-persistent buffers: rebuild off the meta device
     target.model.rotary_emb = type(rotary)(config=target.config).to(device)
     meta = [n for n, t in [*target.named_parameters(), *target.named_buffers()] if t.is_meta]
     if meta:
         raise ModelError(f"export: tensors left unset in the target class: {meta[:3]}")
-    target.to(device).eval()
+    module: nn.Module = target  # transformers types PreTrainedModel.to by a wrapper mypy misreads
+    module.to(device).eval()
     if getattr(model, "generation_config", None) is not None:
         target.generation_config = copy.deepcopy(model.generation_config)
     return target
