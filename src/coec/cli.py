@@ -14,7 +14,7 @@ import time
 
 from .arch.tiny import DEFAULT_FAMILY
 from .export import run_export  # registers the built-in formats (hf, gguf)
-from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS
+from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS, ExportRequest
 from .extension import EXTENSIONS, extensions
 
 
@@ -455,7 +455,10 @@ def _dispatch(a) -> None:
             for o in EXPORT_FORMATS[a.format or DEFAULT_FORMAT].options
             if getattr(a, o.dest) is not None
         }
-        run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, **hub, fmt=a.format, **options)
+        request = ExportRequest(
+            a.model, a.keep, tuple(a.comp or ()), a.dtype, a.out, a.force, a.cell or {}, **hub, options=options
+        )
+        run_export(request, a.format)
 
 
 if __name__ == "__main__":
