@@ -217,7 +217,7 @@ def run_export_hf(request: ExportRequest) -> dict[str, Any]:
     from .pipeline import build_model  # deferred: loads torch (~3 s); the CLI imports this module
 
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
-    protected = [model_dir, *([request.keep] if request.keep else []), *request.comp]
+    protected: list[str | Path] = [model_dir, *([request.keep] if request.keep else []), *request.comp]
     check_out_dir(request.out, protected, request.force)  # refuse before the (slow) model build
     model, tok = build_model(
         request.model,
@@ -278,7 +278,7 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     imatrix = _read_imatrix(request.options.get("imatrix"), gguf_type)
     tokenizer_gguf = request.options.get("tokenizer_gguf")
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
-    protected = [
+    protected: list[str | Path] = [
         model_dir,
         *([request.keep] if request.keep else []),
         *request.comp,

@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from . import artifacts, data
-from .arch import attention_shape, o_proj_columns, pruned_value_proj
+from .arch import MODULES, attention_shape, o_proj_columns, pruned_value_proj
 from .artifacts import log_timings, read_gram_layer
 from .models import layer_tensor_names, load_config, load_model, read_model_tensors, resolve_device, resolve_model_dir
 from .progress import bar as progress_bar
 from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
-from .selection import select_layer
+from .selection import KeepRule, select_layer
 
 log = logging.getLogger(__name__)
 
@@ -90,24 +90,13 @@ def run_select(
     cfg = load_config(model_dir, revision, trust_remote_code)
     check_multiple(cfg.intermediate_size, channel_multiple)
     geom = attention_shape(cfg)
+    rule = KeepRule(ratio, group_rounding, channel_rounding, channel_multiple)
     layers = []
     for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {method}", unit="layer"):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
-        layers.append(
-            select_layer(
-                spec,
-                w[names["o_proj"]],
-                read_gram_layer(gram_dir, i, "o_proj"),
-                w[names["down_proj"]],
-                read_gram_layer(gram_dir, i, "down_proj"),
-                geom,
-                ratio,
-                group_rounding=group_rounding,
-                channel_rounding=channel_rounding,
-                channel_multiple=channel_multiple,
-            )
-        )
+        weights = {m: w[names[m]] for m in MODULES}
+        layers.append(select_layer(spec, weights, {m: read_gram_layer(gram_dir, i, m) for m in MODULES}, geom, rule))
     if width != PAPER_WIDTH:
         n = cfg.intermediate_size
         note = width_note(n, len(layers[0]["channels"]), aligned_steps(n, ratio, *width), ratio, width)
