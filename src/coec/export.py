@@ -254,7 +254,11 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     ``imatrix``: an importance matrix file for llama.cpp's quantizer (``coec imatrix``).
     Returns the writer's report with the provenance (also stored in the file)."""
     from .evaluate.llamacpp import require  # deferred: loads torch (~3 s); the CLI imports this module
-    from .gguf import is_gguf_export, write_gguf  # deferred: loads torch (~3 s); the CLI imports this module
+    from .gguf import (
+        GgufOptions,
+        is_gguf_export,
+        write_gguf,
+    )  # deferred: loads torch (~3 s); the CLI imports this module
     from .gguf.layout import (
         QUANTIZER,
         check_gguf_type,
@@ -305,17 +309,8 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     dense = _dense_widths(model_dir, request.trust_remote_code, gguf_type)
     prov = _export_provenance(request, model_dir)
     check_out()  # again: the files may have appeared
-    report = write_gguf(
-        model,
-        tok,
-        request.out,
-        gguf_type,
-        tokenizer_gguf=tokenizer_gguf,
-        name=Path(model_dir).name,
-        provenance=prov,
-        fallback=fallback,
-        imatrix=imatrix,
-    )
+    options = GgufOptions(tokenizer_gguf, Path(model_dir).name, prov, fallback, imatrix=imatrix)
+    report = write_gguf(model, tok, request.out, gguf_type, options)
     write_sidecar(request.out, report, dense)
     log.info(
         "exported %s as GGUF %s (%s, %s) to %s", request.model, report["arch"], gguf_type, report["reason"], request.out
