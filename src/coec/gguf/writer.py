@@ -245,7 +245,7 @@ def refusal(gguf_type: str, fallbacks: list[dict[str, Any]]) -> str:
 
 def write_gguf(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase | None,
+    tokenizer: PreTrainedTokenizerBase,
     out: str | Path,
     gguf_type: str = "f32",
     options: GgufOptions | None = None,
@@ -342,7 +342,7 @@ class _Source:
     """What the file takes beside the model: the HF tokenizer or a GGUF file to copy the
     tokenizer keys of, and the provenance JSON (``coec.export``)."""
 
-    tokenizer: PreTrainedTokenizerBase | None
+    tokenizer: PreTrainedTokenizerBase
     tokenizer_gguf: str | Path | None
     provenance: str
 
