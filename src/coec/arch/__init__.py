@@ -25,6 +25,7 @@ from .base import (
     o_proj_columns,
     pruned_value_proj,
     sliced_linear,
+    weight_of,
 )
 from .granite import GraniteAdapter
 from .llama import LlamaAdapter, MistralAdapter
@@ -54,6 +55,7 @@ __all__ = [
     "o_proj_columns",
     "sliced_linear",
     "stock_class",
+    "weight_of",
 ]
 
 #: Every supported model family (a transformers ``model_type``) -> its adapter; an adapter may

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-def check_reload(folder: str | Path, reference, n_tokens: int = 8, seed: int = 1) -> float:
+from ..export_class import check_same_logits
+
+
+def check_reload(folder: str | Path, reference: PreTrainedModel, n_tokens: int = 8, seed: int = 1) -> float:
     """Max |logit difference| between ``reference`` (the in-memory cell) and the checkpoint in
     ``folder`` reloaded in the reference's dtype on the CPU; ModelError above the tolerance."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from ..export_class import check_same_logits
-
     dtype = next(reference.parameters()).dtype
-    reloaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
+    reloaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    reloaded.eval()  # type: ignore[no-untyped-call]  # transformers: PreTrainedModel.eval is untyped
     try:
         with torch.no_grad():
             return check_same_logits(reference, reloaded, n_tokens, seed)

@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 import gguf
 import numpy as np
 import torch
-from torch import nn
 
-from ..arch import adapter_for
+from ..arch import adapter_for, weight_of
 from ..arch.gguf import ARCHS, GgufArch, GgufNeeds, choose_arch
 from ..atomic import atomic_path
 from ..imatrix import Imatrix, check_imatrix
@@ -94,14 +93,6 @@ def _getter(t: torch.Tensor, n_heads: int | None) -> Callable[[], torch.Tensor]:
     if n_heads is None:
         return lambda: t.detach().float()
     return lambda: permute_qk(t.detach().float(), n_heads)
-
-
-def weight_of(module: nn.Module, suffix: str = "weight") -> torch.Tensor:
-    """A module's ``weight`` (or ``suffix``) tensor; TypeError when it has none."""
-    t = getattr(module, suffix, None)
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{type(module).__name__} has no {suffix} tensor")
-    return t
 
 
 def plan_tensors(
