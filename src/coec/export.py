@@ -211,10 +211,10 @@ def run_export_hf(request: ExportRequest) -> dict[str, Any]:
     from disk and its logits checked. ``request.out`` must be absent or empty; with ``force`` a
     previous export there is replaced. Returns the provenance recorded as ``coec_export`` in
     config.json."""
-    from .deploy.reload import check_reload  # deferred: loads torch (~3 s); the CLI imports this module
-    from .export_class import build_export_model  # deferred: loads torch (~3 s); the CLI imports this module
-    from .models import resolve_model_dir  # deferred: loads torch (~3 s); the CLI imports this module
-    from .pipeline import build_model  # deferred: loads torch (~3 s); the CLI imports this module
+    from .deploy.reload import check_reload  # deferred: torch, ~3 s at CLI start
+    from .export_class import build_export_model  # deferred: torch, ~3 s at CLI start
+    from .models import resolve_model_dir  # deferred: torch, ~3 s at CLI start
+    from .pipeline import build_model  # deferred: torch, ~3 s at CLI start
 
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
     protected: list[str | Path] = [model_dir, *([request.keep] if request.keep else []), *request.comp]
@@ -253,25 +253,13 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     from that GGUF file (an embedded model's source) instead of converting the HF tokenizer;
     ``imatrix``: an importance matrix file for llama.cpp's quantizer (``coec imatrix``).
     Returns the writer's report with the provenance (also stored in the file)."""
-    from .evaluate.llamacpp import require  # deferred: loads torch (~3 s); the CLI imports this module
-    from .gguf import (
-        GgufOptions,
-        is_gguf_export,
-        write_gguf,
-    )  # deferred: loads torch (~3 s); the CLI imports this module
-    from .gguf.layout import (
-        QUANTIZER,
-        check_gguf_type,
-        made_by,
-    )  # deferred: loads torch (~3 s); the CLI imports this module
-    from .gguf.sidecar import (
-        is_sidecar,
-        sidecar_path,
-        write_sidecar,
-    )  # deferred: loads torch (~3 s); the CLI imports this module
-    from .gguf.writer import FALLBACK_POLICIES  # deferred: loads torch (~3 s); the CLI imports this module
-    from .models import resolve_model_dir  # deferred: loads torch (~3 s); the CLI imports this module
-    from .pipeline import build_model  # deferred: loads torch (~3 s); the CLI imports this module
+    from .evaluate.llamacpp import require  # deferred: torch, ~3 s at CLI start
+    from .gguf import GgufOptions, is_gguf_export, write_gguf  # deferred: torch, ~3 s at CLI start
+    from .gguf.layout import QUANTIZER, check_gguf_type, made_by  # deferred: torch, ~3 s at CLI start
+    from .gguf.sidecar import is_sidecar, sidecar_path, write_sidecar  # deferred: torch, ~3 s at CLI start
+    from .gguf.writer import FALLBACK_POLICIES  # deferred: torch, ~3 s at CLI start
+    from .models import resolve_model_dir  # deferred: torch, ~3 s at CLI start
+    from .pipeline import build_model  # deferred: torch, ~3 s at CLI start
 
     gguf_type = check_gguf_type(request.options.get("gguf_type") or "f32")
     fallback = request.options.get("gguf_fallback") or FALLBACK_POLICIES[0]
@@ -322,8 +310,8 @@ def _read_imatrix(path: str | None, gguf_type: str) -> Imatrix | None:
     """The ``--imatrix`` file (``coec.imatrix.read_imatrix``), refused for a type gguf-py writes."""
     if not path:
         return None
-    from .gguf.layout import QUANTIZER, made_by  # deferred: loads torch (~3 s); the CLI imports this module
-    from .imatrix import read_imatrix  # deferred: loads torch (~3 s); the CLI imports this module
+    from .gguf.layout import QUANTIZER, made_by  # deferred: torch, ~3 s at CLI start
+    from .imatrix import read_imatrix  # deferred: torch, ~3 s at CLI start
 
     if made_by(gguf_type) != QUANTIZER:
         raise ValueError(
@@ -334,9 +322,9 @@ def _read_imatrix(path: str | None, gguf_type: str) -> Imatrix | None:
 
 def _dense_widths(model_dir: str | Path, trust_remote_code: bool, gguf_type: str) -> dict[str, Any]:
     """The source (dense) model's hidden size and MLP width against the type's block."""
-    from transformers import AutoConfig  # deferred: transformers (~1.4 s); the CLI imports this module
+    from transformers import AutoConfig  # deferred: transformers, ~1.4 s at CLI start
 
-    from .gguf.sidecar import dense_widths  # deferred: loads torch (~3 s); the CLI imports this module
+    from .gguf.sidecar import dense_widths  # deferred: torch, ~3 s at CLI start
 
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "text_config", None) or cfg

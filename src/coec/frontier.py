@@ -172,7 +172,7 @@ def _json(path: str) -> dict[str, Any]:
 
 def frontier_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (cell, type) in config order, ``pareto`` over all rows with a perplexity."""
-    import pandas as pd  # deferred: pandas (~0.8 s); the workflow imports this module to plan
+    import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
 
     speed = pd.read_csv(spec["speed"]) if Path(spec["speed"]).is_file() else pd.DataFrame()
     rows = []
@@ -236,9 +236,9 @@ def speed_caption(spec: dict[str, Any]) -> str:
 
 def write_frontier(spec: dict[str, Any], out: str | Path) -> pd.DataFrame:
     """Write ``out`` (CSV), its .md twin and the figure; returns the table (a DataFrame)."""
-    import pandas as pd  # deferred: pandas (~0.8 s); the workflow imports this module to plan
+    import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
 
-    from .rendering import to_markdown  # deferred: pandas (~0.8 s); the workflow imports this module to plan
+    from .rendering import to_markdown  # deferred: pandas, ~0.8 s at workflow planning
 
     df = pd.DataFrame(frontier_rows(spec))
     out = Path(out)
@@ -254,15 +254,12 @@ def plot_frontier(df: pd.DataFrame, out: str | Path, caption: str = "") -> None:
     """Panel 1: perplexity against file MiB, one series per method (dense across types; a
     pruned method across ratios and types), the Pareto front as a step line. Panel 2:
     perplexity against decode tokens/s."""
-    import matplotlib  # deferred: matplotlib (~1.1 s); the workflow imports this module to plan
+    import matplotlib  # deferred: matplotlib, ~1.1 s at workflow planning
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: matplotlib (~1.1 s); the workflow imports this module to plan
+    import matplotlib.pyplot as plt  # deferred: matplotlib, ~1.1 s at workflow planning
 
-    from .rendering import (
-        save_figure,
-        set_caption,
-    )  # deferred: pandas (~0.8 s); the workflow imports this module to plan
+    from .rendering import save_figure, set_caption  # deferred: pandas, ~0.8 s at workflow planning
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     markers = "os^DvP*X"

@@ -143,7 +143,7 @@ def model_provenance(
     stage loads it (``model_dir``: the folder already resolved from it, else resolved here), and
     ``plugins`` when the stage used a plug-in's entries (``plugin_record``)."""
     if model_dir is None:
-        from .models import resolve_model_dir  # deferred: loads torch (~3 s); the CLI imports this module
+        from .models import resolve_model_dir  # deferred: torch, ~3 s at CLI start
 
         model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
     return {

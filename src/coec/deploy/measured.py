@@ -103,7 +103,7 @@ def prompt_ids(spec: dict[str, Any]) -> list[int]:
 def vocab_size(cell: dict[str, Any]) -> int:
     gguf_file = next(iter(cell.get("gguf", {}).values()), None)
     if gguf_file:
-        import gguf  # deferred: gguf (~0.3 s); the workflow imports this module to plan
+        import gguf  # deferred: gguf, ~0.3 s at workflow planning
 
         emb = next(t for t in gguf.GGUFReader(gguf_file).tensors if t.name == "token_embd.weight")
         return int(emb.shape[1])
@@ -265,10 +265,10 @@ def table_rows(configs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict
 def write_measured(spec: dict[str, Any], out: str | Path) -> pd.DataFrame:
     """Measure, then write ``out`` (CSV), its .md twin (caption with the machine, threads, load
     average and repeats) and the figure; returns the table (a DataFrame)."""
-    import pandas as pd  # deferred: pandas (~0.8 s); the workflow imports this module to plan
+    import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
 
-    from ..rendering import to_markdown  # deferred: pandas (~0.8 s); the workflow imports this module to plan
-    from .figure import plot_measured  # deferred: matplotlib (~1.1 s); the workflow imports this module to plan
+    from ..rendering import to_markdown  # deferred: pandas, ~0.8 s at workflow planning
+    from .figure import plot_measured  # deferred: matplotlib, ~1.1 s at workflow planning
 
     check_runtimes(spec)
     configs, machine = measure_all(spec)

@@ -32,15 +32,11 @@ def _transformers(spec: dict[str, Any]) -> dict[str, Any]:
     dtype = getattr(torch, spec["dtype"])
     device = spec.get("device", "cpu")
     if spec.get("path"):
-        from transformers import (
-            AutoModelForCausalLM,
-        )  # deferred: transformers (~1.4 s); the workflow imports this module (deploy.measured) to plan
+        from transformers import AutoModelForCausalLM  # deferred: ~1.4 s at workflow planning
 
         model = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=dtype)
     else:
-        from ..pipeline import (
-            build_model,
-        )  # deferred: coec.pipeline (~1 s); the workflow imports this module (deploy.measured) to plan
+        from ..pipeline import build_model  # deferred: ~1 s at workflow planning
 
         b = spec["build"]
         model, _ = build_model(b["model"], spec["dtype"], "cpu", b.get("keep"), b.get("comp") or [])
