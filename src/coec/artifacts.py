@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -30,7 +30,6 @@ from .arch import COMP_KEY, MODULES
 from .artifact_errors import ArtifactError, need_file
 from .artifact_errors import MissingArtifact as MissingArtifact  # artifacts.MissingArtifact, as ever
 from .atomic import write_chunks, write_text
-from .compensate.gram_check import GramCheck
 from .safetensors_file import safetensors_chunks, safetensors_header
 
 if TYPE_CHECKING:
@@ -55,6 +54,8 @@ FORMATS = {
 
 #: Columns a geometry.csv must have (CSV files carry no version; their header is checked).
 GEOMETRY_COLUMNS = ("layer", "module", "r")
+
+T = TypeVar("T")
 
 _TIMING = re.compile(r"(^|_)(seconds|secs|elapsed|duration|date|time|timestamp|hostname|host)(_|$)")
 
@@ -287,23 +288,24 @@ def read_gram_meta(gram_dir: str | Path) -> dict[str, Any]:
     return obj
 
 
-def read_gram_checks(path: str | Path, n_layers: int | None = None) -> list[dict[str, GramCheck]]:
-    """gram_checks/{calib}.json: per layer, ``{"o_proj": GramCheck, "down_proj": GramCheck}``
-    (``coec.compensate.gram_check``)."""
+def read_gram_checks(path: str | Path, parse: Callable[[Any], T], n_layers: int | None = None) -> list[dict[str, T]]:
+    """gram_checks/{calib}.json: per layer, ``{"o_proj": check, "down_proj": check}``, each check
+    the JSON entry read by ``parse`` (``coec.compensate.gram_check.GramCheck.from_json``; its
+    ValueError names the entry)."""
     path = Path(path)
     layers = read_json(path, "gram-check").get("layers")
     if not isinstance(layers, list) or not layers:
         raise ArtifactError(path, "missing layers")
     if n_layers is not None and len(layers) != n_layers:
         raise ArtifactError(path, f"has {len(layers)} layers, the model {n_layers}")
-    out: list[dict[str, GramCheck]] = []
+    out: list[dict[str, T]] = []
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
             raise ArtifactError(path, f"layers[{i}] is not an object")
-        checks: dict[str, GramCheck] = {}
+        checks: dict[str, T] = {}
         for module in MODULES:
             try:
-                checks[module] = GramCheck.from_json(layer.get(module))
+                checks[module] = parse(layer.get(module))
             except ValueError as exc:
                 raise ArtifactError(path, f"layers[{i}].{module}: {exc}") from None
         out.append(checks)

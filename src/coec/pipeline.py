@@ -195,7 +195,7 @@ def run_compensate(
     which the workflow passes as rule inputs. ``gram_check``: the calibration's
     gram_checks/{calib}.json (``run_gram_check``), used by methods without errors of their own."""
     from .compensate import compensate
-    from .compensate.gram_check import GRAM_CHECK
+    from .compensate.gram_check import GRAM_CHECK, GramCheck
     from .compensate.inputs import Module
     from .compensate.options import method as registered
     from .compensate.options import module_options, resolve
@@ -207,7 +207,7 @@ def run_compensate(
     keep = artifacts.read_keep(keep_path, cfg.num_hidden_layers)
     dev = resolve_device(device)
     m = registered(spec["method"])
-    checks = artifacts.read_gram_checks(gram_check, cfg.num_hidden_layers) if gram_check else None
+    checks = artifacts.read_gram_checks(gram_check, GramCheck.from_json, cfg.num_hidden_layers) if gram_check else None
     paths_in = spec.get("inputs") or {}
     handles = {inp.name: inp.open(paths_in.get(inp.name), first, last) for inp in m.inputs}
     tensors, infos = {}, {}
