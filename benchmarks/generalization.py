@@ -27,7 +27,7 @@ from coec.compensate import compensate
 from coec.compensate.errors import OutputError
 from coec.data import load_split, sample_windows, tokenize_text
 from coec.models import load_model
-from coec.selection import select_layer
+from coec.selection import KeepRule, select_layer
 
 METHODS = ("none", "bias", "lstsq", "rcpu", "coec")
 
@@ -82,16 +82,7 @@ def main():
     for i in layers:
         L = model.model.layers[i]
         W = {"o_proj": L.self_attn.o_proj.weight.data, "down_proj": L.mlp.down_proj.weight.data}
-        k = select_layer(
-            a.selection,
-            W["o_proj"],
-            cal[i]["o_proj"],
-            W["down_proj"],
-            cal[i]["down_proj"],
-            geom,
-            a.ratio,
-            group_rounding=a.group_rounding,
-        )
+        k = select_layer(a.selection, W, cal[i], geom, KeepRule(a.ratio, group_rounding=a.group_rounding))
         cols = {
             "o_proj": o_proj_columns(k["kv_groups"], geom),
             "down_proj": torch.tensor(k["channels"], dtype=torch.long),

@@ -45,6 +45,7 @@ def main() -> None:
     from coec import data
     from coec.evaluate.llamacpp import gguf_perplexity
     from coec.export import run_export
+    from coec.export_formats import ExportRequest
     from coec.imatrix import run_imatrix
     from coec.source import CalibrationWindows, CellSource
 
@@ -69,7 +70,7 @@ def main() -> None:
             out = work / f"{target}-{gtype}{'-imatrix' if use else ''}.gguf"
             if not out.exists():
                 opts = {"gguf_type": gtype, **({"imatrix": str(imx)} if use else {})}
-                run_export(a.model, keep, comp, "float32", str(out), fmt="gguf", **opts)
+                run_export(ExportRequest(a.model, keep, tuple(comp), "float32", str(out), options=opts), fmt="gguf")
             res = gguf_perplexity(out, windows, n_threads=a.threads)
             row = {
                 "target": target,

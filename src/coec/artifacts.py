@@ -19,15 +19,21 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, TypeVar
 
 import torch
+from safetensors import SafetensorError, safe_open
 
+from .arch import COMP_KEY, MODULES
 from .artifact_errors import ArtifactError, need_file
 from .artifact_errors import MissingArtifact as MissingArtifact  # artifacts.MissingArtifact, as ever
 from .atomic import write_chunks, write_text
 from .safetensors_file import safetensors_chunks, safetensors_header
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMAT_KEY = "coec_format"
 VERSION_KEY = "coec_format_version"
@@ -49,29 +55,31 @@ FORMATS = {
 #: Columns a geometry.csv must have (CSV files carry no version; their header is checked).
 GEOMETRY_COLUMNS = ("layer", "module", "r")
 
+T = TypeVar("T")
+
 _TIMING = re.compile(r"(^|_)(seconds|secs|elapsed|duration|date|time|timestamp|hostname|host)(_|$)")
 
 
-def with_format(obj: dict, fmt: str) -> dict:
+def with_format(obj: dict[str, Any], fmt: str) -> dict[str, Any]:
     """``obj`` with ``coec_format`` / ``coec_format_version`` as its first keys."""
     _version(fmt)
     rest = {k: v for k, v in obj.items() if k not in (FORMAT_KEY, VERSION_KEY)}
     return {FORMAT_KEY: fmt, VERSION_KEY: FORMATS[fmt], **rest}
 
 
-def json_text(obj, fmt: str | None = None) -> str:
+def json_text(obj: Any, fmt: str | None = None) -> str:
     """The JSON text the writers produce (indent 2, the caller's key order, trailing newline)."""
     if fmt is not None:
         obj = with_format(obj, fmt)
     return json.dumps(obj, indent=2, sort_keys=False) + "\n"
 
 
-def write_json(path: str | Path, obj, fmt: str | None = None) -> None:
+def write_json(path: str | Path, obj: Any, fmt: str | None = None) -> None:
     """Atomic JSON write; with ``fmt`` the object records its format name and version."""
     write_text(path, json_text(obj, fmt))
 
 
-def without_timings(obj):
+def without_timings(obj: Any) -> Any:
     """``obj`` less every key naming a wall-clock or host value (``seconds``, ``total_seconds``,
     ``seconds_per_round``, ``date``, ``start_time``, ``hostname``, ...), recursively: such values
     differ from run to run and go to the job's log (and Snakemake's benchmark file) instead."""
@@ -82,9 +90,9 @@ def without_timings(obj):
     return obj
 
 
-def timings(obj, prefix: str = "") -> dict:
+def timings(obj: Any, prefix: str = "") -> dict[str, Any]:
     """The values :func:`without_timings` drops, flattened to ``{"a.b.seconds": value}`` (for logs)."""
-    out = {}
+    out: dict[str, Any] = {}
     if isinstance(obj, dict):
         for k, v in obj.items():
             name = f"{prefix}{k}"
@@ -98,7 +106,7 @@ def timings(obj, prefix: str = "") -> dict:
     return out
 
 
-def log_timings(what: str, obj) -> None:
+def log_timings(what: str, obj: Any) -> None:
     """Wall-clock values kept out of result files (:func:`without_timings`) go to the log."""
     t = timings(obj)
     if t:
@@ -112,7 +120,7 @@ def _version(fmt: str) -> int:
 
 
 def write_tensors(
-    path: str | Path, tensors: dict[str, torch.Tensor], fmt: str | None = None, metadata: dict | None = None
+    path: str | Path, tensors: dict[str, torch.Tensor], fmt: str | None = None, metadata: dict[str, Any] | None = None
 ) -> None:
     """Atomic, byte-deterministic safetensors write; with ``fmt`` its name and version are
     recorded in the header's ``__metadata__`` next to ``metadata`` (values stored as strings,
@@ -124,7 +132,7 @@ def write_tensors(
 
 
 # ============================================================================ readers
-def _check_format(path: Path, found_fmt, found_version, fmt: str | None) -> None:
+def _check_format(path: Path, found_fmt: Any, found_version: Any, fmt: str | None) -> None:
     """``fmt``'s name and version against what the file records (nothing recorded: version 1)."""
     if fmt is None:
         return
@@ -140,13 +148,13 @@ def _check_format(path: Path, found_fmt, found_version, fmt: str | None) -> None
         raise ArtifactError(path, f"wrong format version {version} (expected {want})")
 
 
-def tensors_metadata(path: str | Path) -> dict:
+def tensors_metadata(path: str | Path) -> dict[str, str]:
     """A safetensors file's ``__metadata__`` (after the header check)."""
     return dict(safetensors_header(path).get("__metadata__") or {})
 
 
-def _shape_ok(shape, want) -> bool:
-    return len(shape) == len(want) and all(w is None or s == w for s, w in zip(shape, want))
+def _shape_ok(shape: tuple[int, ...], want: tuple[int | None, ...]) -> bool:
+    return len(shape) == len(want) and all(w is None or s == w for s, w in zip(shape, want, strict=True))
 
 
 def read_tensors(
@@ -154,14 +162,12 @@ def read_tensors(
     keys: Iterable[str] | None = None,
     fmt: str | None = None,
     expect_keys: Iterable[str] | None = None,
-    expect_shapes: dict[str, tuple] | None = None,
+    expect_shapes: dict[str, tuple[int | None, ...]] | None = None,
     check_finite: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file (only ``keys`` when given), checked: complete file,
     ``fmt``'s version, ``expect_keys`` present, ``expect_shapes`` (None = any size in that
     dimension), finite floating values. Raises :class:`ArtifactError` naming the file."""
-    from safetensors import SafetensorError, safe_open
-
     path = Path(path)
     header = safetensors_header(path)
     meta = header.get("__metadata__") or {}
@@ -177,7 +183,7 @@ def read_tensors(
             raise ArtifactError(
                 path, f"tensor {k} has shape {shape}, expected {tuple('*' if w is None else w for w in want)}"
             )
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     try:
         with safe_open(str(path), framework="pt") as f:
             for k in wanted:
@@ -199,7 +205,7 @@ def all_finite(t: torch.Tensor, rows: int = 1024) -> bool:
     return all(bool(torch.isfinite(t[s : s + rows]).all()) for s in range(0, t.shape[0], rows))
 
 
-def read_json(path: str | Path, fmt: str | None = None):
+def read_json(path: str | Path, fmt: str | None = None) -> Any:
     """A JSON file, checked: parses (``bad JSON at line n``), and with ``fmt`` an object of that
     format and version (the format keys stay in the returned dict)."""
     path = Path(path)
@@ -221,17 +227,28 @@ def read_json(path: str | Path, fmt: str | None = None):
     return obj
 
 
-def strip_format(obj: dict) -> dict:
+def strip_format(obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` less the format keys."""
     return {k: v for k, v in obj.items() if k not in (FORMAT_KEY, VERSION_KEY)}
 
 
 # ============================================================================ named formats
+class GramLayer(TypedDict):
+    """One module's calibration statistics at one layer (:func:`read_gram_layer`)."""
+
+    gram: torch.Tensor  # (d, d) float64: sum of x x^T
+    sum: torch.Tensor  # (d,) float64: sum of x
+    sumsq: torch.Tensor  # (d,) float64: sum of x^2
+    count: int  # tokens
+    mean: torch.Tensor  # (d,): sum / count
+    abssum: NotRequired[torch.Tensor]  # (d,) float64: sum of |x| (newer calibrations only)
+
+
 def gram_path(gram_dir: str | Path, layer: int) -> Path:
     return Path(gram_dir) / f"layer{layer}.safetensors"
 
 
-def read_gram_layer(gram_dir: str | Path, layer: int, module: str) -> dict[str, torch.Tensor]:
+def read_gram_layer(gram_dir: str | Path, layer: int, module: str) -> GramLayer:
     """``gram`` (d, d), ``sum`` (d,), ``sumsq`` (d,) float64 (from the Gram's diagonal for files
     written before Σx² was stored), ``count`` int and ``mean`` of one module's input at one layer;
     ``abssum`` (d,) float64 Σ|x| only where the file holds it (optional key, newer calibrations)."""
@@ -254,7 +271,7 @@ def read_gram_layer(gram_dir: str | Path, layer: int, module: str) -> dict[str, 
     if count < 1:
         raise ArtifactError(path, f"tensor {keys[2]} is {count}, expected a token count >= 1")
     sumsq = (t[f"{module}.sumsq"] if has_sumsq else gram.diagonal()).to(torch.float64)
-    out = {"gram": gram, "sum": total, "sumsq": sumsq, "count": count, "mean": total / count}
+    out: GramLayer = {"gram": gram, "sum": total, "sumsq": sumsq, "count": count, "mean": total / count}
     if has_abssum:
         out["abssum"] = t[f"{module}.abssum"].to(torch.float64)
     return out
@@ -264,42 +281,41 @@ def write_gram_layer(path: str | Path, tensors: dict[str, torch.Tensor]) -> None
     write_tensors(path, tensors, "gram")
 
 
-def read_gram_meta(gram_dir: str | Path) -> dict:
-    obj = read_json(Path(gram_dir) / "meta.json", "gram-meta")
+def read_gram_meta(gram_dir: str | Path) -> dict[str, Any]:
+    obj: dict[str, Any] = read_json(Path(gram_dir) / "meta.json", "gram-meta")
     if not isinstance(obj.get("n_layers"), int):
         raise ArtifactError(Path(gram_dir) / "meta.json", "missing n_layers")
     return obj
 
 
-def read_gram_checks(path: str | Path, n_layers: int | None = None) -> list[dict]:
-    """gram_checks/{calib}.json: per layer, ``{"o_proj": GramCheck, "down_proj": GramCheck}``
-    (``coec.compensate.gram_check``)."""
-    from .compensate.gram_check import GramCheck
-
+def read_gram_checks(path: str | Path, parse: Callable[[Any], T], n_layers: int | None = None) -> list[dict[str, T]]:
+    """gram_checks/{calib}.json: per layer, ``{"o_proj": check, "down_proj": check}``, each check
+    the JSON entry read by ``parse`` (``coec.compensate.gram_check.GramCheck.from_json``; its
+    ValueError names the entry)."""
     path = Path(path)
     layers = read_json(path, "gram-check").get("layers")
     if not isinstance(layers, list) or not layers:
         raise ArtifactError(path, "missing layers")
     if n_layers is not None and len(layers) != n_layers:
         raise ArtifactError(path, f"has {len(layers)} layers, the model {n_layers}")
-    out = []
+    out: list[dict[str, T]] = []
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict):
             raise ArtifactError(path, f"layers[{i}] is not an object")
-        checks = {}
-        for module in ("o_proj", "down_proj"):
+        checks: dict[str, T] = {}
+        for module in MODULES:
             try:
-                checks[module] = GramCheck.from_json(layer.get(module))
+                checks[module] = parse(layer.get(module))
             except ValueError as exc:
                 raise ArtifactError(path, f"layers[{i}].{module}: {exc}") from None
         out.append(checks)
     return out
 
 
-def read_keep(path: str | Path, n_layers: int | None = None) -> dict:
+def read_keep(path: str | Path, n_layers: int | None = None) -> dict[str, Any]:
     """keep.json: ``layers`` with sorted unique ``kv_groups`` and ``channels`` per layer."""
     path = Path(path)
-    keep = read_json(path, "keep")
+    keep: dict[str, Any] = read_json(path, "keep")
     layers = keep.get("layers")
     if not isinstance(layers, list) or not layers:
         raise ArtifactError(path, "missing layers")
@@ -313,19 +329,16 @@ def read_keep(path: str | Path, n_layers: int | None = None) -> dict:
     return keep
 
 
-_COMP_KEY = re.compile(r"^layer(\d+)\.(o_proj|down_proj)\.(weight|bias)$")
-
-
 def read_comp_block(path: str | Path, first: int | None = None, last: int | None = None) -> dict[str, torch.Tensor]:
     """A compensation block file: ``layer{i}.{o_proj|down_proj}.weight|bias``, finite; with
     ``first``/``last`` exactly those layers."""
     path = Path(path)
     t = read_tensors(path, fmt="comp-block")
-    bad = [k for k in t if not _COMP_KEY.match(k)]
+    bad = [k for k in t if not COMP_KEY.match(k)]
     if bad:
         raise ArtifactError(path, f"unexpected tensor {bad[0]} (expected layer<i>.<module>.weight|bias)")
     if first is not None:
-        layers = {int(_COMP_KEY.match(k).group(1)) for k in t}
+        layers = {int(m.group(1)) for m in map(COMP_KEY.match, t) if m}
         want = set(range(first, (last if last is not None else first) + 1))
         if layers != want:
             raise ArtifactError(path, f"holds layers {sorted(layers)}, expected {first}..{last}")
@@ -334,21 +347,21 @@ def read_comp_block(path: str | Path, first: int | None = None, last: int | None
 
 def read_comp_blocks(paths: Iterable[str | Path] | None) -> dict[str, torch.Tensor]:
     """All tensors of a cell's block files (each checked)."""
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for p in paths or []:
         out.update(read_comp_block(p))
     return out
 
 
-def write_comp_block(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+def write_comp_block(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
     write_tensors(path, tensors, "comp-block", metadata)
 
 
-def read_result(path: str | Path, fmt: str | None = None) -> dict:
+def read_result(path: str | Path, fmt: str | None = None) -> dict[str, Any]:
     """A per-cell result JSON (ppl.json, zeroshot.json, iterative.json); ``fmt`` None accepts
     any coec result format."""
     path = Path(path)
-    obj = read_json(path)
+    obj: Any = read_json(path)
     if not isinstance(obj, dict):
         raise ArtifactError(path, f"expected a JSON object, found {type(obj).__name__}")
     _check_format(
@@ -360,16 +373,16 @@ def read_result(path: str | Path, fmt: str | None = None) -> dict:
     return obj
 
 
-def write_result(path: str | Path, obj: dict, fmt: str) -> dict:
+def write_result(path: str | Path, obj: dict[str, Any], fmt: str) -> dict[str, Any]:
     """A result JSON without timings (:func:`without_timings`); returns what was written."""
-    clean = without_timings(obj)
+    clean: dict[str, Any] = without_timings(obj)
     write_json(path, clean, fmt)
     return clean
 
 
-def read_csv_rows(path: str | Path, columns: Iterable[str] = ()) -> list[dict]:
+def read_csv_rows(path: str | Path, columns: Iterable[str] = ()) -> list[dict[str, Any]]:
     """A CSV file's rows (pandas), checking that ``columns`` are present."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas adds ~0.8 s to the start of every stage; only CSV reading needs it
 
     path = Path(path)
     need_file(path)
@@ -380,9 +393,10 @@ def read_csv_rows(path: str | Path, columns: Iterable[str] = ()) -> list[dict]:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ArtifactError(path, f"missing column {missing[0]}")
-    return df.to_dict("records")
+    rows: list[dict[str, Any]] = df.to_dict("records")
+    return rows
 
 
-def write_csv(path: str | Path, df, **kwargs) -> None:
+def write_csv(path: str | Path, df: pd.DataFrame, **kwargs: Any) -> None:
     """A pandas DataFrame as CSV, atomically (``to_csv`` keyword arguments pass through)."""
     write_text(path, df.to_csv(index=False, **kwargs))

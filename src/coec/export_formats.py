@@ -51,7 +51,7 @@ class FormatOption:
 class ExportFormat:
     name: str
     description: str
-    write: Callable[[ExportRequest], dict]
+    write: Callable[[ExportRequest], dict[str, Any]]
     options: tuple[FormatOption, ...] = ()
 
 
@@ -59,7 +59,7 @@ EXPORT_FORMATS: Registry[ExportFormat] = Registry("export format")
 DEFAULT_FORMAT = "hf"
 
 
-def export(fmt: str | None, request: ExportRequest) -> dict:
+def export(fmt: str | None, request: ExportRequest) -> dict[str, Any]:
     """Write ``request`` in format ``fmt`` (an unknown name: one line listing the formats); an
     option that the format does not take is refused. ``None``: :data:`DEFAULT_FORMAT`."""
     fmt = fmt or DEFAULT_FORMAT

@@ -15,19 +15,23 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import artifacts, paths
+from .atomic import write_text
 from .config import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KEY = "frontier"
 SPEED = "frontier_speed"
 SPEED_KEYS = ("prompt_tokens", "new_tokens", "repeats", "threads", "seed")
 
 
-def check(config: dict) -> dict:
+def check(config: dict[str, Any]) -> dict[str, Any]:
     """The frontier's config, every name it uses checked (one line naming the key)."""
-    t = config[KEY]
+    t: dict[str, Any] = config[KEY]
     if t["model"] not in config["models"]:
         raise ConfigError(f"config: {KEY}.model: unknown model {t['model']!r}")
     if t["calibration"] not in config["calibration"]:
@@ -41,11 +45,11 @@ def check(config: dict) -> dict:
     return t
 
 
-def row_label(row: dict) -> str:
+def row_label(row: dict[str, Any]) -> str:
     return row.get("label") or f"{row['selection']} + {row['compensation']}"
 
 
-def frontier_cells(config: dict) -> list[dict]:
+def frontier_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The dense model, then every row at every ratio: label, method, selection, compensation,
     ratio, its folder (GGUF files, perplexities) and keep.json (None for dense)."""
     t = check(config)
@@ -78,13 +82,13 @@ def frontier_cells(config: dict) -> list[dict]:
     return cells
 
 
-def speed_types(t: dict) -> list[str]:
+def speed_types(t: dict[str, Any]) -> list[str]:
     """The GGUF files each cell is exported as: f16 (the measured harness reads its FLOP bound
     from it) and every configured type."""
     return list(dict.fromkeys(["f16", *t["types"]]))
 
 
-def speed_spec(config: dict) -> dict:
+def speed_spec(config: dict[str, Any]) -> dict[str, Any]:
     """The spec of ``coec report --kind table4-measured`` for the frontier's speed
     (``results/frontier_speed.csv``): every cell's GGUF files, timed in llama.cpp at every type."""
     t = check(config)
@@ -103,12 +107,12 @@ def speed_spec(config: dict) -> dict:
     }
 
 
-def speed_inputs(config: dict) -> list[str]:
+def speed_inputs(config: dict[str, Any]) -> list[str]:
     t = check(config)
     return [paths.gguf_file(c["folder"], g) for c in frontier_cells(config) for g in speed_types(t)]
 
 
-def frontier_spec(config: dict) -> dict:
+def frontier_spec(config: dict[str, Any]) -> dict[str, Any]:
     """The spec of ``coec report --kind frontier``: the cells, the types, the speed table and
     the figure."""
     t = check(config)
@@ -123,7 +127,7 @@ def frontier_spec(config: dict) -> dict:
     }
 
 
-def frontier_inputs(config: dict) -> list[str]:
+def frontier_inputs(config: dict[str, Any]) -> list[str]:
     """Every file the frontier table reads: each cell's GGUF files and sidecars, their llama.cpp
     perplexities, the transformers perplexity and keep set of each cell, and the speed table."""
     t = check(config)
@@ -145,11 +149,11 @@ def pareto(sizes: list[float], ppls: list[float]) -> list[bool]:
     """Whether each point is on the front: no other point has both a smaller size and a lower
     perplexity (strictly in both; a point equal to another in both stays on it). NaN: never."""
     out = []
-    for i, (s, p) in enumerate(zip(sizes, ppls)):
+    for i, (s, p) in enumerate(zip(sizes, ppls, strict=True)):
         if s != s or p != p:  # NaN
             out.append(False)
             continue
-        out.append(not any(j != i and sj < s and pj < p for j, (sj, pj) in enumerate(zip(sizes, ppls))))
+        out.append(not any(j != i and sj < s and pj < p for j, (sj, pj) in enumerate(zip(sizes, ppls, strict=True))))
     return out
 
 
@@ -161,14 +165,14 @@ def realised_ratio(keep: str | None, ratio: float) -> float:
     return float(json.loads(Path(keep).read_text()).get("realised_channel_ratio", ratio))
 
 
-def _json(path: str) -> dict:
+def _json(path: str) -> dict[str, Any]:
     p = Path(path)
     return json.loads(p.read_text()) if p.is_file() else {}
 
 
-def frontier_rows(spec: dict) -> list[dict]:
+def frontier_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (cell, type) in config order, ``pareto`` over all rows with a perplexity."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
 
     speed = pd.read_csv(spec["speed"]) if Path(spec["speed"]).is_file() else pd.DataFrame()
     rows = []
@@ -203,7 +207,7 @@ def frontier_rows(spec: dict) -> list[dict]:
                 }
             )
     front = pareto([r["file_mib"] for r in rows], [r["ppl"] for r in rows])
-    for r, on in zip(rows, front):
+    for r, on in zip(rows, front, strict=True):
         r["pareto"] = on
     return rows
 
@@ -222,7 +226,7 @@ MD_COLUMNS = {
 }
 
 
-def speed_caption(spec: dict) -> str:
+def speed_caption(spec: dict[str, Any]) -> str:
     """The speed table's caption (its machine, threads, repeats and load), for the frontier's."""
     md = Path(spec["speed"]).with_suffix(".md")
     if not md.is_file():
@@ -230,32 +234,32 @@ def speed_caption(spec: dict) -> str:
     return md.read_text().strip().splitlines()[0]
 
 
-def write_frontier(spec: dict, out: str | Path):
+def write_frontier(spec: dict[str, Any], out: str | Path) -> pd.DataFrame:
     """Write ``out`` (CSV), its .md twin and the figure; returns the table (a DataFrame)."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
 
-    from .rendering import to_markdown
+    from .rendering import to_markdown  # deferred: pandas, ~0.8 s at workflow planning
 
     df = pd.DataFrame(frontier_rows(spec))
     out = Path(out)
     artifacts.write_csv(out, df, float_format="%.4f")
     caption = f"{spec.get('caption', '')} Speed: {speed_caption(spec)} Table load: {os.getloadavg()[0]:.2f}."
     md = df[list(MD_COLUMNS)].rename(columns=MD_COLUMNS).assign(Pareto=df["pareto"].map({True: "yes", False: ""}))
-    artifacts.write_text(out.with_suffix(".md"), to_markdown(md, 2, caption))
+    write_text(out.with_suffix(".md"), to_markdown(md, 2, caption))
     plot_frontier(df, spec.get("figure") or str(out.parent / "figures" / f"{out.stem}.png"), spec.get("caption", ""))
     return df
 
 
-def plot_frontier(df, out: str | Path, caption: str = "") -> None:
+def plot_frontier(df: pd.DataFrame, out: str | Path, caption: str = "") -> None:
     """Panel 1: perplexity against file MiB, one series per method (dense across types; a
     pruned method across ratios and types), the Pareto front as a step line. Panel 2:
     perplexity against decode tokens/s."""
-    import matplotlib
+    import matplotlib  # deferred: matplotlib, ~1.1 s at workflow planning
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib, ~1.1 s at workflow planning
 
-    from .rendering import save_figure, set_caption
+    from .rendering import save_figure, set_caption  # deferred: pandas, ~0.8 s at workflow planning
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     markers = "os^DvP*X"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 
@@ -46,7 +47,7 @@ def describe_exit(returncode: int | None) -> str:
     return "no exit code" if returncode is None else f"exit code {returncode}"
 
 
-def _child(conn, fn: Callable, args: tuple, kwargs: dict) -> None:
+def _child(conn: Connection, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     try:
         out = (True, fn(*args, **kwargs))
     except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
@@ -58,7 +59,7 @@ def _child(conn, fn: Callable, args: tuple, kwargs: dict) -> None:
     conn.close()
 
 
-def call_isolated(fn: Callable, *args: Any, what: str | None = None, **kwargs: Any) -> Any:
+def call_isolated(fn: Callable[..., Any], *args: Any, what: str | None = None, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` run in a spawned child process; its result, or its exception
     re-raised here. A child that dies raises ProcessCrashed('<what> died with SIGSEGV (signal
     11)'), ``what`` defaulting to the function's name."""

@@ -17,9 +17,16 @@ import pandas as pd
 import torch
 
 from . import artifacts, data
-from .arch import attention_shape, o_proj_columns, pruned_value_proj
+from .arch import MODULES, attention_shape, o_proj_columns, pruned_value_proj
 from .artifacts import log_timings, read_gram_layer
 from .calibrate import PassOptions
+from .compensate import compensate
+from .compensate.gram_check import GramCheck
+from .compensate.inputs import Module
+from .compensate.method import check_module
+from .compensate.options import Resolved, module_options, resolve
+from .compensate.options import method as registered
+from .compensate.output_checks import MethodOutputError
 from .evaluate.layerwise import perplexity_streamed
 from .evaluate.ppl import perplexity, ppl_record
 from .evaluate.zeroshot import write_zeroshot, zeroshot_with_records
@@ -28,7 +35,7 @@ from .models import layer_tensor_names, load_config, load_model, read_model_tens
 from .progress import bar as progress_bar
 from .provenance import model_provenance
 from .prune import install_weights_, prune_model_
-from .selection import aligned_steps, check_multiple, select_layer, selection_spec
+from .selection import KeepRule, aligned_steps, check_multiple, select_layer, selection_spec
 from .source import CalibrateOptions, CellSource, PplOptions, SelectOptions, ZeroshotOptions
 from .streaming.calibrate import calibrate_streamed
 from .streaming.model import StreamedModel
@@ -72,24 +79,13 @@ def run_select(source: CellSource, grams: str, options: SelectOptions, out: str)
     cfg = load_config(model_dir, *source.hub)
     check_multiple(cfg.intermediate_size, o.channel_multiple)
     geom = attention_shape(cfg)
+    rule = KeepRule(o.ratio, o.group_rounding, o.channel_rounding, o.channel_multiple)
     layers = []
     for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {o.method}", unit="layer"):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
-        layers.append(
-            select_layer(
-                spec,
-                w[names["o_proj"]],
-                read_gram_layer(grams, i, "o_proj"),
-                w[names["down_proj"]],
-                read_gram_layer(grams, i, "down_proj"),
-                geom,
-                o.ratio,
-                group_rounding=o.group_rounding,
-                channel_rounding=o.channel_rounding,
-                channel_multiple=o.channel_multiple,
-            )
-        )
+        weights = {m: w[names[m]] for m in MODULES}
+        layers.append(select_layer(spec, weights, {m: read_gram_layer(grams, i, m) for m in MODULES}, geom, rule))
     if width != PAPER_WIDTH:
         n = cfg.intermediate_size
         note = width_note(n, len(layers[0]["channels"]), aligned_steps(n, o.ratio, *width), o.ratio, width)
@@ -125,7 +121,6 @@ def run_gram_check(
     """App. B's verdict on every layer's o_proj and down_proj Gram and each module's output
     energy on it (``compensate.method.check_module``) -> gram_checks/{calib}.json, read by
     every compensation job of the calibration whose method reports no errors of its own."""
-    from .compensate.method import MODULES, check_module
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
     cfg = load_config(model_dir, revision, trust_remote_code)
@@ -187,11 +182,6 @@ def run_compensate(
     declared inputs (``Method.inputs``: another cell's block file, another calibration's Grams),
     which the workflow passes as rule inputs. ``gram_check``: the calibration's
     gram_checks/{calib}.json (``run_gram_check``), used by methods without errors of their own."""
-    from .compensate import compensate
-    from .compensate.inputs import Module
-    from .compensate.options import method as registered
-    from .compensate.options import Resolved, module_options, resolve
-    from .compensate.output_checks import MethodOutputError
 
     model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
     cfg = load_config(model_dir, revision, trust_remote_code)
@@ -199,7 +189,7 @@ def run_compensate(
     keep = artifacts.read_keep(keep_path, cfg.num_hidden_layers)
     dev = resolve_device(device)
     m = registered(spec["method"])
-    checks = artifacts.read_gram_checks(gram_check, cfg.num_hidden_layers) if gram_check else None
+    checks = artifacts.read_gram_checks(gram_check, GramCheck.from_json, cfg.num_hidden_layers) if gram_check else None
     paths_in = spec.get("inputs") or {}
     handles = {inp.name: inp.open(paths_in.get(inp.name), first, last) for inp in m.inputs}
     tensors, infos = {}, {}

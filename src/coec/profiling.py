@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch.profiler import record_function as span
@@ -40,7 +40,7 @@ def traced(name: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     return wrap
 
 
-def span_totals(prof, prefix: str = "coec.") -> list[dict]:
+def span_totals(prof: torch.profiler.profile, prefix: str = "coec.") -> list[dict[str, Any]]:
     """Inclusive totals of the named ranges starting with ``prefix``, sorted by name.
 
     Each row: ``name``, ``calls``, ``cpu_s`` (wall time on the host, inclusive of nested ranges;

@@ -16,9 +16,14 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi, constants
+from huggingface_hub.file_download import repo_folder_name
 
 from .atomic import write_text
 from .embedded import file_sha256
+from .registry import USED_PLUGINS, plugin_digests
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +51,12 @@ def file_digest(path: str | Path, cache: str | Path | None = None) -> str:
     key = {"path": str(real), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     cache = Path(cache) if cache is not None else digest_cache_dir()
     entry = cache / (hashlib.sha256(str(real).encode()).hexdigest()[:32] + ".json")
-    saved: dict = {}
+    saved: dict[str, Any] = {}
     try:
         saved = json.loads(entry.read_text())
         if {k: saved.get(k) for k in key} == key and _HEX64.fullmatch(saved.get("sha256", "")):
-            return saved["sha256"]
+            known: str = saved["sha256"]
+            return known
     except (OSError, ValueError):
         pass
     digest = file_sha256(real)
@@ -93,24 +99,19 @@ def hub_commit(repo_id: str, revision: str | None = None) -> str | None:
     rev = revision or "main"
     if _COMMIT.fullmatch(rev):
         return rev
-    from huggingface_hub import constants
-    from huggingface_hub.file_download import repo_folder_name
-
     ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model") / "refs" / rev
     if ref.is_file() and _COMMIT.fullmatch(ref.read_text().strip()):
         return ref.read_text().strip()
     if constants.HF_HUB_OFFLINE:
         return None
     try:
-        from huggingface_hub import HfApi
-
         sha = HfApi().model_info(repo_id, revision=rev, timeout=10).sha
     except Exception:  # noqa: BLE001 - no network, no access: the first download resolves it
         return None
     return sha if sha and _COMMIT.fullmatch(sha) else None
 
 
-def planned_identity(source: str, revision: str | None = None) -> dict:
+def planned_identity(source: str, revision: str | None = None) -> dict[str, Any]:
     """What the workflow records of a model's weights when it plans a job, and the stage checks
     again before any work (``modelcheck.check_identity``): for a local folder
     ``{"weights": {file: sha256 prefix}}`` (digests cached on path, size and mtime: a plan reads
@@ -137,12 +138,12 @@ def model_provenance(
     revision: str | None = None,
     trust_remote_code: bool = False,
     model_dir: str | Path | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """``{source, revision, commit, trust_remote_code, weights_sha256}`` of a model source as a
     stage loads it (``model_dir``: the folder already resolved from it, else resolved here), and
     ``plugins`` when the stage used a plug-in's entries (``plugin_record``)."""
     if model_dir is None:
-        from .models import resolve_model_dir
+        from .models import resolve_model_dir  # deferred: torch, ~3 s at CLI start
 
         model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
     return {
@@ -155,10 +156,8 @@ def model_provenance(
     }
 
 
-def plugin_record() -> dict:
+def plugin_record() -> dict[str, Any]:
     """``{"plugins": {plug-in: sha256 of its code}}`` of the plug-ins whose entries (method,
     score, model family, task, export format) this process looked up; ``{}`` when none, so a
     result of built-in code alone is as it was."""
-    from .registry import USED_PLUGINS, plugin_digests
-
     return {"plugins": plugin_digests(USED_PLUGINS)} if USED_PLUGINS else {}

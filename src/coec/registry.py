@@ -17,6 +17,7 @@ is known everywhere: in the schema's enums, in the rules' inputs, in the compens
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import hashlib
@@ -28,6 +29,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
+
+import yaml
 
 
 class Named(Protocol):
@@ -283,7 +286,7 @@ def plugin_digests(specs: Iterable[str]) -> dict[str, str]:
     return {spec: plugin_sha256(spec) for spec in sorted(set(specs))}
 
 
-def add_plugin_options(parser) -> None:
+def add_plugin_options(parser: argparse.ArgumentParser) -> None:
     """``--plugins`` and ``--config`` of a command that prints a page generated from the
     registries, so that the page includes a researcher's plug-ins (``load_plugin_options``)."""
     parser.add_argument("--plugins", nargs="+", default=[], metavar="PLUGIN", help="plug-in files or module names")
@@ -296,11 +299,9 @@ def add_plugin_options(parser) -> None:
     )
 
 
-def load_plugin_options(args) -> list[str]:
+def load_plugin_options(args: argparse.Namespace) -> list[str]:
     """Load the plug-ins ``add_plugin_options`` parsed: ``--plugins``, then each ``--config``'s
     ``plugins``. ValueError (one line) for an unreadable config or a plug-in that fails."""
-    import yaml
-
     loaded = load_plugins(args.plugins, "--plugins")
     for path in args.config:
         try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,12 +47,14 @@ _ST_DTYPES.update(
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
 
 
-def _tensor_order(item):
+def _tensor_order(item: tuple[str, torch.Tensor]) -> tuple[int, str]:
     name, t = item
     return (-t.element_size(), name)
 
 
-def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None = None):
+def safetensors_chunks(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, Any] | None = None
+) -> Iterator[bytes | memoryview]:
     """The byte chunks of a safetensors file with a deterministic header: tensors ordered by
     (item size descending, name) so every tensor is aligned, JSON keys sorted, header padded
     with spaces to a multiple of 8 (as the safetensors library writes)."""
@@ -62,7 +66,8 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None =
             raise TypeError(f"tensor {name!r} has dtype {t.dtype}, which safetensors here cannot store")
         items.append((name, t.detach().to("cpu").contiguous()))
     items.sort(key=_tensor_order)
-    header, offset = {}, 0
+    header: dict[str, Any] = {}
+    offset = 0
     for name, t in items:
         n = t.numel() * t.element_size()
         header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
@@ -74,10 +79,10 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None =
     yield struct.pack("<Q", len(raw)) + raw
     for _, t in items:
         if t.numel():
-            yield memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            yield t.reshape(-1).view(torch.uint8).numpy().data
 
 
-def safetensors_header(path: str | Path) -> dict:
+def safetensors_header(path: str | Path) -> dict[str, Any]:
     """The JSON header of a safetensors file, after checking that the file holds every byte the
     header promises: ``<path>: truncated ...`` / ``not a safetensors file`` otherwise."""
     path = Path(path)

@@ -25,8 +25,9 @@ value is the paper's formula above, so the three paper selections are the varian
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -55,9 +56,30 @@ class ScoreSpec:
     activation_scale: str = "l2"
     group_aggregation: str = "sum"
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         """The options that differ from the paper's formula (empty for the paper's selections)."""
         return {k: v for k, v in asdict(self).items() if k != "score" and v != SCORE_OPTIONS[k][0]}
+
+
+#: A selection as a config names it: a paper name (``"rcpu"``), a mapping ``{score: ..., <option>:
+#: ...}`` or a :class:`ScoreSpec`.
+Selection = str | Mapping[str, Any] | ScoreSpec
+
+#: One module's calibration statistics (``artifacts.read_gram_layer``): ``gram`` or ``sumsq``,
+#: ``sum``, ``count``, optionally ``abssum``.
+ModuleStats = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class KeepRule:
+    """How much of a layer survives: the pruning ``ratio``, the rounding of the kept KV groups
+    (``group_rounding``: ``ROUNDINGS``) and of the kept MLP channels (``channel_rounding`` to a
+    multiple of ``channel_multiple``: ``aligned_keep``). The defaults are the paper's rule."""
+
+    ratio: float
+    group_rounding: str = "ceil"
+    channel_rounding: str = "ceil"
+    channel_multiple: int = 1
 
 
 @dataclass(frozen=True)
@@ -115,7 +137,7 @@ SCORES.register(Score("flap", _flap, "Var(X_j) ||W[:, j]||^2 (FLAP's WIFV)", use
 SCORES.register(Score("rcpu", _rcpu, "||W[:, j]|| ||X_j|| Var(X_j) (RCPU)"))
 
 
-def selection_spec(spec, where: str = "selection") -> ScoreSpec:
+def selection_spec(spec: Selection, where: str = "selection") -> ScoreSpec:
     """A :class:`ScoreSpec` from a paper name (``"rcpu"``), a mapping ``{score: ..., <option>: ...}``
     or a ScoreSpec; raises ValueError naming ``where`` for an unknown score, option or value."""
     if isinstance(spec, ScoreSpec):
@@ -136,7 +158,7 @@ def selection_spec(spec, where: str = "selection") -> ScoreSpec:
     return ScoreSpec(score, **spec)
 
 
-def selection_registry(selections: dict | None = None) -> dict[str, ScoreSpec]:
+def selection_registry(selections: Mapping[str, Any] | None = None) -> dict[str, ScoreSpec]:
     """Selection name -> :class:`ScoreSpec`: every registered score under its own name (the
     paper's ``wanda_sp``, ``flap``, ``rcpu`` and plug-ins', fixed, so their result paths keep their
     meaning) plus a config's ``selections`` entries (their ``channel_multiple`` /
@@ -182,7 +204,7 @@ def activation_scale(
 
 
 def column_scores(
-    method,
+    method: Selection,
     weight: torch.Tensor,
     gram_diag: torch.Tensor,
     total: torch.Tensor,
@@ -274,36 +296,34 @@ def group_scores(col_scores: torch.Tensor, geom: AttnShape, aggregation: str = "
 
 
 def layer_scores(
-    method, o_weight: torch.Tensor, o_stats: dict, down_weight: torch.Tensor, down_stats: dict, geom: AttnShape
-) -> dict:
-    """``o_proj`` and ``down_proj`` column scores and the KV ``groups`` scores of one layer."""
+    method: Selection, weights: Mapping[str, torch.Tensor], stats: Mapping[str, ModuleStats], geom: AttnShape
+) -> dict[str, torch.Tensor]:
+    """``o_proj`` and ``down_proj`` column scores and the KV ``groups`` scores of one layer, from
+    each module's original weight (d_out, d_in) and calibration statistics (keyed by module)."""
     spec = selection_spec(method)
-    o_scores = column_scores(
-        spec, o_weight, channel_sumsq(o_stats), o_stats["sum"], o_stats["count"], o_stats.get("abssum")
-    )
-    d_scores = column_scores(
-        spec, down_weight, channel_sumsq(down_stats), down_stats["sum"], down_stats["count"], down_stats.get("abssum")
-    )
+    o_scores = _module_scores(spec, weights["o_proj"], stats["o_proj"])
+    d_scores = _module_scores(spec, weights["down_proj"], stats["down_proj"])
     return {"o_proj": o_scores, "down_proj": d_scores, "groups": group_scores(o_scores, geom, spec.group_aggregation)}
 
 
+def _module_scores(spec: ScoreSpec, weight: torch.Tensor, st: ModuleStats) -> torch.Tensor:
+    return column_scores(spec, weight, channel_sumsq(st), st["sum"], st["count"], st.get("abssum"))
+
+
 def select_layer(
-    method,
-    o_weight: torch.Tensor,
-    o_stats: dict,
-    down_weight: torch.Tensor,
-    down_stats: dict,
+    method: Selection,
+    weights: Mapping[str, torch.Tensor],
+    stats: Mapping[str, ModuleStats],
     geom: AttnShape,
-    ratio: float,
-    group_rounding: str = "ceil",
-    channel_rounding: str = "ceil",
-    channel_multiple: int = 1,
-) -> dict:
+    rule: KeepRule,
+) -> dict[str, list[int]]:
     """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists): the top of
-    the scores, ``aligned_keep`` channels. ``method``: a paper name or a variant (``selection_spec``)."""
-    sc = layer_scores(method, o_weight, o_stats, down_weight, down_stats, geom)
+    the scores (``layer_scores``), as many as ``rule`` keeps (``n_keep`` KV groups,
+    ``aligned_keep`` channels). ``method``: a paper name or a variant (``selection_spec``)."""
+    sc = layer_scores(method, weights, stats, geom)
     d_scores, g_scores = sc["down_proj"], sc["groups"]
+    n_channels = aligned_keep(d_scores.numel(), rule.ratio, rule.channel_multiple, rule.channel_rounding)
     return {
-        "kv_groups": top_k_sorted(g_scores, n_keep(geom.n_kv, ratio, group_rounding)),
-        "channels": top_k_sorted(d_scores, aligned_keep(d_scores.numel(), ratio, channel_multiple, channel_rounding)),
+        "kv_groups": top_k_sorted(g_scores, n_keep(geom.n_kv, rule.ratio, rule.group_rounding)),
+        "channels": top_k_sorted(d_scores, n_channels),
     }

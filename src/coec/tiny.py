@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from .arch import ADAPTERS
 from .arch.tiny import DEFAULT_FAMILY, tiny_config
 
 __all__ = ["CORPUS", "DEFAULT_FAMILY", "families", "make_model_dir", "make_tokenizer", "tiny_config"]
@@ -29,17 +32,12 @@ CORPUS = (
 
 def families() -> list[str]:
     """The model families a tiny model can be made of: every one the pruning surgery supports."""
-    from .arch import ADAPTERS
-
     return list(ADAPTERS.keys())
 
 
 def make_tokenizer(path: str | Path, text: str = CORPUS) -> Any:
     """A byte-level BPE tokenizer (300 tokens, ``<eos>`` also the padding) trained on ``text``,
     saved into ``path``; returns it (a ``PreTrainedTokenizerFast``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -50,7 +48,9 @@ def make_tokenizer(path: str | Path, text: str = CORPUS) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator([text], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers: untyped __init__
+        tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>"
+    )
     fast.save_pretrained(path)
     return fast
 
@@ -66,10 +66,9 @@ def make_model_dir(
     """Save a randomly initialised tiny model (``tiny_config``) and its tokenizer
     (``make_tokenizer`` on ``tokenizer_text``) into ``path``; biases (Qwen2's q/k/v) are drawn
     non-zero so that slicing them shows."""
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, **over)).to(dtype)
+    config = tiny_config(family, **over)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)  # type: ignore[no-untyped-call]  # transformers: untyped
     for name, p in model.named_parameters():
         if name.endswith("bias"):
             torch.nn.init.normal_(p, std=0.1)

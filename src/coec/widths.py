@@ -41,7 +41,9 @@ def realised_ratio(kept: int, width: int) -> float:
     return (width - kept) / width
 
 
-def width_record(layers: list[dict], d_ff: int, width: tuple[int, str]) -> tuple[dict, list[dict]]:
+def width_record(
+    layers: list[dict[str, Any]], d_ff: int, width: tuple[int, str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(top-level fields, layers) of keep.json: for a rule other than the paper's the fields
     ``channel_multiple``, ``channel_rounding`` and ``realised_channel_ratio`` (all layers' MLP
     channels), and each layer with its own ``realised_channel_ratio``; for the paper's rule
@@ -54,7 +56,7 @@ def width_record(layers: list[dict], d_ff: int, width: tuple[int, str]) -> tuple
         "channel_rounding": width[1],
         "realised_channel_ratio": realised_ratio(sum(kept), d_ff * len(kept)),
     }
-    return fields, [{**k, "realised_channel_ratio": realised_ratio(n, d_ff)} for k, n in zip(layers, kept)]
+    return fields, [{**k, "realised_channel_ratio": realised_ratio(n, d_ff)} for k, n in zip(layers, kept, strict=True)]
 
 
 def width_note(n: int, kept: int, steps: int, ratio: float, width: tuple[int, str]) -> str | None:

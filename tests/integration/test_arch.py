@@ -158,7 +158,7 @@ def _masked_logits(src: Path, keep: dict, ids: torch.Tensor) -> torch.Tensor:
 
 def test_granite_exports_only_as_granite():
     """Granite's multipliers exist in no other stock class: the export tries no fallback."""
-    from coec.prune import ExportNeeds, choose_export_class
+    from coec.export_class import ExportNeeds, choose_export_class
 
     assert not adapter_for("granite").portable and adapter_for("llama").portable
 

@@ -22,7 +22,7 @@ def test_granite_end_to_end(tmp_path, text_dataset):
     from transformers import AutoModelForCausalLM
 
     from coec import pipeline
-    from coec.prune import build_export_model
+    from coec.export_class import build_export_model
 
     src = make_model_dir(tmp_path / "granite", "granite", attention_bias=True)
     grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"

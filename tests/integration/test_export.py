@@ -14,8 +14,9 @@ import torch
 from coec.arch import ModelError
 from coec.cli import main
 from coec.export import MARKER, ExportRefused, check_out_dir, run_export
+from coec.export_class import ExportNeeds, choose_export_class
+from coec.export_formats import ExportRequest
 from coec.pipeline import build_model
-from coec.prune import ExportNeeds, choose_export_class
 from conftest import make_model_dir
 
 LLAMA3_ROPE = {
@@ -90,7 +91,7 @@ CASES = [  # family, kept KV groups, FLAP bias, extra config, expected stock cla
 )
 def test_export_reloads_with_equal_logits(tmp_path, family, kv, bias, over, arch):
     src, keep, comp = make_cell(tmp_path, family, kv, bias, **over)
-    info = run_export(str(src), str(keep), [str(c) for c in comp], "float32", str(tmp_path / "out"))
+    info = run_export(ExportRequest(str(src), str(keep), tuple(str(c) for c in comp), "float32", str(tmp_path / "out")))
     cell, _ = build_model(str(src), "float32", "cpu", str(keep), [str(c) for c in comp])
     reloaded = reload_plain(tmp_path / "out")
     assert type(reloaded).__name__ == arch == info["architecture"]
@@ -107,12 +108,12 @@ def test_exported_rope_scaling_and_sliding_window_carry_over(tmp_path):
     """Llama-3.1's llama3 rope scaling survives the move to Mistral; a Mistral window shorter
     than the context stays in force (the 40-token check above runs past a 16-token window)."""
     src, keep, comp = make_cell(tmp_path / "l", "llama", [0, 1, 3], False, rope_parameters=LLAMA3_ROPE)
-    run_export(str(src), str(keep), [str(comp[0])], "float32", str(tmp_path / "l/out"))
+    run_export(ExportRequest(str(src), str(keep), (str(comp[0]),), "float32", str(tmp_path / "l/out")))
     cfg = json.loads((tmp_path / "l/out/config.json").read_text())
     assert cfg["rope_parameters"]["rope_type"] == "llama3" and cfg["sliding_window"] is None
     src, keep, comp = make_cell(tmp_path / "m", "mistral", [0, 1, 3], True, sliding_window=16)
     with pytest.raises(ModelError, match="sliding attention window"):
-        run_export(str(src), str(keep), [str(comp[0])], "float32", str(tmp_path / "m/out"))
+        run_export(ExportRequest(str(src), str(keep), (str(comp[0]),), "float32", str(tmp_path / "m/out")))
     assert not (tmp_path / "m/out").exists()
 
 
@@ -120,7 +121,7 @@ def test_bf16_export_keeps_dtype_and_logits(tmp_path):
     from transformers import AutoModelForCausalLM
 
     src, keep, comp = make_cell(tmp_path, "llama", [0, 1, 3], True)
-    run_export(str(src), str(keep), [str(comp[0])], "bfloat16", str(tmp_path / "out"))
+    run_export(ExportRequest(str(src), str(keep), (str(comp[0]),), "bfloat16", str(tmp_path / "out")))
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype="auto")
     cell, _ = build_model(str(src), "bfloat16", "cpu", str(keep), [str(comp[0])])
     assert reloaded.dtype == torch.bfloat16

@@ -20,7 +20,7 @@ from coec import data
 from coec.cli import build_parser, main
 from coec.evaluate.llamacpp import gguf_logits, gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
-from coec.gguf import GGUF_TYPES, permute_qk, tensor_type, write_gguf
+from coec.gguf import GGUF_TYPES, GgufOptions, permute_qk, tensor_type, write_gguf
 from coec.gguf.layout import KQUANTS, rope_freq_factors
 from coec.pipeline import build_model
 from conftest import CORPUS, make_model_dir
@@ -375,7 +375,7 @@ def test_tokenizer_is_copied_from_a_source_gguf(cells, tmp_path):
     first = tmp_path / "a.gguf"
     write_gguf(model, tok, first, "f32")
     second = tmp_path / "b.gguf"
-    rep = write_gguf(model, tok, second, "f32", tokenizer_gguf=first)
+    rep = write_gguf(model, tok, second, "f32", GgufOptions(tokenizer_gguf=first))
     assert rep["tokenizer"]["source"] == str(first)
 
     def tok_fields(p):

@@ -18,6 +18,7 @@ import torch
 from coec.cli import main
 from coec.evaluate.llamacpp import gguf_logits, unavailable
 from coec.export import run_export
+from coec.export_formats import ExportRequest
 from coec.gguf import GGUF_TYPES, is_gguf_export
 from coec.gguf.layout import K_BLOCK, KQUANT_TYPES, KQUANTS
 from coec.pipeline import build_model
@@ -246,7 +247,7 @@ def test_bad_options_are_refused_before_building_anything(kquant_cell, tmp_path,
     monkeypatch.setattr(pipeline, "build_model", _no_build)
     src, _, _ = kquant_cell
     with pytest.raises(ValueError, match=match) as err:
-        run_export(str(src), None, [], "float32", str(tmp_path / "x.gguf"), fmt="gguf", **options)
+        run_export(ExportRequest(str(src), None, (), "float32", str(tmp_path / "x.gguf"), options=options), fmt="gguf")
     assert "\n" not in str(err.value) and list(tmp_path.iterdir()) == []
 
 
@@ -258,5 +259,8 @@ def test_k_quant_without_the_bindings_is_one_line_naming_the_install(kquant_cell
     monkeypatch.setattr(llamacpp, "unavailable", lambda: "llama-cpp-python is not importable: ImportError: x")
     src, _, _ = kquant_cell
     with pytest.raises(ValueError, match=r"^--gguf-type q4_k_m .*install it with: bash scripts/setup\.sh --llamacpp$"):
-        run_export(str(src), None, [], "float32", str(tmp_path / "x.gguf"), fmt="gguf", gguf_type="q4_k_m")
+        run_export(
+            ExportRequest(str(src), None, (), "float32", str(tmp_path / "x.gguf"), options={"gguf_type": "q4_k_m"}),
+            fmt="gguf",
+        )
     assert list(tmp_path.iterdir()) == []

@@ -16,9 +16,10 @@ from coec.arch import STOCK
 from coec.arch.runtimes import CONVERTER, FAILS, MISREAD, OK, READS, RUNTIMES, VLLM, verdict
 from coec.cli import main
 from coec.export import MARKER, run_export
+from coec.export_class import ExportNeeds, choose_export_class
+from coec.export_formats import ExportRequest
 from coec.models import ModelError
 from coec.pipeline import build_model
-from coec.prune import ExportNeeds, choose_export_class
 from conftest import make_model_dir
 
 # 8 query heads of head_dim 8 in 4 KV groups, hidden 64, 48 MLP channels (24 kept)
@@ -127,8 +128,10 @@ def test_verdicts_name_head_size_and_biases():
 )
 def test_export_records_runtimes_and_warns(tmp_path, caplog, family, kv, bias, arch, clean):
     src, keep, comp = make_cell(tmp_path, family, kv, bias)
-    with caplog.at_level(logging.WARNING, logger="coec.prune"):
-        info = run_export(str(src), str(keep), [str(c) for c in comp], "float32", str(tmp_path / "out"))
+    with caplog.at_level(logging.WARNING, logger="coec.export_class"):
+        info = run_export(
+            ExportRequest(str(src), str(keep), tuple(str(c) for c in comp), "float32", str(tmp_path / "out"))
+        )
     assert info["architecture"] == arch
     assert info["runtimes"]["transformers"]["status"] == OK
     assert set(info["runtimes"]) == {"transformers", *RUNTIMES}
@@ -165,7 +168,7 @@ def test_a_checkpoint_that_reloads_differently_is_refused(tmp_path, monkeypatch)
 
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", corrupting)
     with pytest.raises(ModelError, match="logits differ"):
-        run_export(str(src), str(keep), [str(c) for c in comp], "float32", str(tmp_path / "out"))
+        run_export(ExportRequest(str(src), str(keep), tuple(str(c) for c in comp), "float32", str(tmp_path / "out")))
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
 

@@ -13,7 +13,7 @@ from coec.data import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
 from coec.models import check_family, load_model
 from coec.prune import prepare_for_save_, prune_model_, set_output_weights_
-from coec.selection import channel_variance, column_scores, group_scores, n_keep, select_layer, top_k_sorted
+from coec.selection import KeepRule, channel_variance, column_scores, group_scores, n_keep, select_layer, top_k_sorted
 from conftest import make_model_dir, tiny_config
 
 
@@ -179,9 +179,10 @@ def test_group_selection_keeps_gqa_structure():
     def st(dim):
         return {"gram": torch.eye(dim), "sum": torch.zeros(dim), "count": 10}
 
-    keep = select_layer("wanda_sp", Wo, st(12), Wd, st(6), geom, 0.3, group_rounding="nearest")
+    W, S = {"o_proj": Wo, "down_proj": Wd}, {"o_proj": st(12), "down_proj": st(6)}
+    keep = select_layer("wanda_sp", W, S, geom, KeepRule(0.3, group_rounding="nearest"))
     assert keep == {"kv_groups": [1, 2], "channels": [1, 2, 3, 4, 5]}  # ceil(0.7*6) = 5 kept
-    keep = select_layer("wanda_sp", Wo, st(12), Wd, st(6), geom, 0.3, group_rounding="ceil")
+    keep = select_layer("wanda_sp", W, S, geom, KeepRule(0.3, group_rounding="ceil"))
     assert keep["kv_groups"] == [0, 1, 2]
 
 

@@ -43,7 +43,7 @@ def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
     from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
     from coec.calibrate import run_layerwise
     from coec.compensate import compensate
-    from coec.selection import select_layer
+    from coec.selection import KeepRule, select_layer
 
     model, _ = embedded
     geom = attention_shape(model.config)
@@ -64,16 +64,8 @@ def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
     for i in layers:
         layer = model.model.layers[i]
         W = layer.self_attn.o_proj.weight.data
-        k = select_layer(
-            "wanda_sp",
-            W,
-            stats[i]["o_proj"],
-            layer.mlp.down_proj.weight.data,
-            stats[i]["down_proj"],
-            geom,
-            0.3,
-            group_rounding="nearest",
-        )
+        weights = {"o_proj": W, "down_proj": layer.mlp.down_proj.weight.data}
+        k = select_layer("wanda_sp", weights, stats[i], geom, KeepRule(0.3, group_rounding="nearest"))
         vp = pruned_value_proj(layer.self_attn.v_proj.weight.data, k["kv_groups"], geom)
         g = stats[i]["o_proj"]
         res = compensate(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from coec import artifacts, cli, pipeline
-from coec.arch import attention_shape, o_proj_columns
+from coec.arch import MODULES, attention_shape, o_proj_columns
 from coec.models import layer_tensor_names, load_config, read_model_tensors
 from coec.provenance import model_provenance
 from coec.selection import layer_scores, n_keep, top_k_sorted
@@ -45,8 +45,8 @@ def _old_keep_text(llama_dir, grams) -> str:
     for i in range(cfg.num_hidden_layers):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(llama_dir, [names["o_proj"], names["down_proj"]])
-        st = [artifacts.read_gram_layer(grams, i, m) for m in ("o_proj", "down_proj")]
-        sc = layer_scores("rcpu", w[names["o_proj"]], st[0], w[names["down_proj"]], st[1], geom)
+        st = {m: artifacts.read_gram_layer(grams, i, m) for m in MODULES}
+        sc = layer_scores("rcpu", {m: w[names[m]] for m in MODULES}, st, geom)
         k = math.ceil((1.0 - RATIO) * cfg.intermediate_size - 1e-9)
         layers.append(
             {

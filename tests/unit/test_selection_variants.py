@@ -10,6 +10,7 @@ from coec.arch import AttnShape
 from coec.calibrate import GramAccumulator, gram_tensors
 from coec.config import SCHEMA, ConfigError, validate_config
 from coec.selection import (
+    KeepRule,
     ScoreSpec,
     column_scores,
     group_scores,
@@ -90,7 +91,8 @@ def test_paper_defaults_bit_for_bit(method):
     for name, spec in ((method, method), (method, ScoreSpec(method)), (method, {"score": method})):
         new = column_scores(spec, ow, stats[0]["sumsq"], stats[0]["sum"], stats[0]["count"])
         assert torch.equal(new, _old_scores(name, ow, stats[0]["sumsq"], stats[0]["sum"], stats[0]["count"]))
-        keep = select_layer(spec, ow, stats[0], dw, stats[1], geom, 0.3, "nearest")
+        W, S = {"o_proj": ow, "down_proj": dw}, dict(zip(("o_proj", "down_proj"), stats, strict=True))
+        keep = select_layer(spec, W, S, geom, KeepRule(0.3, "nearest"))
         og = _old_scores(name, ow, stats[0]["sumsq"], stats[0]["sum"], stats[0]["count"]).view(3, 8).sum(1)
         od = _old_scores(name, dw, stats[1]["sumsq"], stats[1]["sum"], stats[1]["count"])
         assert keep == {"kv_groups": top_k_sorted(og, 2), "channels": top_k_sorted(od, 28)}

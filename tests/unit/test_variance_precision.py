@@ -10,7 +10,7 @@ from coec.arch import AttnShape
 from coec.artifacts import read_gram_layer
 from coec.calibrate import GramAccumulator, channel_sumsq, gram_tensors
 from coec.iterative.stats import finalize_stats, mix_stats
-from coec.selection import channel_variance, column_scores, select_layer
+from coec.selection import KeepRule, channel_variance, column_scores, select_layer
 
 
 def _offset_channels(n=4000, d=6, seed=0):
@@ -52,7 +52,7 @@ def test_selection_scores_use_the_float64_sumsq(tmp_path):
     w = torch.randn(5, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     exact = column_scores("flap", w, (x**2).sum(0), x.sum(0), x.shape[0])
     geom = AttnShape(n_heads=2, n_kv=2, head_dim=4)
-    keep = select_layer("flap", w, st, w, st, geom, 0.5)
+    keep = select_layer("flap", {"o_proj": w, "down_proj": w}, {"o_proj": st, "down_proj": st}, geom, KeepRule(0.5))
     want = sorted(torch.argsort(-exact)[:4].tolist())
     assert keep["channels"] == want
     fp32 = column_scores("flap", w, st["gram"].diagonal(), st["sum"], st["count"])

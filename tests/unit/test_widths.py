@@ -12,6 +12,7 @@ from coec.arch import AttnShape
 from coec.calibrate import GramAccumulator, gram_tensors
 from coec.config import SCHEMA, ConfigError, schema_default, validate_config
 from coec.selection import (
+    KeepRule,
     aligned_keep,
     aligned_steps,
     check_multiple,
@@ -87,12 +88,13 @@ def _layer_problem(d_ff=48, seed=0):
 @pytest.mark.parametrize("method", ["wanda_sp", "flap", "rcpu"])
 def test_select_layer_keeps_the_top_of_the_score(method):
     ow, ost, dw, dst, geom = _layer_problem()
-    scores = layer_scores(method, ow, ost, dw, dst, geom)["down_proj"]
-    base = select_layer(method, ow, ost, dw, dst, geom, 0.3)
-    assert base == select_layer(method, ow, ost, dw, dst, geom, 0.3, channel_multiple=1, channel_rounding="ceil")
+    W, S = {"o_proj": ow, "down_proj": dw}, {"o_proj": ost, "down_proj": dst}
+    scores = layer_scores(method, W, S, geom)["down_proj"]
+    base = select_layer(method, W, S, geom, KeepRule(0.3))
+    assert base == select_layer(method, W, S, geom, KeepRule(0.3, channel_multiple=1, channel_rounding="ceil"))
     assert base["channels"] == top_k_sorted(scores, 34)  # ceil(0.7 x 48)
     for m, r, k in ((8, "ceil", 40), (8, "floor", 32), (16, "nearest", 32), (16, "ceil", 48)):
-        got = select_layer(method, ow, ost, dw, dst, geom, 0.3, channel_rounding=r, channel_multiple=m)
+        got = select_layer(method, W, S, geom, KeepRule(0.3, channel_rounding=r, channel_multiple=m))
         assert got["kv_groups"] == base["kv_groups"]  # attention: whole KV groups, untouched
         assert got["channels"] == top_k_sorted(scores, k)
         pruned = sorted(set(range(48)) - set(got["channels"]))

@@ -24,6 +24,7 @@ from coec.deploy.measured import write_measured
 from coec.deploy.spec import measured_spec
 from coec.evaluate.llamacpp import unavailable
 from coec.export import run_export
+from coec.export_formats import ExportRequest
 from coec.gguf import write_gguf
 from coec.pipeline import build_model
 from conftest import full_workflow_config, job_counts, make_model_dir
@@ -177,10 +178,11 @@ def tiny_cells(tmp_path_factory):
     src = make_model_dir(root / "src", "llama", **SHAPE)
     keep = root / "keep.json"
     keep.write_text(json.dumps({"layers": [{"kv_groups": [0, 2], "channels": list(range(0, 96, 2))}] * 2}))
-    run_export(str(src), str(keep), [], "float32", str(root / "export"))
+    run_export(ExportRequest(str(src), str(keep), (), "float32", str(root / "export")))
     for name, k in (("dense", None), ("cell", str(keep))):
         for g in ("f16", "q8_0"):
-            run_export(str(src), k, [], "float32", str(root / f"{name}-{g}.gguf"), fmt="gguf", gguf_type=g)
+            gguf = ExportRequest(str(src), k, (), "float32", str(root / f"{name}-{g}.gguf"), options={"gguf_type": g})
+            run_export(gguf, fmt="gguf")
     return root, src, keep
 
 

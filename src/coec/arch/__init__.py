@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..registry import Registry
 from .base import (
+    COMP_KEY,
     MODULES,
     Adapter,
     AttnShape,
@@ -24,6 +25,7 @@ from .base import (
     o_proj_columns,
     pruned_value_proj,
     sliced_linear,
+    weight_of,
 )
 from .granite import GraniteAdapter
 from .llama import LlamaAdapter, MistralAdapter
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 __all__ = [
+    "COMP_KEY",
     "MODULES",
     "Adapter",
     "AttnShape",
@@ -52,6 +55,7 @@ __all__ = [
     "o_proj_columns",
     "sliced_linear",
     "stock_class",
+    "weight_of",
 ]
 
 #: Every supported model family (a transformers ``model_type``) -> its adapter; an adapter may

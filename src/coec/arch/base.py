@@ -10,6 +10,7 @@ differs. Method code reaches a family only through :func:`coec.arch.adapter_for`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -23,13 +24,17 @@ if TYPE_CHECKING:
 # are the query heads' values) and the MLP output projection (its input columns are channels).
 MODULES = ("o_proj", "down_proj")
 
+# A compensated tensor's name in a compensation block file, ``layer{i}.{module}.{weight|bias}``
+# (group 1: the layer index, group 2: the module, group 3: weight or bias).
+COMP_KEY = re.compile(rf"^layer(\d+)\.({'|'.join(MODULES)})\.(weight|bias)$")
+
 
 class ModelError(ValueError):
     """A model that the pruning code cannot handle, with a message naming why."""
 
 
 class NeedsView(Protocol):
-    """What the export rules read of the structure a pruned model needs (``prune.ExportNeeds``)."""
+    """What the export rules read of the structure a pruned model needs (``export_class.ExportNeeds``)."""
 
     @property
     def qkv_bias(self) -> bool: ...
@@ -71,7 +76,7 @@ def head_indices(kv_groups: list[int], geom: AttnShape) -> list[int]:
 
 def o_proj_columns(kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
     """Input columns of o_proj kept with ``kv_groups`` (ascending), LongTensor."""
-    import torch
+    import torch  # deferred: torch, ~3 s at CLI start
 
     heads = torch.tensor(head_indices(kv_groups, geom), dtype=torch.long)
     return (heads[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
@@ -79,7 +84,7 @@ def o_proj_columns(kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
 
 def kv_rows(kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
     """Output rows of k_proj / v_proj kept with ``kv_groups`` (ascending), LongTensor."""
-    import torch
+    import torch  # deferred: torch, ~3 s at CLI start
 
     g = torch.tensor(kv_groups, dtype=torch.long)
     return (g[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
@@ -105,12 +110,22 @@ def pruned_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom: AttnSh
     return expand_kv_rows(rows, geom.groups, geom.head_dim)
 
 
+def weight_of(module: nn.Module, name: str = "weight") -> torch.Tensor:
+    """A module's ``weight`` (or ``name``) tensor; TypeError when it holds none."""
+    import torch  # deferred: torch, ~3 s at CLI start
+
+    t = getattr(module, name, None)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{type(module).__name__} has no {name} tensor")
+    return t
+
+
 def sliced_linear(
     lin: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None, bias: bool | None = None
 ) -> nn.Linear:
     """A new Linear holding ``lin.weight[rows][:, cols]`` (and its bias rows)."""
-    import torch
-    from torch import nn
+    import torch  # deferred: torch, ~3 s at CLI start
+    from torch import nn  # deferred: torch, ~3 s at CLI start
 
     w = lin.weight.data
     b = lin.bias.data if lin.bias is not None else None
@@ -231,12 +246,12 @@ class Adapter(StockClass):
         p = ".".join((*self.layers_path, str(layer), ""))
         names = {
             r: f"{p}{self.attn_attr}.{a}.weight"
-            for r, a in zip(("q_proj", "k_proj", "v_proj", "o_proj"), (self.q, self.k, self.v, self.o))
+            for r, a in zip(("q_proj", "k_proj", "v_proj", "o_proj"), (self.q, self.k, self.v, self.o), strict=True)
         }
         names.update(
             {
                 r: f"{p}{self.mlp_attr}.{a}.weight"
-                for r, a in zip(("gate_proj", "up_proj", "down_proj"), (self.gate, self.up, self.down))
+                for r, a in zip(("gate_proj", "up_proj", "down_proj"), (self.gate, self.up, self.down), strict=True)
             }
         )
         return names
@@ -264,7 +279,7 @@ class Adapter(StockClass):
             raise ValueError("a layer must keep at least one KV group")
         if len(set(kv_groups)) != len(kv_groups) or max(kv_groups) >= geom.n_kv or min(kv_groups) < 0:
             raise ValueError(f"invalid kv_groups {kv_groups} for {geom.n_kv} KV heads")
-        import torch
+        import torch  # deferred: torch, ~3 s at CLI start
 
         attn, mlp = self.attention(layer), self.mlp(layer)
         q_rows = o_proj_columns(kv_groups, geom)

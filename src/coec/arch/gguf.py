@@ -29,13 +29,15 @@ rotate-half (NEOX) form (``src/llama-model.cpp:3177``) and takes the rows as the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
-    import numpy as np
     from gguf import LlamaFileType, LlamaHfVocab
     from llama_cpp import Llama
 
@@ -142,7 +144,7 @@ def choose_arch(candidates: tuple[str, ...], needs: GgufNeeds) -> tuple[GgufArch
 # ----------------------------------------------------------------------------- other names
 def file_types() -> dict[str, LlamaFileType]:
     """``general.file_type`` of each requested tensor type (gguf-py's ``LlamaFileType``)."""
-    from gguf import LlamaFileType as F
+    from gguf import LlamaFileType as F  # deferred: gguf, ~0.3 s at workflow planning
 
     return {
         "f32": F.ALL_F32,
@@ -161,7 +163,7 @@ def file_types() -> dict[str, LlamaFileType]:
 def file_type_name(value: int) -> str:
     """The tensor type named by a ``general.file_type`` value: ours (:func:`file_types`) where
     it is one, else gguf-py's name less its ALL_/MOSTLY_ prefix (``q4_k_m``)."""
-    from gguf import LlamaFileType as F
+    from gguf import LlamaFileType as F  # deferred: gguf, ~0.3 s at workflow planning
 
     ours = {int(v): k for k, v in file_types().items()}
     if value in ours:
@@ -177,7 +179,7 @@ SPM_TOKENIZER_MODEL = "llama"
 def byte_fallback_vocab(folder: Path) -> LlamaHfVocab:
     """gguf-py's reader of a byte-fallback BPE ``tokenizer.json`` (``LlamaHfVocab``: tokens,
     scores and types as the converter's ``_set_vocab_llama_hf`` writes them)."""
-    from gguf import LlamaHfVocab
+    from gguf import LlamaHfVocab  # deferred: gguf, ~0.3 s at workflow planning
 
     return LlamaHfVocab(folder)
 
@@ -196,10 +198,8 @@ SPLIT_REGEX_PRE = {
 def bindings_last_logits(llm: Llama) -> np.ndarray:
     """The logits of the last evaluated position of a llama-cpp-python model (a view of the
     context's float32 buffer, ``n_vocab`` long)."""
-    import ctypes
 
-    import llama_cpp
-    import numpy as np
+    import llama_cpp  # deferred: llama-cpp-python is an optional dependency
 
     ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
     return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(llm.n_vocab(),))
@@ -207,7 +207,7 @@ def bindings_last_logits(llm: Llama) -> np.ndarray:
 
 def bindings_model_class() -> type[Llama]:
     """llama-cpp-python's model class (``llama_cpp.Llama``); ImportError when it is absent."""
-    from llama_cpp import Llama
+    from llama_cpp import Llama  # deferred: llama-cpp-python is an optional dependency
 
     model_class: type[Llama] = Llama  # typed whether or not mypy finds llama_cpp (else Any)
     return model_class
@@ -218,10 +218,8 @@ def bindings_imatrix(vectors: dict[str, np.ndarray]) -> tuple[Any, list[Any]]:
     of ``llama_model_imatrix_data`` {name, data, size}, one per vector (float32, (row width,)) in
     name order, then one with ``name == NULL`` (llama.cpp reads up to it, src/llama-quant.cpp:994).
     Returns (array, the buffers it points into): keep both alive until the call returns."""
-    import ctypes
 
-    import llama_cpp
-    import numpy as np
+    import llama_cpp  # deferred: llama-cpp-python is an optional dependency
 
     entry = llama_cpp.llama_model_imatrix_data
     keep: list[Any] = []
@@ -243,9 +241,8 @@ def bindings_quantize(
     ``src`` to ``dst`` as ``ftype`` (a ``llama_ftype``, numbered as gguf-py's ``LlamaFileType``)
     on ``nthread`` threads, with the importance vectors ``imatrix`` (GGUF name -> float32 (row
     width,)) when given; returns its status (0: done). ImportError without the bindings."""
-    import ctypes
 
-    import llama_cpp
+    import llama_cpp  # deferred: llama-cpp-python is an optional dependency
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
@@ -263,7 +260,7 @@ def bindings_quantize(
 def bindings_system_info() -> str:
     """llama.cpp's system line (``llama_print_system_info``: the instruction sets it was built
     with, e.g. ``AMX_INT8 = 1``); ImportError when the bindings are absent."""
-    import llama_cpp
+    import llama_cpp  # deferred: llama-cpp-python is an optional dependency
 
     return str(llama_cpp.llama_print_system_info().decode(errors="replace"))
 
@@ -273,7 +270,7 @@ def default_model_params(**fields: object) -> Iterator[None]:
     """Within the block, the model parameters llama-cpp-python's ``Llama()`` starts from
     (``llama_model_default_params``) carry ``fields`` (e.g. ``use_extra_bufts=False``, which its
     0.3.36 constructor takes no keyword for: ``**kwargs`` swallows it)."""
-    import llama_cpp.llama_cpp as lib
+    import llama_cpp.llama_cpp as lib  # deferred: llama-cpp-python is an optional dependency
 
     default = lib.llama_model_default_params
 

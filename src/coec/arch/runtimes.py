@@ -161,7 +161,7 @@ _ROLES = (("qkv", "qkv_bias", "q/k/v"), ("o", "o_bias", "o_proj"), ("mlp", "mlp_
 
 def verdict(runtime: str, model_type: str, needs: NeedsView) -> dict[str, str]:
     """{'status': ok | misread | fails, 'why', 'source'} of ``runtime`` reading a cell with
-    ``needs`` (``prune.ExportNeeds``) written as ``model_type``."""
+    ``needs`` (``export_class.ExportNeeds``) written as ``model_type``."""
     reads = READS[runtime].get(model_type)
     if reads is None:
         return {"status": FAILS, "why": f"no rules recorded for {model_type}", "source": ""}

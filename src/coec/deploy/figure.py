@@ -5,22 +5,26 @@ prefill token)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..rendering import save_figure, set_caption
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
-def plot_measured(df, out: str | Path, caption: str = "") -> None:
+def plot_measured(df: pd.DataFrame, out: str | Path, caption: str = "") -> None:
     """Two panels (decode, prefill) over the cells in table order; ``df`` is the measured table."""
-    import matplotlib
+    import matplotlib  # deferred: the Agg backend is chosen before pyplot loads
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..rendering import save_figure, set_caption
+    import matplotlib.pyplot as plt  # deferred: after matplotlib.use("Agg")
 
     cells = list(dict.fromkeys(df["cell"]))
     x = {c: i for i, c in enumerate(cells)}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     panels = (("decode_speedup", "byte_bound", "decode (batch 1)"), ("prefill_speedup", "flop_bound", "prefill"))
-    for ax, (speed, bound, title) in zip(axes, panels):
+    for ax, (speed, bound, title) in zip(axes, panels, strict=True):
         for i, ((runtime, typ), d) in enumerate(df.groupby(["runtime", "type"], sort=False)):
             color = f"C{i}"
             xs = [x[c] for c in d["cell"]]

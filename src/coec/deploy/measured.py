@@ -29,12 +29,20 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .. import artifacts
+from ..atomic import write_text
+from ..evaluate.llamacpp import require
 from ..export_formats import GGUF_VARIANTS
 from ..isolated import describe_exit, signal_name
 from .bounds import gguf_flops_per_token, prefill_context
 from .worker import MARK
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -76,29 +84,26 @@ def machine_threads(threads: int) -> int:
         return os.cpu_count() or 1
 
 
-def check_runtimes(spec: dict) -> None:
+def check_runtimes(spec: dict[str, Any]) -> None:
     """Before any measurement: the llama.cpp runtimes the spec asks for can run here (else one
     line saying how to install them, ``coec.evaluate.llamacpp.require``)."""
-    from ..evaluate.llamacpp import require
-
     wanted = [name for name in spec["runtimes"] if RUNTIMES[name][0] == "llama.cpp"]
     if wanted:
         require(f"table4_measured.runtimes {', '.join(wanted)} run in llama.cpp")
 
 
-def prompt_ids(spec: dict) -> list[int]:
+def prompt_ids(spec: dict[str, Any]) -> list[int]:
     """``prompt_tokens`` token ids drawn with ``seed`` from the model's vocabulary (speed does not
     depend on the text; every configuration gets the same ids)."""
-    import numpy as np
-
     rng = np.random.default_rng(spec.get("seed", 0))
-    return rng.integers(0, vocab_size(spec["cells"][0]), spec["prompt_tokens"]).tolist()
+    ids: list[int] = rng.integers(0, vocab_size(spec["cells"][0]), spec["prompt_tokens"]).tolist()
+    return ids
 
 
-def vocab_size(cell: dict) -> int:
+def vocab_size(cell: dict[str, Any]) -> int:
     gguf_file = next(iter(cell.get("gguf", {}).values()), None)
     if gguf_file:
-        import gguf
+        import gguf  # deferred: gguf, ~0.3 s at workflow planning
 
         emb = next(t for t in gguf.GGUFReader(gguf_file).tensors if t.name == "token_embd.weight")
         return int(emb.shape[1])
@@ -106,7 +111,7 @@ def vocab_size(cell: dict) -> int:
     return int(artifacts.read_json(Path(folder) / "config.json")["vocab_size"])
 
 
-def configurations(spec: dict) -> list[dict]:
+def configurations(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every (cell, runtime) the spec can measure: transformers where the cell has an HF folder or
     a build, llama.cpp where it has a GGUF file of that type."""
     out = []
@@ -128,11 +133,11 @@ def worker_command() -> list[str]:
     return [sys.executable, "-m", "coec.deploy.worker"]
 
 
-def run_worker(config: dict, prompt: list[int], spec: dict, threads: int) -> dict:
+def run_worker(config: dict[str, Any], prompt: list[int], spec: dict[str, Any], threads: int) -> dict[str, Any]:
     """One measurement in a fresh process; its ``COEC_TIMING`` line as a dict, or for a worker
     killed by a signal {'failed': 'SIGSEGV (signal 11)', 'signal', 'returncode', 'stderr_tail'}.
     Any other failure raises RuntimeError."""
-    job = {k: config[k] for k in ("runtime", "dtype", "path", "build") if k in config}
+    job: dict[str, Any] = {k: config[k] for k in ("runtime", "dtype", "path", "build") if k in config}
     job.update(prompt=prompt, new_tokens=spec["new_tokens"], threads=threads, device=spec.get("device", "cpu"))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
@@ -149,10 +154,11 @@ def run_worker(config: dict, prompt: list[int], spec: dict, threads: int) -> dic
         return {"failed": describe_exit(rc), "signal": signal_name(rc), "returncode": rc, "stderr_tail": tail}
     if proc.returncode or not lines:
         raise RuntimeError(f"measuring {config['cell']} on {config['name']} failed: {tail}")
-    return json.loads(lines[-1].removeprefix(MARK))
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix(MARK))
+    return result
 
 
-def measure_all(spec: dict) -> tuple[list[dict], dict]:
+def measure_all(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every configuration's ``repeats`` runs, interleaved; returns (configurations with their
     runs, machine info)."""
     threads = machine_threads(spec.get("threads", 0))
@@ -184,7 +190,7 @@ def measure_all(spec: dict) -> tuple[list[dict], dict]:
     return configs, {"threads": threads, "load_1min": load}
 
 
-def summarize(config: dict, spec: dict) -> dict:
+def summarize(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     """Median and best tokens/s, peak RSS and bytes read of one configuration's runs (NaN for a
     configuration that failed)."""
     runs = config["runs"]
@@ -206,7 +212,7 @@ def summarize(config: dict, spec: dict) -> dict:
     return out
 
 
-def file_mb(config: dict) -> float:
+def file_mb(config: dict[str, Any]) -> float:
     """Size on disk of what the configuration loads (an HF folder's weights or the GGUF file);
     NaN for a cell assembled in memory or a model that is not a local path."""
     p = Path(config.get("path") or "")
@@ -220,7 +226,7 @@ def _ratio(a: float | None, b: float | None) -> float:
     return a / b if a is not None and b else float("nan")
 
 
-def table_rows(configs: list[dict], spec: dict) -> list[dict]:
+def table_rows(configs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per configuration: measurements, speedups over the dense cell (the spec's first)
     of the same runtime and type, and their bounds."""
     cells = {c["label"]: c for c in spec["cells"]}
@@ -256,13 +262,13 @@ def table_rows(configs: list[dict], spec: dict) -> list[dict]:
     return rows
 
 
-def write_measured(spec: dict, out: str | Path):
+def write_measured(spec: dict[str, Any], out: str | Path) -> pd.DataFrame:
     """Measure, then write ``out`` (CSV), its .md twin (caption with the machine, threads, load
     average and repeats) and the figure; returns the table (a DataFrame)."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
 
-    from ..rendering import to_markdown
-    from .figure import plot_measured
+    from ..rendering import to_markdown  # deferred: pandas, ~0.8 s at workflow planning
+    from .figure import plot_measured  # deferred: matplotlib, ~1.1 s at workflow planning
 
     check_runtimes(spec)
     configs, machine = measure_all(spec)
@@ -276,11 +282,7 @@ def write_measured(spec: dict, out: str | Path):
         f"{spec['prompt_tokens']} tokens, {spec['new_tokens']} new tokens, batch 1; "
         f"1-min load average before and after each round: {load}."
     ).strip()
-    artifacts.write_text(
-        out.with_suffix(".md"), to_markdown(df[list(MD_COLUMNS)].rename(columns=MD_COLUMNS), 2, caption)
-    )
-    artifacts.write_text(
-        out.with_suffix(".runs.json"), json.dumps({"machine": machine, "configs": configs}, indent=1) + "\n"
-    )
+    write_text(out.with_suffix(".md"), to_markdown(df[list(MD_COLUMNS)].rename(columns=MD_COLUMNS), 2, caption))
+    write_text(out.with_suffix(".runs.json"), json.dumps({"machine": machine, "configs": configs}, indent=1) + "\n")
     plot_measured(df, spec.get("figure") or str(out.parent / "figures" / f"{out.stem}.png"), caption)
     return df

@@ -10,6 +10,8 @@ always made: the FLOP bound is read from it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import paths
 from ..config import ConfigError
 from ..iterative import targets as iterative_targets
@@ -19,9 +21,9 @@ from .measured import RUNTIMES
 KEY = "table4_measured"
 
 
-def _check(config: dict) -> dict:
+def _check(config: dict[str, Any]) -> dict[str, Any]:
     """The table's config, every name it uses checked (one line naming the key)."""
-    t = config[KEY]
+    t: dict[str, Any] = config[KEY]
     if t["model"] not in config["models"]:
         raise ConfigError(f"config: {KEY}.model: unknown model {t['model']!r}")
     calibs = set(config["calibration"]) | set(iterative_targets.mix_entries(config))
@@ -37,19 +39,19 @@ def _check(config: dict) -> dict:
     return t
 
 
-def _label(row: dict) -> str:
+def _label(row: dict[str, Any]) -> str:
     if row.get("label"):
-        return row["label"]
+        return str(row["label"])
     what = row.get("variant") or f"{row['selection']}+{row['compensation']}"
     return f"{what} {paths.fmt_ratio(row['ratio'])}"
 
 
-def gguf_types(t: dict) -> list[str]:
+def gguf_types(t: dict[str, Any]) -> list[str]:
     """The GGUF types to export: f16 (the bounds) and every llama.cpp runtime's type."""
     return list(dict.fromkeys(["f16", *(RUNTIMES[r][1] for r in t["runtimes"] if RUNTIMES[r][0] == "llama.cpp")]))
 
 
-def measured_cells(config: dict) -> list[dict]:
+def measured_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The spec's cells: label, ratio, hf folder or in-memory build, GGUF files by type."""
     t = _check(config)
     model, types = t["model"], gguf_types(t)
@@ -77,7 +79,7 @@ def measured_cells(config: dict) -> list[dict]:
     return cells
 
 
-def measured_spec(config: dict) -> dict:
+def measured_spec(config: dict[str, Any]) -> dict[str, Any]:
     """The spec of ``coec report --kind table4-measured`` (coec.deploy.measured)."""
     t = _check(config)
     keys = ("runtimes", "prompt_tokens", "new_tokens", "repeats", "threads", "seed")
@@ -91,7 +93,7 @@ def measured_spec(config: dict) -> dict:
     }
 
 
-def measured_inputs(config: dict) -> list[str]:
+def measured_inputs(config: dict[str, Any]) -> list[str]:
     """Every file the measured table reads: the dense model folder (embedded models), HF
     exports, GGUF files, the iterative cells' keep sets and blocks."""
     t = _check(config)

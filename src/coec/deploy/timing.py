@@ -13,7 +13,21 @@ the machine runs (the wall clock then also counts the time other processes held 
 
 from __future__ import annotations
 
+import resource
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..arch import weight_of
+from ..arch.gguf import bindings_last_logits
+from ..evaluate.llamacpp import open_gguf
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+Clocks = tuple[float, float]  # (wall seconds, CPU seconds)
 
 WARMUP_PROMPT, WARMUP_STEPS = 16, 4
 
@@ -23,7 +37,7 @@ def _clocks() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def _result(t0, t1, t2) -> dict[str, float]:
+def _result(t0: Clocks, t1: Clocks, t2: Clocks) -> dict[str, float]:
     """Wall and CPU seconds of the prefill (t0 -> t1) and of the decode steps (t1 -> t2)."""
     return {
         "prefill_s": t1[0] - t0[0],
@@ -33,19 +47,17 @@ def _result(t0, t1, t2) -> dict[str, float]:
     }
 
 
-def _argmax_next(logits) -> int:
+def _argmax_next(logits: torch.Tensor) -> int:
     return int(logits[0, -1].argmax())
 
 
-def time_transformers(model, prompt: list[int], new_tokens: int) -> dict[str, float]:
+def time_transformers(model: PreTrainedModel, prompt: list[int], new_tokens: int) -> dict[str, float]:
     """{'prefill_s', 'decode_s', 'prefill_cpu_s', 'decode_cpu_s'} of a transformers causal LM (on
     its device) for ``prompt`` (token ids) and ``new_tokens`` greedy steps."""
-    import torch
-
     device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def run(ids: list[int], steps: int):
+    def run(ids: list[int], steps: int) -> tuple[Clocks, Clocks, Clocks]:
         x = torch.tensor([ids], device=device)
         with torch.inference_mode():
             sync()
@@ -66,11 +78,9 @@ def time_transformers(model, prompt: list[int], new_tokens: int) -> dict[str, fl
     return _result(*run(prompt, new_tokens))
 
 
-def load_llamacpp(path: str, n_ctx: int, n_batch: int, threads: int):
+def load_llamacpp(path: str, n_ctx: int, n_batch: int, threads: int) -> Any:
     """A llama.cpp context on a GGUF file for timing: default KV cache and attention settings (what
     a deployment gets), ``threads`` for both the prompt and the decode steps."""
-    from ..evaluate.llamacpp import open_gguf
-
     return open_gguf(
         path,
         n_ctx=n_ctx,
@@ -83,12 +93,11 @@ def load_llamacpp(path: str, n_ctx: int, n_batch: int, threads: int):
     )
 
 
-def time_llamacpp(llm, prompt: list[int], new_tokens: int) -> dict[str, float]:
+def time_llamacpp(llm: Any, prompt: list[int], new_tokens: int) -> dict[str, float]:
     """Wall and CPU seconds of prefill and decode of a llama.cpp context (``load_llamacpp``), as
     :func:`time_transformers` times a transformers model."""
-    from ..arch.gguf import bindings_last_logits
 
-    def run(ids: list[int], steps: int):
+    def run(ids: list[int], steps: int) -> tuple[Clocks, Clocks, Clocks]:
         llm.reset()
         t0 = _clocks()
         llm.eval(ids)
@@ -112,12 +121,10 @@ def peak_rss_mb() -> float:
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def torch_read_bytes(model) -> int:
+def torch_read_bytes(model: PreTrainedModel) -> int:
     """Bytes of weights one decoded token reads in a transformers model: every parameter once
     (a tied head counted once, as the head), less the input embedding when the head is untied
     (the lookup reads one row)."""
@@ -126,7 +133,8 @@ def torch_read_bytes(model) -> int:
         if p.data_ptr() not in seen:
             seen.add(p.data_ptr())
             total += p.numel() * p.element_size()
-    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    emb = weight_of(model.get_input_embeddings())
+    head = weight_of(model.get_output_embeddings())  # type: ignore[no-untyped-call]  # transformers: untyped
     if emb.data_ptr() != head.data_ptr():
         total -= emb.numel() * emb.element_size() - emb.shape[1] * emb.element_size()
     return total

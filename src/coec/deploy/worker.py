@@ -17,24 +17,26 @@ import json
 import os
 import sys
 import time
+from typing import Any
+
+import torch
+
+from .bounds import gguf_read_bytes
+from .timing import load_llamacpp, peak_rss_mb, time_llamacpp, time_transformers, torch_read_bytes
 
 MARK = "COEC_TIMING "
 
 
-def _transformers(spec: dict) -> dict:
-    import torch
-
-    from .timing import time_transformers, torch_read_bytes
-
+def _transformers(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec["dtype"])
     device = spec.get("device", "cpu")
     if spec.get("path"):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # deferred: ~1.4 s at workflow planning
 
         model = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=dtype)
     else:
-        from ..pipeline import build_model
+        from ..pipeline import build_model  # deferred: ~1 s at workflow planning
 
         b = spec["build"]
         model, _ = build_model(b["model"], spec["dtype"], "cpu", b.get("keep"), b.get("comp") or [])
@@ -43,10 +45,7 @@ def _transformers(spec: dict) -> dict:
     return {**out, "read_bytes": torch_read_bytes(model)}
 
 
-def _llamacpp(spec: dict) -> dict:
-    from .bounds import gguf_read_bytes
-    from .timing import load_llamacpp, time_llamacpp
-
+def _llamacpp(spec: dict[str, Any]) -> dict[str, Any]:
     n = len(spec["prompt"])
     llm = load_llamacpp(spec["path"], n + spec["new_tokens"] + 8, n, spec["threads"])
     try:
@@ -57,10 +56,8 @@ def _llamacpp(spec: dict) -> dict:
     return {**out, "read_bytes": gguf_read_bytes(spec["path"]), "extra_bufts": extra_bufts}
 
 
-def measure(spec: dict) -> dict:
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one measurement in this process (load, warm up, time once)."""
-    from .timing import peak_rss_mb
-
     t0 = time.perf_counter()
     run = _transformers if spec["runtime"] == "transformers" else _llamacpp
     out = run(spec)

@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ def unavailable() -> str | None:
     return None
 
 
-def open_gguf(path: str | Path, **kwargs):
+def open_gguf(path: str | Path, **kwargs: Any) -> Any:
     """``llama_cpp.Llama(model_path=path, **kwargs)``, with llama.cpp's extra CPU buffers off on
     a CPU with AMX whose bindings were built with AMX (``llamacpp_amx.keep_extra_buffers``)."""
     model_class = bindings_model_class()
@@ -53,7 +54,7 @@ def open_gguf(path: str | Path, **kwargs):
         return model_class(model_path=str(path), **kwargs)
 
 
-def load(path: str | Path, n_ctx: int, n_threads: int | None = None):
+def load(path: str | Path, n_ctx: int, n_threads: int | None = None) -> Any:
     """A llama.cpp context on ``path`` that keeps every position's logits (``logits_all``)."""
     return open_gguf(
         path,
@@ -70,7 +71,7 @@ def load(path: str | Path, n_ctx: int, n_threads: int | None = None):
     )
 
 
-def window_logits(llm, tokens: list[int] | torch.Tensor) -> np.ndarray:
+def window_logits(llm: Any, tokens: list[int] | torch.Tensor) -> np.ndarray:
     """Logits (n, vocab) float32 of one sequence evaluated from an empty cache; position t
     scores token t + 1."""
     ids = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
@@ -82,14 +83,20 @@ def window_logits(llm, tokens: list[int] | torch.Tensor) -> np.ndarray:
 def gguf_logits(path: str | Path, windows: torch.Tensor, n_threads: int | None = None) -> np.ndarray:
     """Logits (n_windows, seqlen, vocab) of every window of token ids (n_windows, seqlen),
     computed in a child process (ProcessCrashed if llama.cpp dies)."""
-    return call_isolated(_gguf_logits, str(path), windows, n_threads, what=f"llama.cpp on {Path(path).name}")
+    logits: np.ndarray = call_isolated(
+        _gguf_logits, str(path), windows, n_threads, what=f"llama.cpp on {Path(path).name}"
+    )
+    return logits
 
 
-def gguf_perplexity(path: str | Path, windows: torch.Tensor, n_threads: int | None = None) -> dict:
+def gguf_perplexity(path: str | Path, windows: torch.Tensor, n_threads: int | None = None) -> dict[str, Any]:
     """{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen', 'seconds'} of a GGUF file over
     (n, seqlen) token windows, each scored from an empty cache (``evaluate.ppl.perplexity``'s
     protocol and NLL sum), computed in a child process (ProcessCrashed if llama.cpp dies)."""
-    return call_isolated(_gguf_perplexity, str(path), windows, n_threads, what=f"llama.cpp on {Path(path).name}")
+    result: dict[str, Any] = call_isolated(
+        _gguf_perplexity, str(path), windows, n_threads, what=f"llama.cpp on {Path(path).name}"
+    )
+    return result
 
 
 def _gguf_logits(path: str, windows: torch.Tensor, n_threads: int | None) -> np.ndarray:
@@ -100,7 +107,7 @@ def _gguf_logits(path: str, windows: torch.Tensor, n_threads: int | None) -> np.
         llm.close()
 
 
-def _gguf_perplexity(path: str, windows: torch.Tensor, n_threads: int | None) -> dict:
+def _gguf_perplexity(path: str, windows: torch.Tensor, n_threads: int | None) -> dict[str, Any]:
     t0 = time.time()
     llm = load(path, windows.shape[1], n_threads)
     total, count = 0.0, 0

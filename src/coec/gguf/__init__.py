@@ -1,6 +1,6 @@
 """GGUF export of a pruned, compensated model for llama.cpp (docs/export.md "GGUF").
 
-``write_gguf(model, tokenizer, out, gguf_type)`` writes the in-memory model built by
+``write_gguf(model, tokenizer, out, gguf_type, GgufOptions(...))`` writes the in-memory model built by
 ``pipeline.build_model`` as ``llama`` (one width in every block) or ``deci`` (per-layer widths)
 and checks the file read back; ``coec.arch.gguf`` records what each llama.cpp architecture's
 loader holds, ``coec.gguf.layout`` the pure pieces (q/k row order, tensor types, RoPE),
@@ -11,14 +11,16 @@ quantizer, ``coec.gguf.sidecar`` the ``<out>.json`` that lists the tensors that 
 from __future__ import annotations
 
 from ..arch.gguf import ARCHS, GgufArch, choose_arch
-from .layout import GGUF_TYPES, permute_qk, tensor_type
-from .writer import PROVENANCE_KEY, is_gguf_export, verify_gguf, write_gguf
+from ..export_formats import GGUF_TYPES
+from .layout import permute_qk, tensor_type
+from .writer import PROVENANCE_KEY, GgufOptions, is_gguf_export, verify_gguf, write_gguf
 
 __all__ = [
     "ARCHS",
     "GGUF_TYPES",
     "PROVENANCE_KEY",
     "GgufArch",
+    "GgufOptions",
     "choose_arch",
     "permute_qk",
     "is_gguf_export",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -13,6 +14,12 @@ from gguf import GGMLQuantizationType as Q
 
 from ..arch.gguf import file_types
 from ..export_formats import GGUF_TYPES
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PretrainedConfig
+
+    from ..arch import Adapter
 
 # requested type -> 2-D tensor type; gguf-py quantizes the block types (32 values of a row each)
 _TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q5_1": Q.Q5_1, "q5_0": Q.Q5_0, "q4_1": Q.Q4_1, "q4_0": Q.Q4_0}
@@ -109,10 +116,10 @@ class LayerWidths:
     ffn: int
 
 
-def layer_widths(adapter, model, head_dim: int) -> list[LayerWidths]:
+def layer_widths(adapter: Adapter, model: nn.Module, head_dim: int) -> list[LayerWidths]:
     """Widths of every (pruned) decoder block, read from its module shapes; ValueError when a
     block's q/k/v/o shapes do not split into whole heads of ``head_dim``."""
-    out = []
+    out: list[LayerWidths] = []
     for i, layer in enumerate(adapter.decoder_layers(model)):
         attn = adapter.attention(layer)
         q, k, v, o = (getattr(attn, n) for n in (adapter.q, adapter.k, adapter.v, adapter.o))
@@ -132,7 +139,7 @@ def layer_widths(adapter, model, head_dim: int) -> list[LayerWidths]:
 
 
 # ----------------------------------------------------------------------------- RoPE
-def rope_freq_factors(params: dict, head_dim: int) -> torch.Tensor:
+def rope_freq_factors(params: dict[str, Any], head_dim: int) -> torch.Tensor:
     """The per-frequency divisors of Llama-3.1's RoPE scaling (``rope_freqs.weight``, head_dim/2
     values) as llama.cpp's converter computes them (``LlamaModel.generate_extra_tensors``)."""
     base = params.get("rope_theta", 10000.0)
@@ -141,7 +148,7 @@ def rope_freq_factors(params: dict, head_dim: int) -> torch.Tensor:
     low, high = params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
     old_ctx = params.get("original_max_position_embeddings", 8192)
     low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-    out = []
+    out: list[float] = []
     for f in freqs.tolist():
         wavelen = 2 * math.pi / f
         if wavelen < high_wavelen:
@@ -154,7 +161,7 @@ def rope_freq_factors(params: dict, head_dim: int) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float32)
 
 
-def rope_params(config) -> dict:
+def rope_params(config: PretrainedConfig) -> dict[str, Any]:
     """The config's RoPE parameters (transformers 5 ``rope_parameters``; older ``rope_scaling``
     plus ``rope_theta``), one flat dict with ``rope_type`` and ``rope_theta``."""
     p = getattr(config, "rope_parameters", None)
@@ -166,7 +173,7 @@ def rope_params(config) -> dict:
     return p
 
 
-def rope_metadata(config, head_dim: int) -> tuple[dict, torch.Tensor | None]:
+def rope_metadata(config: PretrainedConfig, head_dim: int) -> tuple[dict[str, Any], torch.Tensor | None]:
     """(GGUF RoPE keys by suffix, llama3 ``rope_freqs`` tensor or None) of a config; ValueError
     for a RoPE variant this export does not write (yarn, dynamic, longrope, partial rotary)."""
     p = rope_params(config)
@@ -175,7 +182,7 @@ def rope_metadata(config, head_dim: int) -> tuple[dict, torch.Tensor | None]:
         raise ValueError(
             f"partial rotary embeddings (partial_rotary_factor={partial}) are not written by the GGUF export"
         )
-    kv = {"rope.freq_base": float(p["rope_theta"]), "rope.dimension_count": head_dim}
+    kv: dict[str, Any] = {"rope.freq_base": float(p["rope_theta"]), "rope.dimension_count": head_dim}
     kind = p["rope_type"]
     if kind == "default":
         return kv, None

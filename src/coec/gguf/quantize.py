@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -51,11 +52,11 @@ def read_tensor_types(path: str | Path) -> list[tuple[str, tuple[int, ...], gguf
     return [(t.name, tuple(int(s) for s in reversed(t.shape.tolist())), t.tensor_type) for t in r.tensors]
 
 
-def quantizer_fallbacks(tensors: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]]) -> list[dict]:
+def quantizer_fallbacks(tensors: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]]) -> list[dict[str, Any]]:
     """The 2-D tensors that llama.cpp's quantizer did not write in a K-quant type, with why:
     {'tensor', 'shape', 'type' (written, lower case), 'why'}. Another K-quant type than the mix's
     main one (Q6_K in a Q4_K_M file) is the mix's choice, not a fallback."""
-    out = []
+    out: list[dict[str, Any]] = []
     for name, shape, qtype in tensors:
         if len(shape) != 2 or qtype in KQUANT_TYPES:
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ..atomic import write_text
 from ..embedded import file_sha256
@@ -20,7 +21,7 @@ def sidecar_path(gguf_path: str | Path) -> Path:
     return Path(f"{gguf_path}.json")
 
 
-def dense_widths(hidden_size: int, intermediate_size: int, gguf_type: str) -> dict:
+def dense_widths(hidden_size: int, intermediate_size: int, gguf_type: str) -> dict[str, Any]:
     """Whether the dense model's hidden size and MLP width are multiples of the type's block
     (a row width that is not falls back in every tensor that reads it)."""
     block = block_of(gguf_type)
@@ -28,7 +29,7 @@ def dense_widths(hidden_size: int, intermediate_size: int, gguf_type: str) -> di
     return {**sizes, "block": block, "quantize": {k: v % block == 0 for k, v in sizes.items()}}
 
 
-def sidecar(report: dict, file_name: str, sha256: str, dense: dict) -> dict:
+def sidecar(report: dict[str, Any], file_name: str, sha256: str, dense: dict[str, Any]) -> dict[str, Any]:
     """The sidecar's content from ``write_gguf``'s report: every tensor that did not get the
     requested type as {tensor, shape (rows, row width), requested, written, reason, chosen_by}."""
     t = report["gguf_type"]
@@ -62,7 +63,7 @@ def sidecar(report: dict, file_name: str, sha256: str, dense: dict) -> dict:
     return out
 
 
-def write_sidecar(gguf_path: str | Path, report: dict, dense: dict) -> Path:
+def write_sidecar(gguf_path: str | Path, report: dict[str, Any], dense: dict[str, Any]) -> Path:
     """Write the sidecar of the GGUF file at ``gguf_path`` (atomically, beside it); returns its path."""
     path = sidecar_path(gguf_path)
     content = sidecar(report, Path(gguf_path).name, file_sha256(gguf_path), dense)
@@ -73,6 +74,6 @@ def write_sidecar(gguf_path: str | Path, report: dict, dense: dict) -> Path:
 def is_sidecar(path: str | Path) -> bool:
     """Whether ``path`` is a sidecar this export wrote."""
     try:
-        return json.loads(Path(path).read_text()).get("format") == FORMAT
+        return bool(json.loads(Path(path).read_text()).get("format") == FORMAT)
     except (OSError, ValueError, AttributeError):
         return False

@@ -21,16 +21,20 @@ import logging
 import tempfile
 from hashlib import sha256
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import gguf
 
 from ..arch.gguf import SPLIT_REGEX_PRE, SPM_TOKENIZER_MODEL, byte_fallback_vocab
 from ..arch.gguf_pre import CHECK_TEXT, PRE_BY_HASH
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
 
 
-def gguf_tokenizer_fields(path: str | Path) -> list[tuple[str, object, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
+def gguf_tokenizer_fields(path: str | Path) -> list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
     """Every ``tokenizer.*`` key of a GGUF file as (key, value, type, array item type)."""
     reader = gguf.GGUFReader(str(path))
     out = []
@@ -45,7 +49,7 @@ def gguf_tokenizer_fields(path: str | Path) -> list[tuple[str, object, gguf.GGUF
     return out
 
 
-def copy_gguf_tokenizer(writer: gguf.GGUFWriter, path: str | Path, n_vocab: int) -> dict:
+def copy_gguf_tokenizer(writer: gguf.GGUFWriter, path: str | Path, n_vocab: int) -> dict[str, Any]:
     """Copy the tokenizer keys of a source GGUF file; its token list must have ``n_vocab``
     entries (the embedding's rows)."""
     fields = gguf_tokenizer_fields(path)
@@ -61,11 +65,14 @@ def copy_gguf_tokenizer(writer: gguf.GGUFWriter, path: str | Path, n_vocab: int)
     return {"source": str(path), "model": model, "pre": pre, "tokens": len(tokens)}
 
 
-def _split_stages(pre: dict) -> list[dict]:
-    return pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre] if pre else []
+def _split_stages(pre: dict[str, Any]) -> list[dict[str, Any]]:
+    stages: list[dict[str, Any]] = (
+        pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre] if pre else []
+    )
+    return stages
 
 
-def pre_tokenizer_name(tokenizer, tokenizer_json: dict) -> tuple[str, str]:
+def pre_tokenizer_name(tokenizer: PreTrainedTokenizerBase, tokenizer_json: dict[str, Any]) -> tuple[str, str]:
     """(``tokenizer.ggml.pre``, how it was found) of a byte-level BPE tokenizer: the converter's
     hash table, else a pre-tokenizer recognised by its exact split (GPT-2's byte-level regex,
     Qwen2's or Llama-3's split regex followed by a plain byte-level step), else ``default``."""
@@ -94,7 +101,7 @@ def pre_tokenizer_name(tokenizer, tokenizer_json: dict) -> tuple[str, str]:
     return "default", f"unknown (hash {chkhsh[:12]}): llama.cpp text tokenisation may differ"
 
 
-def bpe_tokens(tokenizer, n_vocab: int) -> tuple[list[str], list[int]]:
+def bpe_tokens(tokenizer: PreTrainedTokenizerBase, n_vocab: int) -> tuple[list[str], list[int]]:
     """(tokens, token types) of ids 0..n_vocab-1 (``TextModel.get_vocab_base``)."""
     vocab = tokenizer.get_vocab()
     if max(vocab.values()) >= n_vocab:
@@ -104,7 +111,8 @@ def bpe_tokens(tokenizer, n_vocab: int) -> tuple[list[str], list[int]]:
     reverse = {i: t for t, i in vocab.items()}
     added = tokenizer.get_added_vocab()
     decoder = tokenizer.added_tokens_decoder
-    tokens, types = [], []
+    tokens: list[str] = []
+    types: list[int] = []
     for i in range(n_vocab):
         if i not in reverse:
             tokens.append(f"[PAD{i}]")
@@ -124,7 +132,9 @@ def byte_fallback_tokens(folder: Path, n_vocab: int) -> tuple[list[bytes], list[
     """(tokens, scores, types) of a byte-fallback BPE tokenizer (``arch.gguf.byte_fallback_vocab``),
     padded with UNUSED ``[PAD<i>]`` entries up to ``n_vocab``."""
     vocab = byte_fallback_vocab(folder)
-    tokens, scores, types = [], [], []
+    tokens: list[bytes] = []
+    scores: list[float] = []
+    types: list[int] = []
     for text, score, ttype in vocab.all_tokens():
         tokens.append(text)
         scores.append(score)
@@ -138,7 +148,7 @@ def byte_fallback_tokens(folder: Path, n_vocab: int) -> tuple[list[bytes], list[
     return tokens, scores, types
 
 
-def write_hf_tokenizer(writer: gguf.GGUFWriter, tokenizer, n_vocab: int) -> dict:
+def write_hf_tokenizer(writer: gguf.GGUFWriter, tokenizer: PreTrainedTokenizerBase, n_vocab: int) -> dict[str, Any]:
     """Tokenizer keys of a Hugging Face fast tokenizer (saved to a temporary folder first, so
     that gguf-py reads the same ``tokenizer.json`` / ``tokenizer_config.json``)."""
     with tempfile.TemporaryDirectory(prefix="coec-gguf-tok-") as tmp:
@@ -158,14 +168,14 @@ def write_hf_tokenizer(writer: gguf.GGUFWriter, tokenizer, n_vocab: int) -> dict
                 "pass a source GGUF's tokenizer instead"
             )
         if tj["model"].get("byte_fallback"):
-            tokens, scores, types = byte_fallback_tokens(folder, n_vocab)
+            pieces, scores, piece_types = byte_fallback_tokens(folder, n_vocab)
             writer.add_tokenizer_model(SPM_TOKENIZER_MODEL)
             writer.add_tokenizer_pre("default")
-            writer.add_token_list(tokens)
+            writer.add_token_list(pieces)
             writer.add_token_scores(scores)
-            writer.add_token_types(types)
+            writer.add_token_types(piece_types)
             gguf.SpecialVocab(folder, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
-            return {"model": SPM_TOKENIZER_MODEL, "pre": "default", "tokens": len(tokens), "found": "byte fallback"}
+            return {"model": SPM_TOKENIZER_MODEL, "pre": "default", "tokens": len(pieces), "found": "byte fallback"}
         tokens, types = bpe_tokens(tokenizer, n_vocab)
         pre, found = pre_tokenizer_name(tokenizer, tj)
         writer.add_tokenizer_model("gpt2")
