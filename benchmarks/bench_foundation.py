@@ -23,7 +23,7 @@ import time
 import torch
 from gram_blocks import dense_gram_add_  # a sibling script: benchmarks/ is the script's folder
 
-from coec.calibrate import GramAccumulator, run_layerwise
+from coec.calibrate import GramAccumulator, LayerRun, run_layerwise
 from coec.evaluate.ppl import perplexity
 from coec.models import load_model, resolve_device
 from coec.profiling import device_sync, gemm_rate
@@ -138,7 +138,7 @@ def main():
         sync()
 
     def calib():
-        run_layerwise(model, ids, batch_size=a.batch, device=dev, progress=False)
+        run_layerwise(model, ids, run=LayerRun(batch_size=a.batch, device=dev, progress=False))
         sync()
 
     def ppl():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from coec.calibrate import run_layerwise
+from coec.calibrate import LayerRun, run_layerwise
 from coec.iterative.method import Options, run_iterative
 from coec.iterative.schedule import make_schedule
 from coec.iterative.stats import CalibSet, calib_set
@@ -62,7 +62,9 @@ def main() -> None:
     model, tok = load_model(args.model, dtype=args.dtype, device="cpu")
     calib = calib_for(tok, args)
     t0 = time.perf_counter()
-    run_layerwise(model, calib.ids, batch_size=args.batch, device=resolve_device(args.device), progress=False)
+    run_layerwise(
+        model, calib.ids, run=LayerRun(batch_size=args.batch, device=resolve_device(args.device), progress=False)
+    )
     t_cal = time.perf_counter() - t0
     del model
 

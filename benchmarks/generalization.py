@@ -22,7 +22,7 @@ import time
 import torch
 
 from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
-from coec.calibrate import run_layerwise
+from coec.calibrate import LayerRun, run_layerwise
 from coec.compensate import compensate
 from coec.compensate.errors import OutputError
 from coec.data import load_split, sample_windows, tokenize_text
@@ -41,7 +41,7 @@ def layer_stats(model, ids, batch):
             for m, a in stats.items()
         }
 
-    run_layerwise(model, ids, batch_size=batch, on_layer=keep, progress=True)
+    run_layerwise(model, ids, on_layer=keep, run=LayerRun(batch_size=batch, progress=True))
     return out
 
 

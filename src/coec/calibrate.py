@@ -257,37 +257,45 @@ def layer_statistics(lp: Any, i: int, layer: Any, modules: tuple[str, ...] = MOD
     return stats
 
 
+@dataclass(frozen=True)
+class LayerRun:
+    """How :func:`run_layerwise` runs: ``batch_size`` sequences at a time on ``device`` (None: the
+    model's), with a progress bar or not, gathering the inputs of ``modules``; ``before_layer(i,
+    layer)`` may modify a layer in place before its statistics are taken (iterative calibration
+    prunes here)."""
+
+    batch_size: int = 8
+    device: Any = None
+    progress: bool = True
+    modules: tuple[str, ...] = MODULES
+    before_layer: Callable[[int, torch.nn.Module], None] | None = None
+
+
 @torch.no_grad()
 def run_layerwise(
     model: Any,
     input_ids: torch.Tensor,
-    batch_size: int = 8,
-    device: Any = None,
     on_layer: Callable[[int, dict[str, GramAccumulator]], None] | None = None,
-    modules: tuple[str, ...] = MODULES,
-    progress: bool = True,
-    before_layer: Callable[[int, torch.nn.Module], None] | None = None,
+    run: LayerRun = LayerRun(),
 ) -> None:
     """Run the calibration sequences through the decoder layer by layer (:class:`LayerPass`),
     accumulating :class:`GramAccumulator` statistics of the named module inputs;
     ``on_layer(i, stats)`` is called after layer ``i`` (e.g. to write its file).
-    ``before_layer(i, layer)`` may modify a layer in place before its statistics are taken
-    (iterative calibration prunes here).
 
     input_ids: (n_seq, seqlen). Hidden states of all sequences are cached between layers on
     the device that held the model (CPU offload for large models).
     """
     adapter = adapter_for(model.config)
     layers = adapter.decoder_layers(model)
-    with LayerPass(model, input_ids, batch_size, device) as lp:
-        bar = progress_bar(range(len(layers)), desc="calibrate", unit="layer", disable=not progress)
+    with LayerPass(model, input_ids, run.batch_size, run.device) as lp:
+        bar = progress_bar(range(len(layers)), desc="calibrate", unit="layer", disable=not run.progress)
         for i in bar:
             layer = layers[i]
             home = next(layer.parameters()).device
             layer.to(lp.device)
-            if before_layer is not None:
-                before_layer(i, layer)
-            stats = layer_statistics(lp, i, layer, modules)
+            if run.before_layer is not None:
+                run.before_layer(i, layer)
+            stats = layer_statistics(lp, i, layer, run.modules)
             layer.to(home)
             if on_layer is not None:
                 on_layer(i, stats)
@@ -387,7 +395,10 @@ def calibrate_to_dir(
 
     def fill(write: Any) -> Any:
         run_layerwise(
-            model, input_ids, batch_size=options.batch_size, device=device, on_layer=write, progress=options.progress
+            model,
+            input_ids,
+            on_layer=write,
+            run=LayerRun(batch_size=options.batch_size, device=device, progress=options.progress),
         )
         return gram_meta(len(decoder_layers(model)), input_ids, gram_dtype, meta)
 

@@ -417,8 +417,7 @@ def cmd_calibrate(a: argparse.Namespace) -> None:
 def cmd_gram_check(a: argparse.Namespace) -> None:
     from .pipeline import run_gram_check  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
-    revision, trust_remote_code = hub_options(a)
-    run_gram_check(a.model, a.grams, a.out, a.device, revision=revision, trust_remote_code=trust_remote_code)
+    run_gram_check(cell_source(a), a.grams, a.out)
 
 
 def cmd_select(a: argparse.Namespace) -> None:
@@ -431,13 +430,9 @@ def cmd_select(a: argparse.Namespace) -> None:
 
 
 def cmd_compensate(a: argparse.Namespace) -> None:
-    from .pipeline import run_compensate  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from .pipeline import CompensateOptions, run_compensate  # deferred: transformers+pandas, +1.1 s on coec --help
 
-    revision, trust_remote_code = hub_options(a)
-    run_compensate(
-        a.model, a.grams, a.keep, a.spec, a.first, a.last, a.out, a.device,
-        gram_check=a.gram_check, revision=revision, trust_remote_code=trust_remote_code,
-    )  # fmt: skip
+    run_compensate(cell_source(a), a.grams, CompensateOptions(a.spec, a.first, a.last, a.gram_check), a.out)
 
 
 def cmd_ppl(a: argparse.Namespace) -> None:

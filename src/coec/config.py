@@ -19,15 +19,10 @@ from .embedded import EMBEDDED_MODELS
 from .evaluate.tasks import TASKS
 from .extension import Need, extensions
 from .modelcheck import ModelMismatch, check_expected, config_shape
+from .paths import NAME_PATTERN
 from .registry import PLUGINS_ENV, Registry, load_plugins
 
 SCHEMA = Path(str(files("coec") / "schemas" / "config.schema.yaml"))  # package data
-#: a config name (model, dataset, calibration set, compensation, table, ...): it becomes a path
-#: component, a wildcard value and a shell word. The one home of the pattern: the workflow's
-#: wildcard constraints use NAME, validation NAME_PATTERN (the schema's ``$defs.name.pattern``
-#: repeats it; tests/unit/test_targets.py checks they agree).
-NAME = "[A-Za-z0-9][A-Za-z0-9._-]*"
-NAME_PATTERN = f"^{NAME}$"
 
 
 @functools.cache

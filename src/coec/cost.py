@@ -33,6 +33,7 @@ import torch
 
 from .arch import adapter_for
 from .arch.published import PUBLISHED_ARCHS  # re-exported: the Table 4 architectures
+from .rounding import DEFAULT_ROUNDING
 from .selection import n_keep
 
 __all__ = [
@@ -91,7 +92,7 @@ def arch_dims(cfg: Mapping[str, Any], shape: Mapping[str, Any] | None = None) ->
     }
 
 
-def kept_count(n: int, ratio: float, rounding: str = "ceil") -> int:
+def kept_count(n: int, ratio: float, rounding: str = DEFAULT_ROUNDING) -> int:
     """Units kept out of ``n`` at pruning ratio ``ratio`` in (0, 1): the selection stage's own
     rule (:func:`coec.selection.n_keep`), so cost figures and pruned models cannot disagree."""
     if n < 1:
@@ -99,7 +100,7 @@ def kept_count(n: int, ratio: float, rounding: str = "ceil") -> int:
     return n_keep(n, ratio, rounding)
 
 
-def pruned_shape(config: Any, ratio: float, group_rounding: str = "ceil") -> dict[str, int]:
+def pruned_shape(config: Any, ratio: float, group_rounding: str = DEFAULT_ROUNDING) -> dict[str, int]:
     """Config fields of the model pruned at ``ratio`` (uniform across layers, Sec. 3.1).
 
     KV groups: ``kept_count(n_kv, ratio, group_rounding)``, each with its ``heads / n_kv`` query
@@ -114,11 +115,11 @@ def pruned_shape(config: Any, ratio: float, group_rounding: str = "ceil") -> dic
         "num_key_value_heads": kv,
         "num_attention_heads": kv * g,
         "head_dim": d["head_dim"],
-        "intermediate_size": kept_count(d["ffn"], ratio, "ceil"),
+        "intermediate_size": kept_count(d["ffn"], ratio, DEFAULT_ROUNDING),
     }
 
 
-def pruned_config(config: Any, ratio: float, group_rounding: str = "ceil") -> dict[str, Any]:
+def pruned_config(config: Any, ratio: float, group_rounding: str = DEFAULT_ROUNDING) -> dict[str, Any]:
     """The config dict with the ``pruned_shape`` fields substituted."""
     return config_dict(config) | pruned_shape(config, ratio, group_rounding)
 
@@ -246,7 +247,7 @@ def peak_memory_gb(
 
 
 def cost_table(
-    archs: Mapping[str, Any], ratio: float, group_rounding: str = "ceil", **memory_kwargs: Any
+    archs: Mapping[str, Any], ratio: float, group_rounding: str = DEFAULT_ROUNDING, **memory_kwargs: Any
 ) -> list[dict[str, Any]]:
     """Table 4 rows for each ``name -> config`` at pruning ``ratio``.
 

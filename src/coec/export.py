@@ -214,21 +214,12 @@ def run_export_hf(request: ExportRequest) -> dict[str, Any]:
     from .deploy.reload import check_reload  # deferred: torch, ~3 s at CLI start
     from .export_class import build_export_model  # deferred: torch, ~3 s at CLI start
     from .models import resolve_model_dir  # deferred: torch, ~3 s at CLI start
-    from .pipeline import build_model  # deferred: torch, ~3 s at CLI start
+    from .pipeline import build_cell  # deferred: torch, ~3 s at CLI start
 
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
     protected: list[str | Path] = [model_dir, *([request.keep] if request.keep else []), *request.comp]
     check_out_dir(request.out, protected, request.force)  # refuse before the (slow) model build
-    model, tok = build_model(
-        request.model,
-        request.dtype,
-        "cpu",
-        request.keep,
-        list(request.comp),
-        None,
-        request.revision,
-        request.trust_remote_code,
-    )
+    model, tok = build_cell(request.source)
     target, info = build_export_model(model)
     info.update(_export_provenance(request, model_dir))
     target.config.coec_export = info
@@ -259,7 +250,7 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     from .gguf.sidecar import is_sidecar, sidecar_path, write_sidecar  # deferred: torch, ~3 s at CLI start
     from .gguf.writer import FALLBACK_POLICIES  # deferred: torch, ~3 s at CLI start
     from .models import resolve_model_dir  # deferred: torch, ~3 s at CLI start
-    from .pipeline import build_model  # deferred: torch, ~3 s at CLI start
+    from .pipeline import build_cell  # deferred: torch, ~3 s at CLI start
 
     gguf_type = check_gguf_type(request.options.get("gguf_type") or "f32")
     fallback = request.options.get("gguf_fallback") or FALLBACK_POLICIES[0]
@@ -284,16 +275,7 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
         check_out_file(report_path, protected, request.force, is_sidecar)
 
     check_out()  # refuse before the model build
-    model, tok = build_model(
-        request.model,
-        request.dtype,
-        "cpu",
-        request.keep,
-        list(request.comp),
-        None,
-        request.revision,
-        request.trust_remote_code,
-    )
+    model, tok = build_cell(request.source)
     dense = _dense_widths(model_dir, request.trust_remote_code, gguf_type)
     prov = _export_provenance(request, model_dir)
     check_out()  # again: the files may have appeared

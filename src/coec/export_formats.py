@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .registry import Registry
+from .source import CellSource
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,11 @@ class ExportRequest:
     revision: str | None = None
     trust_remote_code: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def source(self) -> CellSource:
+        """The cell to export, built on the CPU in ``dtype``."""
+        return CellSource(self.model, self.dtype, "cpu", self.revision, self.trust_remote_code, self.keep, self.comp)
 
 
 @dataclass(frozen=True)

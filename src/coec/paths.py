@@ -22,6 +22,12 @@ ZEROSHOT_DATA = f"{RESOURCES}/zeroshot"
 ZEROSHOT_MANIFEST = f"{ZEROSHOT_DATA}/manifest.json"
 #: a ratio as it appears in paths (``fmt_ratio``), the ``{ratio}`` wildcard's constraint
 RATIO_PATTERN = r"0\.[0-9]+"
+#: a config name (model, dataset, calibration set, compensation, table, ...): it becomes a path
+#: component, a wildcard value and a shell word. The one home of the pattern: the workflow's
+#: wildcard constraints use NAME; validation (the config's and an option's) NAME_PATTERN (the
+#: schema's ``$defs.name.pattern`` repeats it; tests/unit/test_targets.py checks they agree).
+NAME = "[A-Za-z0-9][A-Za-z0-9._-]*"
+NAME_PATTERN = f"^{NAME}$"
 
 __all__ = [
     "RESULTS",

@@ -17,13 +17,13 @@ import pandas as pd
 import torch
 
 from . import artifacts, data
-from .arch import MODULES, attention_shape, o_proj_columns, pruned_value_proj
-from .artifacts import log_timings, read_gram_layer
+from .arch import MODULES, AttnShape, attention_shape, o_proj_columns, pruned_value_proj
+from .artifacts import GramLayer, log_timings, read_gram_layer
 from .calibrate import PassOptions
 from .compensate import compensate
 from .compensate.gram_check import GramCheck
 from .compensate.inputs import Module
-from .compensate.method import check_module
+from .compensate.method import Compensation, Method, check_module
 from .compensate.options import Resolved, module_options, resolve
 from .compensate.options import method as registered
 from .compensate.output_checks import MethodOutputError
@@ -110,45 +110,37 @@ def run_select(source: CellSource, grams: str, options: SelectOptions, out: str)
     return keep
 
 
-def run_gram_check(
-    model_src: str,
-    gram_dir: str,
-    out: str,
-    device: str | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-) -> dict:
+def run_gram_check(source: CellSource, grams: str, out: str) -> dict[str, Any]:
     """App. B's verdict on every layer's o_proj and down_proj Gram and each module's output
     energy on it (``compensate.method.check_module``) -> gram_checks/{calib}.json, read by
     every compensation job of the calibration whose method reports no errors of its own."""
-
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = load_config(model_dir, revision, trust_remote_code)
-    dev = resolve_device(device)
+    model_dir = resolve_model_dir(source.model, *source.hub)
+    cfg = load_config(model_dir, *source.hub)
+    dev = resolve_device(source.device)
     layers = []
     for i in progress_bar(range(cfg.num_hidden_layers), desc="gram check", unit="layer"):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
         layer = {}
         for module in MODULES:
-            chk = check_module(w[names[module]].to(dev), read_gram_layer(gram_dir, i, module)["gram"].to(dev))
+            chk = check_module(w[names[module]].to(dev), read_gram_layer(grams, i, module)["gram"].to(dev))
             layer[module] = chk.to_json()
             if chk.psd.get("indefinite"):
                 log.info(
                     "layer %d %s: indefinite Gram (min eig %s): PSD projection", i, module, _num(chk.psd["min_eig"])
                 )
         layers.append(layer)
-    result = {"layers": layers, "model": model_provenance(model_src, revision, trust_remote_code, model_dir)}
+    result = {"layers": layers, "model": model_provenance(source.model, *source.hub, model_dir)}
     artifacts.write_json(out, result, "gram-check")
     return result
 
 
-def _num(x) -> str:
+def _num(x: object) -> str:
     """A logged number: 4 significant digits, or n/a (info stores non-finite values as None)."""
     return f"{x:.4g}" if isinstance(x, (int, float)) else "n/a"
 
 
-def _log_module(i: int, module: str, method: str, info: dict) -> None:
+def _log_module(i: int, module: str, method: str, info: dict[str, Any]) -> None:
     wo = info.get("relerr_after_weight_only")
     log.info(
         "layer %d %s: %s relerr %s -> %s%s%s",
@@ -162,69 +154,64 @@ def _log_module(i: int, module: str, method: str, info: dict) -> None:
     )
 
 
-def run_compensate(
-    model_src: str,
-    gram_dir: str,
-    keep_path: str,
-    spec: dict,
-    first: int,
-    last: int,
-    out: str,
-    device: str | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    gram_check: str | None = None,
-) -> dict:
-    """Compensate o_proj and down_proj of layers ``first..last`` -> one safetensors file with
-    ``layer{i}.{module}.weight|bias`` and a JSON twin with each module's ``info``.
+@dataclass(frozen=True)
+class CompensateOptions:
+    """``coec compensate``: the config ``compensations`` entry ``spec`` (its ``inputs`` holds the
+    paths of the method's declared inputs, ``Method.inputs``: another cell's block file, another
+    calibration's Grams, which the workflow passes as rule inputs), the layers ``first..last``,
+    and the calibration's gram_checks/{calib}.json (``run_gram_check``; read by methods without
+    errors of their own)."""
 
-    ``spec`` is a config ``compensations`` entry; its ``inputs`` holds the paths of the method's
-    declared inputs (``Method.inputs``: another cell's block file, another calibration's Grams),
-    which the workflow passes as rule inputs. ``gram_check``: the calibration's
-    gram_checks/{calib}.json (``run_gram_check``), used by methods without errors of their own."""
+    spec: dict[str, Any]
+    first: int
+    last: int
+    gram_check: str | None = None
 
-    model_dir = resolve_model_dir(model_src, revision, trust_remote_code)
-    cfg = load_config(model_dir, revision, trust_remote_code)
-    geom = attention_shape(cfg)
-    keep = artifacts.read_keep(keep_path, cfg.num_hidden_layers)
-    dev = resolve_device(device)
-    m = registered(spec["method"])
-    checks = artifacts.read_gram_checks(gram_check, GramCheck.from_json, cfg.num_hidden_layers) if gram_check else None
-    paths_in = spec.get("inputs") or {}
-    handles = {inp.name: inp.open(paths_in.get(inp.name), first, last) for inp in m.inputs}
-    tensors, infos = {}, {}
-    prog = progress_bar(total=2 * (last - first + 1), desc=f"compensate {m.name}", unit="module")
-    for i in range(first, last + 1):
+
+@dataclass(frozen=True)
+class _Job:
+    """What every module of a compensation job shares."""
+
+    method: Method
+    spec: dict[str, Any]
+    geom: AttnShape
+    device: torch.device
+    checks: list[dict[str, GramCheck]] | None
+    handles: dict[str, Any]
+
+
+def run_compensate(source: CellSource, grams: str, options: CompensateOptions, out: str) -> dict[str, Any]:
+    """Compensate o_proj and down_proj of layers ``first..last`` of the cell ``source`` (its
+    ``keep`` names the keep.json) -> one safetensors file with ``layer{i}.{module}.weight|bias``
+    and a JSON twin with each module's ``info``."""
+    o = options
+    model_dir = resolve_model_dir(source.model, *source.hub)
+    cfg = load_config(model_dir, *source.hub)
+    if source.keep is None:
+        raise ValueError("compensate needs the cell's keep.json (--keep)")
+    keep = artifacts.read_keep(source.keep, cfg.num_hidden_layers)
+    m = registered(o.spec["method"])
+    checks = (
+        artifacts.read_gram_checks(o.gram_check, GramCheck.from_json, cfg.num_hidden_layers) if o.gram_check else None
+    )
+    paths_in = o.spec.get("inputs") or {}
+    handles = {inp.name: inp.open(paths_in.get(inp.name), o.first, o.last) for inp in m.inputs}
+    job = _Job(m, o.spec, attention_shape(cfg), resolve_device(source.device), checks, handles)
+    tensors: dict[str, torch.Tensor] = {}
+    infos: dict[str, Any] = {}
+    prog = progress_bar(total=2 * (o.last - o.first + 1), desc=f"compensate {m.name}", unit="module")
+    for i in range(o.first, o.last + 1):
         names = layer_tensor_names(i, cfg)
         w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
         k = keep["layers"][i]
         for module, cols in (
-            ("o_proj", o_proj_columns(k["kv_groups"], geom)),
+            ("o_proj", o_proj_columns(k["kv_groups"], job.geom)),
             ("down_proj", torch.tensor(k["channels"], dtype=torch.long)),
         ):
             prog.set_postfix_str(f"layer {i} {module}")
-            st = read_gram_layer(gram_dir, i, module)
-            opts = module_options(spec, module)
-            where = Module(
-                layer=i, name=module, keep=k, geometry=geom, tensors={"v_proj": w[names["v_proj"]]}, device=dev
-            )
-            typed = resolve(m.name, opts)  # once: the inputs and the solve read the same options
-            extra: dict = {}
-            for inp in m.inputs:
-                extra.update(inp.for_module(handles[inp.name], where, typed))
-            try:
-                res = compensate(
-                    w[names[module]].to(dev),
-                    st["gram"].to(dev),
-                    st["mean"].to(dev),
-                    cols.to(dev),
-                    Resolved(m, typed),
-                    inputs=extra,
-                    n_tokens=st["count"],
-                    check=checks[i][module] if checks is not None and not m.reports_errors else None,
-                )
-            except MethodOutputError as exc:  # nothing is written: the job stops on one line
-                raise MethodOutputError(f"layer {i} {module}: {exc}") from None
+            where = Module(layer=i, name=module, keep=k, geometry=job.geom, tensors={"v_proj": w[names["v_proj"]]},
+                           device=job.device)  # fmt: skip
+            res = _compensate_module(job, where, w[names[module]], read_gram_layer(grams, i, module), cols)
             tensors[f"layer{i}.{module}.weight"] = res.weight.detach().cpu().contiguous()
             if res.bias is not None:
                 tensors[f"layer{i}.{module}.bias"] = res.bias.detach().cpu().contiguous()
@@ -232,12 +219,38 @@ def run_compensate(
             _log_module(i, module, m.name, res.info)
             prog.update(1)
     prog.close()
-    out = Path(out)
-    artifacts.write_comp_block(out, tensors, {"method": m.name, "spec": json.dumps(spec, sort_keys=True)})
-    log_timings(str(out), infos)
-    infos["model"] = model_provenance(model_src, revision, trust_remote_code, model_dir)
-    artifacts.write_result(out.with_suffix(".json"), infos, "comp-info")  # timings stay in the log
+    path = Path(out)
+    artifacts.write_comp_block(path, tensors, {"method": m.name, "spec": json.dumps(o.spec, sort_keys=True)})
+    log_timings(str(path), infos)
+    infos["model"] = model_provenance(source.model, *source.hub, model_dir)
+    artifacts.write_result(path.with_suffix(".json"), infos, "comp-info")  # timings stay in the log
     return infos
+
+
+def _compensate_module(
+    job: _Job, where: Module, weight: torch.Tensor, st: GramLayer, cols: torch.Tensor
+) -> Compensation:
+    """One module of a compensation job: its options resolved once (the method's inputs and its
+    solve read the same), its extra inputs gathered, the method run on ``job.device``."""
+    m, dev = job.method, job.device
+    typed = resolve(m.name, module_options(job.spec, where.name))
+    extra: dict[str, Any] = {}
+    for inp in m.inputs:
+        extra.update(inp.for_module(job.handles[inp.name], where, typed))
+    check = job.checks[where.layer][where.name] if job.checks is not None and not m.reports_errors else None
+    try:
+        return compensate(
+            weight.to(dev),
+            st["gram"].to(dev),
+            st["mean"].to(dev),
+            cols.to(dev),
+            Resolved(m, typed),
+            inputs=extra,
+            n_tokens=st["count"],
+            check=check,
+        )
+    except MethodOutputError as exc:  # nothing is written: the job stops on one line
+        raise MethodOutputError(f"layer {where.layer} {where.name}: {exc}") from None
 
 
 def build_cell(source: CellSource) -> tuple[Any, Any]:
@@ -259,20 +272,11 @@ def build_cell(source: CellSource) -> tuple[Any, Any]:
 
 
 def build_model(
-    model_src: str,
-    dtype: str,
-    device: str | None,
-    keep_path: str | None = None,
-    comp_files: list[str] | None = None,
-    device_map: str | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
+    model_src: str, dtype: str, device: str | None, keep_path: str | None = None, comp_files: list[str] | None = None
 ) -> tuple[Any, Any]:
-    """:func:`build_cell` of the cell these arguments name."""
-    source = CellSource(
-        model_src, dtype, device, revision, trust_remote_code, keep_path, tuple(comp_files or ()), {}, device_map
-    )
-    return build_cell(source)
+    """:func:`build_cell` of a local cell (no hub revision, no device map), as tests and the
+    deploy worker name it."""
+    return build_cell(CellSource(model_src, dtype, device, keep=keep_path, comp=tuple(comp_files or ())))
 
 
 @dataclass

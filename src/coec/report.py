@@ -18,12 +18,14 @@ from typing import Any
 import pandas as pd
 
 from . import artifacts, atomic
+from .arch import MODULES
 from .cost import PUBLISHED_ARCHS, cost_table
 from .deploy.measured import write_measured
 from .evaluate.paired import paired_difference, per_document
 from .frontier import write_frontier
 from .geometry import summarize_geometry
 from .rendering import save_figure, set_caption, to_markdown
+from .rounding import DEFAULT_ROUNDING
 from .table_columns import NOISE_COLUMNS
 
 Spec = dict[str, Any]
@@ -171,7 +173,7 @@ def table4(spec: Spec) -> pd.DataFrame:
         archs[name] = PUBLISHED_ARCHS[name]
     for name, folder in spec.get("local", {}).items():
         archs[name] = artifacts.read_json(Path(folder) / "config.json")
-    rows = cost_table(archs, spec["ratio"], spec.get("group_rounding", "ceil"))
+    rows = cost_table(archs, spec["ratio"], spec.get("group_rounding", DEFAULT_ROUNDING))
     return pd.DataFrame(rows)
 
 
@@ -186,7 +188,7 @@ def plot_geometry(spec: Spec, out: str | Path) -> None:
 
     df = pd.DataFrame(artifacts.read_csv_rows(spec["geometry"], artifacts.GEOMETRY_COLUMNS))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for ax, module in zip(axes, ("o_proj", "down_proj"), strict=True):
+    for ax, module in zip(axes, MODULES, strict=True):
         d = df[df.module == module]
         r = int(d["r"].iloc[0]) if len(d) else 0
         ax.plot(d.layer, d.angle_OP_mean, "o-", label="O–P (pruning)")

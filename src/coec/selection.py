@@ -34,6 +34,7 @@ import torch
 from .arch import AttnShape
 from .calibrate import channel_sumsq
 from .registry import Registry
+from .rounding import DEFAULT_ROUNDING
 from .widths import WIDTH_KEYS
 
 ROUNDINGS = ("ceil", "nearest")
@@ -77,8 +78,8 @@ class KeepRule:
     multiple of ``channel_multiple``: ``aligned_keep``). The defaults are the paper's rule."""
 
     ratio: float
-    group_rounding: str = "ceil"
-    channel_rounding: str = "ceil"
+    group_rounding: str = DEFAULT_ROUNDING
+    channel_rounding: str = DEFAULT_ROUNDING
     channel_multiple: int = 1
 
 
@@ -220,7 +221,7 @@ def column_scores(
     return SCORES[spec.score].columns(weight, ColumnStats(gram_diag, total, count, abssum), spec)
 
 
-def n_keep(n: int, ratio: float, rounding: str = "ceil") -> int:
+def n_keep(n: int, ratio: float, rounding: str = DEFAULT_ROUNDING) -> int:
     """How many of ``n`` units survive pruning ratio ``ratio``.
 
     ceil: keep ceil((1-ratio)·n) (the paper's rule); nearest: prune round(ratio·n) (half up),
@@ -262,7 +263,7 @@ def aligned_steps(n: int, ratio: float, multiple: int, rounding: str) -> int:
     raise ValueError(f"unknown channel_rounding {rounding!r}; expected one of {', '.join(CHANNEL_ROUNDINGS)}")
 
 
-def aligned_keep(n: int, ratio: float, multiple: int = 1, rounding: str = "ceil") -> int:
+def aligned_keep(n: int, ratio: float, multiple: int = 1, rounding: str = DEFAULT_ROUNDING) -> int:
     """MLP channels kept of ``n`` at ``ratio``: a multiple of ``multiple`` (docs/selection-variants.md
     "Aligned widths"). Multiple 1 is ``n_keep`` exactly; otherwise ``aligned_steps`` multiples, at
     least one (a rounding to 0 keeps one multiple) and at most ``n`` (a rounding past the width

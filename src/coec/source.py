@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .rounding import DEFAULT_ROUNDING
 from .streaming.options import StreamOptions
 
 
@@ -102,7 +103,7 @@ class SelectOptions:
 
     method: str
     ratio: float
-    group_rounding: str = "ceil"
+    group_rounding: str = DEFAULT_ROUNDING
     options: dict[str, Any] | None = None
     channel_multiple: int = 1
-    channel_rounding: str = "ceil"
+    channel_rounding: str = DEFAULT_ROUNDING

@@ -13,10 +13,12 @@ from __future__ import annotations
 from shlex import quote as shlex_quote
 from typing import Any
 
+from .rounding import DEFAULT_ROUNDING
+
 #: the config keys of the rule (top level, and per ``selections`` entry)
 WIDTH_KEYS = ("channel_multiple", "channel_rounding")
 #: the paper's rule: ceil((1 - ratio) d_ff) channels, no multiple; keep.json records nothing of it
-PAPER_WIDTH = (1, "ceil")
+PAPER_WIDTH = (1, DEFAULT_ROUNDING)
 
 
 def selection_width(config: dict[str, Any], name: str) -> tuple[int, str]:

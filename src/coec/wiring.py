@@ -21,12 +21,12 @@ from . import paths
 from .arch import ADAPTERS
 from .compensate.inputs import Job
 from .compensate.method import METHODS
-from .config import NAME, ConfigError
+from .config import ConfigError
 from .evaluate.tasks import TASKS
 from .export_formats import split_gguf_variant
 from .iterative import targets as iterative_targets
 from .modelcheck import local_model_type
-from .paths import RATIO_PATTERN
+from .paths import NAME, RATIO_PATTERN
 from .provenance import planned_identity
 from .registry import plugin_sha256
 from .selection import SCORES, selection_registry
@@ -98,7 +98,7 @@ class Wiring(JobResources, ArtifactWiring):
         self._plugin_sha: dict[str, str] = {}
 
     def wildcard_constraints(self) -> dict[str, str]:
-        """The workflow-wide wildcard constraints: a config name (``coec.config.NAME``) for
+        """The workflow-wide wildcard constraints: a config name (``coec.paths.NAME``) for
         model, calibration and compensation; a selection of the registry; a ratio as in paths
         (``coec.paths.RATIO_PATTERN``); a layer index."""
         select = "|".join(re.escape(n) for n in sorted(self.selections, key=len, reverse=True))

@@ -117,7 +117,7 @@ def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
     from transformers import AutoModelForCausalLM
 
     from coec.arch.granite import GraniteAdapter
-    from coec.calibrate import run_layerwise
+    from coec.calibrate import LayerRun, run_layerwise
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("granite")).double().eval()
@@ -126,7 +126,10 @@ def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
     def grams():
         out = {}
         run_layerwise(
-            model, ids, batch_size=2, on_layer=lambda i, s: out.update({i: s["o_proj"].gram.clone()}), progress=False
+            model,
+            ids,
+            on_layer=lambda i, s: out.update({i: s["o_proj"].gram.clone()}),
+            run=LayerRun(batch_size=2, progress=False),
         )
         return out
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from coec.arch import MODULES
+from coec.pipeline import CompensateOptions
 from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from conftest import make_model_dir
 from test_arch import _masked_logits  # noqa: F401  (helpers and fixtures)
@@ -35,17 +36,16 @@ def test_granite_end_to_end(tmp_path, text_dataset):
     assert all(len(k["kv_groups"]) == 1 for k in keep["layers"])
     none_file, coec_file = tmp_path / "none.safetensors", tmp_path / "coec.safetensors"
     pipeline.run_compensate(
-        str(src), str(grams), str(keep_path), {"method": "none"}, 0, 1, str(none_file), device="cpu"
+        CellSource(str(src), keep=str(keep_path), device="cpu"),
+        str(grams),
+        CompensateOptions({"method": "none"}, 0, 1),
+        str(none_file),
     )
     pipeline.run_compensate(
-        str(src),
+        CellSource(str(src), keep=str(keep_path), device="cpu"),
         str(grams),
-        str(keep_path),
-        {"method": "coec", "alpha": 0.9, "max_rounds": 2},
-        0,
-        1,
+        CompensateOptions({"method": "coec", "alpha": 0.9, "max_rounds": 2}, 0, 1),
         str(coec_file),
-        device="cpu",
     )
 
     ids = torch.randint(0, 320, (2, 20), generator=torch.Generator().manual_seed(3))

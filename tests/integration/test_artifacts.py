@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from coec import artifacts, atomic
+from coec.pipeline import CompensateOptions
 from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from conftest import make_model_dir
 
@@ -328,14 +329,10 @@ def test_stages_are_byte_identical_across_runs(llama_dir, text_dataset, tmp_path
             str(root / "keep.json"),
         )
         info = pipeline.run_compensate(
-            str(llama_dir),
+            CellSource(str(llama_dir), keep=str(root / "keep.json"), device="cpu"),
             str(root / "grams"),
-            str(root / "keep.json"),
-            {"method": "coec", "max_rounds": 2, "alpha": 0.9},
-            0,
-            1,
+            CompensateOptions({"method": "coec", "max_rounds": 2, "alpha": 0.9}, 0, 1),
             str(root / "block0-1.safetensors"),
-            "cpu",
         )
         assert "seconds" in info["layer0.o_proj"]  # the return value keeps them (benchmarks)
         pipeline.run_ppl(

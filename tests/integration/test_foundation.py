@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from coec.arch import AttnShape, ModelError, attention_shape, head_indices, o_proj_columns
-from coec.calibrate import GramAccumulator, NonFiniteActivations, gram_product, run_layerwise
+from coec.calibrate import GramAccumulator, LayerRun, NonFiniteActivations, gram_product, run_layerwise
 from coec.data import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
 from coec.models import check_family, load_model
@@ -40,7 +40,7 @@ def test_grams_equal_explicit_inputs(tmp_path, family):
     for h in hooks:
         h.remove()
     stats = {}
-    run_layerwise(model, ids, batch_size=2, on_layer=lambda i, s: stats.update({i: s}), progress=False)
+    run_layerwise(model, ids, on_layer=lambda i, s: stats.update({i: s}), run=LayerRun(batch_size=2, progress=False))
     for (i, name), xs in captured.items():
         X = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs])
         G = X.T @ X
@@ -130,7 +130,7 @@ def test_nan_activations_raise(llama_dir):
     with torch.no_grad():
         model.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
     with pytest.raises(NonFiniteActivations, match="layer 1 down_proj"):
-        run_layerwise(model, _ids(), progress=False)
+        run_layerwise(model, _ids(), run=LayerRun(progress=False))
 
 
 # ----------------------------------------------------------------------------- selection

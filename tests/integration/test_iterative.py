@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from coec.arch import MODULES
-from coec.calibrate import GramAccumulator, run_layerwise
+from coec.calibrate import GramAccumulator, LayerRun, run_layerwise
 from coec.cli import main as coec_main
 from coec.iterative import stages
 from coec.iterative.method import Options, global_pass, run_iterative
@@ -21,6 +21,7 @@ from coec.iterative.schedule import check_schedule, make_schedule
 from coec.iterative.state import PruneState, apply_keep_, block_tensors, unit_params
 from coec.iterative.stats import calib_set, finalize_stats, mix_stats
 from coec.iterative.structure import alam_keep
+from coec.pipeline import CompensateOptions
 from coec.selection import channel_variance
 from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
 
@@ -45,8 +46,7 @@ def _fresh_stats(model, ids, gram_dtype="float64") -> list[dict]:
     run_layerwise(
         model,
         ids,
-        batch_size=BS,
-        progress=False,
+        run=LayerRun(batch_size=BS, progress=False),
         on_layer=lambda i, st: out.append(
             {
                 m: finalize_stats([{"gram": a.gram, "sum": a.sum, "count": a.count}], [1.0], "pooled", gram_dtype)
@@ -146,14 +146,10 @@ def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
         CellSource(str(tiny_dir)), str(grams), SelectOptions("flap", 0.5, "nearest"), str(keep_path)
     )
     pipeline.run_compensate(
-        str(tiny_dir),
+        CellSource(str(tiny_dir), keep=str(keep_path), device="cpu"),
         str(grams),
-        str(keep_path),
-        {"method": "bias"},
-        0,
-        1,
+        CompensateOptions({"method": "bias"}, 0, 1),
         str(tmp_path / "block0-1.safetensors"),
-        device="cpu",
     )
     out = tmp_path / "it"
     rc = coec_main(

@@ -10,6 +10,8 @@ import re
 import pytest
 
 from coec import progress as PR
+from coec.pipeline import CompensateOptions
+from coec.source import CellSource
 
 
 class _Tty(io.StringIO):
@@ -109,14 +111,10 @@ def _compensate(llama_dir, d):
     from coec import pipeline
 
     pipeline.run_compensate(
-        str(llama_dir),
+        CellSource(str(llama_dir), keep=str(d / "keep.json"), device="cpu"),
         str(d / "grams"),
-        str(d / "keep.json"),
-        {"method": "bias"},
-        0,
-        1,
+        CompensateOptions({"method": "bias"}, 0, 1),
         str(d / "block0-1.safetensors"),
-        device="cpu",
     )
 
 

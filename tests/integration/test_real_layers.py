@@ -41,7 +41,7 @@ def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
     """With lambda_a = 50 the Sec. 4.5 penalty after COEC is below the pruned point's on real
     o_proj layers (the paper: median 7.2x lower)."""
     from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
-    from coec.calibrate import run_layerwise
+    from coec.calibrate import LayerRun, run_layerwise
     from coec.compensate import compensate
     from coec.selection import KeepRule, select_layer
 
@@ -52,8 +52,7 @@ def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
     run_layerwise(
         model,
         wiki_ids,
-        batch_size=4,
-        progress=False,
+        run=LayerRun(batch_size=4, progress=False),
         on_layer=lambda i, s: (
             stats.update({i: {m: {"gram": a.gram, "sum": a.sum, "count": a.count} for m, a in s.items()}})
             if i in layers

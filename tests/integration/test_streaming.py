@@ -19,6 +19,7 @@ from coec.calibrate import PassOptions, calibrate_to_dir, layer_call, layer_mask
 from coec.evaluate.layerwise import LayerSequential, group_batches, perplexity_streamed
 from coec.evaluate.ppl import perplexity
 from coec.models import ModelError, load_model
+from coec.pipeline import CompensateOptions
 from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
 from coec.streaming.calibrate import calibrate_streamed, partial_dir
 from coec.streaming.checkpoint import Checkpoint, weight_map
@@ -174,7 +175,12 @@ def test_cell_installed_per_layer_equals_the_assembled_cell(tmp_path, family_dir
     blocks = []
     for i, spec in ((0, {"method": "bias"}), (1, {"method": "lstsq", "ridge": 0.01})):
         blocks.append(str(tmp_path / f"block{i}-{i}.safetensors"))
-        pipeline.run_compensate(str(family_dir), str(grams), str(keep), spec, i, i, blocks[-1], "cpu")
+        pipeline.run_compensate(
+            CellSource(str(family_dir), keep=str(keep), device="cpu"),
+            str(grams),
+            CompensateOptions(spec, i, i),
+            blocks[-1],
+        )
     windows = _ids(7, 32, seed=1)
     for k, c in ((None, []), (str(keep), []), (str(keep), blocks)):
         model, _ = pipeline.build_model(str(family_dir), "float32", "cpu", k, c)

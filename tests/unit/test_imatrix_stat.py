@@ -36,7 +36,7 @@ def test_sumsq_is_the_mean_of_squares_over_every_token():
 def test_hooks_equal_a_direct_computation(tiny):
     """attn_q/k/v: the normed block input; output head: the final normed hidden state; o_proj and
     down_proj: the diagonal of the calibration's Grams (an independent accumulation)."""
-    from coec.calibrate import run_layerwise
+    from coec.calibrate import LayerRun, run_layerwise
 
     model, ids = tiny
     adapter = adapter_for(model.config)
@@ -54,7 +54,7 @@ def test_hooks_equal_a_direct_computation(tiny):
     head = "token_embd.weight" if model.config.tie_word_embeddings else "output.weight"
     torch.testing.assert_close(got[head], hs[-1].reshape(-1, hs[-1].shape[-1]).double().pow(2).mean(0).float())
     grams = {}
-    run_layerwise(model, ids, batch_size=3, on_layer=lambda i, st: grams.__setitem__(i, st))
+    run_layerwise(model, ids, on_layer=lambda i, st: grams.__setitem__(i, st), run=LayerRun(batch_size=3))
     for i, st in grams.items():
         for mod, name in (("o_proj", "attn_output"), ("down_proj", "ffn_down")):
             diag = st[mod].sumsq / st[mod].count

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from coec import paths, targets
-from coec.config import NAME_PATTERN, fill_defaults, schema, schema_default
+from coec.config import fill_defaults, schema, schema_default
 from coec.iterative import targets as iterative_targets
+from coec.paths import NAME_PATTERN
 from coec.rounding import DEFAULT_ROUNDING
 from coec.wiring import planned_config
 from conftest import TEST_CONFIG, in_work_folder

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
 
+from ..arch import MODULES
 from .core import (
     CLAIMS,
     Check,
@@ -127,7 +128,7 @@ def _appc(fn: Callable[[AppC], Verdict]) -> Check:
 
 
 def _appc_angle(a: AppC) -> Verdict:
-    vals = {m: a.get(f"{m}.angle_OP_mean", math.nan) for m in ("o_proj", "down_proj")}
+    vals = {m: a.get(f"{m}.angle_OP_mean", math.nan) for m in MODULES}
     text = ", ".join(f"{m} {v:.1f}°" for m, v in vals.items())
     return text, "holds" if all(v >= 10 for v in vals.values()) else "does not hold"
 

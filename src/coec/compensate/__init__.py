@@ -106,7 +106,7 @@ def _method_and_options(method: str | Resolved, options: dict[str, Any]) -> tupl
     return method.method, method.options
 
 
-def compensate(
+def compensate(  # noqa: PLR0913 - the public entry: the problem (W0, G, mean, keep), the method, its optional data keyword-only
     W0: torch.Tensor,
     gram: torch.Tensor,
     mean: torch.Tensor | None,

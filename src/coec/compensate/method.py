@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..arch import MODULES
 from ..registry import Registry
 from .errors import output_energy
 from .gram import gram_psd, gram_scale, normalize_gram_, psd_project, symmetrize_
@@ -44,7 +45,6 @@ __all__ = [
 ]
 
 #: The two compensated modules of a decoder layer (a config entry may override options per module).
-MODULES = ("o_proj", "down_proj")
 
 
 @dataclass(frozen=True)

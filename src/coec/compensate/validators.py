@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Any, NoReturn
 
+from ..paths import NAME_PATTERN
+
 __all__ = ["Check", "GROUPS", "number", "choice", "boolean", "float_dtype", "gcv_grid", "name_or_none", "opt"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(NAME_PATTERN)
 
 #: The groups of an option: ``paper`` (a hyperparameter of the paper's method), ``method`` (a
 #: design choice of a method beyond the paper), ``solver`` (how the same objective is computed).

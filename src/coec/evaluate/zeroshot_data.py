@@ -115,7 +115,7 @@ class _Sources:
 def _read_arrow_dir(src: _Sources, split_dir: str) -> list[Row]:
     """Rows of an HF ``save_to_disk`` split folder, in stored order."""
     # deferred: pyarrow is not in envs/requirements.txt (it comes with datasets); only HF splits need it
-    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
+    import pyarrow as pa
 
     state = json.loads(src.read(f"{split_dir}/state.json"))
     info = json.loads(src.read(f"{split_dir}/dataset_info.json"))

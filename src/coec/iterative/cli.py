@@ -19,6 +19,7 @@ from ..cli import (
     optional_int,
     run_guarded,
 )
+from ..rounding import DEFAULT_ROUNDING
 from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS
 from ..source import CellSource
 from . import stages
@@ -75,7 +76,7 @@ def add_parser(sub: Subparsers) -> None:
     config_arg(s, "--mode", "iterative.variants.*.mode", choices=MODES)
     config_arg(s, "--structure", "iterative.variants.*.structure", choices=STRUCTURES)
     config_arg(s, "--group-rounding", "group_rounding", choices=ROUNDINGS)
-    s.add_argument("--channel-rounding", default="ceil", choices=CHANNEL_ROUNDINGS)
+    s.add_argument("--channel-rounding", default=DEFAULT_ROUNDING, choices=CHANNEL_ROUNDINGS)
     s.add_argument("--init", default=None, help="continue from a previous step's output folder")
     s.add_argument("--block-name", default=None, help="default block0-{L-1}.safetensors")
     s.set_defaults(func=cmd_run)

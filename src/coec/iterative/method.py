@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from ..arch import MODULES, AttnShape
-from ..calibrate import LayerPass, run_layerwise
+from ..calibrate import LayerPass, LayerRun, run_layerwise
 from ..models import decoder_layers, torch_dtype
 from ..progress import bar as progress_bar
+from ..rounding import DEFAULT_ROUNDING
 from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS, n_keep
 from .schedule import check_schedule
 from .state import PruneState, apply_layer_step_, current_shape
@@ -50,11 +51,11 @@ class Options:
     mode: str = "global"
     structure: str = "uniform"
     variance_mix: str = "pooled"
-    group_rounding: str = "ceil"
-    channel_rounding: str = "ceil"
+    group_rounding: str = DEFAULT_ROUNDING
+    channel_rounding: str = DEFAULT_ROUNDING
     gram_dtype: str = "float32"
     batch_size: int = 8
-    device: str | None = None
+    device: str | torch.device | None = None
     progress: bool = True
 
     def check(self) -> None:
@@ -101,12 +102,10 @@ def global_pass(model: PreTrainedModel, calib: CalibSet, opts: Options, on_stats
     run_layerwise(
         model,
         calib.ids,
-        batch_size=opts.batch_size,
-        device=opts.device,
         on_layer=after,
-        modules=(),
-        progress=opts.progress,
-        before_layer=before,
+        run=LayerRun(
+            batch_size=opts.batch_size, device=opts.device, modules=(), progress=opts.progress, before_layer=before
+        ),
     )
 
 

@@ -120,7 +120,7 @@ def apply_layer_step_(
         install_bias_(layer, m, state.base_bias[i][m], total)
 
 
-def apply_keep_(model: nn.Module, keep: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
+def apply_keep_(model: PreTrainedModel, keep: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
     """Prune a dense model by a keep.json dict and install a block file's weights/biases
     (per-layer widths may differ, as with AL-AM: then the config is left alone)."""
     prune_model_(model, keep)

@@ -8,7 +8,7 @@ with the weights alpha_k into the statistics of one calibration distribution.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +35,7 @@ def normalise_alphas(alphas: Iterable[float]) -> list[float]:
     return [x / sum(a) for x in a]
 
 
-def mix_stats(per_domain: list[Stats], alphas: Iterable[float], variance_mix: str = "pooled") -> Stats:
+def mix_stats(per_domain: Sequence[Mapping[str, Any]], alphas: Iterable[float], variance_mix: str = "pooled") -> Stats:
     """Mix per-domain statistics {gram (d,d), sum (d,), count} into one set, float64 (eq. 8).
 
     With n_k tokens, m_k = sum_k / n_k, alpha normalised, N = sum of the n_k, m = sum alpha_k m_k:
@@ -91,7 +91,9 @@ def mix_stats(per_domain: list[Stats], alphas: Iterable[float], variance_mix: st
     return out
 
 
-def finalize_stats(per_domain: list[Stats], alphas: Iterable[float], variance_mix: str, gram_dtype: str) -> Stats:
+def finalize_stats(
+    per_domain: Sequence[Mapping[str, Any]], alphas: Iterable[float], variance_mix: str, gram_dtype: str
+) -> Stats:
     """Mixed statistics in the form ``artifacts.read_gram_layer`` returns (gram cast to the
     stored ``gram_dtype`` exactly as a Gram file would hold it, float64 sum, count, mean)."""
     mixed = mix_stats(per_domain, alphas, variance_mix)

@@ -20,7 +20,6 @@ from the config) is rebuilt on the device as ``from_pretrained`` builds it.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,14 +30,12 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from .. import artifacts
-from ..arch import MODULES, ModelError, adapter_for
+from ..arch import COMP_KEY, MODULES, ModelError, adapter_for
 from ..artifact_errors import ArtifactError
 from ..models import load_config, resolve_device, torch_dtype
 from ..prune import set_output_weights_
 from ..safetensors_file import safetensors_header
 from .checkpoint import Checkpoint
-
-_COMP_KEY = re.compile(r"^layer(\d+)\.(o_proj|down_proj)\.(weight|bias)$")
 
 
 class CellWeights:
@@ -58,7 +55,7 @@ class CellWeights:
             for key in safetensors_header(path):
                 if key == "__metadata__":
                     continue
-                m = _COMP_KEY.match(key)
+                m = COMP_KEY.match(key)
                 if not m:
                     raise ArtifactError(path, f"unexpected tensor {key} (expected layer<i>.<module>.weight|bias)")
                 by_layer.setdefault(int(m.group(1)), []).append(key)

@@ -41,6 +41,7 @@ import yaml
 from ..arch.published import PUBLISHED_ARCHS
 from ..config import schema_default
 from ..cost import GIB, arch_dims, config_dict, kept_count, param_breakdown
+from ..rounding import DEFAULT_ROUNDING
 
 #: Resident memory of a stage's process beside its model data (GiB): python, torch,
 #: transformers, the tokenized text (calibrate: the whole calibration split), lm-eval and its
@@ -141,7 +142,7 @@ def eigh_solve_bytes(a: Mapping[str, int], ratio: float) -> float:
     eigh of the full Gram (G, eigenvectors, one work copy), the kept (k, k) slice and its tempered
     copy in float32, W0 and W in float32, the kept frame; ``k`` the kept channels at ``ratio``."""
     h, ff = a["h"], a["ff"]
-    k = kept_count(ff, ratio, "ceil")
+    k = kept_count(ff, ratio, DEFAULT_ROUNDING)
     return float(3 * ff * ff * 8 + 2 * k * k * 4 + 2 * h * ff * 4 + 2 * min(h, k) * k * 4)
 
 
