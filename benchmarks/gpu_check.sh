@@ -41,7 +41,7 @@ step "device"
 } 2>&1 | tee "$OUT/gpu.txt"
 
 step "CUDA-only tests"
-timeout 60 $py -m pytest -q -p no:cacheprovider tests/integration/test_foundation.py tests/unit/test_compensate_methods.py \
+timeout 60 $py -m pytest -q -p no:cacheprovider tests/integration/test_calibrate_foundation.py tests/unit/test_compensate_methods.py \
     tests/unit/test_compensate_safeguards.py -k "gram_product or cuda" 2>&1 | tail -5 | tee "$OUT/tests.txt"
 
 step "calibration and perplexity (8B shape, 4 layers, bf16)"

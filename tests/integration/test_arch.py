@@ -112,7 +112,7 @@ def test_param_count_matches_meta_model(family):
 
 def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
     """Layer-wise calibration must scale the embeddings like GraniteModel.forward: with the
-    adapter's embed_scale switched off the Grams differ (tests/integration/test_foundation.py checks that
+    adapter's embed_scale switched off the Grams differ (tests/integration/test_calibrate_foundation.py checks that
     with it they equal the inputs captured from the full forward)."""
     from transformers import AutoModelForCausalLM
 

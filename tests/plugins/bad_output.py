@@ -1,7 +1,7 @@
 """A plug-in whose ``solve`` returns what no module can hold, one fault per ``fault`` option, as
 two methods: ``bad_output`` (errors computed by ``compensate``) and ``bad_output_own``
-(``reports_errors=True``: it fills its own). tests/unit/test_output_checks.py and
-tests/integration/test_output_checks_cli.py check that each is stopped before anything is written.
+(``reports_errors=True``: it fills its own). tests/unit/test_compensate_output_checks.py and
+tests/integration/test_compensate_output_checks_cli.py check that each is stopped before anything is written.
 
 fault: ``none`` (W0[:, K], a valid output), ``shape`` (the whole (d_out, d_in) weight), ``nan``
 (one NaN), ``bias`` (a bias one entry short), ``info`` (a tensor in ``info``), ``overflow``

@@ -1,6 +1,6 @@
 """A compensation method defined outside the package, as a researcher would write one: this file
 alone, named in a config's ``plugins``, adds method ``global_scale`` to every stage of the
-workflow (tests/workflow/test_plugins.py runs it through the trimmed workflow to a Table 1 row).
+workflow (tests/workflow/test_registry_plugins.py runs it through the trimmed workflow to a Table 1 row).
 
 global_scale keeps the pruned columns and rescales them by the one factor that minimises the
 output error, ``s* = <Gyx, W_K> / <W_K, W_K Gxx>`` (RCPU's scale without its rotation), shrunk

@@ -11,7 +11,7 @@ import torch
 from coec.compensate import compensate
 from coec.compensate.method import METHODS, Compensation
 from conftest import method_kwargs
-from test_compensate_problems import make_problem
+from test_compensate_method_problems import make_problem
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from coec.compensate.gram import normalize_gram, power_max_eig, temper_gram
 from coec.compensate.linalg import polar, polar_eigh, svd_eigh, top_singular_vectors
 from coec.compensate.newton_schulz import ns_inv_sqrt, ns_inverse, ns_polar, ns_polar_with
 from coec.compensate.retraction import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
-from test_compensate_problems import make_problem
+from test_compensate_method_problems import make_problem
 
 F64 = torch.float64
 

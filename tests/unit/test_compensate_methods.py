@@ -17,7 +17,7 @@ from coec.compensate.method import METHODS
 from coec.compensate.methods.rcpu import rotate_and_scale as rcpu
 from coec.compensate.stiefel import RightProblem, solve_full, solve_reduced
 from conftest import method_kwargs
-from test_compensate_problems import make_oproj, make_problem
+from test_compensate_method_problems import make_oproj, make_problem
 
 F64 = {"compute_dtype": "float64"}
 

@@ -12,7 +12,7 @@ import torch
 from coec.compensate import compensate, gram, linalg, watchdog
 from coec.compensate.method import METHODS
 from conftest import method_kwargs
-from test_compensate_problems import make_problem
+from test_compensate_method_problems import make_problem
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -23,7 +23,7 @@ On a GPU the layer, the accumulators, activations and logits live on the device;
 the baseline, a CUDA context, the hidden states, the Gram copies and the mapped pages of the part
 being copied. :func:`stage_memory` gives both; :data:`BASELINE_GIB` and the fit against the
 peaks measured on this machine (CPU) are in ``benchmarks/results/stream_memory_*.txt`` and
-tests/unit/test_stream_plan.py. :func:`slurm_resources` turns a plan into ``gpu``, ``mem_mb`` and
+tests/unit/test_streaming_plan.py. :func:`slurm_resources` turns a plan into ``gpu``, ``mem_mb`` and
 ``runtime``; :func:`paper_resources` does so for every model of ``workflow/configs/paper.yaml``
 (which holds exactly these numbers: tested).
 """

@@ -1,4 +1,4 @@
-"""The slow tests of test_faults.py (a real embedded model, a Snakemake run of the whole chain or
+"""The slow tests of test_workflow_faults.py (a real embedded model, a Snakemake run of the whole chain or
 several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slow`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from test_faults import _mount_tmpfs, file_digests, fresh_copy, reference, run_workflow, snakemake_cmd  # noqa: F401  (helpers and fixtures)
+from test_workflow_faults import _mount_tmpfs, file_digests, fresh_copy, reference, run_workflow, snakemake_cmd  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
 

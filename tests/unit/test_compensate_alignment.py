@@ -10,7 +10,7 @@ from coec.compensate.alignment import AlignmentSettings, alignment_grad, alignme
 from coec.compensate.gram import normalize_gram
 from coec.compensate.linalg import polar, svd
 from coec.compensate.objective import AlignmentTerm, ProfiledObjective
-from test_compensate_problems import make_oproj, make_problem
+from test_compensate_method_problems import make_oproj, make_problem
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

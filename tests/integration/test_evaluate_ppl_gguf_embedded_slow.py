@@ -9,7 +9,7 @@ import json
 import pytest
 
 from coec.cli import main
-from test_deploy_embedded_slow import PPL_WINDOWS, config, dataset, embedded, table1_cell  # noqa: F401
+from test_export_gguf_embedded_slow import PPL_WINDOWS, config, dataset, embedded, table1_cell  # noqa: F401
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The slow tests of test_snakemake_report.py (a real embedded model, a Snakemake run of the whole chain or
+"""The slow tests of test_workflow_report.py (a real embedded model, a Snakemake run of the whole chain or
 several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slow`)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from test_snakemake_report import _results, report_html  # noqa: F401  (helpers and fixtures)
 from test_workflow import trimmed_run  # noqa: F401  (the fixture report_html needs)
+from test_workflow_report import _results, report_html  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
 

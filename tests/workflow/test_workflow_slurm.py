@@ -2,7 +2,7 @@
 cluster on this machine, as root) with profiles/slurm: every job goes through sbatch, the GPU
 rules ask for the (fake) GPU, compensation fans out one job per layer, and table1 equals the
 local run's byte for byte. Skipped, with the reason, where the cluster cannot be brought up
-(not root, no apt-get). Run with `pytest -m slow -rs tests/workflow/test_slurm.py`."""
+(not root, no apt-get). Run with `pytest -m slow -rs tests/workflow/test_workflow_slurm.py`."""
 
 from __future__ import annotations
 

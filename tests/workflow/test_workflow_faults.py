@@ -3,7 +3,7 @@ the file, and faults (kill -9 of Snakemake or of an inner job, a full disk) lose
 gives byte-identical results.
 
 The input faults run the CLI stages directly (fast). The workflow faults run the real workflow
-several times and are marked slow (`pytest -m slow tests/workflow/test_faults_slow.py`; CI runs them as a
+several times and are marked slow (`pytest -m slow tests/workflow/test_workflow_faults_slow.py`; CI runs them as a
 separate step).
 """
 
