@@ -187,12 +187,6 @@ def layer_tensor_names(layer: int, config: Any = None) -> dict[str, str]:
     return (Adapter() if config is None else adapter_for(config)).layer_tensor_names(layer)
 
 
-def model_config_dict(model_dir: str | Path) -> dict[str, Any]:
-    """The raw config.json of a model folder."""
-    cfg: dict[str, Any] = read_json(Path(model_dir) / "config.json")
-    return cfg
-
-
 def check_model_dir(folder: str | Path) -> Path:
     """A local model folder: config.json present and readable, every safetensors file (and the
     shard index) complete. One-line :class:`ArtifactError` naming the file otherwise."""

@@ -246,16 +246,6 @@ def build_domain(spec: Spec, out_dir: str | Path, datasets: dict[str, Spec] | No
     return manifest
 
 
-def domain_dataset(spec: Spec, prepared_dir: str | Path, datasets: dict[str, Spec] | None = None) -> Spec:
-    """The ``data.load_split`` spec of a domain's calibration text: the referenced dataset
-    for ``dataset`` domains, else the prepared ``<prepared_dir>/calib.txt``."""
-    if spec.get("source") == "dataset":
-        if not datasets or spec.get("dataset") not in datasets:
-            raise DomainError(f"domain names unknown dataset {spec.get('dataset')!r}")
-        return datasets[spec["dataset"]]
-    return {"source": "files", "calib": str(Path(prepared_dir) / "calib.txt")}
-
-
 def apportion(n: int, alphas: list[float]) -> list[int]:
     """Split ``n`` calibration sequences over domains in proportion to ``alphas`` (largest
     remainder, ties to the earlier domain; every domain with alpha > 0 gets at least one)."""
