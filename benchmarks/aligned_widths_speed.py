@@ -5,7 +5,7 @@ One selection at one ratio, its kept MLP channel count rounded to each ``--multi
 (``coec select --channel-multiple M --channel-rounding R``; 1 is the paper's rule), each keep set
 exported prune-only (no compensation: speed depends on the widths, not the values) as a GGUF of
 every ``--types``, and timed beside the dense model's GGUF with the measured-table harness
-(``coec.deploy.measured``: every configuration in a process of its own, interleaved repeats,
+(``coec.report.measured.table``: every configuration in a process of its own, interleaved repeats,
 prefill of ``--prompt-tokens`` and greedy decode of ``--new-tokens`` at batch 1, the machine's
 load average in the caption). Printed: each cell's MLP width, prefill and decode speedup against
 dense, and their FLOP / byte bounds.
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/aligned_widths_speed.csv")
     a = ap.parse_args()
 
-    from coec.deploy.measured import write_measured
+    from coec.report.measured.table import write_measured
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ import torch
 
 from coec.compensate import compensate
 from coec.compensate.errors import OutputError
-from coec.profiling import device_sync, gemm_rate, span_totals
+from coec.compensate.profiling import device_sync, gemm_rate, span_totals
 
 # name: (module, d_out, d_in, k, extra)   extra: for o_proj (n_heads, n_kv, head_dim, d_model)
 SHAPES = {
@@ -322,7 +322,7 @@ def main(argv=None):
     ap.add_argument(
         "--breakdown",
         action="store_true",
-        help="run COEC under torch.profiler and print seconds per named block (coec.profiling)",
+        help="run COEC under torch.profiler and print seconds per named block (coec.compensate.profiling)",
     )
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)

@@ -23,10 +23,10 @@ import time
 import torch
 from gram_blocks import dense_gram_add_  # a sibling script: benchmarks/ is the script's folder
 
-from coec.calibrate import GramAccumulator, LayerRun, run_layerwise
+from coec.calibrate.layer_pass import GramAccumulator, LayerRun, run_layerwise
+from coec.compensate.profiling import device_sync, gemm_rate
 from coec.evaluate.ppl import perplexity
-from coec.models import load_model, resolve_device
-from coec.profiling import device_sync, gemm_rate
+from coec.model.load import load_model, resolve_device
 
 
 def timed(fn, repeat=1):
@@ -59,8 +59,8 @@ def random_model(arch: str, layers: int | None, dtype: str, device):
     """A randomly initialised model with a published architecture (no weights downloaded)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from coec.cost import PUBLISHED_ARCHS
-    from coec.models import torch_dtype
+    from coec.model.load import torch_dtype
+    from coec.report.cost import PUBLISHED_ARCHS
 
     spec = dict(PUBLISHED_ARCHS[arch])
     family = spec.pop("model_type")
@@ -87,7 +87,7 @@ def main():
     ap.add_argument(
         "--random-arch",
         default=None,
-        help="a coec.cost.PUBLISHED_ARCHS name: random weights of that shape, no download",
+        help="a coec.report.cost.PUBLISHED_ARCHS name: random weights of that shape, no download",
     )
     ap.add_argument("--layers", type=int, default=None, help="truncate --random-arch to N layers")
     a = ap.parse_args()

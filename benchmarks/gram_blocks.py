@@ -3,7 +3,7 @@
     python benchmarks/gram_blocks.py [--dims 576,1536,4096,8192] [--tokens 2048]
         [--blocks 128,256,384,512,768,1024,2048] [--dtype float32] [--device cpu] [--repeat 3]
 
-For every width d it times one batch's Gram formed as ``coec.calibrate.gram_upper_add_`` does
+For every width d it times one batch's Gram formed as ``coec.calibrate.layer_pass.gram_upper_add_`` does
 it (one GEMM per block row, upper block triangle only; plus the in-place mirror a layer's read
 costs, amortised over ``--batches`` batches) and as one dense GEMM, and prints the time ratio
 per block size, the FLOP fraction ``(B + 1) / 2B`` it should approach, and the block size
@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from coec.calibrate import gram_block, gram_block_edges, gram_upper_add_, symmetrize_upper_
-from coec.models import resolve_device, torch_dtype
-from coec.profiling import device_sync
+from coec.calibrate.layer_pass import gram_block, gram_block_edges, gram_upper_add_, symmetrize_upper_
+from coec.compensate.profiling import device_sync
+from coec.model.load import resolve_device, torch_dtype
 
 
 def dense_gram_add_(G: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -42,12 +42,12 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from coec import data
-    from coec.evaluate.llamacpp import gguf_perplexity
-    from coec.export import run_export
-    from coec.export_formats import ExportRequest
-    from coec.imatrix import run_imatrix
-    from coec.source import CalibrationWindows, CellSource
+    from coec.data import text as data
+    from coec.evaluate.llamacpp.run import gguf_perplexity
+    from coec.export.formats import ExportRequest
+    from coec.export.imatrix import run_imatrix
+    from coec.export.stage import run_export
+    from coec.model.source import CalibrationWindows, CellSource
 
     torch.set_num_threads(a.threads)
     work = Path(a.work)

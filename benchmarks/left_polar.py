@@ -34,7 +34,7 @@ import torch
 
 from coec.compensate import compensate
 from coec.compensate.linalg import polar, polar_eigh
-from coec.profiling import device_sync
+from coec.compensate.profiling import device_sync
 
 OLD_MAX_COND_ATA = 1e12  # the earlier polar_eigh rule: SVD whenever cond(A^T A) >= 1e12
 POLARS = {"svd": polar, "eigh": polar_eigh}
@@ -139,9 +139,9 @@ def synthetic(a):
 def real_layers(a):
     from transformers import AutoConfig
 
-    from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
-    from coec.artifacts import read_gram_layer
-    from coec.models import layer_tensor_names, read_model_tensors, resolve_model_dir
+    from coec.io.artifacts import read_gram_layer
+    from coec.model.arch import attention_shape, o_proj_columns, pruned_value_proj
+    from coec.model.load import layer_tensor_names, read_model_tensors, resolve_model_dir
 
     md = resolve_model_dir(a.model)
     geom = attention_shape(AutoConfig.from_pretrained(md))

@@ -4,7 +4,7 @@ CPU buffers (llama.cpp's default: the CPU repack buffers, and AMX where the buil
 "llama.cpp on AMX CPUs").
 
 Each measurement runs in a process of its own through the measured table's worker
-(``coec.deploy.measured.run_worker``), the two settings interleaved (repeat r starts with setting r % 2), and
+(``coec.report.measured.table.run_worker``), the two settings interleaved (repeat r starts with setting r % 2), and
 the guard's setting chosen by ``COEC_LLAMACPP_EXTRA_BUFTS``:
 
     python benchmarks/llamacpp_extra_buffers.py results/smollm2-135m/dense/export-q8_0.gguf \
@@ -19,8 +19,8 @@ import argparse
 import os
 import statistics
 
-from coec.deploy.measured import run_worker
-from coec.evaluate.llamacpp_amx import ENV, describe
+from coec.evaluate.llamacpp.amx import ENV, describe
+from coec.report.measured.table import run_worker
 
 
 def measure(path: str, mode: str, prompt: int, new_tokens: int, threads: int) -> dict:

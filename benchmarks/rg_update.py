@@ -98,8 +98,8 @@ def run(problem, opts: dict, threads: int, max_rounds: int, n_test: int) -> dict
 
 def real_layers(a) -> None:
     """Every down_proj of a results cell: product (two thread counts) against carry."""
-    from coec.artifacts import read_gram_layer
-    from coec.models import layer_tensor_names, read_model_tensors, resolve_model_dir
+    from coec.io.artifacts import read_gram_layer
+    from coec.model.load import layer_tensor_names, read_model_tensors, resolve_model_dir
 
     md = resolve_model_dir(a.model)
     keep = json.loads((Path(a.cell) / "keep.json").read_text())

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
-from coec.artifacts import read_gram_layer
 from coec.compensate import compensate
 from coec.compensate.errors import OutputError
-from coec.models import layer_tensor_names, load_config, read_model_tensors
+from coec.io.artifacts import read_gram_layer
+from coec.model.arch import attention_shape, o_proj_columns, pruned_value_proj
+from coec.model.load import layer_tensor_names, load_config, read_model_tensors
 
 BASE = {"alpha": 0.9, "max_rounds": 20}
 VARIANTS = {

@@ -34,10 +34,10 @@ def child(argv: list[str]) -> None:
     if argv[0] == "inmem-calibrate":  # the loaded-model path of earlier versions, for --compare
         import torch
 
-        from coec.calibrate import PassOptions, calibrate_to_dir
-        from coec.data import calibration_ids
-        from coec.models import load_model
-        from coec.provenance import model_provenance
+        from coec.calibrate.layer_pass import PassOptions, calibrate_to_dir
+        from coec.data.text import calibration_ids
+        from coec.io.provenance import model_provenance
+        from coec.model.load import load_model
 
         model, dataset, nsamples, seqlen, batch, gram_dtype, out = argv[1:]
         dataset, nsamples, seqlen, batch = json.loads(dataset), int(nsamples), int(seqlen), int(batch)
@@ -127,7 +127,7 @@ def main() -> None:
     p.add_argument("--drop-grams", action="store_true", help="delete the Grams after compensation")
     a = p.parse_args()
 
-    from coec.streaming.checkpoint import Checkpoint
+    from coec.model.checkpoint import Checkpoint
 
     model, work = Path(a.model), Path(a.work)
     work.mkdir(parents=True, exist_ok=True)

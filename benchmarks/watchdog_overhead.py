@@ -18,7 +18,7 @@ from gram_blocks import device_args, timed
 
 from coec.compensate import linalg
 from coec.compensate.watchdog import solver_timeout
-from coec.models import resolve_device, torch_dtype
+from coec.model.load import resolve_device, torch_dtype
 
 
 def main():

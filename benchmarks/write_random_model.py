@@ -4,7 +4,7 @@
         --out /work/bigmodel --tokenizer resources/models/smollm2-135m [--layers 32] [--shard-gb 2]
 
 The tensor names and shapes come from the family's own class built on the meta device
-(``coec.arch.published.PUBLISHED_ARCHS`` numbers); each shard's tensors are drawn (normal, std
+(``coec.model.arch.published.PUBLISHED_ARCHS`` numbers); each shard's tensors are drawn (normal, std
 0.02; norms 1) from a seeded generator, written with ``safetensors`` and freed before the next
 shard, with ``model.safetensors.index.json`` last. The tokenizer is copied from a model folder
 whose vocabulary fits (token ids below the architecture's ``vocab_size``). Prints the size.
@@ -71,7 +71,7 @@ def write_model(arch: dict, out: Path, dtype: torch.dtype, shard_bytes: int, see
 
 
 def main() -> None:
-    from coec.arch.published import PUBLISHED_ARCHS
+    from coec.model.arch.published import PUBLISHED_ARCHS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="Llama-3.1-8B", choices=sorted(PUBLISHED_ARCHS))

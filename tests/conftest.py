@@ -1,5 +1,5 @@
 """Shared fixtures: tiny random Llama / Qwen2 / Qwen3 / Mistral / Granite models with a tiny offline tokenizer
-(``coec.tiny``), saved to temp folders exactly as a hub checkpoint would be."""
+(``coec.model.tiny``), saved to temp folders exactly as a hub checkpoint would be."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
-from coec.tiny import CORPUS, make_model_dir, make_tokenizer, tiny_config
+from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
+from coec.model.tiny import CORPUS, make_model_dir, make_tokenizer, tiny_config
 
 __all__ = ["CORPUS", "make_model_dir", "make_tokenizer", "tiny_config"]  # tests import them from here
 

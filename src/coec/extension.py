@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .registry import Registry
+from coec.registry import Registry
 
 __all__ = ["Extension", "EXTENSIONS", "extensions", "BUILTIN"]
 

@@ -16,32 +16,40 @@ from typing import Any
 import pandas as pd
 import torch
 
-from . import artifacts, data
-from .arch import MODULES, AttnShape, attention_shape, o_proj_columns, pruned_value_proj
-from .artifacts import GramLayer, log_timings, read_gram_layer
-from .calibrate import PassOptions
-from .compensate import compensate
-from .compensate.gram_check import GramCheck
-from .compensate.inputs import Module
-from .compensate.method import Compensation, Method, check_module
-from .compensate.options import Resolved, module_options, resolve
-from .compensate.options import method as registered
-from .compensate.output_checks import MethodOutputError
-from .evaluate.layerwise import perplexity_streamed
-from .evaluate.ppl import perplexity, ppl_record
-from .evaluate.zeroshot import write_zeroshot, zeroshot_with_records
-from .geometry import module_geometry
-from .models import layer_tensor_names, load_config, load_model, read_model_tensors, resolve_device, resolve_model_dir
-from .progress import bar as progress_bar
-from .provenance import model_provenance
-from .prune import install_weights_, prune_model_
-from .selection import KeepRule, aligned_steps, check_multiple, select_layer, selection_spec
-from .source import CalibrateOptions, CellSource, PplOptions, SelectOptions, ZeroshotOptions
-from .streaming.calibrate import calibrate_streamed
-from .streaming.model import StreamedModel
-from .streaming.options import StreamOptions
-from .streaming.stages import open_model, streams
-from .widths import PAPER_WIDTH, width_note, width_record
+from coec.calibrate.layer_pass import PassOptions
+from coec.calibrate.streamed import calibrate_streamed
+from coec.compensate import compensate
+from coec.compensate.gram_check import GramCheck
+from coec.compensate.inputs import Module
+from coec.compensate.method import Compensation, Method, check_module
+from coec.compensate.options import Resolved, module_options, resolve
+from coec.compensate.options import method as registered
+from coec.compensate.output_checks import MethodOutputError
+from coec.data import text as data
+from coec.evaluate.geometry import module_geometry
+from coec.evaluate.layerwise import perplexity_streamed
+from coec.evaluate.ppl import perplexity, ppl_record
+from coec.evaluate.zeroshot import write_zeroshot, zeroshot_with_records
+from coec.io import artifacts
+from coec.io.artifacts import GramLayer, log_timings, read_gram_layer
+from coec.io.progress import bar as progress_bar
+from coec.io.provenance import model_provenance
+from coec.model.arch import MODULES, AttnShape, attention_shape, o_proj_columns, pruned_value_proj
+from coec.model.cell import open_model, streams
+from coec.model.load import (
+    layer_tensor_names,
+    load_config,
+    load_model,
+    read_model_tensors,
+    resolve_device,
+    resolve_model_dir,
+)
+from coec.model.prune import install_weights_, prune_model_
+from coec.model.source import CalibrateOptions, CellSource, PplOptions, SelectOptions, ZeroshotOptions
+from coec.model.stream_options import StreamOptions
+from coec.model.streamed import StreamedModel
+from coec.select.scores import KeepRule, aligned_steps, check_multiple, select_layer, selection_spec
+from coec.select.widths import PAPER_WIDTH, width_note, width_record
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +317,7 @@ class CellModel:
         around the loaded model."""
         if self.streamed is None:
             return None
-        from .evaluate.layerwise_lm import LayerwiseLM  # deferred: lm_eval is an optional dependency
+        from coec.evaluate.layerwise_lm import LayerwiseLM  # deferred: lm_eval is an optional dependency
 
         return LayerwiseLM(self.streamed, self.tokenizer, batch_size=batch_size, max_length=max_length,
                            budget_bytes=self.budget)  # fmt: skip

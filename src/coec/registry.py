@@ -156,7 +156,7 @@ class Origin:
 
 
 #: The plug-ins whose entries this process looked up (``Registry.__getitem__``): the code a
-#: stage's result depends on beyond the package (``coec.provenance.plugin_record``).
+#: stage's result depends on beyond the package (``coec.io.provenance.plugin_record``).
 USED_PLUGINS: set[str] = set()
 
 _LOADING: list[str] = []  # the plug-ins being imported now, innermost last

@@ -1,4 +1,4 @@
-"""Architecture adapters (coec.arch): one home per family, method code free of family names, and
+"""Architecture adapters (coec.model.arch): one home per family, method code free of family names, and
 the Granite family end to end (calibrate -> select -> compensate -> ppl -> export)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.arch import ADAPTERS, MODULES, STOCK, ModelError, adapter_for
+from coec.model.arch import ADAPTERS, MODULES, STOCK, ModelError, adapter_for
 from conftest import tiny_config
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "coec"
@@ -102,7 +102,7 @@ def test_adapter_for_config_model_layer_and_name():
 def test_param_count_matches_meta_model(family):
     """The adapter's parameter count equals the meta-device HF model, biases switched on where
     the family has flags."""
-    from coec.cost import count_params, count_params_meta
+    from coec.report.cost import count_params, count_params_meta
 
     cfg = tiny_config(family, attention_bias=True, mlp_bias=True).to_dict()
     assert count_params(cfg) == count_params_meta(cfg)
@@ -116,8 +116,8 @@ def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
     with it they equal the inputs captured from the full forward)."""
     from transformers import AutoModelForCausalLM
 
-    from coec.arch.granite import GraniteAdapter
-    from coec.calibrate import LayerRun, run_layerwise
+    from coec.calibrate.layer_pass import LayerRun, run_layerwise
+    from coec.model.arch.granite import GraniteAdapter
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("granite")).double().eval()
@@ -141,8 +141,8 @@ def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):
 
 def _masked_logits(src: Path, keep: dict, ids: torch.Tensor) -> torch.Tensor:
     """Logits of the dense model with the pruned o_proj / down_proj input columns zeroed."""
-    from coec.arch import attention_shape, o_proj_columns
-    from coec.models import load_model
+    from coec.model.arch import attention_shape, o_proj_columns
+    from coec.model.load import load_model
 
     model, _ = load_model(src, dtype="float64")
     geom = attention_shape(model.config)
@@ -161,7 +161,7 @@ def _masked_logits(src: Path, keep: dict, ids: torch.Tensor) -> torch.Tensor:
 
 def test_granite_exports_only_as_granite():
     """Granite's multipliers exist in no other stock class: the export tries no fallback."""
-    from coec.export_class import ExportNeeds, choose_export_class
+    from coec.export.hf_class import ExportNeeds, choose_export_class
 
     assert not adapter_for("granite").portable and adapter_for("llama").portable
 

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from coec.arch import MODULES
+from coec.model.arch import MODULES
+from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from coec.pipeline import CompensateOptions
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from conftest import make_model_dir
 from test_arch import _masked_logits  # noqa: F401  (helpers and fixtures)
 
@@ -23,7 +23,7 @@ def test_granite_end_to_end(tmp_path, text_dataset):
     from transformers import AutoModelForCausalLM
 
     from coec import pipeline
-    from coec.export_class import build_export_model
+    from coec.export.hf_class import build_export_model
 
     src = make_model_dir(tmp_path / "granite", "granite", attention_bias=True)
     grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"

@@ -1,4 +1,4 @@
-"""The artifact module (coec.artifacts): atomic, umask-following, byte-deterministic writers and
+"""The artifact module (coec.io.artifacts): atomic, umask-following, byte-deterministic writers and
 readers that name the file and the problem; results byte-identical across runs."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec import artifacts, atomic
+from coec.io import artifacts, atomic
+from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from coec.pipeline import CompensateOptions
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
 from conftest import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_safetensors_bytes_do_not_depend_on_insertion_order_or_process(tmp_path)
     artifacts.write_tensors(b, dict(reversed(list(t.items()))), "comp-block", dict(reversed(list(meta.items()))))
     assert a.read_bytes() == b.read_bytes()
     code = (
-        "import sys, torch; from coec import artifacts\n"
+        "import sys, torch; from coec.io import artifacts\n"
         "t = {f'layer{i}.o_proj.weight': torch.full((2, 3), float(i)) for i in range(5)}\n"
         "artifacts.write_tensors(sys.argv[1], t, 'comp-block', {k: str(i) for i, k in enumerate('zyxwvutsrq')})"
     )
@@ -267,7 +267,7 @@ def test_without_timings():
 def test_model_folder_checks(tmp_path):
     import shutil
 
-    from coec.models import read_model_tensors, resolve_model_dir
+    from coec.model.load import read_model_tensors, resolve_model_dir
 
     model = make_model_dir(tmp_path / "m", "llama")
     names = ["model.layers.0.self_attn.o_proj.weight"]

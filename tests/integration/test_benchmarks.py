@@ -224,7 +224,7 @@ def test_random_arch_model_builds_with_the_published_shape(arch):
         from bench_foundation import random_model
     finally:
         sys.path.remove(str(BENCH))
-    from coec.cost import PUBLISHED_ARCHS
+    from coec.report.cost import PUBLISHED_ARCHS
 
     model = random_model(arch, 2, "bfloat16", torch.device("meta"))
     spec = PUBLISHED_ARCHS[arch]

@@ -7,13 +7,21 @@ import math
 import pytest
 import torch
 
-from coec.arch import AttnShape, ModelError, attention_shape, head_indices, o_proj_columns
-from coec.calibrate import GramAccumulator, LayerRun, NonFiniteActivations, gram_product, run_layerwise
-from coec.data import eval_windows, sample_windows
+from coec.calibrate.layer_pass import GramAccumulator, LayerRun, NonFiniteActivations, gram_product, run_layerwise
+from coec.data.text import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
-from coec.models import check_family, load_model
-from coec.prune import prepare_for_save_, prune_model_, set_output_weights_
-from coec.selection import KeepRule, channel_variance, column_scores, group_scores, n_keep, select_layer, top_k_sorted
+from coec.model.arch import AttnShape, ModelError, attention_shape, head_indices, o_proj_columns
+from coec.model.load import check_family, load_model
+from coec.model.prune import prepare_for_save_, prune_model_, set_output_weights_
+from coec.select.scores import (
+    KeepRule,
+    channel_variance,
+    column_scores,
+    group_scores,
+    n_keep,
+    select_layer,
+    top_k_sorted,
+)
 from conftest import make_model_dir, tiny_config
 
 
@@ -89,7 +97,7 @@ def test_blocked_gram_is_the_full_symmetric_gram(d, block):
     its reads and updates interleave."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from coec.calibrate import gram_block_edges, gram_upper_add_
+    from coec.calibrate.layer_pass import gram_block_edges, gram_upper_add_
 
     g = torch.Generator().manual_seed(d)
     x = torch.randn(200, d, generator=g, dtype=torch.float64)
@@ -399,7 +407,7 @@ def test_unsaveable_head_count_is_a_clear_error(tmp_path):
 def test_hub_dataset_path_with_local_files(tmp_path):
     """The `hub` source goes through datasets.load_dataset (WikiText-2 on a cluster); here the
     `text` builder reads local files, so the same code path runs offline."""
-    from coec.data import load_split
+    from coec.data.text import load_split
 
     (tmp_path / "train.txt").write_text("alpha beta\ngamma\n")
     (tmp_path / "test.txt").write_text("delta\nepsilon\n")

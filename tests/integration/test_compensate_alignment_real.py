@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
-    from coec.embedded import prepare_embedded_model
-    from coec.models import load_model
+    from coec.data.bundled import prepare_embedded_model
+    from coec.model.load import load_model
 
     path = Path(os.environ.get("COEC_EMBEDDED_MODEL", REPO / "resources/models/smollm2-135m"))
     if not (path / "config.json").is_file():
@@ -26,8 +26,8 @@ def embedded(tmp_path_factory):
 @pytest.fixture(scope="module")
 def wiki_ids(embedded, tmp_path_factory):
     """8 calibration windows of 256 tokens of the embedded Wikipedia text."""
-    from coec.data import load_split, sample_windows, tokenize_text
-    from coec.embedded import prepare_embedded_text
+    from coec.data.bundled import prepare_embedded_text
+    from coec.data.text import load_split, sample_windows, tokenize_text
 
     text_dir = REPO / "resources/text/enwiki"
     if not (text_dir / "calib.txt").is_file():
@@ -40,10 +40,10 @@ def wiki_ids(embedded, tmp_path_factory):
 def test_alignment_penalty_falls_on_real_o_proj(embedded, wiki_ids):
     """With lambda_a = 50 the Sec. 4.5 penalty after COEC is below the pruned point's on real
     o_proj layers (the paper: median 7.2x lower)."""
-    from coec.arch import attention_shape, o_proj_columns, pruned_value_proj
-    from coec.calibrate import LayerRun, run_layerwise
+    from coec.calibrate.layer_pass import LayerRun, run_layerwise
     from coec.compensate import compensate
-    from coec.selection import KeepRule, select_layer
+    from coec.model.arch import attention_shape, o_proj_columns, pruned_value_proj
+    from coec.select.scores import KeepRule, select_layer
 
     model, _ = embedded
     geom = attention_shape(model.config)

@@ -18,7 +18,7 @@ import yaml
 
 from coec.compensate.method import METHODS
 from coec.compensate.options_doc import markdown
-from coec.config import ConfigError, registry_schema, validate_config
+from coec.config.validate import ConfigError, registry_schema, validate_config
 from conftest import CORPUS, make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,7 +173,7 @@ def test_options_resolve_keeps_values_and_defaults():
             f.metadata["check"](f.name, f.default)  # every default passes its own check
     with pytest.raises(ValueError, match="did you mean 'max_rounds'"):
         options.resolve("coec", {"max_round": 3})
-    from coec.config import SCHEMA
+    from coec.config.validate import SCHEMA
 
     schema = registry_schema(SCHEMA)
     methods = schema["properties"]["compensations"]["additionalProperties"]["properties"]["method"]["enum"]

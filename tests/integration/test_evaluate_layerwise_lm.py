@@ -14,8 +14,8 @@ import torch
 
 from coec.evaluate.layerwise_lm import LayerwiseLM
 from coec.evaluate.zeroshot import zeroshot_with_records
-from coec.source import ZeroshotOptions
-from coec.streaming.model import CellWeights, StreamedModel
+from coec.model.source import ZeroshotOptions
+from coec.model.streamed import CellWeights, StreamedModel
 from test_evaluate_zeroshot import olmo_wheel, zs_data  # noqa: F401  (fixtures)
 
 TASKS = ["arc_easy", "boolq", "winogrande", "hellaswag"]
@@ -29,7 +29,7 @@ def tiny(tmp_path_factory):
     """A tiny random Llama whose tokenizer knows the tasks' text, a keep set and a block file."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from coec.artifacts import write_comp_block, write_json
+    from coec.io.artifacts import write_comp_block, write_json
     from test_evaluate_zeroshot import _tiny_tokenizer
 
     path = tmp_path_factory.mktemp("lwlm")

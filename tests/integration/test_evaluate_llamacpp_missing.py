@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from coec.deploy.measured import check_runtimes
-from coec.evaluate import llamacpp
+from coec.evaluate.llamacpp import run as llamacpp
+from coec.report.measured.table import check_runtimes
 
 INSTALL = "install it with: bash scripts/setup.sh --llamacpp"
 

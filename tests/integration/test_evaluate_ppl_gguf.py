@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from coec import data
 from coec.cli import main
-from coec.evaluate.llamacpp import gguf_perplexity, unavailable
+from coec.data import text as data
+from coec.evaluate.llamacpp.run import gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
 from coec.pipeline import build_model
 

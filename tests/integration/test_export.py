@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.arch import ModelError
 from coec.cli import main
-from coec.export import MARKER, ExportRefused, check_out_dir, run_export
-from coec.export_class import ExportNeeds, choose_export_class
-from coec.export_formats import ExportRequest
+from coec.export.formats import ExportRequest
+from coec.export.hf_class import ExportNeeds, choose_export_class
+from coec.export.stage import MARKER, ExportRefused, check_out_dir, run_export
+from coec.model.arch import ModelError
 from coec.pipeline import build_model
 from conftest import make_model_dir
 

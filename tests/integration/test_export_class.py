@@ -1,5 +1,5 @@
 """The HF export's class is chosen so that vLLM and llama.cpp's converter read the cell as
-transformers does (``coec.arch.runtimes``: read from vLLM 0.33.0's and llama.cpp's code, not run);
+transformers does (``coec.model.arch.runtimes``: read from vLLM 0.33.0's and llama.cpp's code, not run);
 when no class can, the export warns and records why. Every export is reloaded from disk and its
 logits checked; the dense model exports through the same code (no keep set)."""
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.arch import STOCK
-from coec.arch.runtimes import CONVERTER, FAILS, MISREAD, OK, READS, RUNTIMES, VLLM, verdict
 from coec.cli import main
-from coec.export import MARKER, run_export
-from coec.export_class import ExportNeeds, choose_export_class
-from coec.export_formats import ExportRequest
-from coec.models import ModelError
+from coec.export.formats import ExportRequest
+from coec.export.hf_class import ExportNeeds, choose_export_class
+from coec.export.stage import MARKER, run_export
+from coec.model.arch import STOCK
+from coec.model.arch.runtimes import CONVERTER, FAILS, MISREAD, OK, READS, RUNTIMES, VLLM, verdict
+from coec.model.load import ModelError
 from coec.pipeline import build_model
 from conftest import make_model_dir
 
@@ -128,7 +128,7 @@ def test_verdicts_name_head_size_and_biases():
 )
 def test_export_records_runtimes_and_warns(tmp_path, caplog, family, kv, bias, arch, clean):
     src, keep, comp = make_cell(tmp_path, family, kv, bias)
-    with caplog.at_level(logging.WARNING, logger="coec.export_class"):
+    with caplog.at_level(logging.WARNING, logger="coec.export.hf_class"):
         info = run_export(
             ExportRequest(str(src), str(keep), tuple(str(c) for c in comp), "float32", str(tmp_path / "out"))
         )

@@ -1,4 +1,4 @@
-"""Export formats as registered plug-ins (coec.export_formats): the built-in hf and gguf, a
+"""Export formats as registered plug-ins (coec.export.formats): the built-in hf and gguf, a
 format from a file outside the package through the CLI, and each format's options refused with
 any other format."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from coec.export import run_export  # noqa: F401  (registers the built-in formats)
-from coec.export_formats import EXPORT_FORMATS, ExportRequest, export
+from coec.export.formats import EXPORT_FORMATS, ExportRequest, export
+from coec.export.stage import run_export  # noqa: F401  (registers the built-in formats)
 from coec.registry import UnknownName
 from conftest import REPO, make_model_dir
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from coec import data
 from coec.cli import build_parser, main
-from coec.evaluate.llamacpp import gguf_logits, gguf_perplexity, unavailable
+from coec.data import text as data
+from coec.evaluate.llamacpp.run import gguf_logits, gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
-from coec.gguf import GGUF_TYPES, GgufOptions, permute_qk, tensor_type, write_gguf
-from coec.gguf.layout import KQUANTS, rope_freq_factors
+from coec.export.gguf import GGUF_TYPES, GgufOptions, permute_qk, tensor_type, write_gguf
+from coec.export.gguf.layout import KQUANTS, rope_freq_factors
 from coec.pipeline import build_model
 from conftest import CORPUS, make_model_dir
 
@@ -214,10 +214,10 @@ def test_every_quantized_type_is_evaluated_without_a_crash(cells, kquant_cell, l
     """The AMX remedy's test: a quantized GGUF is evaluated (not only loaded) by llama.cpp in a
     child process. On a CPU with AMX, llama.cpp built with its AMX kernels and loaded with its
     extra CPU buffers segfaults here (ggml-org/llama.cpp #20824), and the child's death fails
-    this test in one line (coec.isolated.ProcessCrashed: '... died with SIGSEGV (signal 11)')
+    this test in one line (coec.io.isolated.ProcessCrashed: '... died with SIGSEGV (signal 11)')
     instead of killing pytest; with the project's build (scripts/install_llamacpp.sh) or the
     load-time guard it runs on every x86 CPU."""
-    from coec.evaluate.llamacpp_amx import describe
+    from coec.evaluate.llamacpp.amx import describe
 
     if gguf_type in KQUANTS:  # the K-quant kernels run only on rows of 256 (conftest's K-quant cell)
         src, keep, comp = kquant_cell
@@ -235,7 +235,7 @@ def test_every_quantized_type_is_evaluated_without_a_crash(cells, kquant_cell, l
 
 def _extra_bufts_and_logits(path: str, window: torch.Tensor) -> tuple[bool, np.ndarray]:
     """(use_extra_bufts the model was loaded with, logits of one window), in a child process."""
-    from coec.evaluate.llamacpp import load, window_logits
+    from coec.evaluate.llamacpp.run import load, window_logits
 
     llm = load(path, window.numel(), 1)
     try:
@@ -249,7 +249,7 @@ def test_the_guard_loads_without_extra_buffers_and_the_model_runs(cells, llama_c
     """COEC_LLAMACPP_EXTRA_BUFTS=off (the guard's decision on an AMX CPU with an AMX build)
     reaches the model parameters llama.cpp loads with, and the q8_0 model gives the model's
     logits either way (run in a child process: 'on' is the crash's setting on such a CPU)."""
-    from coec.isolated import call_isolated
+    from coec.io.isolated import call_isolated
 
     _, _, model, tok = cells["llama", "uniform", True]
     path = tmp_path / "q8_0.gguf"
@@ -295,7 +295,7 @@ def test_metadata_holds_widths_head_size_biases_and_rope(cells, tmp_path):
             want = rope_freq_factors(LLAMA3_ROPE, 8).numpy()
             np.testing.assert_array_equal(tensors["rope_freqs.weight"].data, want)
             assert meta["llama.rope.freq_base" if arch == "llama" else "deci.rope.freq_base"] == 500000.0
-        info = json.loads(meta["coec.export"])
+        info = json.loads(meta["coec.export.stage"])
         assert info["arch"] == arch
 
 
@@ -353,7 +353,7 @@ def test_tensor_type_falls_back_per_tensor():
 def test_llama_cpp_tokenises_text_like_the_source_tokenizer(cells, llama_cpp, tmp_path):
     """The tokenizer keys (tokens, merges, pre-tokenizer) reproduce the HF tokenizer's ids on
     text, for the byte-level GPT-2 split (llama cell) and Qwen2's split regex (qwen2 cell)."""
-    from coec.evaluate.llamacpp import load
+    from coec.evaluate.llamacpp.run import load
 
     text = CORPUS[:1500] + " Don't 123 4567 tabs\tand  spaces\nnew lines"
     for family, pre in (("llama", "gpt-2"), ("qwen2", "qwen2")):
@@ -443,8 +443,8 @@ def test_what_llama_cpp_cannot_hold_is_refused(family_cells, family, layers, bia
 
 
 def test_every_family_names_known_llama_cpp_archs():
-    from coec.arch import ADAPTERS
-    from coec.gguf import ARCHS
+    from coec.export.gguf import ARCHS
+    from coec.model.arch import ADAPTERS
 
     for family, adapter in ADAPTERS.items():
         assert adapter.gguf_archs and set(adapter.gguf_archs) <= set(ARCHS), family
@@ -478,7 +478,7 @@ def test_cli_export_gguf_writes_refuses_and_replaces(cells, tmp_path, capsys):
     assert main(args) == 0
     meta, tensors = read(out)
     assert meta["general.architecture"] == "deci" and meta["general.file_type"] == 7
-    info = json.loads(meta["coec.export"])
+    info = json.loads(meta["coec.export.stage"])
     assert info["keep"] == str(keep) and info["gguf_type"] == "q8_0" and info["fallbacks"]
     before = out.read_bytes()
     assert main(args) == 2  # exists: refused without --force

@@ -22,10 +22,10 @@ import pytest
 import torch
 import yaml
 
-from coec import data
 from coec.cli import main
-from coec.config import validate_config
-from coec.evaluate.llamacpp import gguf_logits, gguf_perplexity, unavailable
+from coec.config.validate import validate_config
+from coec.data import text as data
+from coec.evaluate.llamacpp.run import gguf_logits, gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
 from coec.pipeline import build_model
 
@@ -47,7 +47,7 @@ def embedded(tmp_path_factory):
     why = unavailable()
     if why:
         pytest.skip(why)
-    from coec.embedded import prepare_embedded_model, prepare_embedded_text
+    from coec.data.bundled import prepare_embedded_model, prepare_embedded_text
 
     model = Path(os.environ.get("COEC_EMBEDDED_MODEL", REPO / f"resources/models/{MODEL}"))
     if not (model / "config.json").is_file():

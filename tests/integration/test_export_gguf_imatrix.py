@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from coec.cli import main
-from coec.evaluate.llamacpp import gguf_logits, unavailable
-from coec.gguf.writer import PROVENANCE_KEY
-from coec.imatrix import read_imatrix
+from coec.evaluate.llamacpp.run import gguf_logits, unavailable
+from coec.export.gguf.writer import PROVENANCE_KEY
+from coec.export.imatrix import read_imatrix
 from coec.pipeline import build_model
 
 

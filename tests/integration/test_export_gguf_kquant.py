@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from coec.cli import main
-from coec.evaluate.llamacpp import gguf_logits, unavailable
-from coec.export import run_export
-from coec.export_formats import ExportRequest
-from coec.gguf import GGUF_TYPES, is_gguf_export
-from coec.gguf.layout import K_BLOCK, KQUANT_TYPES, KQUANTS
+from coec.evaluate.llamacpp.run import gguf_logits, unavailable
+from coec.export.formats import ExportRequest
+from coec.export.gguf import GGUF_TYPES, is_gguf_export
+from coec.export.gguf.layout import K_BLOCK, KQUANT_TYPES, KQUANTS
+from coec.export.stage import run_export
 from coec.pipeline import build_model
 from conftest import KQUANT_LAYERS, KQUANT_SHAPE
 
@@ -78,7 +78,7 @@ def predicted(src: Path, keep_layers: list[dict] | None) -> dict[str, int]:
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The inverse of coec.gguf.permute_qk (llama.cpp's consecutive-pair rows -> rotate-half)."""
+    """The inverse of coec.export.gguf.permute_qk (llama.cpp's consecutive-pair rows -> rotate-half)."""
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
@@ -87,7 +87,7 @@ def grid_model(model, path: Path):
     the model on the quantizer's grid, the oracle of what llama.cpp should compute."""
     import copy
 
-    from coec.arch import adapter_for
+    from coec.model.arch import adapter_for
 
     m = copy.deepcopy(model)
     adapter = adapter_for(m.config)
@@ -118,7 +118,7 @@ def hf_logits(model, windows):
 
 def test_every_k_quant_is_offered_and_numbered_as_llama_cpp():
     lib = pytest.importorskip("llama_cpp")
-    from coec.gguf.layout import file_type
+    from coec.export.gguf.layout import file_type
 
     assert set(KQUANTS) <= set(GGUF_TYPES) and set(MAIN) == set(GRID_TOL) == set(KQUANTS)
     for t in KQUANTS:  # general.file_type is the llama_ftype the quantizer is asked for
@@ -136,7 +136,7 @@ def test_k_quant_export_types_sidecar_and_logits(kquant_cell, llama_cpp, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name, f"{out.name}.json"]  # no f32 file left
     r = gguf.GGUFReader(str(out))
     assert r.get_field("general.file_type").contents() == int(gguf.LlamaFileType[f"MOSTLY_{gguf_type.upper()}"])
-    info = json.loads(r.get_field("coec.export").contents())  # the provenance survives the quantizer
+    info = json.loads(r.get_field("coec.export.stage").contents())  # the provenance survives the quantizer
     assert is_gguf_export(out) and info["gguf_type"] == gguf_type and info["keep"] == (str(keep) if keep else None)
     want = predicted(src, None if target == "dense" else KQUANT_LAYERS)
     got = {}
@@ -253,7 +253,7 @@ def test_bad_options_are_refused_before_building_anything(kquant_cell, tmp_path,
 
 def test_k_quant_without_the_bindings_is_one_line_naming_the_install(kquant_cell, tmp_path, monkeypatch):
     from coec import pipeline
-    from coec.evaluate import llamacpp
+    from coec.evaluate.llamacpp import run as llamacpp
 
     monkeypatch.setattr(pipeline, "build_model", _no_build)
     monkeypatch.setattr(llamacpp, "unavailable", lambda: "llama-cpp-python is not importable: ImportError: x")

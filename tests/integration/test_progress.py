@@ -1,4 +1,4 @@
-"""coec.progress: a tqdm bar on a terminal or when asked, count/ETA log lines in a batch log,
+"""coec.io.progress: a tqdm bar on a terminal or when asked, count/ETA log lines in a batch log,
 nothing when turned off; the compensation stage reports per (layer, module)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from coec import progress as PR
+from coec.io import progress as PR
+from coec.model.source import CellSource
 from coec.pipeline import CompensateOptions
-from coec.source import CellSource
 
 
 class _Tty(io.StringIO):
@@ -20,7 +20,7 @@ class _Tty(io.StringIO):
 
 
 def _lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "coec.progress"]
+    return [r.getMessage() for r in caplog.records if r.name == "coec.io.progress"]
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,7 @@ def test_bad_env_value_is_one_clear_error(monkeypatch):
 
 def test_log_lines_every_tenth_with_count_and_eta(monkeypatch, caplog):
     monkeypatch.delenv(PR.ENV, raising=False)
-    caplog.set_level(logging.INFO, logger="coec.progress")
+    caplog.set_level(logging.INFO, logger="coec.io.progress")
     in_a_log = PR.Display(stream=io.StringIO())  # not a terminal
     assert list(PR.bar(range(20), desc="calibrate", unit="layer", display=in_a_log)) == list(range(20))
     lines = _lines(caplog)
@@ -70,7 +70,7 @@ def test_log_lines_every_tenth_with_count_and_eta(monkeypatch, caplog):
 
 def test_terminal_draws_a_bar_and_logs_nothing(monkeypatch, caplog):
     monkeypatch.delenv(PR.ENV, raising=False)
-    caplog.set_level(logging.INFO, logger="coec.progress")
+    caplog.set_level(logging.INFO, logger="coec.io.progress")
     tty = _Tty()
     for _ in PR.bar(range(3), desc="perplexity", unit="batch", display=PR.Display(stream=tty)):
         pass
@@ -79,7 +79,7 @@ def test_terminal_draws_a_bar_and_logs_nothing(monkeypatch, caplog):
 
 
 def test_off_and_disabled_and_inner_loops_are_silent(monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="coec.progress")
+    caplog.set_level(logging.INFO, logger="coec.io.progress")
     tty = _Tty()
     monkeypatch.setenv(PR.ENV, "0")
     assert sum(PR.bar(range(5), desc="x", display=PR.Display(stream=tty))) == 10
@@ -96,7 +96,7 @@ def test_routed_third_party_tqdm_follows_the_mode(monkeypatch, caplog):
 
     mod = types.SimpleNamespace(tqdm=tqdm)
     monkeypatch.setenv(PR.ENV, "lines")
-    caplog.set_level(logging.INFO, logger="coec.progress")
+    caplog.set_level(logging.INFO, logger="coec.io.progress")
     with PR.routed_tqdm(mod):
         pbar = mod.tqdm(total=4, disable=False, desc="Running loglikelihood requests")
         for _ in range(4):
@@ -119,7 +119,7 @@ def _compensate(llama_dir, d):
 
 
 def test_compensation_reports_count_and_eta_per_module(llama_dir, pruned_cell, monkeypatch, caplog, capsys):
-    caplog.set_level(logging.INFO, logger="coec.progress")
+    caplog.set_level(logging.INFO, logger="coec.io.progress")
     monkeypatch.setenv(PR.ENV, "lines")  # a job log
     _compensate(llama_dir, pruned_cell)
     lines = [line for line in _lines(caplog) if line.startswith("compensate")]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec import provenance as PV
+from coec.io import provenance as PV
 from conftest import REV, fake_hub_snapshot
 
 HUB_ID = "org/tiny"
@@ -203,7 +203,7 @@ def test_plain_model_loads_pass_defaults(monkeypatch, llama_dir):
     explicitly (nothing left to a library default)."""
     import transformers
 
-    from coec.models import load_model
+    from coec.model.load import load_model
 
     seen = []
     for cls in (transformers.AutoConfig, transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
@@ -249,7 +249,7 @@ def test_gguf_load_dequantises_explicitly(monkeypatch, tmp_path):
     refuses a model that still holds packed (non-float) parameters."""
     import transformers
 
-    from coec import models
+    from coec.model import load as models
 
     kw = models.gguf_dequantize_kwargs()
     assert kw["quantization_config"].dequantize is True

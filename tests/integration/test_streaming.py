@@ -1,4 +1,4 @@
-"""A model streamed from its safetensors shards one layer at a time (coec.streaming): the same
+"""A model streamed from its safetensors shards one layer at a time (coec.model.streamed): the same
 logits, the same Gram files byte for byte, the same perplexity as the loaded model, on every
 tiny family; the hidden-state store and its budget; the refusal of pickle checkpoints."""
 
@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.calibrate import PassOptions, calibrate_to_dir, layer_call, layer_masks
+from coec.calibrate.hidden import HiddenStore
+from coec.calibrate.layer_pass import PassOptions, calibrate_to_dir, layer_call, layer_masks
+from coec.calibrate.streamed import calibrate_streamed, partial_dir
 from coec.evaluate.layerwise import LayerSequential, group_batches, perplexity_streamed
 from coec.evaluate.ppl import perplexity
-from coec.models import ModelError, load_model
+from coec.model.checkpoint import Checkpoint, weight_map
+from coec.model.load import ModelError, load_model
+from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
+from coec.model.streamed import CellWeights, StreamedModel
 from coec.pipeline import CompensateOptions
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
-from coec.streaming.calibrate import calibrate_streamed, partial_dir
-from coec.streaming.checkpoint import Checkpoint, weight_map
-from coec.streaming.hidden import HiddenStore
-from coec.streaming.model import CellWeights, StreamedModel
 from conftest import CORPUS, make_model_dir
 
 FAMILIES = [
@@ -214,7 +214,7 @@ def test_streamed_grams_are_byte_identical(tmp_path, family_dir, budget, every):
 
 def test_cli_calibrate_streams_the_same_files(tmp_path, llama_dir):
     """``coec calibrate`` (the workflow's job) writes what the loaded-model pass writes."""
-    from coec.data import calibration_ids
+    from coec.data.text import calibration_ids
 
     (tmp_path / "c.txt").write_text(CORPUS)
     ds = {"source": "files", "calib": str(tmp_path / "c.txt"), "eval": str(tmp_path / "c.txt")}
@@ -247,7 +247,7 @@ def test_cli_calibrate_streams_the_same_files(tmp_path, llama_dir):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "1 of 2 batches on disk" in res.stderr  # the second batch exceeds the tiny budget
-    from coec.provenance import model_provenance
+    from coec.io.provenance import model_provenance
 
     model, tok = load_model(llama_dir)
     torch.manual_seed(0)
@@ -313,8 +313,8 @@ def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
     of 256, dense and pruned by the Grams' wanda_sp keep set at 30 %."""
     import os
 
-    from coec.data import calibration_ids
-    from coec.embedded import prepare_embedded_model, prepare_embedded_text
+    from coec.data.bundled import prepare_embedded_model, prepare_embedded_text
+    from coec.data.text import calibration_ids
     from coec.pipeline import build_model, run_select
 
     repo = Path(__file__).resolve().parents[2]

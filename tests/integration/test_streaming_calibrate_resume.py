@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from coec.streaming.calibrate import PROGRESS, partial_dir
+from coec.calibrate.streamed import PROGRESS, partial_dir
 from conftest import CORPUS, make_model_dir
 
 KILLER = r"""
 import os, signal, sys
-from coec.streaming import calibrate as stream_calibrate
+from coec.calibrate import streamed as stream_calibrate
 
 where, layer = sys.argv[1], int(sys.argv[2])
 if where == "in-layer":   # SIGKILL inside decoder layer `layer`, after its first batch

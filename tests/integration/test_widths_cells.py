@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec import artifacts, cli, pipeline
-from coec.arch import MODULES, attention_shape, o_proj_columns
-from coec.models import layer_tensor_names, load_config, read_model_tensors
-from coec.provenance import model_provenance
-from coec.selection import layer_scores, n_keep, top_k_sorted
-from coec.source import CalibrateOptions, CalibrationWindows, CellSource
+from coec import cli, pipeline
+from coec.io import artifacts
+from coec.io.provenance import model_provenance
+from coec.model.arch import MODULES, attention_shape, o_proj_columns
+from coec.model.load import layer_tensor_names, load_config, read_model_tensors
+from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource
+from coec.select.scores import layer_scores, n_keep, top_k_sorted
 from conftest import method_kwargs
 
 RATIO = 0.3  # 33.6 of 48 channels: 34 by the paper's rule
@@ -118,8 +119,8 @@ def test_multiple_above_the_width_is_refused(llama_dir, grams, tmp_path, capsys)
 @pytest.mark.parametrize("method", ["none", "bias", "lstsq", "rcpu", "coec", "blend"])
 def test_every_method_compensates_an_aligned_keep_set(llama_dir, grams, tmp_path, method):
     from coec.compensate import compensate
-    from coec.models import load_model
-    from coec.prune import install_weights_, prune_model_
+    from coec.model.load import load_model
+    from coec.model.prune import install_weights_, prune_model_
 
     out = tmp_path / "keep.json"
     assert _select(llama_dir, grams, out, "--channel-multiple", "8", "--channel-rounding", "nearest") == 0
@@ -150,11 +151,11 @@ def test_every_method_compensates_an_aligned_keep_set(llama_dir, grams, tmp_path
 
 
 def test_measured_table_reads_the_realised_widths(llama_dir, grams, tmp_path):
-    """The measured table's bounds and sizes come from the exported GGUF file (coec.deploy.bounds),
+    """The measured table's bounds and sizes come from the exported GGUF file (coec.report.measured.bounds),
     so an aligned cell is counted at its realised width; its MLP rows quantize (q8_0, block 32)
     where the paper's 34 channels fall back to f16."""
-    from coec.deploy.bounds import gguf_flops_per_token, gguf_read_bytes
-    from coec.gguf import write_gguf
+    from coec.export.gguf import write_gguf
+    from coec.report.measured.bounds import gguf_flops_per_token, gguf_read_bytes
 
     paper, aligned = tmp_path / "paper.json", tmp_path / "a32.json"
     assert _select(llama_dir, grams, paper) == 0

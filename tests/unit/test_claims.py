@@ -1,13 +1,13 @@
-"""The claims report (coec.claims, results/claims.md) on synthetic result files."""
+"""The claims report (coec.report.claims, results/claims.md) on synthetic result files."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from coec.claims.core import VERDICTS
-from coec.claims.paper import table4_beside_paper
-from coec.claims.report import claims_markdown, evaluate, registered_claims
+from coec.report.claims.core import VERDICTS
+from coec.report.claims.paper import table4_beside_paper
+from coec.report.claims.report import claims_markdown, evaluate, registered_claims
 
 HEAD = "ratio,selection,compensation,m1,m2\n"
 

@@ -399,11 +399,11 @@ def test_cuda_rg_update_auto_carries_and_keeps_the_error():
 
 
 def test_profiler_blocks_cover_a_coec_call():
-    """coec.profiling: each block of a round is a named range (one right solve per round, the left
+    """coec.compensate.profiling: each block of a round is a named range (one right solve per round, the left
     rotation once in setup and once per round); nested ranges fit inside their parent."""
     from torch.profiler import ProfilerActivity, profile
 
-    from coec.profiling import span_totals
+    from coec.compensate.profiling import span_totals
 
     W0, G, mean, keep, _ = make_problem(24, 40, 20, 300, seed=2)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -163,7 +163,7 @@ def test_config_validation_names_a_bad_blend_key():
 
 
 def test_disjoint_windows_share_no_token_and_leave_plain_sampling_unchanged():
-    from coec.data import sample_windows, window_starts
+    from coec.data.text import sample_windows, window_starts
 
     tokens = torch.arange(5000)
     plain = sample_windows(tokens, 16, 64, 0)
@@ -182,7 +182,7 @@ def test_disjoint_windows_share_no_token_and_leave_plain_sampling_unchanged():
     [({"disjoint_from": "nope"}, "unknown calibration"), ({"disjoint_from": "c8"}, "another calibration set")],
 )
 def test_config_refuses_a_bad_disjoint_from(cal, needle, tmp_path):
-    from coec.config import ConfigError, validate_config
+    from coec.config.validate import ConfigError, validate_config
     from conftest import write_trimmed_workflow
 
     cfg, _ = write_trimmed_workflow(tmp_path)
@@ -209,7 +209,7 @@ def test_trimmed_workflow_blend_cell(tmp_path):
     assert counts["calibrate"] == 2 and counts["compensate"] == 2 and counts["compensate_base"] == 2  # 2 blocks each
     snakemake(tmp_path, "--cores", "2", "results/table1.csv", "--configfile", str(path))
     cell = tmp_path / "results/tiny/c8/wanda_sp-0.5"
-    from coec.artifacts import read_comp_block
+    from coec.io.artifacts import read_comp_block
 
     blend, base = (
         read_comp_block(cell / "blend/block0-0.safetensors"),

@@ -1,6 +1,6 @@
 """Library oracles: the project's linear algebra compared with independent implementations.
 
-* Principal angles (coec.geometry.principal_angles) against ``scipy.linalg.subspace_angles``:
+* Principal angles (coec.evaluate.geometry.principal_angles) against ``scipy.linalg.subspace_angles``:
   1e-9 degrees absolute on generic subspaces, widened to the oracle's own accuracy where it
   takes an arccos (``_scipy_angle_tol_deg``: near 0 degrees an arccos turns a cosine's round-off
   into ~sqrt(eps) radians, and whether that round-off is 0 or one ulp depends on the BLAS
@@ -35,7 +35,7 @@ from coec.compensate.linalg import polar, polar_eigh  # noqa: E402
 from coec.compensate.newton_schulz import ns_polar  # noqa: E402
 from coec.compensate.objective import ProfiledObjective  # noqa: E402
 from coec.compensate.stiefel import RightProblem, solve_full, solve_reduced  # noqa: E402
-from coec.geometry import principal_angles  # noqa: E402
+from coec.evaluate.geometry import principal_angles  # noqa: E402
 
 F64 = torch.float64
 

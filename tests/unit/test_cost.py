@@ -1,11 +1,11 @@
-"""Fast tests of the deployment-cost arithmetic (src/coec/cost.py, paper Table 4)."""
+"""Fast tests of the deployment-cost arithmetic (src/coec/report/cost.py, paper Table 4)."""
 
 import math
 from fractions import Fraction
 
 import pytest
 
-from coec.cost import (
+from coec.report.cost import (
     PUBLISHED_ARCHS,
     cost_table,
     count_params,

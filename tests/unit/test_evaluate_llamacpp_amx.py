@@ -1,4 +1,4 @@
-"""The AMX guard (coec.evaluate.llamacpp_amx): the CPU is read from /proc/cpuinfo (not from
+"""The AMX guard (coec.evaluate.llamacpp.amx): the CPU is read from /proc/cpuinfo (not from
 llama.cpp's build line), and llama.cpp's extra CPU buffers are turned off only where the CPU
 has AMX and the bindings were built with it, or where the user says so; the build script keys
 its wheel cache by the build flags."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coec.evaluate import llamacpp_amx as amx
+from coec.evaluate.llamacpp import amx as amx
 
 REPO = Path(__file__).resolve().parents[2]
 SPR = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n\nprocessor\t: 1\n"
@@ -105,7 +105,7 @@ def test_the_remedys_test_evaluates_every_quantized_type():
     """tests/integration/test_export_gguf.py evaluates every quantized GGUF type in a child
     process (the AMX crash's test): its list is GGUF_TYPES less f32 and f16, so it holds the
     K-quant mixes made by llama.cpp's quantizer as well as gguf-py's block types."""
-    from coec.export_formats import GGUF_TYPES
+    from coec.export.formats import GGUF_TYPES
 
     text = (REPO / "tests" / "integration" / "test_export_gguf.py").read_text()
     assert 'QUANTIZED = [t for t in GGUF_TYPES if t not in ("f32", "f16")]' in text

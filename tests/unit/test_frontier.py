@@ -1,4 +1,4 @@
-"""The size–quality–speed frontier (coec.frontier): its cells from the config, the Pareto front,
+"""The size–quality–speed frontier (coec.report.frontier): its cells from the config, the Pareto front,
 the table joined from the per-file results, and its refusals."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from coec import paths
-from coec.config import ConfigError, validate_config
-from coec.frontier import frontier_cells, frontier_inputs, frontier_spec, pareto, speed_spec, write_frontier
+from coec.config.validate import ConfigError, validate_config
+from coec.io import paths
+from coec.report.frontier import frontier_cells, frontier_inputs, frontier_spec, pareto, speed_spec, write_frontier
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,12 +1,11 @@
-"""Fast tests of the App. C measurements (src/coec/geometry.py)."""
+"""Fast tests of the App. C measurements (src/coec/evaluate/geometry.py)."""
 
 import math
 
 import pytest
 import torch
 
-from coec.arch import expand_kv_rows
-from coec.geometry import (
+from coec.evaluate.geometry import (
     frame_discrepancy,
     module_geometry,
     orth,
@@ -17,6 +16,7 @@ from coec.geometry import (
     top_left_frame,
     top_right_frame,
 )
+from coec.model.arch import expand_kv_rows
 
 
 def _gen(seed=0):

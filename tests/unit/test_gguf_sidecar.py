@@ -7,12 +7,12 @@ from __future__ import annotations
 import gguf
 import pytest
 
-from coec.export_formats import GGUF_TYPES
-from coec.gguf.layout import K_BLOCK, KQUANTS, block_of, fallback_reason, file_type, made_by
-from coec.gguf.quantize import quantizer_fallbacks, type_counts
-from coec.gguf.sidecar import dense_widths, sidecar, sidecar_path
-from coec.gguf.writer import refusal
-from coec.paths import gguf_file, gguf_report_file
+from coec.export.formats import GGUF_TYPES
+from coec.export.gguf.layout import K_BLOCK, KQUANTS, block_of, fallback_reason, file_type, made_by
+from coec.export.gguf.quantize import quantizer_fallbacks, type_counts
+from coec.export.gguf.sidecar import dense_widths, sidecar, sidecar_path
+from coec.export.gguf.writer import refusal
+from coec.io.paths import gguf_file, gguf_report_file
 
 Q = gguf.GGMLQuantizationType
 
@@ -137,10 +137,12 @@ def test_the_measured_tables_runtimes_are_the_schemas():
 
     import yaml
 
-    from coec.deploy.measured import RUNTIMES
-    from coec.export_formats import GGUF_VARIANTS
+    from coec.export.formats import GGUF_VARIANTS
+    from coec.report.measured.table import RUNTIMES
 
-    schema = yaml.safe_load((Path(__file__).resolve().parents[2] / "src/coec/schemas/config.schema.yaml").read_text())
+    schema = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "src/coec/config/schemas/config.schema.yaml").read_text()
+    )
     enum = schema["properties"]["table4_measured"]["properties"]["runtimes"]["items"]["enum"]
     assert enum == list(RUNTIMES)
     assert [r.removeprefix("llamacpp-") for r in enum if r.startswith("llamacpp-")] == list(GGUF_VARIANTS)
@@ -148,7 +150,7 @@ def test_the_measured_tables_runtimes_are_the_schemas():
 
 def test_gguf_variant_names_split_into_type_and_imatrix():
     """Every target name is a type or a K-quant type with -imatrix; anything else is one line."""
-    from coec.export_formats import GGUF_TYPES, GGUF_VARIANTS, split_gguf_variant
+    from coec.export.formats import GGUF_TYPES, GGUF_VARIANTS, split_gguf_variant
 
     assert [split_gguf_variant(t) for t in GGUF_TYPES] == [(t, False) for t in GGUF_TYPES]
     assert split_gguf_variant("q4_k_m-imatrix") == ("q4_k_m", True)

@@ -1,4 +1,4 @@
-"""The importance matrix (coec.imatrix): the hooks' per-column mean of x^2 equals a direct
+"""The importance matrix (coec.export.imatrix): the hooks' per-column mean of x^2 equals a direct
 computation of each weight's input (the calibration's own Grams for o_proj / down_proj), shared
 inputs agree, pruned cells give their own widths; the file's checks and the quantizer's array."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from coec.arch import adapter_for
-from coec.imatrix import FORMAT, SumSq, check_imatrix, collect, imatrix_metadata, imatrix_modules, read_imatrix
+from coec.export.imatrix import FORMAT, SumSq, check_imatrix, collect, imatrix_metadata, imatrix_modules, read_imatrix
+from coec.model.arch import adapter_for
 from conftest import KQUANT_LAYERS, KQUANT_SHAPE, tiny_config
 
 
@@ -36,7 +36,7 @@ def test_sumsq_is_the_mean_of_squares_over_every_token():
 def test_hooks_equal_a_direct_computation(tiny):
     """attn_q/k/v: the normed block input; output head: the final normed hidden state; o_proj and
     down_proj: the diagonal of the calibration's Grams (an independent accumulation)."""
-    from coec.calibrate import LayerRun, run_layerwise
+    from coec.calibrate.layer_pass import LayerRun, run_layerwise
 
     model, ids = tiny
     adapter = adapter_for(model.config)
@@ -121,13 +121,13 @@ def test_check_imatrix_names_widths_and_missing_weights():
 
 
 def test_quantizer_array_names_sizes_and_null_end():
-    from coec.evaluate.llamacpp import unavailable
+    from coec.evaluate.llamacpp.run import unavailable
 
     if why := unavailable():
         pytest.skip(why)
     import ctypes
 
-    from coec.arch.gguf import bindings_imatrix
+    from coec.model.arch.gguf import bindings_imatrix
 
     vectors = {"b.weight": np.arange(3, dtype=np.float32), "a.weight": np.array([5.0, 6.0], np.float64)}
     arr, keep = bindings_imatrix(vectors)

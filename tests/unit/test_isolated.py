@@ -1,4 +1,4 @@
-"""coec.isolated: one call in a spawned child; its result or its exception comes back, and a
+"""coec.io.isolated: one call in a spawned child; its result or its exception comes back, and a
 child killed by a signal raises ProcessCrashed naming the signal instead of killing the caller."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 
-from coec.isolated import ProcessCrashed, call_isolated, describe_exit, signal_name
+from coec.io.isolated import ProcessCrashed, call_isolated, describe_exit, signal_name
 
 
 def _add(a, b, scale=1):

@@ -8,8 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from coec.rendering import to_markdown
-from coec.report import build_table, metric_value, write_report
+from coec.report.rendering import to_markdown
+from coec.report.tables import build_table, metric_value, write_report
 
 
 def _cell(path, **obj):
@@ -138,8 +138,8 @@ def test_zeroshot_table_shows_its_noise(tmp_path):
 
 
 def test_claims_read_only_the_model_columns_of_a_zeroshot_table(tmp_path):
-    from coec.claims.core import _long
-    from coec.table_columns import is_model_column
+    from coec.report.claims.core import _long
+    from coec.report.columns import is_model_column
 
     path = tmp_path / "t.csv"
     path.write_text("ratio,selection,compensation,vs,m,m se,m diff,m diff se\n0.3,rcpu,coec,–,0.5,0.02,0.01,0.005\n")

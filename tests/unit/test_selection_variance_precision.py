@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file, save_file
 
-from coec.arch import AttnShape
-from coec.artifacts import read_gram_layer
-from coec.calibrate import GramAccumulator, channel_sumsq, gram_tensors
+from coec.calibrate.layer_pass import GramAccumulator, channel_sumsq, gram_tensors
+from coec.io.artifacts import read_gram_layer
 from coec.iterative.stats import finalize_stats, mix_stats
-from coec.selection import KeepRule, channel_variance, column_scores, select_layer
+from coec.model.arch import AttnShape
+from coec.select.scores import KeepRule, channel_variance, column_scores, select_layer
 
 
 def _offset_channels(n=4000, d=6, seed=0):

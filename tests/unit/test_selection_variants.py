@@ -1,4 +1,4 @@
-"""Selection-score variants (coec.selection.ScoreSpec, config `selections`): closed forms on a tiny
+"""Selection-score variants (coec.select.scores.ScoreSpec, config `selections`): closed forms on a tiny
 problem, the paper defaults unchanged bit for bit, the config registry and the Gram's Σ|x|."""
 
 import copy
@@ -6,10 +6,10 @@ import copy
 import pytest
 import torch
 
-from coec.arch import AttnShape
-from coec.calibrate import GramAccumulator, gram_tensors
-from coec.config import SCHEMA, ConfigError, validate_config
-from coec.selection import (
+from coec.calibrate.layer_pass import GramAccumulator, gram_tensors
+from coec.config.validate import SCHEMA, ConfigError, validate_config
+from coec.model.arch import AttnShape
+from coec.select.scores import (
     KeepRule,
     ScoreSpec,
     column_scores,
@@ -99,7 +99,7 @@ def test_paper_defaults_bit_for_bit(method):
 
 
 def test_gram_abssum_roundtrip(tmp_path):
-    from coec.artifacts import gram_path, read_gram_layer, write_gram_layer
+    from coec.io.artifacts import gram_path, read_gram_layer, write_gram_layer
 
     acc = GramAccumulator(3, torch.device("cpu"))
     x = torch.randn(7, 3)

@@ -1,4 +1,4 @@
-"""The starter's parts (coec.starter): offline reference text split the same way every time, and a
+"""The starter's parts (coec.model.starter): offline reference text split the same way every time, and a
 template method whose scales are each row's error-optimal one."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import coec.starter as starter
+import coec.model.starter as starter
 from coec.compensate import compensate
 from coec.compensate.method import METHODS
+from coec.model.tiny import families
 from coec.registry import forget_plugins, load_plugins
-from coec.tiny import families
 
 
 def test_reference_text_is_real_offline_and_split_by_topic():

@@ -1,4 +1,4 @@
-"""The streamed path's memory plan (coec.streaming.plan): its terms by hand, how it grows, its
+"""The streamed path's memory plan (coec.workflow.plan): its terms by hand, how it grows, its
 fit to the peaks measured on this machine, and paper.yaml's resources, which must be the plan's."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coec.arch.published import PUBLISHED_ARCHS
-from coec.streaming import plan
+from coec.model.arch.published import PUBLISHED_ARCHS
+from coec.workflow import plan
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "workflow" / "configs" / "paper.yaml"

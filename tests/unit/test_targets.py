@@ -1,4 +1,4 @@
-"""coec.targets: which result files each table and figure reads and its spec, as pure functions
+"""coec.workflow.targets: which result files each table and figure reads and its spec, as pure functions
 of a config dict (the rules pass them on as inputs and params)."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coec import paths, targets
-from coec.config import fill_defaults, schema, schema_default
+from coec.config.validate import fill_defaults, schema, schema_default
+from coec.io import paths
+from coec.io.paths import NAME_PATTERN
 from coec.iterative import targets as iterative_targets
-from coec.paths import NAME_PATTERN
-from coec.rounding import DEFAULT_ROUNDING
-from coec.wiring import planned_config
+from coec.select.rounding import DEFAULT_ROUNDING
+from coec.workflow import targets
+from coec.workflow.wiring import planned_config
 from conftest import TEST_CONFIG, in_work_folder
 
 

@@ -1,4 +1,4 @@
-"""Aligned MLP widths (config ``channel_multiple`` / ``channel_rounding``, coec.widths): the
+"""Aligned MLP widths (config ``channel_multiple`` / ``channel_rounding``, coec.select.widths): the
 rounding, multiple 1 as the paper's rule exactly, the top of the score kept, refusals, the
 zero and keep-everything cases, the config and the select job's arguments."""
 
@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from coec.arch import AttnShape
-from coec.calibrate import GramAccumulator, gram_tensors
-from coec.config import SCHEMA, ConfigError, schema_default, validate_config
-from coec.selection import (
+from coec.calibrate.layer_pass import GramAccumulator, gram_tensors
+from coec.config.validate import SCHEMA, ConfigError, schema_default, validate_config
+from coec.model.arch import AttnShape
+from coec.select.scores import (
     KeepRule,
     aligned_keep,
     aligned_steps,
@@ -22,7 +22,7 @@ from coec.selection import (
     selection_registry,
     top_k_sorted,
 )
-from coec.widths import PAPER_WIDTH, WIDTH_KEYS, selection_width, width_args, width_note, width_record
+from coec.select.widths import PAPER_WIDTH, WIDTH_KEYS, selection_width, width_args, width_note, width_record
 
 
 @pytest.mark.parametrize(

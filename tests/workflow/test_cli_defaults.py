@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from coec.cli import build_parser
-from coec.config import schema_default
+from coec.config.validate import schema_default
 from conftest import full_workflow_config
 
 REPO = Path(__file__).resolve().parents[2]

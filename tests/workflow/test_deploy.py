@@ -17,16 +17,16 @@ import pytest
 import yaml
 
 from coec.cli import build_parser
-from coec.config import ConfigError, validate_config
-from coec.cost import flops_per_token
-from coec.deploy.bounds import gguf_flops_per_token, gguf_read_bytes, prefill_context
-from coec.deploy.measured import write_measured
-from coec.deploy.spec import measured_spec
-from coec.evaluate.llamacpp import unavailable
-from coec.export import run_export
-from coec.export_formats import ExportRequest
-from coec.gguf import write_gguf
+from coec.config.validate import ConfigError, validate_config
+from coec.evaluate.llamacpp.run import unavailable
+from coec.export.formats import ExportRequest
+from coec.export.gguf import write_gguf
+from coec.export.stage import run_export
 from coec.pipeline import build_model
+from coec.report.cost import flops_per_token
+from coec.report.measured.bounds import gguf_flops_per_token, gguf_read_bytes, prefill_context
+from coec.report.measured.table import write_measured
+from coec.workflow.targets.measured import measured_spec
 from conftest import full_workflow_config, job_counts, make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,7 +150,7 @@ def test_bad_measured_config_is_one_line_naming_the_key(work, change, match):
 
 
 def test_bounds_follow_cost_py(tmp_path):
-    """FLOPs per prefill token read from a uniform cell's GGUF equal coec.cost's count (2 per
+    """FLOPs per prefill token read from a uniform cell's GGUF equal coec.report.cost's count (2 per
     weight, the head a matmul, the attention scores at the mean causal context); bytes read per
     decoded token are the tensors' bytes less the untied input embedding but a row."""
     import gguf
@@ -307,7 +307,7 @@ import json, os, runpy, signal, sys
 job = json.loads(sys.argv[1])
 if job["runtime"] == "transformers" and job["dtype"] == "bfloat16" and "export" in job.get("path", ""):
     os.kill(os.getpid(), signal.SIGSEGV)  # as llama.cpp's AMX matmul does on some CPUs
-runpy.run_module("coec.deploy.worker", run_name="__main__")
+runpy.run_module("coec.report.measured.worker", run_name="__main__")
 """
 
 
@@ -315,7 +315,7 @@ def test_a_worker_killed_by_a_signal_fails_its_configuration_not_the_table(tiny_
     """The pruned cell's bf16 worker dies with SIGSEGV in every repeat: that configuration is
     run once, recorded as failed with its signal (.runs.json, the CSV's and the .md's status),
     has no measurement, and every other configuration is measured in every repeat."""
-    from coec.deploy import measured
+    from coec.report.measured import table as measured
 
     fake = tmp_path / "crashing_worker.py"
     fake.write_text(CRASHING_WORKER)

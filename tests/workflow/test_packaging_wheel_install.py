@@ -18,7 +18,7 @@ DATA = ["coec/schemas/config.schema.yaml", "coec/evaluate/tasks.py", "coec/evalu
 CHECK = """
 import sys
 from pathlib import Path
-import coec, coec.config as cfg, coec.evaluate.zeroshot as zs
+import coec, coec.config.validate as cfg, coec.evaluate.zeroshot as zs
 venv = Path(sys.argv[1]).resolve()
 for p in (coec.__file__, cfg.SCHEMA, zs.__file__):
     assert venv in Path(p).resolve().parents, f"not from the wheel: {p}"

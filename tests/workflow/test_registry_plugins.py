@@ -19,7 +19,7 @@ import yaml
 
 from coec.compensate import compensate
 from coec.compensate.method import METHODS
-from coec.config import ConfigError, validate_config
+from coec.config.validate import ConfigError, validate_config
 from coec.registry import PLUGINS_ENV, Registry, UnknownName, forget_plugins, load_plugins
 from conftest import write_trimmed_workflow
 
@@ -156,7 +156,7 @@ def test_plugin_method_runs_through_the_trimmed_workflow_to_a_table1_row(tmp_pat
 
 
 SCORE_PLUGIN = """
-from coec.selection import SCORES, Score
+from coec.select.scores import SCORES, Score
 
 
 def columns(weight, stats, spec):
@@ -171,7 +171,7 @@ SCORES.register(Score("{name}", columns, "column L1 norm"))
 def test_a_plugin_reusing_a_builtin_name_is_named_as_the_second_origin(tmp_path, monkeypatch, spec_of):
     """A score plug-in (as a file or a module name) that reuses a built-in name: the message names
     the built-in's module and the plug-in as the config names it."""
-    from coec.selection import SCORES
+    from coec.select.scores import SCORES
 
     plugin = tmp_path / "my_scores.py"
     plugin.write_text(SCORE_PLUGIN.format(name="wanda_sp"))
@@ -181,7 +181,7 @@ def test_a_plugin_reusing_a_builtin_name_is_named_as_the_second_origin(tmp_path,
         load_plugins([spec])
     forget_plugins()
     sys.modules.pop("my_scores", None)
-    assert f"selection score 'wanda_sp' is registered twice (coec.selection and {spec})" in str(err.value)
+    assert f"selection score 'wanda_sp' is registered twice (coec.select.scores and {spec})" in str(err.value)
 
 
 def test_a_method_defined_by_two_plugins_names_both_files(tmp_path):
@@ -204,9 +204,9 @@ def test_registries_know_which_plugin_registered_an_entry(plugin):
     is recorded for the result's provenance (sha256 of the file)."""
     import hashlib
 
-    from coec.provenance import plugin_record
+    from coec.io.provenance import plugin_record
     from coec.registry import USED_PLUGINS
-    from coec.selection import SCORES
+    from coec.select.scores import SCORES
 
     assert METHODS.plugin_of("coec") is None and SCORES.plugin_of("wanda_sp") is None
     assert METHODS.plugin_of("global_scale") == str(PLUGIN) and METHODS.plugins() == {str(PLUGIN)}

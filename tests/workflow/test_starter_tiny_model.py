@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from coec.model.starter import METHOD, run_command
 from coec.registry import PLUGINS_ENV
-from coec.starter import METHOD, run_command
 
 REPO = Path(__file__).resolve().parents[2]
 

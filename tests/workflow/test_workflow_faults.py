@@ -199,7 +199,7 @@ def _rewrite_gram(path: Path, fn) -> None:
     only the content is bad (metadata and format version kept)."""
     from safetensors import safe_open
 
-    from coec import artifacts
+    from coec.io import artifacts
 
     with safe_open(str(path), "pt") as f:
         meta = dict(f.metadata() or {})
@@ -336,7 +336,7 @@ def test_full_disk_keeps_the_previous_file(tmp_path, monkeypatch):
     intact and no temp file; on a real full tmpfs too where root can mount one."""
     import errno
 
-    from coec import artifacts
+    from coec.io import artifacts
 
     def check(folder: Path) -> None:
         target = folder / "layer0.safetensors"

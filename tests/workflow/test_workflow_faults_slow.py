@@ -72,7 +72,7 @@ def test_kill9_of_an_inner_job_then_rerun_is_byte_identical(reference, tmp_path)
 def test_full_disk_mid_run_then_rerun_is_byte_identical(reference, tmp_path):
     """results/ on a tmpfs too small for the run: the run fails, every file left in results/
     is complete (each loads), and after more space the rerun gives the reference's bytes."""
-    from coec import artifacts
+    from coec.io import artifacts
 
     ref, _, digests = reference
     cfg_path = fresh_copy(ref, tmp_path / "w")

@@ -65,14 +65,14 @@ def test_each_job_uses_the_plugins_of_its_entries(tmp_path):
     downloaded), a method's for its compensate jobs only; nothing for built-in entries."""
     from types import SimpleNamespace
 
-    from coec.arch import ADAPTERS
     from coec.compensate.method import METHODS
-    from coec.config import validate_config
+    from coec.config.validate import validate_config
+    from coec.model.arch import ADAPTERS
     from coec.registry import PLUGINS_ENV, forget_plugins
-    from coec.wiring import NO_PLUGINS, Wiring
+    from coec.workflow.wiring import NO_PLUGINS, Wiring
 
     family = tmp_path / "toy_family.py"
-    family.write_text('from coec.arch import ADAPTERS\n\nADAPTERS.register(ADAPTERS["llama"], name="toyfam")\n')
+    family.write_text('from coec.model.arch import ADAPTERS\n\nADAPTERS.register(ADAPTERS["llama"], name="toyfam")\n')
     cfg, _ = write_trimmed_workflow(tmp_path)
     config_json = tmp_path / "tiny-llama" / "config.json"
     config_json.write_text(config_json.read_text().replace('"model_type": "llama"', '"model_type": "toyfam"'))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coec import paths
 from coec.cli import build_parser
+from coec.io import paths
 from conftest import full_workflow_config, job_counts
 
 REPO = Path(__file__).resolve().parents[2]

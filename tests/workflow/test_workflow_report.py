@@ -116,8 +116,8 @@ def test_every_configured_artifact_is_marked_for_the_report(tmp_path):
     a caption file and one of the four categories."""
     from snakemake.io import regex_from_filepattern
 
-    from coec import targets
-    from coec.config import validate_config
+    from coec.config.validate import validate_config
+    from coec.workflow import targets
 
     configs = [REPO / "config.yaml", REPO / "workflow/configs/paper.yaml"]
     marked = [rep for r in workflow_rules(tmp_path, *configs) for rep in r["reports"]]

@@ -163,7 +163,7 @@ def test_changed_weights_replan_exactly_that_models_jobs(two_models):
         }
         assert "contents changed" in res.stderr
         # a job planned for the old weights that starts now stops before any work, naming the file
-        from coec.provenance import planned_identity
+        from coec.io.provenance import planned_identity
 
         weights.write_bytes(old)
         planned = planned_identity(str(work / "tiny-a"))

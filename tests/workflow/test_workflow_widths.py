@@ -9,7 +9,7 @@ import re
 
 import yaml
 
-from coec import artifacts
+from coec.io import artifacts
 from conftest import job_counts, snakemake, write_trimmed_workflow
 
 VARIANT = {"score": "rcpu", "channel_multiple": 16, "channel_rounding": "floor"}

@@ -1,4 +1,4 @@
-# App. C: the geometry of a cell (principal angles of its read frames, coec.geometry) and the
+# App. C: the geometry of a cell (principal angles of its read frames, coec.evaluate.geometry) and the
 # App. C summary table and figure.
 
 

@@ -1,15 +1,15 @@
 # The config, validated and filled from the schema (the one home of every default), then read only
-# through W (coec.wiring: models, data, params, resources, each table's and figure's inputs and
-# spec) and coec.paths (the path scheme). Rules only name these; the config is never changed.
+# through W (coec.workflow.wiring: models, data, params, resources, each table's and figure's inputs and
+# spec) and coec.io.paths (the path scheme). Rules only name these; the config is never changed.
 import json
 
-from coec import paths
-from coec.config import SCHEMA, one_line_errors, validate_config
-from coec.wiring import Wiring, coec_command
+from coec.io import paths
+from coec.config.validate import SCHEMA, one_line_errors, validate_config
+from coec.workflow.wiring import Wiring, coec_command
 
 # a bad config stops here with its one line (no traceback) and exit status 1
 with one_line_errors():
-    validate_config(config, SCHEMA)  # the schema is package data of coec (src/coec/schemas/); loads plugins
+    validate_config(config, SCHEMA)  # the schema is package data of coec (src/coec/config/schemas/); loads plugins
     W = Wiring(config)  # holds the planned config: the resized calibration sets of the figures added
 PY = coec_command(workflow.deployment_settings.deployment_method)
 # envs/coec.post-deploy.sh installs this repository into a fresh --sdm conda environment

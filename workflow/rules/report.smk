@@ -1,6 +1,6 @@
 # Tables and figures (results/<table>.csv + .md twin, results/figures/*.png) and the claims report,
 # each assembled from per-cell result files by `coec report --kind <kind>` from a spec of
-# coec.targets: one rule (`table`), its variants by `use rule ... with:`.
+# coec.workflow.targets: one rule (`table`), its variants by `use rule ... with:`.
 
 
 rule table:
@@ -57,7 +57,7 @@ use rule table as fig2 with:
 
 
 # The claims report: every claim of the papers beside the figure measured here and a verdict
-# (coec.claims; docs/claims.md); a claim whose tables are not configured reads "not testable here".
+# (coec.report.claims; docs/claims.md); a claim whose tables are not configured reads "not testable here".
 use rule table as claims with:
     input:
         W.claims_inputs,
@@ -75,7 +75,7 @@ use rule table as claims with:
 
 # `snakemake --report report.html <targets>` (docs/report.md): the report() outputs of the table,
 # figure and App. C rules, with captions in workflow/report/ and the labels and subcategories of
-# coec.targets.report_labels (titles in paper order), each through report_output (common.smk).
+# coec.workflow.targets.report_labels (titles in paper order), each through report_output (common.smk).
 use rule table as report_readme with:
     input:
         W.report_inputs,

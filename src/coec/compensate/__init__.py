@@ -39,13 +39,13 @@ from typing import Any
 
 import torch
 
-from .errors import MetricParts, Moments, residual_errors
-from .gram_check import GramCheck
-from .method import CommonOptions, Compensation, Method, Problem, prepare
-from .options import Resolved, resolve
-from .options import method as _method
-from .output_checks import check_cast, check_output, jsonable
-from .problem_checks import check_problem
+from coec.compensate.errors import MetricParts, Moments, residual_errors
+from coec.compensate.gram_check import GramCheck
+from coec.compensate.method import CommonOptions, Compensation, Method, Problem, prepare
+from coec.compensate.options import Resolved, resolve
+from coec.compensate.options import method as _method
+from coec.compensate.output_checks import check_cast, check_output, jsonable
+from coec.compensate.problem_checks import check_problem
 
 __all__ = ["compensate"]
 

@@ -39,11 +39,8 @@ from typing import Any
 
 import torch
 
-from ..profiling import span, traced
-from ..progress import INNER
-from ..progress import bar as progress_bar
-from . import gcv as _gcv
-from .algorithm1_setup import (
+from coec.compensate import gcv as _gcv
+from coec.compensate.algorithm1_setup import (
     CoecSettings,
     Plan,
     RescaleSettings,
@@ -54,12 +51,15 @@ from .algorithm1_setup import (
     setup_info,
     slices,
 )
-from .alignment import Alignment, alignment_value
-from .descent import Carried, RightResult
-from .errors import relerr
-from .linalg import polar, polar_eigh, svd, svd_eigh
-from .method import Compensation, Problem
-from .stiefel import RightProblem, solve_full, solve_reduced
+from coec.compensate.alignment import Alignment, alignment_value
+from coec.compensate.descent import Carried, RightResult
+from coec.compensate.errors import relerr
+from coec.compensate.linalg import polar, polar_eigh, svd, svd_eigh
+from coec.compensate.method import Compensation, Problem
+from coec.compensate.profiling import span, traced
+from coec.compensate.stiefel import RightProblem, solve_full, solve_reduced
+from coec.io.progress import INNER
+from coec.io.progress import bar as progress_bar
 
 __all__ = ["coec"]
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from ..profiling import span
-from .alignment import Alignment, AlignmentSettings, alignment_setup
-from .descent import RightSolveSettings
-from .errors import relerr
-from .gram import gram_psd, normalize_gram_, power_max_eig, temper_gram
-from .linalg import eigh_overwrites
-from .stiefel import Preconditioner, RightProblem, make_preconditioner
+from coec.compensate.alignment import Alignment, AlignmentSettings, alignment_setup
+from coec.compensate.descent import RightSolveSettings
+from coec.compensate.errors import relerr
+from coec.compensate.gram import gram_psd, normalize_gram_, power_max_eig, temper_gram
+from coec.compensate.linalg import eigh_overwrites
+from coec.compensate.profiling import span
+from coec.compensate.stiefel import Preconditioner, RightProblem, make_preconditioner
 
 __all__ = [
     "TemperSettings",

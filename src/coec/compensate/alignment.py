@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..profiling import traced
-from .linalg import polar, top_singular_vectors
+from coec.compensate.linalg import polar, top_singular_vectors
+from coec.compensate.profiling import traced
 
 __all__ = ["AlignmentSettings", "Alignment", "alignment_setup", "alignment_value", "alignment_grad"]
 

@@ -36,9 +36,9 @@ from typing import Protocol
 
 import torch
 
-from ..profiling import span, traced
-from .newton_schulz import ns_polar
-from .objective import Evaluation, ProfiledObjective
+from coec.compensate.newton_schulz import ns_polar
+from coec.compensate.objective import Evaluation, ProfiledObjective
+from coec.compensate.profiling import span, traced
 
 __all__ = [
     "RightSolveSettings",

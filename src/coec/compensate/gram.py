@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .linalg import cholesky_in_place, eigh
+from coec.compensate.linalg import cholesky_in_place, eigh
 
 __all__ = [
     "gram_scale",

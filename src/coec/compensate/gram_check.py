@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .gram import gram_scale
+from coec.compensate.gram import gram_scale
 
 __all__ = ["GramCheck", "FINGERPRINT_RTOL", "frobenius"]
 

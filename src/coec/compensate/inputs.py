@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .. import paths
+from coec.io import paths
 
 __all__ = ["Job", "Module", "MethodInput", "OtherCell", "OtherCalibration", "ValueProjection"]
 
@@ -82,7 +82,7 @@ class OtherCell:
         return paths.block_file(cell, job.first, job.last)
 
     def open(self, path: str | None, first: int, last: int) -> dict[str, torch.Tensor]:
-        from ..artifacts import read_comp_block
+        from coec.io.artifacts import read_comp_block
 
         if path is None:
             raise ValueError(f"input {self.name!r}: the compensate stage needs its block file")
@@ -135,7 +135,7 @@ class OtherCalibration:
     def for_module(self, handle: str | None, module: Module, options: Any) -> dict[str, Any]:
         if handle is None:
             return {}
-        from ..artifacts import read_gram_layer
+        from coec.io.artifacts import read_gram_layer
 
         st = read_gram_layer(handle, module.layer, module.name)
         return {
@@ -174,7 +174,7 @@ class ValueProjection:
     def for_module(self, handle: None, module: Module, options: Any) -> dict[str, Any]:
         if module.name != "o_proj" or not self.needed(options):
             return {}
-        from ..arch import pruned_value_proj
+        from coec.model.arch import pruned_value_proj
 
         vp = pruned_value_proj(module.tensors["v_proj"], module.keep["kv_groups"], module.geometry)
         return {self.name: vp.to(module.device)}

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from .newton_schulz import ns_orthonormalize
-from .watchdog import watched
+from coec.compensate.newton_schulz import ns_orthonormalize
+from coec.compensate.watchdog import watched
 
 __all__ = ["SVD_CHAIN", "svd", "eigh", "polar", "polar_eigh", "svd_eigh", "top_singular_vectors"]
 

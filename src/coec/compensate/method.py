@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from ..arch import MODULES
-from ..registry import Registry
-from .errors import output_energy
-from .gram import gram_psd, gram_scale, normalize_gram_, psd_project, symmetrize_
-from .gram_check import GramCheck, frobenius
-from .inputs import MethodInput
-from .validators import float_dtype, opt
+from coec.compensate.errors import output_energy
+from coec.compensate.gram import gram_psd, gram_scale, normalize_gram_, psd_project, symmetrize_
+from coec.compensate.gram_check import GramCheck, frobenius
+from coec.compensate.inputs import MethodInput
+from coec.compensate.validators import float_dtype, opt
+from coec.model.arch import MODULES
+from coec.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..profiling import traced
-from .alignment import Alignment, alignment_grad, alignment_value
+from coec.compensate.alignment import Alignment, alignment_grad, alignment_value
+from coec.compensate.profiling import traced
 
 __all__ = ["Evaluation", "AlignmentTerm", "ProfiledObjective"]
 

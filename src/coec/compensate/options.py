@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import Field, dataclass, fields
 from typing import Any, NoReturn
 
-from ..registry import UnknownName
-from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
-from .method import METHODS, MODULES, CommonOptions, Method
+from coec.compensate import methods as _builtin  # noqa: F401  (registers the built-in methods)
+from coec.compensate.method import METHODS, MODULES, CommonOptions, Method
+from coec.registry import UnknownName
 
 __all__ = [
     "Resolved",

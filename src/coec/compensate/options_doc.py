@@ -12,9 +12,9 @@ import sys
 from dataclasses import fields
 from typing import Any
 
-from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
-from .method import METHODS
-from .validators import GROUPS
+from coec.compensate import methods as _builtin  # noqa: F401  (registers the built-in methods)
+from coec.compensate.method import METHODS
+from coec.compensate.validators import GROUPS
 
 __all__ = ["markdown", "main"]
 
@@ -106,7 +106,7 @@ def markdown() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the page with the methods of any plug-ins named by ``--plugins`` or ``--config``."""
-    from ..registry import add_plugin_options, load_plugin_options
+    from coec.registry import add_plugin_options, load_plugin_options
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     add_plugin_options(parser)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..profiling import span, traced
-from .newton_schulz import ns_inverse, ns_polar_with
+from coec.compensate.newton_schulz import ns_inverse, ns_polar_with
+from coec.compensate.profiling import span, traced
 
 __all__ = ["riemannian_grad", "retract_polar", "retract_polar_with", "retract_cayley"]
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .alignment import Alignment
-from .descent import Carried, Direction, RightResult, RightSolveSettings, Tangent, descend, finish
-from .objective import AlignmentTerm, ProfiledObjective
-from .retraction import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
+from coec.compensate.alignment import Alignment
+from coec.compensate.descent import Carried, Direction, RightResult, RightSolveSettings, Tangent, descend, finish
+from coec.compensate.objective import AlignmentTerm, ProfiledObjective
+from coec.compensate.retraction import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
 
 __all__ = [
     "Preconditioner",

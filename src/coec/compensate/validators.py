@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Any, NoReturn
 
-from ..paths import NAME_PATTERN
+from coec.io.paths import NAME_PATTERN
 
 __all__ = ["Check", "GROUPS", "number", "choice", "boolean", "float_dtype", "gcv_grid", "name_or_none", "opt"]
 

@@ -1,7 +1,7 @@
 """Layer-sequential evaluation of a streamed model: every batch through one layer, then the next.
 
 :class:`LayerSequential` turns a list of token batches into their logits, batch by batch and in
-order, with one decoder layer of a :class:`~coec.streaming.model.StreamedModel` resident at a
+order, with one decoder layer of a :class:`~coec.model.streamed.StreamedModel` resident at a
 time. The batches are taken in groups whose hidden states fit ``budget_bytes`` of host memory;
 each group is embedded, run through every layer (each read once per group), and turned into
 logits one batch at a time by the final norm and LM head. A group never spills to disk: another
@@ -23,10 +23,10 @@ from typing import Any, cast
 
 import torch
 
-from ..calibrate import layer_call, layer_masks
-from ..progress import bar as progress_bar
-from ..streaming.model import StreamedModel
-from .ppl import summed_nll
+from coec.calibrate.layer_pass import layer_call, layer_masks
+from coec.evaluate.ppl import summed_nll
+from coec.io.progress import bar as progress_bar
+from coec.model.streamed import StreamedModel
 
 
 def group_batches(sizes: list[int], budget_bytes: float) -> list[range]:

@@ -5,7 +5,7 @@ is lm-eval's ``HFLM`` (same tokenisation, same request order, batching, truncati
 same log-softmax and continuation scoring: those are HFLM's own code, run unchanged) whose model
 call is served layer-sequentially: before HFLM's loop runs, the batches it is going to form are
 planned (:meth:`LayerwiseLM.plan`, HFLM's causal batching), all of them are pushed through a
-:class:`~coec.streaming.model.StreamedModel` one resident decoder layer at a time
+:class:`~coec.model.streamed.StreamedModel` one resident decoder layer at a time
 (:class:`~coec.evaluate.layerwise.LayerSequential`, in groups that fit a host-memory budget),
 and each call of ``_model_call`` receives the next batch's logits. Every call checks that its
 batch is the planned one, so a change in lm-eval's batching fails loudly instead of scoring the
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat  # the names HFLM uses
 
-from .layerwise import LayerSequential
+from coec.evaluate.layerwise import LayerSequential
 
 
 class _Served:

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .tasks import task_spec
+from coec.evaluate.tasks import task_spec
 
 __all__ = ["per_document", "paired_difference", "margins", "two_choice", "margin_agreement", "main"]
 

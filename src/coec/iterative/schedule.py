@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from ..selection import check_ratio
+from coec.select.scores import check_ratio
 
 
 def make_schedule(ratio: float, steps: int | None = None, step: float | None = None) -> list[float]:

@@ -3,7 +3,7 @@
 The ``coec iterative <sub>`` commands (``cli.py``) map onto these, as the other commands map
 onto :mod:`coec.pipeline`; they share its I/O rather than repeating it: Gram folders are
 written by ``calibrate.write_gram_dir`` (the calibrate stage's writer), block files, keep sets
-and results by :mod:`coec.artifacts`, blocks are installed by ``prune.install_weights_``, and
+and results by :mod:`coec.io.artifacts`, blocks are installed by ``prune.install_weights_``, and
 a cell's perplexity is ``pipeline.run_ppl`` itself. They live beside ``pipeline.py`` rather than
 in it because they are one method's stages, which the paper's workflow never calls: kept apart,
 ``pipeline.py`` stays the COEC workflow's stage list (about 310 lines rather than 490) and this
@@ -22,17 +22,17 @@ from typing import Any
 
 import torch
 
-from .. import artifacts, atomic
-from ..arch import MODULES
-from ..artifacts import log_timings, read_gram_layer
-from ..calibrate import gram_meta, write_gram_dir
-from ..models import decoder_layers, load_model, resolve_device
-from ..progress import bar as progress_bar
-from ..provenance import model_provenance
-from ..source import CellSource
-from .method import Options, global_pass, run_iterative
-from .state import PruneState, block_tensors, keep_dict, restore_state, state_tensors
-from .stats import CalibSet, calib_set, finalize_stats, normalise_alphas
+from coec.calibrate.layer_pass import gram_meta, write_gram_dir
+from coec.io import artifacts, atomic
+from coec.io.artifacts import log_timings, read_gram_layer
+from coec.io.progress import bar as progress_bar
+from coec.io.provenance import model_provenance
+from coec.iterative.method import Options, global_pass, run_iterative
+from coec.iterative.state import PruneState, block_tensors, keep_dict, restore_state, state_tensors
+from coec.iterative.stats import CalibSet, calib_set, finalize_stats, normalise_alphas
+from coec.model.arch import MODULES
+from coec.model.load import decoder_layers, load_model, resolve_device
+from coec.model.source import CellSource
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..arch import MODULES, AttnShape, adapter_for, attention_shape, o_proj_columns
-from ..compensate.methods.bias import flap_bias
-from ..models import decoder_layers
-from ..prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
+from coec.compensate.methods.bias import flap_bias
+from coec.model.arch import MODULES, AttnShape, adapter_for, attention_shape, o_proj_columns
+from coec.model.load import decoder_layers
+from coec.model.prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ..arch import MODULES, adapter_for
-from ..calibrate import GramAccumulator, NonFiniteActivations, channel_sumsq, gram_tensors
-from ..data import calibration_ids
-from ..models import torch_dtype
-from .domains import apportion
+from coec.calibrate.layer_pass import GramAccumulator, NonFiniteActivations, channel_sumsq, gram_tensors
+from coec.data.text import calibration_ids
+from coec.iterative.domains import apportion
+from coec.model.arch import MODULES, adapter_for
+from coec.model.load import torch_dtype
 
 VARIANCE_MIXES = ("pooled", "eq8")
 #: One set of statistics: gram (d, d) or its diagonal (d,), sum (d,), sumsq (d,), count, abssum

@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..arch import MODULES, AttnShape
-from ..calibrate import channel_sumsq
-from ..selection import column_scores, group_scores, top_k_sorted
-from .state import PruneState, output_module, unit_params
-from .stats import Stats
+from coec.calibrate.layer_pass import channel_sumsq
+from coec.iterative.state import PruneState, output_module, unit_params
+from coec.iterative.stats import Stats
+from coec.model.arch import MODULES, AttnShape
+from coec.select.scores import column_scores, group_scores, top_k_sorted
 
 STRUCTURES = ("uniform", "al-am")
 

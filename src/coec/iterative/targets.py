@@ -1,6 +1,6 @@
 """Which result files the iterative multi-domain FLAP method's table and figure read, and its
 paths: pure functions of the workflow config (its ``iterative`` and ``domains`` sections), as
-:mod:`coec.targets` is for the paper's grid.
+:mod:`coec.workflow.targets` is for the paper's grid.
 
     results/{model}/{calib}/iterative/{method}/steps/{r1}/{r2}/.../   one cached pruning step each
     results/{model}/{calib}/iterative/{variant}-{ratio}/              a cell
@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import paths
-from ..paths import cell_dir as grid_cell_dir
-from ..paths import fmt_ratio
-from ..targets.calibrations import sized_calibration, sized_entry
-from ..targets.figures import size_figure_spec
-from ..targets.sources import dataset_spec
-from ..targets.tables import with_comparisons
-from .schedule import make_schedule
+from coec.io import paths
+from coec.io.paths import cell_dir as grid_cell_dir
+from coec.io.paths import fmt_ratio
+from coec.iterative.schedule import make_schedule
+from coec.workflow.targets.calibrations import sized_calibration, sized_entry
+from coec.workflow.targets.figures import size_figure_spec
+from coec.workflow.targets.sources import dataset_spec
+from coec.workflow.targets.tables import with_comparisons
 
 Config = dict[str, Any]
 

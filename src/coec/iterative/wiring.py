@@ -1,5 +1,5 @@
 """What the iterative method's rules wire (``workflow/rules/iterative.smk``), as functions of the
-validated config and a job's wildcards, beside :class:`coec.wiring.Wiring`."""
+validated config and a job's wildcards, beside :class:`coec.workflow.wiring.Wiring`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from shlex import quote
 from typing import Any
 
-from ..config import schema_default
-from ..paths import RATIO_PATTERN
-from ..wiring import Wiring
-from . import targets
+from coec.config.validate import schema_default
+from coec.io.paths import RATIO_PATTERN
+from coec.iterative import targets
+from coec.workflow.wiring import Wiring
 
 
 def alternatives(names: Iterable[str]) -> str:

@@ -2,5 +2,5 @@
 ``coec.compensate.method.METHODS`` (in this order: the options page and the schema list them so)."""
 
 # isort: off
-from . import none, bias, lstsq, rcpu, coec, blend  # noqa: F401  (registration on import, in this order)
+from coec.compensate.methods import none, bias, lstsq, rcpu, coec, blend  # noqa: F401  (registration on import, in this order)
 # isort: on

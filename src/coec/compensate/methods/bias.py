@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..method import METHODS, CommonOptions, Compensation, Method, Problem
+from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,12 @@ from typing import Any, cast
 
 import torch
 
-from ..errors import OutputError
-from ..inputs import OtherCalibration, OtherCell
-from ..method import METHODS, CommonOptions, Compensation, Method, Problem
-from ..problem_checks import check_tensor
-from ..validators import boolean, choice, name_or_none, number, opt
-from .lstsq import ridge_refit
+from coec.compensate.errors import OutputError
+from coec.compensate.inputs import OtherCalibration, OtherCell
+from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
+from coec.compensate.methods.lstsq import ridge_refit
+from coec.compensate.problem_checks import check_tensor
+from coec.compensate.validators import boolean, choice, name_or_none, number, opt
 
 _End = tuple[torch.Tensor, torch.Tensor | None]  # an end of the blend: weight (d_out, k), bias (d_out,) or None
 

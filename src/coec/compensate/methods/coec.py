@@ -29,14 +29,14 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..algorithm1 import coec
-from ..algorithm1_setup import CoecSettings, RescaleSettings, RoundSettings, TemperSettings
-from ..alignment import AlignmentSettings
-from ..descent import RightSolveSettings
-from ..inputs import ValueProjection
-from ..method import METHODS, CommonOptions, Compensation, Method, Problem
-from ..problem_checks import check_tensor
-from ..validators import boolean, choice, gcv_grid, number, opt
+from coec.compensate.algorithm1 import coec
+from coec.compensate.algorithm1_setup import CoecSettings, RescaleSettings, RoundSettings, TemperSettings
+from coec.compensate.alignment import AlignmentSettings
+from coec.compensate.descent import RightSolveSettings
+from coec.compensate.inputs import ValueProjection
+from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
+from coec.compensate.problem_checks import check_tensor
+from coec.compensate.validators import boolean, choice, gcv_grid, number, opt
 
 
 @dataclass(frozen=True)

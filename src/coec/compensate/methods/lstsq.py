@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..linalg import cholesky_in_place
-from ..method import METHODS, CommonOptions, Compensation, Method, Problem
-from ..validators import number, opt
+from coec.compensate.linalg import cholesky_in_place
+from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
+from coec.compensate.validators import number, opt
 
 
 @dataclass(frozen=True)

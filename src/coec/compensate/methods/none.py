@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..method import METHODS, CommonOptions, Compensation, Method, Problem
+from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from ..linalg import polar
-from ..method import METHODS, CommonOptions, Compensation, Method, Problem
+from coec.compensate.linalg import polar
+from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Calibration: the Gram pass over the dense model (loaded or streamed)."""

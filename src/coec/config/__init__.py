@@ -1,0 +1,1 @@
+"""The config: JSON Schema validation, cross-references, and the model a stage reads against it."""

@@ -1,0 +1,1 @@
+"""Text and evaluation data: text sources and windows, the wheel-shipped assets, zero-shot data."""

@@ -1,0 +1,1 @@
+"""Evaluation in a real llama.cpp: per-token logits, perplexity of a GGUF file, the AMX guard."""

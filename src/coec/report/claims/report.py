@@ -1,0 +1,89 @@
+"""The claims report: every registered claim evaluated on a claims spec, as Markdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from coec.extension import extensions
+from coec.io.atomic import write_text
+from coec.report.claims.core import CLAIMS, VERDICTS, Claim, NotTestable, Results
+from coec.report.claims.paper import table4_beside_paper  # importing .paper registers the paper's claims
+
+
+def registered_claims() -> list[Claim]:
+    """The COEC paper's claims (registered on import) and every extension's."""
+    extensions()
+    return list(CLAIMS.values())
+
+
+def evaluate(spec: dict[str, Any], claims: list[Claim] | None = None) -> list[dict[str, str]]:
+    """Each claim with ``ours`` and ``verdict`` (one of VERDICTS)."""
+    res = Results(spec)
+    out = []
+    for c in registered_claims() if claims is None else claims:
+        try:
+            ours, verdict = c.check(res)
+        except NotTestable as exc:
+            ours, verdict = "–", f"not testable here: {exc}"
+        except FileNotFoundError as exc:
+            ours, verdict = "–", f"not testable here: missing result file {exc.filename}"
+        out.append(
+            {
+                "id": c.id,
+                "paper": c.paper,
+                "section": c.section,
+                "claim": c.claim,
+                "paper_figure": c.paper_figure,
+                "ours": ours,
+                "verdict": verdict,
+            }
+        )
+    return out
+
+
+def _cell(s: str) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def claims_markdown(spec: dict[str, Any]) -> str:
+    """The claims report (Markdown)."""
+    rows = evaluate(spec)
+    counts = {v: sum(r["verdict"].startswith(v) for r in rows) for v in VERDICTS}
+    lines = [
+        "# Claims of the papers against the results here",
+        "",
+        "Each claim is restated in one line; *paper* is the paper's own figure (its models and "
+        "protocol), *here* the figure measured from this workflow's result files. "
+        + ", ".join(f"{n} {v}" for v, n in counts.items())
+        + ".",
+        "",
+        "| id | paper | section | claim | paper | here | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        "| "
+        + " | ".join(_cell(r[k]) for k in ("id", "paper", "section", "claim", "paper_figure", "ours", "verdict"))
+        + " |"
+        for r in rows
+    ]
+    t4 = table4_beside_paper(spec)
+    if t4:
+        lines += [
+            "",
+            "## Table 4 beside the paper (same architectures)",
+            "",
+            "| model | quantity | paper | here | here − paper |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['model']} | {r['quantity']} | {r['paper']:.4g} | {r['ours']:.4g} | {r['difference']:+.3g} |"
+            for r in t4
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_claims(spec: dict[str, Any], out: str | Path) -> str:
+    text = claims_markdown(spec)
+    write_text(out, text)
+    return text

@@ -1,0 +1,1 @@
+"""Selection: column scores, keep sets, aligned widths and roundings."""
