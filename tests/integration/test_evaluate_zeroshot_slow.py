@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from coec.evaluate import zeroshot as zs
-from coec.model.source import ZeroshotOptions
+from coec.evaluate.options import ZeroshotOptions
 from test_evaluate_zeroshot import (  # noqa: F401  (helpers and fixtures)
     EMBEDDED,
     HEAVY,

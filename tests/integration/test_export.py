@@ -16,7 +16,7 @@ from coec.export.formats import ExportRequest
 from coec.export.hf_class import ExportNeeds, choose_export_class
 from coec.export.stage import MARKER, ExportRefused, check_out_dir, run_export
 from coec.model.arch import ModelError
-from coec.pipeline import build_model
+from coec.model.cell import build_model
 from conftest import make_model_dir
 
 LLAMA3_ROPE = {

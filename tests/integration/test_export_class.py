@@ -18,8 +18,8 @@ from coec.export.hf_class import ExportNeeds, choose_export_class
 from coec.export.stage import MARKER, run_export
 from coec.model.arch import STOCK
 from coec.model.arch.runtimes import CONVERTER, FAILS, MISREAD, OK, READS, RUNTIMES, VLLM, verdict
+from coec.model.cell import build_model
 from coec.model.load import ModelError
-from coec.pipeline import build_model
 from conftest import make_model_dir
 
 # 8 query heads of head_dim 8 in 4 KV groups, hidden 64, 48 MLP channels (24 kept)

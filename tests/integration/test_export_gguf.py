@@ -22,7 +22,7 @@ from coec.evaluate.llamacpp.run import gguf_logits, gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
 from coec.export.gguf import GGUF_TYPES, GgufOptions, permute_qk, tensor_type, write_gguf
 from coec.export.gguf.layout import KQUANTS, rope_freq_factors
-from coec.pipeline import build_model
+from coec.model.cell import build_model
 from conftest import CORPUS, make_model_dir
 
 # 3 blocks of 8 query heads (head_dim 8) in 4 KV groups, hidden 64, 96 MLP channels

@@ -27,7 +27,7 @@ from coec.config.validate import validate_config
 from coec.data import text as data
 from coec.evaluate.llamacpp.run import gguf_logits, gguf_perplexity, unavailable
 from coec.evaluate.ppl import perplexity
-from coec.pipeline import build_model
+from coec.model.cell import build_model
 
 pytestmark = pytest.mark.slow
 

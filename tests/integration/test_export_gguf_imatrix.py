@@ -16,7 +16,7 @@ from coec.cli import main
 from coec.evaluate.llamacpp.run import gguf_logits, unavailable
 from coec.export.gguf.writer import PROVENANCE_KEY
 from coec.export.imatrix import read_imatrix
-from coec.pipeline import build_model
+from coec.model.cell import build_model
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from coec.export.formats import ExportRequest
 from coec.export.gguf import GGUF_TYPES, is_gguf_export
 from coec.export.gguf.layout import K_BLOCK, KQUANT_TYPES, KQUANTS
 from coec.export.stage import run_export
-from coec.pipeline import build_model
+from coec.model.cell import build_model
 from conftest import KQUANT_LAYERS, KQUANT_SHAPE
 
 Q = gguf.GGMLQuantizationType
@@ -242,9 +242,9 @@ def _no_build(*args, **kwargs):
     ],
 )
 def test_bad_options_are_refused_before_building_anything(kquant_cell, tmp_path, monkeypatch, options, match):
-    from coec import pipeline
+    from coec.model import cell
 
-    monkeypatch.setattr(pipeline, "build_model", _no_build)
+    monkeypatch.setattr(cell, "build_model", _no_build)
     src, _, _ = kquant_cell
     with pytest.raises(ValueError, match=match) as err:
         run_export(ExportRequest(str(src), None, (), "float32", str(tmp_path / "x.gguf"), options=options), fmt="gguf")
@@ -252,10 +252,10 @@ def test_bad_options_are_refused_before_building_anything(kquant_cell, tmp_path,
 
 
 def test_k_quant_without_the_bindings_is_one_line_naming_the_install(kquant_cell, tmp_path, monkeypatch):
-    from coec import pipeline
     from coec.evaluate.llamacpp import run as llamacpp
+    from coec.model import cell
 
-    monkeypatch.setattr(pipeline, "build_model", _no_build)
+    monkeypatch.setattr(cell, "build_model", _no_build)
     monkeypatch.setattr(llamacpp, "unavailable", lambda: "llama-cpp-python is not importable: ImportError: x")
     src, _, _ = kquant_cell
     with pytest.raises(ValueError, match=r"^--gguf-type q4_k_m .*install it with: bash scripts/setup\.sh --llamacpp$"):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from coec.pipeline import build_model
+from coec.model.cell import build_model
 from test_export import _export_workflow, _snakemake, cell, logits, reload_plain  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow

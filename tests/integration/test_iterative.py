@@ -13,7 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from coec.calibrate.layer_pass import GramAccumulator, LayerRun, run_layerwise
+from coec.calibrate.options import CalibrateOptions, CalibrationWindows
 from coec.cli import main as coec_main
+from coec.compensate.stage import CompensateOptions
 from coec.iterative import stages
 from coec.iterative.method import Options, global_pass, run_iterative
 from coec.iterative.schedule import check_schedule, make_schedule
@@ -21,8 +23,8 @@ from coec.iterative.state import PruneState, apply_keep_, block_tensors, unit_pa
 from coec.iterative.stats import calib_set, finalize_stats, mix_stats
 from coec.iterative.structure import alam_keep
 from coec.model.arch import MODULES
-from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
-from coec.pipeline import CompensateOptions
+from coec.model.source import CellSource
+from coec.select.options import SelectOptions
 from coec.select.scores import channel_variance
 
 SEQ, NS, BS = 24, 6, 4  # 6 sequences in batches of 4 + 2: uneven batches on purpose
@@ -134,18 +136,18 @@ def test_schedule():
 
 # ----------------------------------------------------------------------------- S = 1 == FLAP
 def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
-    from coec import pipeline
+    from coec.calibrate.stage import run_calibrate
+    from coec.compensate.stage import run_compensate
+    from coec.select.stage import run_select
 
     grams, keep_path = tmp_path / "grams", tmp_path / "keep.json"
-    pipeline.run_calibrate(
+    run_calibrate(
         CellSource(str(tiny_dir), "float32", "cpu"),
         CalibrateOptions(CalibrationWindows(text_dataset, NS, SEQ, 0, BS), "float32"),
         str(grams),
     )
-    ref_keep = pipeline.run_select(
-        CellSource(str(tiny_dir)), str(grams), SelectOptions("flap", 0.5, "nearest"), str(keep_path)
-    )
-    pipeline.run_compensate(
+    ref_keep = run_select(CellSource(str(tiny_dir)), str(grams), SelectOptions("flap", 0.5, "nearest"), str(keep_path))
+    run_compensate(
         CellSource(str(tiny_dir), keep=str(keep_path), device="cpu"),
         str(grams),
         CompensateOptions({"method": "bias"}, 0, 1),
@@ -196,7 +198,7 @@ def test_single_step_reproduces_workflow_flap(tiny_dir, text_dataset, tmp_path):
 
 # ----------------------------------------------------------------------------- re-calibration
 def test_step_statistics_equal_fresh_calibration(model_calib, llama_dir, tmp_path):
-    from coec.pipeline import build_model
+    from coec.model.cell import build_model
 
     model, calib = model_calib
     opts = Options(gram_dtype="float64", batch_size=BS, progress=False, group_rounding="nearest")
@@ -295,10 +297,10 @@ def test_multidomain_pass_matches_mixed_per_domain_calibration(llama_dir, text_d
 def test_grams_and_mix_cli(tiny_dir, text_dataset, tmp_path):
     """``grams`` with one domain writes the calibrate stage's Gram files bit-for-bit; ``mix``
     of a directory with itself keeps the normalised moments."""
-    from coec import pipeline
+    from coec.calibrate.stage import run_calibrate
     from coec.io.artifacts import read_gram_layer
 
-    pipeline.run_calibrate(
+    run_calibrate(
         CellSource(str(tiny_dir), "float32", "cpu"),
         CalibrateOptions(CalibrationWindows(text_dataset, NS, SEQ, 0, BS), "float64"),
         str(tmp_path / "ref"),

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
+from coec.compensate.stage import CompensateOptions
 from coec.io import progress as PR
 from coec.model.source import CellSource
-from coec.pipeline import CompensateOptions
 
 
 class _Tty(io.StringIO):
@@ -108,9 +108,9 @@ def test_routed_third_party_tqdm_follows_the_mode(monkeypatch, caplog):
 
 
 def _compensate(llama_dir, d):
-    from coec import pipeline
+    from coec.compensate.stage import run_compensate
 
-    pipeline.run_compensate(
+    run_compensate(
         CellSource(str(llama_dir), keep=str(d / "keep.json"), device="cpu"),
         str(d / "grams"),
         CompensateOptions({"method": "bias"}, 0, 1),

@@ -17,14 +17,16 @@ import torch
 
 from coec.calibrate.hidden import HiddenStore
 from coec.calibrate.layer_pass import PassOptions, calibrate_to_dir, layer_call, layer_masks
+from coec.calibrate.options import CalibrateOptions, CalibrationWindows
 from coec.calibrate.streamed import calibrate_streamed, partial_dir
+from coec.compensate.stage import CompensateOptions
 from coec.evaluate.layerwise import LayerSequential, group_batches, perplexity_streamed
 from coec.evaluate.ppl import perplexity
 from coec.model.checkpoint import Checkpoint, weight_map
 from coec.model.load import ModelError, load_model
-from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource, SelectOptions
+from coec.model.source import CellSource
 from coec.model.streamed import CellWeights, StreamedModel
-from coec.pipeline import CompensateOptions
+from coec.select.options import SelectOptions
 from conftest import CORPUS, make_model_dir
 
 FAMILIES = [
@@ -161,21 +163,24 @@ def test_parts_are_released(llama_dir):
 def test_cell_installed_per_layer_equals_the_assembled_cell(tmp_path, family_dir):
     """Pruned and compensated per layer as it streams: the same perplexity as ``build_model``'s
     assembled cell, bit for bit, and the same parameter count (a bias block adds biases)."""
-    from coec import pipeline
+    from coec.calibrate.stage import run_calibrate
+    from coec.compensate.stage import run_compensate
+    from coec.model.cell import build_model
+    from coec.select.stage import run_select
 
     (tmp_path / "c.txt").write_text(CORPUS)
     ds = {"source": "files", "calib": str(tmp_path / "c.txt"), "eval": str(tmp_path / "c.txt")}
     grams, keep = tmp_path / "g", tmp_path / "keep.json"
-    pipeline.run_calibrate(
+    run_calibrate(
         CellSource(str(family_dir), "float32", "cpu"),
         CalibrateOptions(CalibrationWindows(ds, 8, 32, 0, 4), "float64"),
         str(grams),
     )
-    pipeline.run_select(CellSource(str(family_dir)), str(grams), SelectOptions("wanda_sp", 0.5, "ceil"), str(keep))
+    run_select(CellSource(str(family_dir)), str(grams), SelectOptions("wanda_sp", 0.5, "ceil"), str(keep))
     blocks = []
     for i, spec in ((0, {"method": "bias"}), (1, {"method": "lstsq", "ridge": 0.01})):
         blocks.append(str(tmp_path / f"block{i}-{i}.safetensors"))
-        pipeline.run_compensate(
+        run_compensate(
             CellSource(str(family_dir), keep=str(keep), device="cpu"),
             str(grams),
             CompensateOptions(spec, i, i),
@@ -183,7 +188,7 @@ def test_cell_installed_per_layer_equals_the_assembled_cell(tmp_path, family_dir
         )
     windows = _ids(7, 32, seed=1)
     for k, c in ((None, []), (str(keep), []), (str(keep), blocks)):
-        model, _ = pipeline.build_model(str(family_dir), "float32", "cpu", k, c)
+        model, _ = build_model(str(family_dir), "float32", "cpu", k, c)
         ref = perplexity(model, windows, batch_size=3, progress=False)
         sm = StreamedModel(family_dir, cell=CellWeights(k, c, 2))
         got = perplexity_streamed(sm, windows, batch_size=3, progress=False)
@@ -315,7 +320,8 @@ def test_embedded_model_streams_the_same_grams_and_perplexity(tmp_path):
 
     from coec.data.bundled import prepare_embedded_model, prepare_embedded_text
     from coec.data.text import calibration_ids
-    from coec.pipeline import build_model, run_select
+    from coec.model.cell import build_model
+    from coec.select.stage import run_select
 
     repo = Path(__file__).resolve().parents[2]
     model_dir = Path(os.environ.get("COEC_EMBEDDED_MODEL", repo / "resources/models/smollm2-135m"))

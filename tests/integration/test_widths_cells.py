@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec import cli, pipeline
+from coec import cli
+from coec.calibrate.options import CalibrateOptions, CalibrationWindows
+from coec.calibrate.stage import run_calibrate
 from coec.io import artifacts
 from coec.io.provenance import model_provenance
 from coec.model.arch import MODULES, attention_shape, o_proj_columns
+from coec.model.cell import build_model
 from coec.model.load import layer_tensor_names, load_config, read_model_tensors
-from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource
+from coec.model.source import CellSource
 from coec.select.scores import layer_scores, n_keep, top_k_sorted
 from conftest import method_kwargs
 
@@ -25,7 +28,7 @@ RATIO = 0.3  # 33.6 of 48 channels: 34 by the paper's rule
 @pytest.fixture(scope="module")
 def grams(llama_dir, text_dataset, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("widths") / "grams"
-    pipeline.run_calibrate(
+    run_calibrate(
         CellSource(str(llama_dir), "float32", "cpu"),
         CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 0, 2), "float32"),
         str(out),
@@ -162,7 +165,7 @@ def test_measured_table_reads_the_realised_widths(llama_dir, grams, tmp_path):
     assert _select(llama_dir, grams, aligned, "--channel-multiple", "32", "--channel-rounding", "nearest") == 0
     reports, files = {}, {}
     for keep in (paper, aligned):
-        model, tok = pipeline.build_model(str(llama_dir), "float32", "cpu", str(keep), [])
+        model, tok = build_model(str(llama_dir), "float32", "cpu", str(keep), [])
         files[keep] = tmp_path / f"{keep.stem}.gguf"
         reports[keep] = write_gguf(model, tok, files[keep], "q8_0")
     assert reports[paper]["ffn"] == [34, 34] and reports[aligned]["ffn"] == [32, 32]

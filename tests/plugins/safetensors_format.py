@@ -17,7 +17,7 @@ from coec.export.formats import EXPORT_FORMATS, ExportFormat, ExportRequest, For
 
 
 def write(request: ExportRequest) -> dict:
-    from coec.pipeline import build_model
+    from coec.model.cell import build_model
 
     model, _ = build_model(request.model, request.dtype, "cpu", request.keep, list(request.comp))
     dtype = getattr(torch, request.options.get("state_dtype") or request.dtype)

@@ -66,7 +66,7 @@ _LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 
 
 def test_pruned_cell_has_its_own_widths(kquant_cell):
-    from coec.pipeline import build_model
+    from coec.model.cell import build_model
 
     src, keep, comp = kquant_cell
     model, _ = build_model(str(src), "float32", "cpu", str(keep), [str(c) for c in comp])

@@ -22,7 +22,7 @@ from coec.evaluate.llamacpp.run import unavailable
 from coec.export.formats import ExportRequest
 from coec.export.gguf import write_gguf
 from coec.export.stage import run_export
-from coec.pipeline import build_model
+from coec.model.cell import build_model
 from coec.report.cost import flops_per_token
 from coec.report.measured.bounds import gguf_flops_per_token, gguf_read_bytes, prefill_context
 from coec.report.measured.table import write_measured

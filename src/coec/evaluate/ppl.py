@@ -13,8 +13,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from coec.evaluate.options import PplOptions
 from coec.io.progress import bar as progress_bar
-from coec.model.source import CellSource, PplOptions
+from coec.model.source import CellSource
 
 #: Positions per float32 loss chunk: the loss adds ``2 x LOSS_CHUNK_TOKENS x vocab x 4`` bytes to
 #: the forward's peak (1 GiB at a 128k vocabulary), whatever the batch and window length.

@@ -29,11 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from coec.evaluate.options import ZeroshotOptions
 from coec.evaluate.tasks import PAPER_TASKS, TASKS, TaskSpec, builtin_yaml_source, data_file, render_task_dir, task_spec
 from coec.io.artifacts import log_timings, write_result
 from coec.io.atomic import write_bytes
 from coec.io.progress import routed_tqdm
-from coec.model.source import CellSource, ZeroshotOptions
+from coec.model.source import CellSource
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ each input column, ``mean_t x[t, j]^2`` ((row width,) float32), keyed by the GGU
 (``blk.<i>.attn_q.weight``, ...): the statistic llama.cpp's own ``llama-imatrix`` collects, which
 its quantizer takes (``llama_model_quantize_params.imatrix``) to weight each column's rounding
 error. It is measured on the model that is exported (the pruned, compensated cell as
-``pipeline.build_model`` assembles it, or the dense model), over the calibration windows
+``model.cell.build_model`` assembles it, or the dense model), over the calibration windows
 ``coec calibrate`` draws for the same set (``data.calibration_ids``).
 
 The file is a safetensors file of float32 vectors named by GGUF tensor name, with metadata
@@ -28,13 +28,14 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from coec.calibrate.options import CalibrationWindows
 from coec.data import text as data
 from coec.io.atomic import write_chunks
 from coec.io.provenance import model_provenance
 from coec.io.safetensors_file import safetensors_chunks
 from coec.model.arch import adapter_for
-from coec.model.source import CalibrationWindows, CellSource
-from coec.pipeline import build_cell
+from coec.model.cell import build_cell
+from coec.model.source import CellSource
 
 log = logging.getLogger(__name__)
 

@@ -213,8 +213,8 @@ def run_export_hf(request: ExportRequest) -> dict[str, Any]:
     config.json."""
     from coec.export.hf_class import build_export_model  # deferred: torch, ~3 s at CLI start
     from coec.export.reload import check_reload  # deferred: torch, ~3 s at CLI start
+    from coec.model.cell import build_cell  # deferred: torch, ~3 s at CLI start
     from coec.model.load import resolve_model_dir  # deferred: torch, ~3 s at CLI start
-    from coec.pipeline import build_cell  # deferred: torch, ~3 s at CLI start
 
     model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
     protected: list[str | Path] = [model_dir, *([request.keep] if request.keep else []), *request.comp]
@@ -249,8 +249,8 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     from coec.export.gguf.layout import QUANTIZER, check_gguf_type, made_by  # deferred: torch, ~3 s at CLI start
     from coec.export.gguf.sidecar import is_sidecar, sidecar_path, write_sidecar  # deferred: torch, ~3 s at CLI start
     from coec.export.gguf.writer import FALLBACK_POLICIES  # deferred: torch, ~3 s at CLI start
+    from coec.model.cell import build_cell  # deferred: torch, ~3 s at CLI start
     from coec.model.load import resolve_model_dir  # deferred: torch, ~3 s at CLI start
-    from coec.pipeline import build_cell  # deferred: torch, ~3 s at CLI start
 
     gguf_type = check_gguf_type(request.options.get("gguf_type") or "f32")
     fallback = request.options.get("gguf_fallback") or FALLBACK_POLICIES[0]

@@ -1,14 +1,13 @@
 """Stage entry points of the iterative multi-domain FLAP method (docs/iterative.md).
 
 The ``coec iterative <sub>`` commands (``cli.py``) map onto these, as the other commands map
-onto :mod:`coec.pipeline`; they share its I/O rather than repeating it: Gram folders are
-written by ``calibrate.write_gram_dir`` (the calibrate stage's writer), block files, keep sets
-and results by :mod:`coec.io.artifacts`, blocks are installed by ``prune.install_weights_``, and
-a cell's perplexity is ``pipeline.run_ppl`` itself. They live beside ``pipeline.py`` rather than
-in it because they are one method's stages, which the paper's workflow never calls: kept apart,
-``pipeline.py`` stays the COEC workflow's stage list (about 310 lines rather than 490) and this
-module reads as the iterative method's. The method itself is :mod:`coec.iterative`, which knows
-nothing of files.
+onto each package's stage body (``coec.calibrate.stage``, ``coec.evaluate.stage``, ...); they
+share their I/O rather than repeating it: Gram folders are written by ``calibrate.write_gram_dir``
+(the calibrate stage's writer), block files, keep sets and results by :mod:`coec.io.artifacts`,
+blocks are installed by ``prune.install_weights_``, and a cell's perplexity is
+``evaluate.stage.run_ppl`` itself. They are one method's stages, which the paper's workflow never
+calls, and this module reads as the iterative method's. The method itself is
+:mod:`coec.iterative`, which knows nothing of files.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def current_shape(layer: nn.Module, geom0: AttnShape) -> AttnShape:
 
 def install_bias_(layer: nn.Module, module: str, base: torch.Tensor | None, total: torch.Tensor) -> None:
     """Give ``module`` the bias base + total, rounded exactly as a block file stores and
-    ``pipeline.build_model`` installs it (weight dtype, then float32, then added to base)."""
+    ``model.cell.build_model`` installs it (weight dtype, then float32, then added to base)."""
     lin = output_module(layer, module)
     # torch stub gap: Linear.bias is typed Parameter, None (no bias) is valid at runtime
     lin.bias = None if base is None else torch.nn.Parameter(base.clone(), requires_grad=False)  # type: ignore[assignment]

@@ -1,20 +1,26 @@
-"""How the stages reach a streamed model: whether an evaluation streams, and the streamed
-model of a cell with its tokenizer.
+"""How the stages reach a cell's model: loaded whole (:func:`build_cell`) or streamed layer by
+layer (:func:`open_model`), and which of the two an evaluation takes (:func:`open_cell`).
 
 Calibration always streams; evaluation streams when the checkpoint is larger than
-``compute.stream_eval_above_gb`` (:func:`streams`). The stage bodies are those of
-``coec.pipeline``: one each, whichever way the layers are reached.
+``compute.stream_eval_above_gb`` (:func:`streams`). The stage bodies (``coec.calibrate.stage``,
+``coec.evaluate.stage``, ...) are one each, whichever way the layers are reached.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from transformers import AutoTokenizer
 
+from coec.evaluate.layerwise import perplexity_streamed
+from coec.evaluate.ppl import perplexity
+from coec.io import artifacts
 from coec.model.checkpoint import Checkpoint
-from coec.model.load import hub_kwargs, resolve_model_dir
+from coec.model.load import hub_kwargs, load_model, resolve_model_dir
+from coec.model.prune import install_weights_, prune_model_
 from coec.model.source import CellSource
 from coec.model.stream_options import StreamOptions
 from coec.model.streamed import CellWeights, StreamedModel
@@ -33,7 +39,7 @@ def streams(source: CellSource, stream: StreamOptions) -> bool:
 
 
 def open_model(source: CellSource) -> tuple[StreamedModel, Any]:
-    """(streamed model of a cell, tokenizer): ``pipeline.build_model`` without the weights."""
+    """(streamed model of a cell, tokenizer): :func:`build_cell` without the weights."""
     model_dir = resolve_model_dir(source.model, *source.hub)
     sm = StreamedModel(model_dir, source.dtype, source.device, None, *source.hub)
     if source.keep or source.comp:
@@ -47,3 +53,75 @@ def open_model(source: CellSource) -> tuple[StreamedModel, Any]:
         sm.device,
     )
     return sm, AutoTokenizer.from_pretrained(model_dir, **hub_kwargs(*source.hub))
+
+
+def build_cell(source: CellSource) -> tuple[Any, Any]:
+    """Load the dense model (on ``source.device``, or spread by ``source.device_map``), then prune
+    it by its keep.json (if any) and install the compensated weights of its block files.
+    Returns (model, tokenizer)."""
+    model, tok = load_model(
+        source.model,
+        dtype=source.dtype,
+        device=source.device,
+        device_map=source.device_map,
+        revision=source.revision,
+        trust_remote_code=source.trust_remote_code,
+    )
+    if source.keep:
+        prune_model_(model, artifacts.read_keep(source.keep, model.config.num_hidden_layers))
+    install_weights_(model, artifacts.read_comp_blocks(list(source.comp)))
+    return model, tok
+
+
+def build_model(
+    model_src: str, dtype: str, device: str | None, keep_path: str | None = None, comp_files: list[str] | None = None
+) -> tuple[Any, Any]:
+    """:func:`build_cell` of a local cell (no hub revision, no device map), as tests and the
+    deploy worker name it."""
+    return build_cell(CellSource(model_src, dtype, device, keep=keep_path, comp=tuple(comp_files or ())))
+
+
+@dataclass
+class CellModel:
+    """A cell's model as an evaluation stage reaches it, the one part the two paths differ in:
+    loaded whole (``loaded``), or streamed layer by layer (``streamed``, holding at most
+    ``budget`` bytes of hidden states)."""
+
+    tokenizer: Any
+    loaded: torch.nn.Module | None = None
+    streamed: StreamedModel | None = None
+    budget: float = float("inf")
+
+    def params(self) -> int:
+        """The cell's parameter count."""
+        if self.streamed is not None:
+            return self.streamed.param_count()
+        assert self.loaded is not None
+        return sum(p.numel() for p in self.loaded.parameters())
+
+    def perplexity(self, windows: torch.Tensor, batch_size: int) -> dict[str, Any]:
+        """``evaluate.ppl.perplexity`` of the cell over (n, seqlen) windows."""
+        if self.streamed is not None:
+            return perplexity_streamed(self.streamed, windows, batch_size, self.budget)
+        assert self.loaded is not None
+        return perplexity(self.loaded, windows, batch_size=batch_size)
+
+    def lm(self, batch_size: int, max_length: int) -> Any:
+        """The lm-eval ``LM`` of a streamed cell (``LayerwiseLM``); None: lm-eval's ``HFLM``
+        around the loaded model."""
+        if self.streamed is None:
+            return None
+        from coec.evaluate.layerwise_lm import LayerwiseLM  # deferred: lm_eval is an optional dependency
+
+        return LayerwiseLM(self.streamed, self.tokenizer, batch_size=batch_size, max_length=max_length,
+                           budget_bytes=self.budget)  # fmt: skip
+
+
+def open_cell(source: CellSource, stream: StreamOptions) -> CellModel:
+    """The cell of an evaluation stage: streamed when :func:`streams` says so, else loaded whole
+    (:func:`build_cell`)."""
+    if streams(source, stream):
+        sm, tok = open_model(source)
+        return CellModel(tok, streamed=sm, budget=stream.budget_bytes())
+    model, tok = build_cell(source)
+    return CellModel(tok, loaded=model)

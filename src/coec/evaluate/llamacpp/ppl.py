@@ -17,7 +17,9 @@ from transformers import AutoTokenizer
 
 from coec.data import text as data
 from coec.data.bundled import file_sha256
+from coec.evaluate.llamacpp.options import GgufPplOptions
 from coec.evaluate.llamacpp.run import gguf_perplexity, require
+from coec.evaluate.options import PplOptions
 from coec.evaluate.ppl import ppl_record
 from coec.export.gguf.writer import PROVENANCE_KEY
 from coec.io import artifacts
@@ -25,7 +27,7 @@ from coec.io.artifacts import log_timings
 from coec.io.provenance import model_provenance
 from coec.model.arch.gguf import file_type_name
 from coec.model.load import hub_kwargs, load_config, resolve_model_dir
-from coec.model.source import CellSource, GgufPplOptions, PplOptions
+from coec.model.source import CellSource
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """GGUF export of a pruned, compensated model for llama.cpp (docs/export.md "GGUF").
 
 ``write_gguf(model, tokenizer, out, gguf_type, GgufOptions(...))`` writes the in-memory model built by
-``pipeline.build_model`` as ``llama`` (one width in every block) or ``deci`` (per-layer widths)
+``model.cell.build_model`` as ``llama`` (one width in every block) or ``deci`` (per-layer widths)
 and checks the file read back; ``coec.model.arch.gguf`` records what each llama.cpp architecture's
 loader holds, ``coec.export.gguf.layout`` the pure pieces (q/k row order, tensor types, RoPE),
 ``coec.export.gguf.vocab`` the tokenizer keys, ``coec.export.gguf.quantize`` the K-quant mixes made by llama.cpp's

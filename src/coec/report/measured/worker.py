@@ -36,7 +36,7 @@ def _transformers(spec: dict[str, Any]) -> dict[str, Any]:
 
         model = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=dtype)
     else:
-        from coec.pipeline import build_model  # deferred: ~1 s at workflow planning
+        from coec.model.cell import build_model  # deferred: ~1 s at workflow planning
 
         b = spec["build"]
         model, _ = build_model(b["model"], spec["dtype"], "cpu", b.get("keep"), b.get("comp") or [])

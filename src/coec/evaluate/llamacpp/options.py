@@ -1,0 +1,13 @@
+"""The options of ``coec ppl --gguf``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GgufPplOptions:
+    """``coec ppl --gguf``: the GGUF file scored in llama.cpp with ``threads`` (None: its default)."""
+
+    gguf: str
+    threads: int | None = None
