@@ -27,8 +27,7 @@ from coec.export.formats import DEFAULT_FORMAT, EXPORT_FORMATS, ExportRequest
 from coec.export.stage import run_export  # registers the built-in formats (hf, gguf)
 from coec.extension import EXTENSIONS, extensions
 from coec.model.arch.tiny import DEFAULT_FAMILY
-from coec.model.load import resolve_model_dir
-from coec.model.source import CellSource
+from coec.model.source import CellSource, ResolvedSource, resolve_source
 from coec.model.starter import run_command, write_starter
 from coec.model.stream_options import OPTIONS, STAGE_OPTIONS, StreamOptions
 from coec.registry import plugins_from_env
@@ -105,11 +104,14 @@ def add_hub_args(s: argparse.ArgumentParser) -> None:
     )
 
 
-def check_model_stage(a: argparse.Namespace) -> None:
+def check_model_stage(a: argparse.Namespace) -> ResolvedSource:
     """A model stage's model against --expect, its --seqlen and its --keep, before any work
-    (``coec.config.modelcheck``): one error line naming the config key and both values."""
-    model_dir = resolve_model_dir(a.model, *hub_options(a))  # at --revision, as the stage loads it
-    check_stage(model_dir, getattr(a, "expect", None), getattr(a, "seqlen", None), getattr(a, "keep", None))
+    (``coec.config.modelcheck``): one error line naming the config key and both values. Returns
+    the sources as resolved (at --revision, as the stage loads it) and read for the check, which
+    the stage then reads too (``run_stage``, ``cell_source``)."""
+    resolved = resolve_source(cell_source(a)).local
+    check_stage(resolved, getattr(a, "expect", None), getattr(a, "seqlen", None))
+    return resolved
 
 
 def add_stream_args(parser: argparse.ArgumentParser, stage: str) -> None:
@@ -125,7 +127,8 @@ def stream_options(a: argparse.Namespace) -> StreamOptions:
 
 
 def cell_source(a: argparse.Namespace) -> CellSource:
-    """Which model and which cell a parsed stage names (options it does not take: their defaults)."""
+    """Which model and which cell a parsed stage names (options it does not take: their defaults),
+    with what its stage-start check resolved (``a.resolved``, :func:`run_stage`)."""
     return CellSource(
         model=a.model,
         dtype=getattr(a, "dtype", "float32"),
@@ -136,6 +139,7 @@ def cell_source(a: argparse.Namespace) -> CellSource:
         comp=tuple(getattr(a, "comp", None) or ()),
         cell=dict(getattr(a, "cell", None) or {}),
         device_map=getattr(a, "device_map", None),
+        resolved=getattr(a, "resolved", None),
     )
 
 
@@ -347,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_stage(a: argparse.Namespace) -> None:
     """A parsed stage: its model checked against the config first (model stages), then its
-    command (``set_defaults(func=...)``)."""
+    command (``set_defaults(func=...)``), which reads the model as the check resolved it."""
     if a.stage in MODEL_STAGES:
-        check_model_stage(a)
+        a.resolved = check_model_stage(a)
     a.func(a)
 
 
@@ -485,6 +489,7 @@ def cmd_export(a: argparse.Namespace) -> None:
         revision,
         trust_remote_code,
         options,
+        resolved=getattr(a, "resolved", None),
     )
     run_export(request, a.format)
 

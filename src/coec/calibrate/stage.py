@@ -10,21 +10,21 @@ from coec.calibrate.layer_pass import PassOptions
 from coec.calibrate.options import CalibrateOptions
 from coec.calibrate.streamed import calibrate_streamed
 from coec.data import text as data
-from coec.io.provenance import model_provenance
 from coec.model.cell import open_model
-from coec.model.source import CellSource
+from coec.model.source import CellSource, resolve_source
 
 
 def run_calibrate(source: CellSource, options: CalibrateOptions, out_dir: str) -> dict[str, Any]:
     """Grams of every layer's o_proj and down_proj inputs -> ``out_dir/layer{i}.safetensors``,
     each layer read from the checkpoint when the pass reaches it; a killed pass resumes
     (``streaming.calibrate``). The files are those of ``calibrate_to_dir`` on the loaded model."""
+    source = resolve_source(source)
     w = options.windows
     torch.manual_seed(w.seed)
     sm, tok = open_model(source)
     ids = data.calibration_ids(tok, w.dataset, w.nsamples, w.seqlen, w.seed)
     meta = {
-        "model": model_provenance(source.model, *source.hub),
+        "model": source.provenance(),
         "dataset": w.dataset,
         "nsamples": w.nsamples,
         "seed": w.seed,

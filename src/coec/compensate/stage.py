@@ -22,10 +22,9 @@ from coec.compensate.output_checks import MethodOutputError
 from coec.io import artifacts
 from coec.io.artifacts import GramLayer, log_timings, read_gram_layer
 from coec.io.progress import bar as progress_bar
-from coec.io.provenance import model_provenance
 from coec.model.arch import MODULES, AttnShape, attention_shape, o_proj_columns
-from coec.model.load import layer_tensor_names, load_config, read_model_tensors, resolve_device, resolve_model_dir
-from coec.model.source import CellSource
+from coec.model.load import layer_tensor_names, load_config, read_model_tensors, resolve_device
+from coec.model.source import CellSource, resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,8 @@ def run_gram_check(source: CellSource, grams: str, out: str) -> dict[str, Any]:
     """App. B's verdict on every layer's o_proj and down_proj Gram and each module's output
     energy on it (``compensate.method.check_module``) -> gram_checks/{calib}.json, read by
     every compensation job of the calibration whose method reports no errors of its own."""
-    model_dir = resolve_model_dir(source.model, *source.hub)
+    source = resolve_source(source)
+    model_dir = source.local.model_dir
     cfg = load_config(model_dir, *source.hub)
     dev = resolve_device(source.device)
     layers = []
@@ -50,7 +50,7 @@ def run_gram_check(source: CellSource, grams: str, out: str) -> dict[str, Any]:
                     "layer %d %s: indefinite Gram (min eig %s): PSD projection", i, module, _num(chk.psd["min_eig"])
                 )
         layers.append(layer)
-    result = {"layers": layers, "model": model_provenance(source.model, *source.hub, model_dir)}
+    result = {"layers": layers, "model": source.provenance()}
     artifacts.write_json(out, result, "gram-check")
     return result
 
@@ -105,11 +105,12 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
     ``keep`` names the keep.json) -> one safetensors file with ``layer{i}.{module}.weight|bias``
     and a JSON twin with each module's ``info``."""
     o = options
-    model_dir = resolve_model_dir(source.model, *source.hub)
+    source = resolve_source(source)
+    model_dir = source.local.model_dir
     cfg = load_config(model_dir, *source.hub)
-    if source.keep is None:
+    keep = source.local.keep_for(cfg.num_hidden_layers)
+    if keep is None:
         raise ValueError("compensate needs the cell's keep.json (--keep)")
-    keep = artifacts.read_keep(source.keep, cfg.num_hidden_layers)
     m = registered(o.spec["method"])
     checks = (
         artifacts.read_gram_checks(o.gram_check, GramCheck.from_json, cfg.num_hidden_layers) if o.gram_check else None
@@ -142,7 +143,7 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
     path = Path(out)
     artifacts.write_comp_block(path, tensors, {"method": m.name, "spec": json.dumps(o.spec, sort_keys=True)})
     log_timings(str(path), infos)
-    infos["model"] = model_provenance(source.model, *source.hub, model_dir)
+    infos["model"] = source.provenance()
     artifacts.write_result(path.with_suffix(".json"), infos, "comp-info")  # timings stay in the log
     return infos
 

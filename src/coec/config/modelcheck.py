@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coec.data.bundled import EMBEDDED_SHAPES
-from coec.io.artifacts import read_keep
-from coec.io.provenance import PLAN_DIGITS, resolved_commit, weights_manifest
-from coec.model.load import resolve_model_dir
+from coec.io.provenance import PLAN_DIGITS, resolved_commit
+
+if TYPE_CHECKING:
+    from coec.model.source import ResolvedSource
 
 __all__ = [
     "ModelMismatch",
@@ -114,15 +115,17 @@ def check_keep(
             raise _mismatch(f"{keep_path}: {key}", value, what, field, actual)
 
 
-def check_identity(model_dir: str | Path, expect: dict[str, Any]) -> None:
-    """The weights a stage is about to read against those its job was planned for
-    (``provenance.planned_identity``, in ``expect``): the same files with the same contents
-    (``weights``), or the same hub commit (``commit``). Raises :class:`ModelMismatch` (one
-    line naming the model and the changed files) otherwise, before any work."""
+def check_identity(resolved: ResolvedSource, expect: dict[str, Any]) -> None:
+    """The weights a stage is about to read (the folder it resolved, its digests) against those
+    its job was planned for (``provenance.planned_identity``, in ``expect``): the same files with
+    the same contents (``weights``), or the same hub commit (``commit``). Raises
+    :class:`ModelMismatch` (one line naming the model and the changed files) otherwise, before
+    any work."""
     where = expect.get("model", "model")
+    model_dir = resolved.model_dir
     planned = expect.get("weights")
     if planned is not None:
-        now = {name: sha[:PLAN_DIGITS] for name, sha in weights_manifest(model_dir).items()}
+        now = {name: sha[:PLAN_DIGITS] for name, sha in resolved.manifest.items()}
         diff = [f"{n} changed" for n in sorted(planned.keys() & now.keys()) if planned[n] != now[n]]
         diff += [f"{n} added" for n in sorted(now.keys() - planned.keys())]
         diff += [f"{n} removed" for n in sorted(planned.keys() - now.keys())]
@@ -141,13 +144,14 @@ def check_identity(model_dir: str | Path, expect: dict[str, Any]) -> None:
 
 
 def check_stage(
-    model_src: str | Path, expect: dict[str, Any] | None = None, seqlen: int | None = None, keep_path: str | None = None
+    resolved: ResolvedSource, expect: dict[str, Any] | None = None, seqlen: int | None = None
 ) -> dict[str, Any]:
     """Stage start: the model's config.json against ``expect`` (from the workflow), the stage's
-    sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
-    Returns the shape. Reads config.json and, where the plan recorded the weights, their
-    cached digests (a hub id is resolved as the stage would)."""
-    model_dir = resolve_model_dir(str(model_src))
+    sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and the cell's
+    keep.json. Returns the shape. ``resolved``: the stage's sources as the job resolved them
+    (``coec.model.source.resolve_source``); reads config.json and, where the plan recorded the
+    weights, their cached digests and the keep set, each kept there for the stage."""
+    model_dir = resolved.model_dir
     geom = read_shape(model_dir)
     if geom is None:
         raise FileNotFoundError(f"no readable config.json in model folder {model_dir}")
@@ -157,7 +161,7 @@ def check_stage(
         key = expect.pop("seqlen_key", None) or "--seqlen"
         expect["seqlen"] = {**(expect.get("seqlen") or {}), key: seqlen}
     check_expected(geom, expect, what)
-    check_identity(model_dir, expect)
-    if keep_path:
-        check_keep(geom, read_keep(keep_path), keep_path, what)
+    check_identity(resolved, expect)
+    if resolved.keep is not None:
+        check_keep(geom, resolved.keep, str(resolved.keep_path), what)
     return geom

@@ -19,11 +19,10 @@ from coec.evaluate.zeroshot import write_zeroshot, zeroshot_with_records
 from coec.io import artifacts
 from coec.io.artifacts import log_timings
 from coec.io.progress import bar as progress_bar
-from coec.io.provenance import model_provenance
 from coec.model.arch import attention_shape, o_proj_columns, pruned_value_proj
 from coec.model.cell import open_cell
-from coec.model.load import layer_tensor_names, load_config, read_model_tensors, resolve_model_dir
-from coec.model.source import CellSource
+from coec.model.load import layer_tensor_names, load_config, read_model_tensors
+from coec.model.source import CellSource, resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +31,12 @@ def run_ppl(source: CellSource, options: PplOptions, out: str) -> dict[str, Any]
     """Perplexity of the (pruned, compensated) model -> ppl.json, the same whether the cell is
     loaded or streams (:func:`open_cell`)."""
     t0 = time.time()
+    source = resolve_source(source)
     cell = open_cell(source, options.stream)
     tokens = data.tokenize_text(cell.tokenizer, data.load_split(options.dataset, "eval"))
     windows = data.eval_windows(tokens, options.seqlen, options.max_windows)
     res = cell.perplexity(windows, options.batch_size)
-    prov = model_provenance(source.model, *source.hub)
-    ppl_record(res, prov, source, options, cell.params(), t0)
+    ppl_record(res, source.provenance(), source, options, cell.params(), t0)
     log_timings(str(out), res)
     artifacts.write_result(out, res, "ppl")  # timings stay in the log
     how = "; streamed" if cell.streamed is not None else ""
@@ -51,11 +50,11 @@ def run_zeroshot(source: CellSource, options: ZeroshotOptions, out: str) -> dict
     ``zeroshot_samples/<task>.jsonl`` with ``log_samples``; docs/zeroshot.md), the same whether
     the cell is loaded or streams (:func:`open_cell`; streamed: ``LayerwiseLM``)."""
     t0 = time.time()
+    source = resolve_source(source)
     cell = open_cell(source, options.stream)
     lm = cell.lm(options.batch_size, options.max_length)
     res, records = zeroshot_with_records(cell.loaded, cell.tokenizer, options, lm=lm)
-    provenance = model_provenance(source.model, *source.hub)
-    return write_zeroshot(out, res, records, provenance, source, t0)
+    return write_zeroshot(out, res, records, source.provenance(), source, t0)
 
 
 GEOMETRY_RANKS = {"o_proj": 16, "down_proj": 64}
@@ -65,10 +64,13 @@ def run_geometry(source: CellSource, out: str) -> list[dict[str, Any]]:
     """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) of the cell
     ``source`` (its keep set and blocks) -> geometry.csv (uncompensated cells measure W_K
     against itself)."""
-    model_dir = resolve_model_dir(source.model, *source.hub)
+    source = resolve_source(source)
+    model_dir = source.local.model_dir
     cfg = load_config(model_dir, *source.hub)
     geom = attention_shape(cfg)
-    keep = artifacts.read_keep(str(source.keep), cfg.num_hidden_layers)
+    keep = source.local.keep_for(cfg.num_hidden_layers)
+    if keep is None:
+        raise ValueError("geometry needs the cell's keep.json (--keep)")
     comp = artifacts.read_comp_blocks(list(source.comp))
     rows = []
     for i, k in progress_bar(list(enumerate(keep["layers"])), desc="geometry", unit="layer"):

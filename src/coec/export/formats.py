@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coec.model.source import CellSource
+from coec.model.source import CellSource, ResolvedSource
 from coec.registry import Registry
 
 
@@ -24,7 +24,8 @@ class ExportRequest:
     """What to export: the source model (folder or hub id), the cell's keep set (``None``: the
     dense model) and compensated blocks, the dtype, the output path, whether a previous export
     there may be replaced, the cell's labels (recorded in the output), the hub options, and the
-    format's own options (by ``FormatOption.dest``; absent ones take the format's defaults)."""
+    format's own options (by ``FormatOption.dest``; absent ones take the format's defaults);
+    ``resolved``: the sources as the CLI's stage-start check resolved them (None: not yet)."""
 
     model: str
     keep: str | None
@@ -36,11 +37,13 @@ class ExportRequest:
     revision: str | None = None
     trust_remote_code: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    resolved: ResolvedSource | None = field(default=None, compare=False, repr=False)
 
     @property
     def source(self) -> CellSource:
         """The cell to export, built on the CPU in ``dtype``."""
-        return CellSource(self.model, self.dtype, "cpu", self.revision, self.trust_remote_code, self.keep, self.comp)
+        return CellSource(self.model, self.dtype, "cpu", self.revision, self.trust_remote_code, self.keep, self.comp,
+                          resolved=self.resolved)  # fmt: skip
 
 
 @dataclass(frozen=True)

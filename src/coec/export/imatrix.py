@@ -31,11 +31,10 @@ from torch import nn
 from coec.calibrate.options import CalibrationWindows
 from coec.data import text as data
 from coec.io.atomic import write_chunks
-from coec.io.provenance import model_provenance
 from coec.io.safetensors_file import safetensors_chunks
 from coec.model.arch import adapter_for
 from coec.model.cell import build_cell
-from coec.model.source import CellSource
+from coec.model.source import CellSource, resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +178,7 @@ def run_imatrix(source: CellSource, windows: CalibrationWindows, out: str) -> di
     """The ``coec imatrix`` stage: build the cell (``source.keep`` None: the dense model), run it over
     the calibration windows and write the imatrix file ``out`` (atomically); returns its metadata."""
     t0 = time.time()
+    source = resolve_source(source)
     model, tok = build_cell(source)
     model.eval()
     ids = data.calibration_ids(tok, windows.dataset, windows.nsamples, windows.seqlen, windows.seed)
@@ -187,7 +187,7 @@ def run_imatrix(source: CellSource, windows: CalibrationWindows, out: str) -> di
     calibration = {"dataset": windows.dataset, "nsamples": windows.nsamples, "seqlen": windows.seqlen,
                    "seed": windows.seed}  # fmt: skip
     cell = {**source.cell, "keep": source.keep, "comp": list(source.comp)}
-    meta = imatrix_metadata(ids.numel(), calibration, cell, model_provenance(source.model, *source.hub))
+    meta = imatrix_metadata(ids.numel(), calibration, cell, source.provenance())
     write_chunks(out, safetensors_chunks(acc.means(), meta))
     log.info("imatrix: %d weights over %d tokens in %.1fs -> %s", len(modules), ids.numel(), time.time() - t0, out)
     return meta

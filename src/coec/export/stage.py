@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from coec.export.formats import EXPORT_FORMATS, GGUF_TYPES, ExportFormat, ExportRequest, FormatOption, export
 from coec.io.atomic import umask_modes
-from coec.io.provenance import model_provenance
+from coec.model.source import CellSource, resolve_source
 
 if TYPE_CHECKING:
     from coec.export.imatrix import Imatrix
@@ -194,14 +194,15 @@ def run_export(request: ExportRequest, fmt: str | None = None) -> dict[str, Any]
     return export(fmt, request)
 
 
-def _export_provenance(request: ExportRequest, model_dir: str | Path) -> dict[str, Any]:
+def _export_provenance(request: ExportRequest, source: CellSource) -> dict[str, Any]:
+    """What an export records of its cell; ``source``: the request's cell as resolved."""
     return {
         "source": str(request.model),
         "keep": str(request.keep) if request.keep else None,
         "comp": [str(c) for c in request.comp],
         "dtype": request.dtype,
         "cell": dict(request.cell),
-        "model": model_provenance(request.model, request.revision, request.trust_remote_code, model_dir),
+        "model": source.provenance(),
     }
 
 
@@ -214,14 +215,14 @@ def run_export_hf(request: ExportRequest) -> dict[str, Any]:
     from coec.export.hf_class import build_export_model  # deferred: torch, ~3 s at CLI start
     from coec.export.reload import check_reload  # deferred: torch, ~3 s at CLI start
     from coec.model.cell import build_cell  # deferred: torch, ~3 s at CLI start
-    from coec.model.load import resolve_model_dir  # deferred: torch, ~3 s at CLI start
 
-    model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
+    source = resolve_source(request.source)
+    model_dir = source.local.model_dir
     protected: list[str | Path] = [model_dir, *([request.keep] if request.keep else []), *request.comp]
     check_out_dir(request.out, protected, request.force)  # refuse before the (slow) model build
-    model, tok = build_cell(request.source)
+    model, tok = build_cell(source)
     target, info = build_export_model(model)
-    info.update(_export_provenance(request, model_dir))
+    info.update(_export_provenance(request, source))
     target.config.coec_export = info
 
     def write(folder: Path) -> None:
@@ -250,7 +251,6 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     from coec.export.gguf.sidecar import is_sidecar, sidecar_path, write_sidecar  # deferred: torch, ~3 s at CLI start
     from coec.export.gguf.writer import FALLBACK_POLICIES  # deferred: torch, ~3 s at CLI start
     from coec.model.cell import build_cell  # deferred: torch, ~3 s at CLI start
-    from coec.model.load import resolve_model_dir  # deferred: torch, ~3 s at CLI start
 
     gguf_type = check_gguf_type(request.options.get("gguf_type") or "f32")
     fallback = request.options.get("gguf_fallback") or FALLBACK_POLICIES[0]
@@ -260,7 +260,8 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
         require(f"--gguf-type {gguf_type} (made by llama.cpp's quantizer)")
     imatrix = _read_imatrix(request.options.get("imatrix"), gguf_type)
     tokenizer_gguf = request.options.get("tokenizer_gguf")
-    model_dir = resolve_model_dir(request.model, request.revision, request.trust_remote_code)
+    source = resolve_source(request.source)
+    model_dir = source.local.model_dir
     protected: list[str | Path] = [
         model_dir,
         *([request.keep] if request.keep else []),
@@ -275,9 +276,9 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
         check_out_file(report_path, protected, request.force, is_sidecar)
 
     check_out()  # refuse before the model build
-    model, tok = build_cell(request.source)
+    model, tok = build_cell(source)
     dense = _dense_widths(model_dir, request.trust_remote_code, gguf_type)
-    prov = _export_provenance(request, model_dir)
+    prov = _export_provenance(request, source)
     check_out()  # again: the files may have appeared
     options = GgufOptions(tokenizer_gguf, Path(model_dir).name, prov, fallback, imatrix=imatrix)
     report = write_gguf(model, tok, request.out, gguf_type, options)

@@ -324,8 +324,13 @@ def read_keep(path: str | Path, n_layers: int | None = None) -> dict[str, Any]:
             v = k.get(key) if isinstance(k, dict) else None
             if not isinstance(v, list) or not all(isinstance(x, int) and x >= 0 for x in v):
                 raise ArtifactError(path, f"layers[{i}].{key} is not a list of indices")
-    if n_layers is not None and len(layers) != n_layers:
-        raise ArtifactError(path, f"has {len(layers)} layers, the model {n_layers}")
+    return keep if n_layers is None else check_keep_layers(keep, path, n_layers)
+
+
+def check_keep_layers(keep: dict[str, Any], path: str | Path, n_layers: int) -> dict[str, Any]:
+    """A keep set read from ``path`` (:func:`read_keep`) against the model's ``n_layers``; returns it."""
+    if len(keep["layers"]) != n_layers:
+        raise ArtifactError(Path(path), f"has {len(keep['layers'])} layers, the model {n_layers}")
     return keep
 
 

@@ -88,7 +88,12 @@ def weights_manifest(model_dir: str | Path, cache: str | Path | None = None) -> 
 
 def weights_digest(model_dir: str | Path, cache: str | Path | None = None) -> str:
     """sha256 of the manifest ``<name> <sha256>\\n`` over the folder's sorted weight files."""
-    lines = "".join(f"{name} {sha}\n" for name, sha in weights_manifest(model_dir, cache).items())
+    return manifest_digest(weights_manifest(model_dir, cache))
+
+
+def manifest_digest(manifest: dict[str, str]) -> str:
+    """sha256 of the manifest ``<name> <sha256>\\n`` of a :func:`weights_manifest`."""
+    lines = "".join(f"{name} {sha}\n" for name, sha in manifest.items())
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
@@ -138,10 +143,13 @@ def model_provenance(
     revision: str | None = None,
     trust_remote_code: bool = False,
     model_dir: str | Path | None = None,
+    manifest: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``{source, revision, commit, trust_remote_code, weights_sha256}`` of a model source as a
-    stage loads it (``model_dir``: the folder already resolved from it, else resolved here), and
-    ``plugins`` when the stage used a plug-in's entries (``plugin_record``)."""
+    stage loads it (``model_dir``: the folder already resolved from it, else resolved here;
+    ``manifest``: its :func:`weights_manifest` already read, else read here), and ``plugins``
+    when the stage used a plug-in's entries (``plugin_record``). A stage's resolved cell gives
+    both (``CellSource.provenance``)."""
     if model_dir is None:
         from coec.model.load import resolve_model_dir  # deferred: torch, ~3 s at CLI start
 
@@ -151,7 +159,7 @@ def model_provenance(
         "revision": revision,
         "commit": resolved_commit(model_dir),
         "trust_remote_code": bool(trust_remote_code),
-        "weights_sha256": weights_digest(model_dir),
+        "weights_sha256": manifest_digest(weights_manifest(model_dir) if manifest is None else manifest),
         **plugin_record(),
     }
 

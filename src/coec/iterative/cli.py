@@ -160,7 +160,7 @@ def run_cmd(a: argparse.Namespace) -> None:
     """One ``coec iterative <cmd>``: its model checked against the config first (run, grams,
     ppl), then its command (``set_defaults(func=...)``)."""
     if a.cmd in MODEL_STAGES:
-        check_model_stage(a)
+        a.resolved = check_model_stage(a)  # the stage reads the model as the check resolved it
     a.func(a)
 
 

@@ -4,7 +4,8 @@ The ``coec iterative <sub>`` commands (``cli.py``) map onto these, as the other 
 onto each package's stage body (``coec.calibrate.stage``, ``coec.evaluate.stage``, ...); they
 share their I/O rather than repeating it: Gram folders are written by ``calibrate.write_gram_dir``
 (the calibrate stage's writer), block files, keep sets and results by :mod:`coec.io.artifacts`,
-blocks are installed by ``prune.install_weights_``, and a cell's perplexity is
+blocks are installed by ``prune.install_weights_``, the model is resolved and loaded by
+``model.source.resolve_source`` / ``model.load.load_resolved``, and a cell's perplexity is
 ``evaluate.stage.run_ppl`` itself. They are one method's stages, which the paper's workflow never
 calls, and this module reads as the iterative method's. The method itself is
 :mod:`coec.iterative`, which knows nothing of files.
@@ -25,13 +26,12 @@ from coec.calibrate.layer_pass import gram_meta, write_gram_dir
 from coec.io import artifacts, atomic
 from coec.io.artifacts import log_timings, read_gram_layer
 from coec.io.progress import bar as progress_bar
-from coec.io.provenance import model_provenance
 from coec.iterative.method import Options, global_pass, run_iterative
 from coec.iterative.state import PruneState, block_tensors, keep_dict, restore_state, state_tensors
 from coec.iterative.stats import CalibSet, calib_set, finalize_stats, normalise_alphas
 from coec.model.arch import MODULES
-from coec.model.load import decoder_layers, load_model, resolve_device
-from coec.model.source import CellSource
+from coec.model.load import decoder_layers, load_resolved, resolve_device
+from coec.model.source import CellSource, resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +102,11 @@ class Step:
 
 
 def _load(source: CellSource, calib: DomainCalibration) -> tuple[Any, CalibSet]:
-    """The dense model on the CPU and the calibration set (seeded as the calibrate stage is)."""
+    """The dense model on the CPU (``source`` resolved) and the calibration set (seeded as the
+    calibrate stage is)."""
     torch.manual_seed(calib.seed)
-    model, tok = load_model(source.model, dtype=source.dtype, device="cpu", revision=source.revision,
-                            trust_remote_code=source.trust_remote_code)  # fmt: skip
+    where = source.local.model_dir
+    model, tok = load_resolved(where, source.dtype, "cpu", source.hub, None, (source.model, time.time()))
     return model, calib_set(tok, calib.domains, calib.nsamples, calib.seqlen, calib.seed)
 
 
@@ -116,6 +117,7 @@ def run_iterative_prune(
     ``step.schedule`` (cumulative ratios) with ``opts`` (its device: ``source.device``), write the
     step (:func:`write_step`)."""
     t0 = time.time()
+    source = resolve_source(source)
     model, cset = _load(source, calib)
     opts = replace(opts, device=resolve_device(source.device))
     state = load_step(model, step.init) if step.init else None
@@ -129,7 +131,7 @@ def run_iterative_prune(
         "channel_rounding": opts.channel_rounding,
     }
     info = {
-        "model": model_provenance(source.model, *source.hub),
+        "model": source.provenance(),
         "domains": calib.domains,
         "alphas": cset.alphas,
         "sequences_per_domain": cset.counts,
@@ -151,6 +153,7 @@ def run_iterative_grams(source: CellSource, calib: DomainCalibration, opts: Opti
     (eq. 8), written as a Gram folder (the calibrate stage's format) for select/compensate;
     ``opts``: the pass's variance mix, Gram dtype, batch size and progress bar."""
     t0 = time.time()
+    source = resolve_source(source)
     model, cset = _load(source, calib)
     opts = Options(
         variance_mix=opts.variance_mix,
@@ -168,7 +171,7 @@ def run_iterative_grams(source: CellSource, calib: DomainCalibration, opts: Opti
             cset.ids,
             opts.gram_dtype,
             {
-                "model": model_provenance(source.model, *source.hub),
+                "model": source.provenance(),
                 "domains": calib.domains,
                 "alphas": cset.alphas,
                 "sequences_per_domain": cset.counts,

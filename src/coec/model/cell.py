@@ -3,12 +3,14 @@ layer (:func:`open_model`), and which of the two an evaluation takes (:func:`ope
 
 Calibration always streams; evaluation streams when the checkpoint is larger than
 ``compute.stream_eval_above_gb`` (:func:`streams`). The stage bodies (``coec.calibrate.stage``,
-``coec.evaluate.stage``, ...) are one each, whichever way the layers are reached.
+``coec.evaluate.stage``, ...) are one each, whichever way the layers are reached. Every function
+here reads the cell's sources as the job resolved them (``coec.model.source.resolve_source``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +21,9 @@ from coec.evaluate.layerwise import perplexity_streamed
 from coec.evaluate.ppl import perplexity
 from coec.io import artifacts
 from coec.model.checkpoint import Checkpoint
-from coec.model.load import hub_kwargs, load_model, resolve_model_dir
+from coec.model.load import hub_kwargs, load_resolved
 from coec.model.prune import install_weights_, prune_model_
-from coec.model.source import CellSource
+from coec.model.source import CellSource, resolve_source
 from coec.model.stream_options import StreamOptions
 from coec.model.streamed import CellWeights, StreamedModel
 from coec.report.cost import GIB
@@ -34,16 +36,16 @@ def streams(source: CellSource, stream: StreamOptions) -> bool:
     ``compute.stream_eval_above_gb`` GiB (0: always), and no ``device_map`` spreads it over devices."""
     if source.device_map:
         return False
-    model_dir = resolve_model_dir(source.model, *source.hub)
-    return Checkpoint(model_dir).nbytes() > stream.stream_above_bytes()
+    return Checkpoint(resolve_source(source).local.model_dir).nbytes() > stream.stream_above_bytes()
 
 
 def open_model(source: CellSource) -> tuple[StreamedModel, Any]:
     """(streamed model of a cell, tokenizer): :func:`build_cell` without the weights."""
-    model_dir = resolve_model_dir(source.model, *source.hub)
+    source = resolve_source(source)
+    model_dir = source.local.model_dir
     sm = StreamedModel(model_dir, source.dtype, source.device, None, *source.hub)
     if source.keep or source.comp:
-        sm.cell = CellWeights(source.keep, list(source.comp), sm.n_layers)
+        sm.cell = CellWeights(source.keep, list(source.comp), sm.n_layers, keep=source.local.keep_for(sm.n_layers))
     log.info(
         "streaming %s (%s, %s, %.2f GiB on disk) layer by layer on %s",
         source.model,
@@ -55,20 +57,25 @@ def open_model(source: CellSource) -> tuple[StreamedModel, Any]:
     return sm, AutoTokenizer.from_pretrained(model_dir, **hub_kwargs(*source.hub))
 
 
+def load_source(source: CellSource) -> tuple[Any, Any]:
+    """(model, tokenizer) of a cell's dense model (``model.load.load_model``) from the folder the
+    job resolved (:func:`resolve_source`), in ``source.dtype`` on ``source.device`` (or spread by
+    ``source.device_map``)."""
+    t0 = time.time()
+    source = resolve_source(source)
+    return load_resolved(source.local.model_dir, source.dtype, source.device, source.hub, source.device_map,
+                         (source.model, t0))  # fmt: skip
+
+
 def build_cell(source: CellSource) -> tuple[Any, Any]:
     """Load the dense model (on ``source.device``, or spread by ``source.device_map``), then prune
     it by its keep.json (if any) and install the compensated weights of its block files.
     Returns (model, tokenizer)."""
-    model, tok = load_model(
-        source.model,
-        dtype=source.dtype,
-        device=source.device,
-        device_map=source.device_map,
-        revision=source.revision,
-        trust_remote_code=source.trust_remote_code,
-    )
-    if source.keep:
-        prune_model_(model, artifacts.read_keep(source.keep, model.config.num_hidden_layers))
+    source = resolve_source(source)
+    model, tok = load_source(source)
+    keep = source.local.keep_for(model.config.num_hidden_layers)
+    if keep is not None:
+        prune_model_(model, keep)
     install_weights_(model, artifacts.read_comp_blocks(list(source.comp)))
     return model, tok
 
@@ -120,6 +127,7 @@ class CellModel:
 def open_cell(source: CellSource, stream: StreamOptions) -> CellModel:
     """The cell of an evaluation stage: streamed when :func:`streams` says so, else loaded whole
     (:func:`build_cell`)."""
+    source = resolve_source(source)
     if streams(source, stream):
         sm, tok = open_model(source)
         return CellModel(tok, streamed=sm, budget=stream.budget_bytes())

@@ -109,15 +109,29 @@ def load_model(
     """Load (model, tokenizer) from a local directory or a hub id (at ``revision``), in eval
     mode, with SDPA attention; ``revision`` and ``trust_remote_code`` reach every loader.
     Raises :class:`ModelError` for unsupported families."""
+    t0 = time.time()
+    model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
+    return load_resolved(model_dir, dtype, device, (revision, trust_remote_code), device_map, (str(source), t0))
+
+
+def load_resolved(
+    model_dir: Path,
+    dtype: str | torch.dtype,
+    device: str | None,
+    hub_options: tuple[str | None, bool],
+    device_map: str | None,
+    logged: tuple[str, float],
+) -> tuple[Any, Any]:
+    """:func:`load_model` of the folder ``model_dir`` already resolved from a source, at
+    ``hub_options`` (revision, trust_remote_code); ``logged``: the source's name and the load's start
+    (for the log line)."""
     from transformers import (
         AutoModelForCausalLM,
         AutoTokenizer,
     )  # deferred: transformers, +1-4 s on coec --help (measured)
 
-    t0 = time.time()
-    model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
-    hub = hub_kwargs(revision, trust_remote_code)
-    config = load_config(model_dir, revision, trust_remote_code)
+    hub = hub_kwargs(*hub_options)
+    config = load_config(model_dir, *hub_options)
     adapter_for(config).attention_shape(config)
     kwargs = dict(dtype=torch_dtype(dtype), attn_implementation="sdpa", **hub)
     if device_map:
@@ -127,7 +141,7 @@ def load_model(
         model.to(resolve_device(device))
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, **hub)
-    log.info("loaded %s (%s, %s) in %.1fs", source, config.model_type, dtype, time.time() - t0)
+    log.info("loaded %s (%s, %s) in %.1fs", logged[0], config.model_type, dtype, time.time() - logged[1])
     return model, tokenizer
 
 

@@ -42,10 +42,19 @@ class CellWeights:
     """A pruned cell: its keep set (``keep.json``) and compensated weights (block files), read
     one layer at a time. Every block file's header is checked up front (complete file, format
     version, ``layer<i>.<module>.weight|bias`` names); a layer's tensors are read (and checked
-    finite) when the layer streams."""
+    finite) when the layer streams. ``keep``: the keep set already read (and checked against
+    ``n_layers``), which is then not read again."""
 
-    def __init__(self, keep_path: str | Path | None, comp_files: list[str] | None, n_layers: int) -> None:
-        self.keep = artifacts.read_keep(keep_path, n_layers) if keep_path else None
+    def __init__(
+        self,
+        keep_path: str | Path | None,
+        comp_files: list[str] | None,
+        n_layers: int,
+        keep: dict[str, Any] | None = None,
+    ) -> None:
+        if keep is None and keep_path:
+            keep = artifacts.read_keep(keep_path, n_layers)
+        self.keep = keep
         self.files: dict[int, list[tuple[Path, list[str]]]] = {}
         for path in map(Path, comp_files or []):
             meta = artifacts.tensors_metadata(path)

@@ -9,10 +9,9 @@ from typing import Any
 from coec.io import artifacts
 from coec.io.artifacts import read_gram_layer
 from coec.io.progress import bar as progress_bar
-from coec.io.provenance import model_provenance
 from coec.model.arch import MODULES, attention_shape
-from coec.model.load import layer_tensor_names, load_config, read_model_tensors, resolve_model_dir
-from coec.model.source import CellSource
+from coec.model.load import layer_tensor_names, load_config, read_model_tensors
+from coec.model.source import CellSource, resolve_source
 from coec.select.options import SelectOptions
 from coec.select.scores import KeepRule, aligned_steps, check_multiple, select_layer, selection_spec
 from coec.select.widths import PAPER_WIDTH, width_note, width_record
@@ -29,7 +28,8 @@ def run_select(source: CellSource, grams: str, options: SelectOptions, out: str)
     o = options
     spec = selection_spec({"score": o.method, **(o.options or {})}, "--options")
     width = (o.channel_multiple, o.channel_rounding)
-    model_dir = resolve_model_dir(source.model, *source.hub)
+    source = resolve_source(source)
+    model_dir = source.local.model_dir
     cfg = load_config(model_dir, *source.hub)
     check_multiple(cfg.intermediate_size, o.channel_multiple)
     geom = attention_shape(cfg)
@@ -56,7 +56,7 @@ def run_select(source: CellSource, grams: str, options: SelectOptions, out: str)
         "d_ff": cfg.intermediate_size,
         **fields,
         "layers": layers,
-        "model": model_provenance(source.model, *source.hub, model_dir),
+        "model": source.provenance(),
     }
     if spec.options():
         keep["score_options"] = spec.options()

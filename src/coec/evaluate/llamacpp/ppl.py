@@ -24,10 +24,9 @@ from coec.evaluate.ppl import ppl_record
 from coec.export.gguf.writer import PROVENANCE_KEY
 from coec.io import artifacts
 from coec.io.artifacts import log_timings
-from coec.io.provenance import model_provenance
 from coec.model.arch.gguf import file_type_name
-from coec.model.load import hub_kwargs, load_config, resolve_model_dir
-from coec.model.source import CellSource
+from coec.model.load import hub_kwargs, load_config
+from coec.model.source import CellSource, resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +116,9 @@ def run_ppl_gguf(source: CellSource, options: PplOptions, gguf_file: GgufPplOpti
         facts = gguf_facts(gguf_path)
     except (ValueError, OSError) as exc:
         raise ValueError(f"{gguf_path} is not a readable GGUF ({' '.join(str(exc).split())})") from None
-    model_dir = resolve_model_dir(source.model, *source.hub)
-    prov = model_provenance(source.model, *source.hub, model_dir)
+    source = resolve_source(source)
+    model_dir = source.local.model_dir
+    prov = source.provenance()
     tok = AutoTokenizer.from_pretrained(model_dir, **hub_kwargs(*source.hub))
     cfg = load_config(model_dir, *source.hub)
     why = other_model_reason(facts, prov, cfg, hf_token_list(tok, len(facts["tokens"])))
