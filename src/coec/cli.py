@@ -131,7 +131,7 @@ def cell_source(a: argparse.Namespace) -> CellSource:
     with what its stage-start check resolved (``a.resolved``, :func:`run_stage`)."""
     return CellSource(
         model=a.model,
-        dtype=getattr(a, "dtype", "float32"),
+        dtype=getattr(a, "dtype", CellSource.dtype),
         device=getattr(a, "device", None),
         revision=getattr(a, "revision", None),
         trust_remote_code=bool(getattr(a, "trust_remote_code", False)),

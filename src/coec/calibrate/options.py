@@ -1,10 +1,12 @@
-"""The options of ``coec calibrate`` (and the calibration windows ``coec imatrix`` shares)."""
+"""The options of ``coec calibrate`` (and the calibration windows ``coec imatrix`` shares), each
+default the config schema's (``coec.config.schema.config_field``). No torch import here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from coec.config.schema import config_field
 from coec.model.stream_options import StreamOptions
 
 
@@ -16,8 +18,8 @@ class CalibrationWindows:
     dataset: dict[str, Any]
     nsamples: int
     seqlen: int
-    seed: int = 0
-    batch_size: int = 8
+    seed: int = config_field("calibration.*.seed")
+    batch_size: int = config_field("calibration.*.batch_size")
 
 
 @dataclass(frozen=True)
@@ -25,5 +27,5 @@ class CalibrateOptions:
     """``coec calibrate``: the windows, the stored Grams' dtype, the streaming settings."""
 
     windows: CalibrationWindows
-    gram_dtype: str = "float32"
+    gram_dtype: str = config_field("calibration.*.gram_dtype")
     stream: StreamOptions = StreamOptions()

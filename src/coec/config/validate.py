@@ -5,70 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from coec.config.modelcheck import ModelMismatch, check_expected, config_shape
+from coec.config.schema import SCHEMA, deref, schema
+from coec.config.schema import schema_default as schema_default  # validate.schema_default, as ever
 from coec.data.bundled import EMBEDDED_MODELS
 from coec.evaluate.tasks import TASKS
 from coec.extension import Need, extensions
 from coec.io.paths import NAME_PATTERN
 from coec.registry import PLUGINS_ENV, Registry, load_plugins
-
-SCHEMA = Path(str(files("coec") / "config" / "schemas" / "config.schema.yaml"))  # package data
-
-
-@functools.cache
-def _load_schema(path: str) -> dict[str, Any]:
-    out: dict[str, Any] = yaml.safe_load(Path(path).read_text())
-    return out
-
-
-def schema(path: str | Path = SCHEMA) -> dict[str, Any]:
-    """The config schema (read once per process)."""
-    return _load_schema(str(path))
-
-
-def schema_default(key: str) -> Any:
-    """The schema's default of a config key, the one home of every default the workflow and the
-    CLI share. ``key`` is dotted; ``*`` stands for any entry name, e.g.
-    ``schema_default("calibration.*.seed") == 0``. A default given under a conditional
-    (``allOf: [{if: ..., then: ...}]``, e.g. an embedded dataset's ``eval_every``) counts too.
-    Raises KeyError naming the key when the schema gives it no default."""
-    node, root = schema(), schema()
-    for part in key.split("."):
-        node = _deref(node, root)
-        props = dict(node.get("properties") or {})
-        for branch in node.get("allOf") or []:
-            props.update(branch.get("then", {}).get("properties") or {})
-        if part == "*" and isinstance(node.get("additionalProperties"), dict):
-            node = node["additionalProperties"]
-        elif part in props:
-            node = props[part]
-        else:
-            raise KeyError(f"the config schema has no key {key!r}")
-    if "default" not in node:  # a default beside a $ref wins over the target's
-        node = _deref(node, root)
-    if "default" not in node:
-        raise KeyError(f"the config schema gives {key!r} no default")
-    return node["default"]
-
-
-def _deref(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
-    """A schema node with its local ``$ref`` followed."""
-    while isinstance(node, dict) and "$ref" in node:
-        target = root
-        for r in node["$ref"].removeprefix("#/").split("/"):
-            target = target[r]
-        node = target
-    return node
 
 
 class ConfigError(ValueError):
@@ -103,7 +53,7 @@ def _fill_defaults(schema: dict[str, Any], obj: Any, root: dict[str, Any]) -> No
     the ``then`` branches of ``allOf: [{if, then}]`` whose ``if`` the object satisfies)."""
     import jsonschema  # jsonschema takes ~0.3-0.9 s to import (measured), needed only to validate
 
-    schema = _deref(schema, root)
+    schema = deref(schema, root)
     if not isinstance(obj, dict) or schema.get("type") not in ("object", None):
         return
     props = dict(schema.get("properties") or {})
@@ -136,7 +86,7 @@ def registry_schema(schema_path: str | Path = SCHEMA) -> dict[str, Any]:
     registered now (built-ins and loaded plug-ins), so the schema's lists of methods, scores and
     tasks are the registries themselves."""
     regs = registries()
-    out = copy.deepcopy(_load_schema(str(schema_path)))
+    out = copy.deepcopy(schema(schema_path))
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):

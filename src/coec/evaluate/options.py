@@ -1,4 +1,5 @@
-"""The options of ``coec ppl`` and ``coec zeroshot``."""
+"""The options of ``coec ppl`` and ``coec zeroshot``, each default the config schema's
+(``coec.config.schema.config_field``). No torch import here."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coec.config.schema import config_field
 from coec.model.stream_options import StreamOptions
 
 
@@ -17,7 +19,7 @@ class PplOptions:
     dataset: dict[str, Any]
     seqlen: int
     max_windows: int | None = None
-    batch_size: int = 4
+    batch_size: int = config_field("evaluation.ppl_batch_size")
     stream: StreamOptions = StreamOptions()
 
 
@@ -30,7 +32,7 @@ class ZeroshotOptions:
     tasks: tuple[str, ...]
     data_dir: str | Path | None = None
     limit: int | None = None
-    batch_size: int = 8
-    max_length: int = 2048
-    log_samples: bool = True
+    batch_size: int = config_field("evaluation.zeroshot_batch_size")
+    max_length: int = config_field("evaluation.zeroshot_max_length")
+    log_samples: bool = config_field("evaluation.zeroshot_log_samples")
     stream: StreamOptions = StreamOptions()

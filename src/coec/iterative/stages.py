@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from coec.calibrate.layer_pass import gram_meta, write_gram_dir
+from coec.config.schema import config_field
 from coec.io import artifacts, atomic
 from coec.io.artifacts import log_timings, read_gram_layer
 from coec.io.progress import bar as progress_bar
@@ -88,7 +89,7 @@ class DomainCalibration:
     domains: list[dict[str, Any]]
     nsamples: int
     seqlen: int
-    seed: int = 0
+    seed: int = config_field("iterative.mixes.*.seed")
 
 
 @dataclass(frozen=True)

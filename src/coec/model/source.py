@@ -19,6 +19,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from coec.config.schema import config_field
+
 
 @dataclass(frozen=True)
 class ResolvedSource:
@@ -61,7 +63,7 @@ class CellSource:
     ``resolved``: what the job resolved of it (None: not yet, :func:`resolve_source`)."""
 
     model: str
-    dtype: str = "float32"
+    dtype: str = config_field("models.*.dtype")
     device: str | None = None
     revision: str | None = None
     trust_remote_code: bool = False

@@ -1,11 +1,12 @@
-"""The options of ``coec select``."""
+"""The options of ``coec select``, each default the config schema's
+(``coec.config.schema.config_field``). No torch import here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from coec.select.rounding import DEFAULT_ROUNDING
+from coec.config.schema import config_field
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class SelectOptions:
 
     method: str
     ratio: float
-    group_rounding: str = DEFAULT_ROUNDING
+    group_rounding: str = config_field("group_rounding")
     options: dict[str, Any] | None = None
-    channel_multiple: int = 1
-    channel_rounding: str = DEFAULT_ROUNDING
+    channel_multiple: int = config_field("channel_multiple")
+    channel_rounding: str = config_field("channel_rounding")

@@ -1,4 +1,4 @@
-"""The options of ``coec ppl --gguf``."""
+"""The options of ``coec ppl --gguf`` (no torch import here)."""
 
 from __future__ import annotations
 
