@@ -2,9 +2,12 @@
 job reads beyond its upstream rules' outputs, its params (every value that changes its output),
 its resources and threads. The rules (``workflow/rules/*.smk``) only name these; every default
 comes from the config schema (the config is validated and filled before a ``Wiring`` is made).
+The tables, figures and reports call their spec functions (``coec.workflow.targets``) with
+``W.config`` themselves.
 
     W = Wiring(config)
     rule select:  input: model=W.model_input ...  params: expect=W.expect ...
+    rule table4:  input: lambda wc: targets.table4_inputs(W.config) ...
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from coec.model.arch import ADAPTERS
 from coec.registry import plugin_sha256
 from coec.select.scores import SCORES, selection_registry
 from coec.select.widths import selection_width, width_args
-from coec.workflow.artifacts import ArtifactWiring
 from coec.workflow.resources import SLURM_STRING_RESOURCES, JobResources
 from coec.workflow.targets import (
     base_cells,
@@ -89,7 +91,7 @@ class _NoPlugins:
 NO_PLUGINS = _NoPlugins()
 
 
-class Wiring(JobResources, ArtifactWiring):
+class Wiring(JobResources):
     """The wiring of one validated config (``coec.config.validate.validate_config``): the rules read the
     config only through it. ``config`` is :func:`planned_config` of it (the resized calibration
     sets added); the validated config is never changed."""
@@ -111,6 +113,11 @@ class Wiring(JobResources, ArtifactWiring):
         select = "|".join(re.escape(n) for n in sorted(self.selections, key=len, reverse=True))
         layer = r"[0-9]+"
         return dict(model=NAME, calib=NAME, select=select, ratio=RATIO_PATTERN, comp=NAME, first=layer, last=layer)
+
+    def table_constraint(self) -> str:
+        """The ``table`` wildcard of the generic table rule: table1-3 and the config's extra tables."""
+        extra = self.config.get("extra_tables") or {}
+        return r"table[123]|" + "|".join(re.escape(n) for n in extra) if extra else r"table[123]|table_none"
 
     # ------------------------------------------------------------------------- models and data
     def model(self, name: str) -> dict[str, Any]:
