@@ -180,6 +180,24 @@ def test_options_resolve_keeps_values_and_defaults():
     assert tuple(methods) == METHODS.names()
 
 
+def test_planned_options_are_each_modules_resolved_options():
+    """The compensate stage's options (``options.planned``): each module's as ``resolve`` gives
+    them for a validated entry, built once without checking the values again (the config
+    validation did); an unknown key still stops with the closest valid name."""
+    from coec.compensate import options
+
+    spec = {"method": "coec", "alpha": 0.8, "gcv_grid": [1e-3, 1e4, 50], "o_proj": {"align_lambda": 50.0}, "inputs": {}}
+    options.validate_spec(spec, "compensations.coec")
+    planned = options.planned(spec)
+    for module in ("o_proj", "down_proj"):
+        assert planned[module].method.name == "coec"
+        assert planned[module].options == options.resolve("coec", options.module_options(spec, module))
+    assert planned["o_proj"].options.align_lambda == 50.0 and planned["down_proj"].options.align_lambda == 0.0
+    assert options.planned({"method": "coec", "alpha": 5.0})["o_proj"].options.alpha == 5.0  # trusted, not checked
+    with pytest.raises(ValueError, match="did you mean 'alpha'"):
+        options.planned({"method": "coec", "alpah": 0.8})
+
+
 def test_doc_matches_the_dataclasses():
     """docs/compensation-options.md is generated from the dataclasses and lists exactly their fields."""
     from coec.compensate import options

@@ -32,13 +32,13 @@ rule appC:
     conda:
         "../../envs/coec.yaml"
     input:
-        W.appc_inputs,
+        lambda wc: targets.appc_geometry(W.config),
     output:
         csv=report_output(paths.table_file("appC"), "appc.rst", "Geometry"),
         md=paths.table_file("appC", "md"),
         png=report_output(paths.figure_file("appC_angles"), "appc_angles.rst", "Geometry"),
     params:
-        spec=W.appc_spec,
+        spec=lambda wc: json.dumps(targets.appc_spec(W.config)),
     log:
         paths.log_file("report", "appC"),
     benchmark:

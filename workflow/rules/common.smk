@@ -1,9 +1,11 @@
 # The config, validated and filled from the schema (the one home of every default), then read only
-# through W (coec.workflow.wiring: models, data, params, resources, each table's and figure's inputs and
-# spec) and coec.io.paths (the path scheme). Rules only name these; the config is never changed.
+# through W (coec.workflow.wiring: models, data, params, resources; W.config, the planned config, for
+# each table's and figure's inputs and spec in coec.workflow.targets) and coec.io.paths (the path
+# scheme). Rules only name these; the config is never changed.
 import json
 
 from coec.io import paths
+from coec.workflow import targets
 from coec.config.validate import SCHEMA, one_line_errors, validate_config
 from coec.workflow.wiring import Wiring, coec_command
 
@@ -27,6 +29,6 @@ wildcard_constraints:
 
 def report_output(path, caption, category, subcategory=None, labels=None):
     """A table's or figure's output in the Snakemake report: its caption (workflow/report/<caption>),
-    category, subcategory and label (its title, W.report_label, unless given)."""
+    category, subcategory and label (its title, targets.report_label, unless given)."""
     return report(path, caption=f"../report/{caption}", category=category, subcategory=subcategory,
-                  labels=labels or (lambda wc: W.report_label(path, wc)))
+                  labels=labels or (lambda wc: targets.report_label(W.config, path.format(**dict(wc.items())))))

@@ -100,14 +100,14 @@ rule table4_measured:
     conda:
         "../../envs/coec.yaml"
     input:
-        W.measured_inputs,
+        lambda wc: deploy_spec.measured_inputs(W.config),
     output:
         csv=paths.table_file(deploy_spec.KEY),
         md=paths.table_file(deploy_spec.KEY, "md"),
         runs=paths.table_file(deploy_spec.KEY, "runs.json"),
         png=paths.figure_file(deploy_spec.KEY),
     params:
-        spec=W.measured_spec,
+        spec=lambda wc: json.dumps(deploy_spec.measured_spec(W.config)),
     log:
         paths.log_file("report", deploy_spec.KEY),
     benchmark:

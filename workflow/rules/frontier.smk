@@ -14,14 +14,14 @@ rule frontier_speed:
     conda:
         "../../envs/coec.yaml"
     input:
-        W.frontier_speed_inputs,
+        lambda wc: frontier.speed_inputs(W.config),
     output:
         csv=paths.table_file(frontier.SPEED),
         md=paths.table_file(frontier.SPEED, "md"),
         runs=paths.table_file(frontier.SPEED, "runs.json"),
         png=paths.figure_file(frontier.SPEED),
     params:
-        spec=W.frontier_speed_spec,
+        spec=lambda wc: json.dumps(frontier.speed_spec(W.config)),
     log:
         paths.log_file("report", frontier.SPEED),
     benchmark:
@@ -37,13 +37,13 @@ rule frontier:
     conda:
         "../../envs/coec.yaml"
     input:
-        W.frontier_inputs,
+        lambda wc: frontier.frontier_inputs(W.config),
     output:
         csv=paths.table_file(frontier.KEY),
         md=paths.table_file(frontier.KEY, "md"),
         png=paths.figure_file(frontier.KEY),
     params:
-        spec=W.frontier_spec,
+        spec=lambda wc: json.dumps(frontier.frontier_spec(W.config)),
     log:
         paths.log_file("report", frontier.KEY),
     benchmark:

@@ -200,13 +200,13 @@ use rule zeroshot_cell as iterative_zeroshot with:
 # ----------------------------------------------------------------------------- table and figure
 use rule table as table_iterative with:
     input:
-        W.iterative_table_inputs,
+        lambda wc: targets.spec_inputs(iterative_targets.table_spec(W.config)),
     output:
         main=report_output(paths.table_file("table_iterative"), "table.rst", "Iterative"),
         md=paths.table_file("table_iterative", "md"),
     params:
         kind="table",
-        spec=W.iterative_table_spec,
+        spec=lambda wc: json.dumps(iterative_targets.table_spec(W.config)),
     log:
         paths.log_file("report", "table_iterative"),
     benchmark:
@@ -215,13 +215,13 @@ use rule table as table_iterative with:
 
 use rule table as table_iterative_zeroshot with:
     input:
-        W.iterative_zeroshot_inputs,
+        lambda wc: targets.spec_inputs(iterative_targets.zeroshot_table_spec(W.config)),
     output:
         main=report_output(paths.table_file("table_iterative_zeroshot"), "table.rst", "Iterative"),
         md=paths.table_file("table_iterative_zeroshot", "md"),
     params:
         kind="table",
-        spec=W.iterative_zeroshot_spec,
+        spec=lambda wc: json.dumps(iterative_targets.zeroshot_table_spec(W.config)),
     log:
         paths.log_file("report", "table_iterative_zeroshot"),
     benchmark:
@@ -230,12 +230,12 @@ use rule table as table_iterative_zeroshot with:
 
 use rule table as iterative_calibration_size with:
     input:
-        W.iterative_size_inputs,
+        lambda wc: targets.figure_inputs(iterative_targets.size_spec(W.config)),
     output:
         main=report_output(paths.figure_file("iterative_calibration_size"), "iterative_size.rst", "Iterative"),
     params:
         kind="lines-figure",
-        spec=W.iterative_size_spec,
+        spec=lambda wc: json.dumps(iterative_targets.size_spec(W.config)),
     log:
         paths.log_file("report", "iterative_calibration_size"),
     benchmark:

@@ -7,15 +7,16 @@ rule table:
     conda:
         "../../envs/coec.yaml"
     input:
-        W.table_inputs,
+        lambda wc: targets.table_inputs(W.config, wc.table),
     output:
-        main=report_output(paths.table_file("{table}"), "table.rst", "Tables", W.report_table_kind),
+        main=report_output(paths.table_file("{table}"), "table.rst", "Tables",
+                           lambda wc: targets.report_table_kind(W.config, wc.table)),
         md=paths.table_file("{table}", "md"),
     wildcard_constraints:
         table=W.table_constraint(),
     params:
         kind="table",
-        spec=W.table_spec,
+        spec=lambda wc: json.dumps(targets.table_spec(W.config, wc.table, targets.table_file(W.config, wc.table))),
     log:
         paths.log_file("report", "{table}"),
     benchmark:
@@ -29,13 +30,13 @@ rule table:
 
 use rule table as table4 with:
     input:
-        W.table4_inputs,
+        lambda wc: targets.table4_inputs(W.config),
     output:
         main=report_output(paths.table_file("table4"), "table4.rst", "Tables", "Deployment cost"),
         md=paths.table_file("table4", "md"),
     params:
         kind="table4",
-        spec=W.table4_spec,
+        spec=lambda wc: json.dumps(targets.table4_spec(W.config)),
     log:
         paths.log_file("report", "table4"),
     benchmark:
@@ -44,12 +45,12 @@ use rule table as table4 with:
 
 use rule table as fig2 with:
     input:
-        W.fig2_inputs,
+        lambda wc: targets.figure_inputs(targets.fig2_spec(W.config)),
     output:
         main=report_output(paths.figure_file("fig2_calibration_size"), "fig2.rst", "Figures"),
     params:
         kind="lines-figure",
-        spec=W.fig2_spec,
+        spec=lambda wc: json.dumps(targets.fig2_spec(W.config)),
     log:
         paths.log_file("report", "fig2"),
     benchmark:
@@ -60,13 +61,13 @@ use rule table as fig2 with:
 # (coec.report.claims; docs/claims.md); a claim whose tables are not configured reads "not testable here".
 use rule table as claims with:
     input:
-        W.claims_inputs,
+        lambda wc: targets.claims_inputs(W.config),
     output:
         main=report_output(f"{paths.RESULTS}/claims.md", "claims.rst", "Tables", "Claims",
                            labels={"artifact": "Claims of the papers: verdicts"}),
     params:
         kind="claims",
-        spec=W.claims_spec,
+        spec=lambda wc: json.dumps(targets.claims_spec(W.config)),
     log:
         paths.log_file("report", "claims"),
     benchmark:
@@ -78,12 +79,14 @@ use rule table as claims with:
 # coec.workflow.targets.report_labels (titles in paper order), each through report_output (common.smk).
 use rule table as report_readme with:
     input:
-        W.report_inputs,
+        lambda wc: [p for p, _, _ in targets.report_items(W.config)],
     output:
         main=f"{paths.RESULTS}/README.md",
     params:
         kind="readme",
-        spec=lambda wc: W.readme_spec([os.path.relpath(f, workflow.basedir) for f in workflow.configfiles]),
+        spec=lambda wc: json.dumps(
+            targets.readme_spec(W.config, [os.path.relpath(f, workflow.basedir) for f in workflow.configfiles])
+        ),
     log:
         paths.log_file("report", "readme"),
     benchmark:

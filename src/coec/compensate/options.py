@@ -29,6 +29,7 @@ from coec.registry import UnknownName
 __all__ = [
     "Resolved",
     "resolve",
+    "planned",
     "as_dict",
     "validate_spec",
     "defaults",
@@ -80,13 +81,13 @@ def _typed(f: Field[Any], value: Any) -> Any:
     return tuple(value) if isinstance(f.default, tuple) and isinstance(value, list) else value
 
 
-def _build(m: Method, options: Mapping[str, Any]) -> CommonOptions:
+def _build(m: Method, options: Mapping[str, Any], check: bool = True) -> CommonOptions:
     allowed = {f.name: f for f in fields(m.options)}
     for key in options:
         if key not in allowed:
             _fail(_unknown(m.name, key, list(allowed)))
     o = m.options(**{k: _typed(allowed[k], v) for k, v in options.items()})
-    for f in fields(o):
+    for f in fields(o) if check else ():
         f.metadata["check"](f.name, getattr(o, f.name))
     return o
 
@@ -112,6 +113,16 @@ class Resolved:
 
     method: Method
     options: CommonOptions
+
+
+def planned(spec: Mapping[str, Any]) -> dict[str, Resolved]:
+    """``{module: Resolved}`` of a config ``compensations.<name>`` entry whose values the config
+    validation checked (:func:`validate_spec`: every value as each module sees it, and the
+    method's cross-option rules per module): each module's options built once, without checking
+    the values again (an unknown key still stops here). The compensate stage passes them to
+    ``compensate``, which trusts a ``Resolved`` pair; a call by method name checks its options."""
+    m = method(spec["method"])
+    return {mod: Resolved(m, _build(m, module_options(spec, mod), check=False)) for mod in MODULES}
 
 
 def as_dict(o: CommonOptions) -> dict[str, Any]:

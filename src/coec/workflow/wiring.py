@@ -2,9 +2,12 @@
 job reads beyond its upstream rules' outputs, its params (every value that changes its output),
 its resources and threads. The rules (``workflow/rules/*.smk``) only name these; every default
 comes from the config schema (the config is validated and filled before a ``Wiring`` is made).
+The tables, figures and reports call their spec functions (``coec.workflow.targets``) with
+``W.config`` themselves.
 
     W = Wiring(config)
     rule select:  input: model=W.model_input ...  params: expect=W.expect ...
+    rule table4:  input: lambda wc: targets.table4_inputs(W.config) ...
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from shlex import quote as shlex_quote
 from typing import Any
 
 from coec.compensate.inputs import Job
-from coec.compensate.method import METHODS
+from coec.compensate.method import METHODS, CommonOptions
+from coec.compensate.options import resolve, top_level_options
 from coec.config.modelcheck import local_model_type
 from coec.config.validate import ConfigError
 from coec.evaluate.tasks import TASKS
@@ -31,7 +35,6 @@ from coec.model.arch import ADAPTERS
 from coec.registry import plugin_sha256
 from coec.select.scores import SCORES, selection_registry
 from coec.select.widths import selection_width, width_args
-from coec.workflow.artifacts import ArtifactWiring
 from coec.workflow.resources import SLURM_STRING_RESOURCES, JobResources
 from coec.workflow.targets import (
     base_cells,
@@ -89,7 +92,7 @@ class _NoPlugins:
 NO_PLUGINS = _NoPlugins()
 
 
-class Wiring(JobResources, ArtifactWiring):
+class Wiring(JobResources):
     """The wiring of one validated config (``coec.config.validate.validate_config``): the rules read the
     config only through it. ``config`` is :func:`planned_config` of it (the resized calibration
     sets added); the validated config is never changed."""
@@ -103,6 +106,12 @@ class Wiring(JobResources, ArtifactWiring):
         self.group_rounding: str = self.config["group_rounding"]
         self._identity: dict[str, dict[str, Any]] = {}
         self._plugin_sha: dict[str, str] = {}
+        # what planning evaluates once: each compensation's options (checked by validate_config),
+        # each compensate job's method inputs, each cell's Gram check, the base cells
+        self._comp_options: dict[str, CommonOptions] = {}
+        self._method_inputs: dict[tuple[str, ...], dict[str, str]] = {}
+        self._gram_check: dict[tuple[str, str, str], list[str]] = {}
+        self._base_cells: list[tuple[str, str]] | None = None
 
     def wildcard_constraints(self) -> dict[str, str]:
         """The workflow-wide wildcard constraints: a config name (``coec.io.paths.NAME``) for
@@ -111,6 +120,11 @@ class Wiring(JobResources, ArtifactWiring):
         select = "|".join(re.escape(n) for n in sorted(self.selections, key=len, reverse=True))
         layer = r"[0-9]+"
         return dict(model=NAME, calib=NAME, select=select, ratio=RATIO_PATTERN, comp=NAME, first=layer, last=layer)
+
+    def table_constraint(self) -> str:
+        """The ``table`` wildcard of the generic table rule: table1-3 and the config's extra tables."""
+        extra = self.config.get("extra_tables") or {}
+        return r"table[123]|" + "|".join(re.escape(n) for n in extra) if extra else r"table[123]|table_none"
 
     # ------------------------------------------------------------------------- models and data
     def model(self, name: str) -> dict[str, Any]:
@@ -232,15 +246,30 @@ class Wiring(JobResources, ArtifactWiring):
         cell = paths.cell_dir(wc.model, wc.calib, wc.select, wc.ratio, wc.comp)
         return [paths.block_file(cell, a, b) for a, b in self.blocks(wc.model)]
 
+    def comp_options(self, comp: str) -> CommonOptions:
+        """The top-level options of a compensation (``compensate.options.resolve``), once per plan."""
+        if comp not in self._comp_options:
+            spec = self.compensation(comp)
+            self._comp_options[comp] = resolve(spec["method"], top_level_options(spec))
+        return self._comp_options[comp]
+
     def method_inputs(self, wc: Any) -> dict[str, str]:
         """The extra inputs of a compensate job's method (``Method.inputs``; none for most),
-        name -> path: e.g. blend's base cell block of the same layers and held-out Grams."""
-        job = Job(model=wc.model, calib=wc.calib, select=wc.select, ratio=wc.ratio, first=wc.first, last=wc.last)
-        return method_inputs(self.config, wc.comp, job)
+        name -> path: e.g. blend's base cell block of the same layers and held-out Grams. Once per
+        job: the rule's input and its --spec read the same."""
+        key = (wc.comp, wc.model, wc.calib, wc.select, wc.ratio, wc.first, wc.last)
+        if key not in self._method_inputs:
+            job = Job(model=wc.model, calib=wc.calib, select=wc.select, ratio=wc.ratio, first=wc.first, last=wc.last)
+            self._method_inputs[key] = method_inputs(self.config, wc.comp, job, self.comp_options(wc.comp))
+        return dict(self._method_inputs[key])
 
     def gram_check_input(self, wc: Any) -> list[str]:
-        """The compensate job's Gram check: [path] for a method without errors of its own, else []."""
-        return gram_check_input(self.config, wc.comp, wc.model, wc.calib)
+        """The compensate job's Gram check: [path] for a method without errors of its own, else [];
+        once per compensation, model and calibration: the rule's input and its --gram-check read the same."""
+        key = (wc.comp, wc.model, wc.calib)
+        if key not in self._gram_check:
+            self._gram_check[key] = gram_check_input(self.config, wc.comp, wc.model, wc.calib)
+        return list(self._gram_check[key])
 
     def gram_check_arg(self, wc: Any) -> str:
         """``--gram-check <path>`` of a compensate job that reads one, else nothing."""
@@ -252,7 +281,9 @@ class Wiring(JobResources, ArtifactWiring):
         its cell's folder) or of rule ``compensate`` (every other cell). ``snakemake --until
         <rule>`` releases no job after a job of that rule, so blend's jobs can run under
         ``--until compensate`` only when their base's blocks come from a rule of another name."""
-        alt = "|".join(f"(?<={re.escape(d + '/')}){re.escape(c)}(?![^/])" for d, c in base_cells(self.config))
+        if self._base_cells is None:
+            self._base_cells = base_cells(self.config)
+        alt = "|".join(f"(?<={re.escape(d + '/')}){re.escape(c)}(?![^/])" for d, c in self._base_cells)
         if base:
             return f"(?:{alt})" if alt else "(?!)"
         return f"(?!{alt}){NAME}" if alt else NAME

@@ -9,7 +9,7 @@ workflow config (the dict Snakemake reads), one module per idea:
     claims        the claims report's spec
     report_labels titles, captions and labels of every artifact (results/README.md, the report)
 
-The rules (``workflow/rules/*.smk``) reach them through the wiring object (``coec.workflow.wiring``).
+The rules (``workflow/rules/*.smk``) call them with the planned config ``W.config`` (``coec.workflow.wiring``).
 The names below are re-exported so that ``from coec.workflow.targets import table_spec`` keeps working.
 """
 

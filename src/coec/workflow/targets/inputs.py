@@ -15,14 +15,16 @@ from coec.workflow.targets.tables import table_inputs, table_names
 Config = dict[str, Any]
 
 
-def method_inputs(config: Config, comp: str, job: Job) -> dict[str, str]:
+def method_inputs(config: Config, comp: str, job: Job, options: Any = None) -> dict[str, str]:
     """The extra inputs of compensate job ``job`` (``Method.inputs`` of compensation ``comp``'s
-    method, with the entry's top-level options), name -> path; {} for a method that needs none."""
+    method, with the entry's top-level options: ``options`` when resolved already), name -> path;
+    {} for a method that needs none."""
     spec = config["compensations"][comp]
     m = method(spec["method"])
     if not m.inputs:
         return {}
-    options = resolve(m.name, top_level_options(spec))
+    if options is None:
+        options = resolve(m.name, top_level_options(spec))
     paths_in = {inp.name: inp.workflow_path(options, job) for inp in m.inputs}
     return {name: p for name, p in paths_in.items() if p is not None}
 
