@@ -16,7 +16,7 @@ from coec.compensate import compensate
 from coec.compensate.gram_check import GramCheck
 from coec.compensate.inputs import Module
 from coec.compensate.method import Compensation, Method, check_module
-from coec.compensate.options import Resolved, module_options, resolve
+from coec.compensate.options import Resolved, planned
 from coec.compensate.options import method as registered
 from coec.compensate.output_checks import MethodOutputError
 from coec.io import artifacts
@@ -93,7 +93,7 @@ class _Job:
     """What every module of a compensation job shares."""
 
     method: Method
-    spec: dict[str, Any]
+    options: dict[str, Resolved]  # per module, as planning validated them (options.planned)
     geom: AttnShape
     device: torch.device
     checks: list[dict[str, GramCheck]] | None
@@ -117,7 +117,7 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
     )
     paths_in = o.spec.get("inputs") or {}
     handles = {inp.name: inp.open(paths_in.get(inp.name), o.first, o.last) for inp in m.inputs}
-    job = _Job(m, o.spec, attention_shape(cfg), resolve_device(source.device), checks, handles)
+    job = _Job(m, planned(o.spec), attention_shape(cfg), resolve_device(source.device), checks, handles)
     tensors: dict[str, torch.Tensor] = {}
     infos: dict[str, Any] = {}
     prog = progress_bar(total=2 * (o.last - o.first + 1), desc=f"compensate {m.name}", unit="module")
@@ -151,10 +151,10 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
 def _compensate_module(
     job: _Job, where: Module, weight: torch.Tensor, st: GramLayer, cols: torch.Tensor
 ) -> Compensation:
-    """One module of a compensation job: its options resolved once (the method's inputs and its
-    solve read the same), its extra inputs gathered, the method run on ``job.device``."""
+    """One module of a compensation job: its options as the job built them (the method's inputs
+    and its solve read the same), its extra inputs gathered, the method run on ``job.device``."""
     m, dev = job.method, job.device
-    typed = resolve(m.name, module_options(job.spec, where.name))
+    typed = job.options[where.name].options
     extra: dict[str, Any] = {}
     for inp in m.inputs:
         extra.update(inp.for_module(job.handles[inp.name], where, typed))
@@ -165,7 +165,7 @@ def _compensate_module(
             st["gram"].to(dev),
             st["mean"].to(dev),
             cols.to(dev),
-            Resolved(m, typed),
+            job.options[where.name],
             inputs=extra,
             n_tokens=st["count"],
             check=check,
