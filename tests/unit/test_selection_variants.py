@@ -118,7 +118,7 @@ def test_registry_and_spec_errors():
     reg = selection_registry(
         {"rcpu-absx": {"score": "rcpu", "activation_scale": "abs_mean"}, "flap": {"score": "flap"}}
     )
-    assert set(reg) == {"wanda_sp", "flap", "rcpu", "rcpu-absx"}
+    assert set(reg) == {"wanda_sp", "flap", "rcpu", "obs", "rcpu-absx"}
     assert reg["rcpu"].options() == {} and reg["rcpu-absx"].options() == {"activation_scale": "abs_mean"}
     with pytest.raises(ValueError, match="cannot be redefined"):
         selection_registry({"flap": {"score": "flap", "group_aggregation": "sum_squared"}})
@@ -127,7 +127,7 @@ def test_registry_and_spec_errors():
     with pytest.raises(ValueError, match="weight_norm"):
         selection_spec({"score": "rcpu", "weight_norm": "l3"})
     with pytest.raises(ValueError, match="unknown selection score"):
-        selection_spec("obs")
+        selection_spec("wanda")
 
 
 def _config():

@@ -20,6 +20,10 @@ value is the paper's formula above, so the three paper selections are the varian
     activation_scale   l2 ||X_j|| = sqrt(Σx²)  | abs_mean: E|x_j| = Σ|x| / n (RCPU's code; needs
                        Grams holding ``abssum``; flap has no such factor)
     group_aggregation  sum: Σ_j s_j            | sum_squared: Σ_j s_j² (FLAP's code squares WIFV)
+
+A score with a layer selection of its own (``Score.select``; ``obs``, ``coec.select.obs``) picks
+the keep sets itself from the weights and the whole Grams, with options of its own
+(``Score.resolve_options``; ``ScoreSpec.own``) in place of the variant options above.
 """
 
 from __future__ import annotations
@@ -56,10 +60,14 @@ class ScoreSpec:
     weight_norm: str = "l2"
     activation_scale: str = "l2"
     group_aggregation: str = "sum"
+    #: a score's own options (``Score.resolve_options``), resolved: sorted (name, value) pairs
+    own: tuple[tuple[str, Any], ...] = ()
 
     def options(self) -> dict[str, Any]:
-        """The options that differ from the paper's formula (empty for the paper's selections)."""
-        return {k: v for k, v in asdict(self).items() if k != "score" and v != SCORE_OPTIONS[k][0]}
+        """The options that differ from the paper's formula (empty for the paper's selections),
+        then the score's own options, every one (``own``)."""
+        out = {k: v for k, v in asdict(self).items() if k in SCORE_OPTIONS and v != SCORE_OPTIONS[k][0]}
+        return {**out, **dict(self.own)}
 
 
 #: A selection as a config names it: a paper name (``"rcpu"``), a mapping ``{score: ..., <option>:
@@ -102,18 +110,38 @@ class ColumnStats:
         return activation_scale(self.sumsq, self.count, kind, self.abssum)
 
 
+#: A score's own selection of one layer (``Score.select``): (weights, stats, geom, rule, spec) ->
+#: keep sets, as ``select_layer`` returns them.
+LayerSelect = Callable[
+    [Mapping[str, torch.Tensor], Mapping[str, ModuleStats], AttnShape, KeepRule, ScoreSpec], dict[str, Any]
+]
+
+
 @dataclass(frozen=True)
 class Score:
     """A registered selection score. ``columns(weight, stats, spec)`` gives the importance of every
     input column of ``weight`` (d_out, d_in) as (d_in,) float64 from its ``ColumnStats``, honouring
     the variant options of ``spec`` (a ``ScoreSpec``: ``weight_norm``, ``activation_scale``);
     ``uses_activation_scale`` False refuses an ``activation_scale`` variant (the score has no
-    ||X_j|| factor). Every registered score is also a selection of its own name."""
+    ||X_j|| factor). Every registered score is also a selection of its own name.
+
+    ``select``: a selection that picks a layer's keep sets itself, ``select(weights, stats, geom,
+    rule, spec)``, from the weights and the whole Grams (``stats[module]["gram"]``; ``needs_gram``)
+    instead of the top of ``columns``; it refuses the variant options and may add fields to the
+    layer's keep sets (obs: ``predicted_relerr``). ``resolve_options(given, where)``: the score's
+    own options, checked and completed (defaults filled), as ``ScoreSpec.own`` holds them."""
 
     name: str
     columns: Callable[[torch.Tensor, ColumnStats, ScoreSpec], torch.Tensor]
     doc: str
     uses_activation_scale: bool = True
+    select: LayerSelect | None = None
+    resolve_options: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
+
+    @property
+    def needs_gram(self) -> bool:
+        """The score reads the whole Gram of each module (a selection of its own, ``select``)."""
+        return self.select is not None
 
 
 #: Every selection score, by name (the paper's three below; plug-ins: config ``plugins``).
@@ -142,13 +170,16 @@ def selection_spec(spec: Selection, where: str = "selection") -> ScoreSpec:
     """A :class:`ScoreSpec` from a paper name (``"rcpu"``), a mapping ``{score: ..., <option>: ...}``
     or a ScoreSpec; raises ValueError naming ``where`` for an unknown score, option or value."""
     if isinstance(spec, ScoreSpec):
-        spec = asdict(spec)
+        spec = {"score": spec.score, **spec.options()}
     if isinstance(spec, str):
         spec = {"score": spec}
     spec = dict(spec)
     score = spec.pop("score", None)
     if score not in SCORES:
         raise ValueError(f"{where}.score: {SCORES.unknown(score)}")
+    entry = SCORES[score]
+    if entry.resolve_options is not None or entry.needs_gram:
+        return _own_spec(entry, spec, where)
     for key, val in spec.items():
         if key not in SCORE_OPTIONS:
             raise ValueError(f"{where}: unknown option {key!r}; expected {', '.join(SCORE_OPTIONS)}")
@@ -159,12 +190,24 @@ def selection_spec(spec: Selection, where: str = "selection") -> ScoreSpec:
     return ScoreSpec(score, **spec)
 
 
+def _own_spec(entry: Score, spec: dict[str, Any], where: str) -> ScoreSpec:
+    """The spec of a score with a selection or options of its own: no variant option, its own
+    options resolved (``Score.resolve_options``)."""
+    if entry.needs_gram and (variant := [k for k in spec if k in SCORE_OPTIONS]):
+        raise ValueError(f"{where}.{variant[0]}: the {entry.name} selection ranks no column scores; no variant options")
+    if entry.resolve_options is None:
+        if spec:
+            raise ValueError(f"{where}: unknown option {next(iter(spec))!r}; the {entry.name} selection has none")
+        return ScoreSpec(entry.name)
+    return ScoreSpec(entry.name, own=tuple(sorted(entry.resolve_options(spec, where).items())))
+
+
 def selection_registry(selections: Mapping[str, Any] | None = None) -> dict[str, ScoreSpec]:
     """Selection name -> :class:`ScoreSpec`: every registered score under its own name (the
     paper's ``wanda_sp``, ``flap``, ``rcpu`` and plug-ins', fixed, so their result paths keep their
     meaning) plus a config's ``selections`` entries (their ``channel_multiple`` /
     ``channel_rounding`` are the width's, ``coec.select.widths.selection_width``)."""
-    out = {name: ScoreSpec(name) for name in SCORES}
+    out = {name: selection_spec(name) for name in SCORES}
     for name, spec in (selections or {}).items():
         score = spec if isinstance(spec, (str, ScoreSpec)) else {k: v for k, v in spec.items() if k not in WIDTH_KEYS}
         s = selection_spec(score, f"selections.{name}")
@@ -317,11 +360,15 @@ def select_layer(
     stats: Mapping[str, ModuleStats],
     geom: AttnShape,
     rule: KeepRule,
-) -> dict[str, list[int]]:
+) -> dict[str, Any]:
     """Keep sets of one layer: ``kv_groups`` and ``channels`` (ascending index lists): the top of
     the scores (``layer_scores``), as many as ``rule`` keeps (``n_keep`` KV groups,
-    ``aligned_keep`` channels). ``method``: a paper name or a variant (``selection_spec``)."""
-    sc = layer_scores(method, weights, stats, geom)
+    ``aligned_keep`` channels). ``method``: a paper name or a variant (``selection_spec``). A
+    score with a selection of its own (``Score.select``) picks them itself, as many."""
+    spec = selection_spec(method)
+    if (own := SCORES[spec.score].select) is not None:
+        return own(weights, stats, geom, rule, spec)
+    sc = layer_scores(spec, weights, stats, geom)
     d_scores, g_scores = sc["down_proj"], sc["groups"]
     n_channels = aligned_keep(d_scores.numel(), rule.ratio, rule.channel_multiple, rule.channel_rounding)
     return {
