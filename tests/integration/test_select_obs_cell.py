@@ -9,19 +9,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from coec import cli, pipeline
+from coec import cli
+from coec.calibrate.options import CalibrateOptions, CalibrationWindows
+from coec.calibrate.stage import run_calibrate
 from coec.compensate import compensate
 from coec.io import artifacts
 from coec.model.arch import attention_shape, o_proj_columns
 from coec.model.load import layer_tensor_names, load_config, read_model_tensors
-from coec.model.source import CalibrateOptions, CalibrationWindows, CellSource
+from coec.model.source import CellSource
 from coec.select.scores import aligned_keep, n_keep
 
 
 @pytest.fixture(scope="module")
 def grams(llama_dir, text_dataset, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("obs") / "grams"
-    pipeline.run_calibrate(
+    run_calibrate(
         CellSource(str(llama_dir), "float32", "cpu"),
         CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 0, 2), "float64"),
         str(out),
