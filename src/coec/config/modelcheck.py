@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from coec.data.bundled import EMBEDDED_SHAPES
-from coec.io.artifacts import read_keep
 from coec.io.provenance import PLAN_DIGITS, resolved_commit, weights_manifest
-from coec.model.load import resolve_model_dir
 
 __all__ = [
     "ModelMismatch",
@@ -147,6 +145,9 @@ def check_stage(
     sequence length (named by ``expect['seqlen_key']``, else ``--seqlen``) and a keep.json.
     Returns the shape. Reads config.json and, where the plan recorded the weights, their
     cached digests (a hub id is resolved as the stage would)."""
+    from coec.io.artifacts import read_keep  # deferred: keeps the job boundary torch-free
+    from coec.model.load import resolve_model_dir  # deferred: keeps the job boundary torch-free
+
     model_dir = resolve_model_dir(str(model_src))
     geom = read_shape(model_dir)
     if geom is None:

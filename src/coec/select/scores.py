@@ -27,15 +27,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from coec.calibrate.layer_pass import channel_sumsq
 from coec.model.arch import AttnShape
 from coec.registry import Registry
 from coec.select.rounding import DEFAULT_ROUNDING
 from coec.select.widths import WIDTH_KEYS
+
+if TYPE_CHECKING:
+    import torch
 
 ROUNDINGS = ("ceil", "nearest")
 #: roundings of a kept MLP channel count (config ``channel_rounding``; KV groups: ``ROUNDINGS``)
@@ -280,6 +280,8 @@ def check_ratio(ratio: float) -> None:
 
 def top_k_sorted(scores: torch.Tensor, k: int) -> list[int]:
     """Indices of the k highest scores (ties broken by lower index), returned ascending."""
+    import torch  # deferred: keeps the job boundary torch-free
+
     order = torch.sort(-scores, stable=True).indices[:k]
     return sorted(order.tolist())
 
@@ -308,6 +310,8 @@ def layer_scores(
 
 
 def _module_scores(spec: ScoreSpec, weight: torch.Tensor, st: ModuleStats) -> torch.Tensor:
+    from coec.calibrate.layer_pass import channel_sumsq  # deferred: keeps the job boundary torch-free
+
     return column_scores(spec, weight, channel_sumsq(st), st["sum"], st["count"], st.get("abssum"))
 
 

@@ -18,7 +18,7 @@ from shlex import quote as shlex_quote
 from typing import Any
 
 from coec.compensate.inputs import Job
-from coec.compensate.method import METHODS
+from coec.compensate.methods import METHODS
 from coec.config.modelcheck import local_model_type
 from coec.config.validate import ConfigError
 from coec.evaluate.tasks import TASKS
