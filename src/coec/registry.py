@@ -1,9 +1,11 @@
 """Plug-in registries: one per kind of extension (compensation method, selection score, model
 family, zero-shot task, export format), and the loading of a config's ``plugins``.
 
-A registry maps a name to an entry (a dataclass describing the plug-in). Built-in entries
-register when their module is imported; a researcher's own entry lives in one file of theirs
-that registers itself on import, named in the config:
+A registry maps a name to an entry (a dataclass describing the plug-in). An entry registers
+when its module is imported. A built-in entry is also declared lazily (``register_lazy``: its
+name and the module that defines it), so the registry lists it, in order, without importing the
+module; its first lookup imports it. A researcher's own entry lives in one file of theirs that
+registers itself on import, named in the config:
 
     plugins: [my_methods.py]            # a file (relative to the work folder) or a module name
 
@@ -53,34 +55,63 @@ class UnknownName(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+@dataclass(frozen=True)
+class Lazy:
+    """A built-in entry not imported yet: the module that registers it on import."""
+
+    module: str
+
+
 class Registry(Generic[E]):
-    """Named entries of one plug-in kind, in registration order."""
+    """Named entries of one plug-in kind, in registration order (lazy ones included)."""
 
     def __init__(self, kind: str):
         self.kind = kind
-        self._entries: dict[str, E] = {}
+        self._entries: dict[str, E | Lazy] = {}
         self._origins: dict[str, Origin] = {}
 
     def register(self, entry: E, name: str | None = None) -> E:
         """Add ``entry`` under ``name`` (default ``entry.name``); a second entry of the same name
         is refused, naming where each came from: a module, or the plug-in (file or module name)
         being loaded (re-registering the same definition, as a re-imported module does, is a
-        no-op)."""
+        no-op). The module a lazy entry names replaces it, in its place."""
         name = entry.name if name is None else name
         origin = registering_origin(sys._getframe(1).f_globals.get("__name__", ""))
         old = self._entries.get(name)
-        if old is not None and old is not entry and not _same_definition(old, entry):
+        if isinstance(old, Lazy):
+            if origin.module != old.module or origin.loading is not None:
+                raise ValueError(f"{self.kind} {name!r} is registered twice ({old.module} and {origin.where})")
+        elif old is not None and old is not entry and not _same_definition(old, entry):
             first = self._origins.get(name, Origin(_module_of(old)))
             raise ValueError(f"{self.kind} {name!r} is registered twice ({first.where} and {origin.where})")
         self._entries[name] = entry
         self._origins.setdefault(name, origin)
         return entry
 
+    def register_lazy(self, name: str, module: str) -> None:
+        """Declare the built-in entry ``name`` that ``module`` registers on import: listed from
+        now on, imported on its first lookup (``[name]``, ``items``, ``values``)."""
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is registered twice ({self._origins[name].where} and {module})")
+        self._entries[name] = Lazy(module)
+        self._origins[name] = Origin(module)
+
+    def _load(self, name: str) -> E:
+        """The entry ``name``, its module imported first if it is lazy."""
+        entry = self._entries[name]
+        if isinstance(entry, Lazy):
+            importlib.import_module(entry.module)
+            entry = self._entries[name]
+            if isinstance(entry, Lazy):
+                raise ImportError(f"{entry.module} did not register the {self.kind} {name!r}")
+        return entry
+
     def __getitem__(self, name: str) -> E:
         try:
-            entry = self._entries[name]
+            self._entries[name]
         except (KeyError, TypeError):
             raise UnknownName(self.unknown(name)) from None
+        entry = self._load(name)
         plugin = self.plugin_of(name)
         if plugin is not None:
             USED_PLUGINS.add(plugin)
@@ -115,20 +146,26 @@ class Registry(Generic[E]):
         return tuple(self._entries)
 
     def items(self) -> Iterable[tuple[str, E]]:
-        return self._entries.items()
+        """Every entry, the lazy ones imported."""
+        return [(name, self._load(name)) for name in list(self._entries)]
 
     @contextlib.contextmanager
     def restored(self) -> Iterator[Registry[E]]:
         """A block after which the registry holds exactly its entries of before (for tests that
-        register plug-ins in-process)."""
+        register plug-ins in-process); a lazy entry imported in the block stays imported (its
+        module, imported once, would not register it again)."""
         saved, origins = dict(self._entries), dict(self._origins)
         try:
             yield self
         finally:
-            self._entries, self._origins = saved, origins
+            loaded = {
+                n: e for n, e in self._entries.items() if isinstance(saved.get(n), Lazy) and not isinstance(e, Lazy)
+            }
+            self._entries, self._origins = {**saved, **loaded}, origins
 
     def values(self) -> Iterable[E]:
-        return self._entries.values()
+        """Every entry, the lazy ones imported."""
+        return [entry for _, entry in self.items()]
 
     def keys(self) -> Iterable[str]:
         return self._entries.keys()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import coec.compensate.errors as errors
-import coec.compensate.method as method_module
+import coec.compensate.problem as method_module
 from coec.compensate import compensate
 from coec.compensate.gram_check import GramCheck
 from coec.compensate.method import Problem, check_module, form_metric, prepare
@@ -117,7 +117,7 @@ def test_a_check_of_other_data_is_not_used_and_the_log_says_so(stale, caplog):
     else:
         W0 = W0.clone()
         W0[0] *= 2.0  # a weight changed after the check was formed
-    with caplog.at_level(logging.WARNING, logger="coec.compensate.method"):
+    with caplog.at_level(logging.WARNING, logger="coec.compensate.problem"):
         got = _run(W0, G, mean, keep, n, "bias", check)
     assert f"formed from another {stale}" in caplog.text.lower()
     _same(got, _run(W0, G, mean, keep, n, "bias"))

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from coec.compensate import compensate
+from coec.compensate.blending import affine_ridge, augmented_gram, blend_weight, intercept
 from coec.compensate.errors import OutputError
-from coec.compensate.methods.blend import affine_ridge, augmented_gram, blend_weight, intercept
 
 F64 = torch.float64
 

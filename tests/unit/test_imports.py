@@ -1,13 +1,27 @@
 """The import structure of ``src/coec``, read from the source with ``ast``: the graph of imports
 between the package's modules is acyclic (function-level imports count too: a deferred import
-only hides a cycle) and no module imports another module's ``_private`` name."""
+only hides a cycle), no module imports another module's ``_private`` name, and only the
+registries load a module by its name.
+
+And the job boundary, in fresh interpreters: every job of the workflow starts ``python -m coec
+<stage>`` and every planning imports the wiring, so none of torch, transformers, pandas or
+lm_eval may load before a stage runs: not on ``import coec.cli``, ``coec --help``, the config
+validation or the modules the Snakefile imports with ``Wiring(config)`` (benchmarks/startup.py
+measures the time)."""
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src"
 
 
 def package_modules(src: Path = SRC) -> dict[str, tuple[Path, bool]]:
@@ -94,3 +108,117 @@ def test_package_imports_are_acyclic():
 def test_no_module_imports_another_modules_private_names():
     _, private = import_edges(package_modules())
     assert not private, private
+
+
+def reachable(edges: dict[str, set[str]], start: list[str]) -> set[str]:
+    """Every module reachable from ``start`` (``start`` included)."""
+    seen, todo = set(start), list(start)
+    while todo:
+        for v in edges[todo.pop()] - seen:
+            seen.add(v)
+            todo.append(v)
+    return seen
+
+
+def test_the_cli_adds_the_iterative_command_group_by_an_explicit_import():
+    """``coec iterative`` comes from a plain import of ``coec.iterative.cli``, which imports nothing
+    that leads back to ``coec.cli`` (the helpers both need are ``coec.cli_args``)."""
+    edges, _ = import_edges(package_modules())
+    assert "coec.iterative.cli" in edges["coec.cli"]
+    iterative = [m for m in edges if m == "coec.iterative" or m.startswith("coec.iterative.")]
+    back = reachable(edges, iterative)
+    assert "coec.cli" not in back, sorted(m for m in iterative if "coec.cli" in reachable(edges, [m]))
+
+
+def test_only_the_registries_load_a_module_by_name():
+    """A module loaded by its name (``importlib.import_module``, ``__import__``) is an edge the
+    graph above cannot see; only ``coec.registry`` does it: a plug-in, or a built-in entry
+    declared lazily (its module registers it, so it imports the registry, never the reverse)."""
+    by_name = set()
+    for name, (path, _) in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if called in ("import_module", "__import__"):
+                    by_name.add(name)
+    assert by_name == {"coec.registry"}
+
+
+# ----------------------------------------------------------------------------- the job boundary
+HEAVY = ("torch", "transformers", "pandas", "lm_eval")
+
+#: what every check below ends with: the heavy libraries loaded, one per line
+REPORT = f"import sys\nprint('\\n'.join(m for m in {HEAVY} if m in sys.modules))\n"
+
+
+def smk_imports() -> str:
+    """The import lines of the Snakefile and the workflow's rules, as Python."""
+    files = [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
+    lines = [ln for f in files for ln in f.read_text().splitlines() if re.match(r"(from|import) coec\b", ln)]
+    assert lines
+    return "\n".join(lines)
+
+
+BOUNDARY = {
+    "import coec.cli": "import coec.cli\n",
+    "coec --help": """
+import contextlib, io
+from coec.cli import build_parser, main
+stages = list(build_parser()._subparsers._group_actions[0].choices)
+iterative = build_parser()._subparsers._group_actions[0].choices["iterative"]
+cmds = list(iterative._subparsers._group_actions[0].choices)
+for argv in [["--help"], *([s, "--help"] for s in stages), *(["iterative", c, "--help"] for c in cmds)]:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        main(argv)
+""",
+    "config validation": """
+import yaml
+from coec.config.validate import validate_config
+validate_config(yaml.safe_load(open("config.yaml")))
+""",
+    "the Snakefile's imports and Wiring(config)": """
+import yaml
+{smk}
+config = yaml.safe_load(open("config.yaml"))
+validate_config(config, SCHEMA)
+W = Wiring(config)
+IterativeWiring(W)
+""",
+}
+
+
+def fresh(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter in the repository, this checkout's package first on the path
+    and no plug-ins handed down."""
+    env = {k: v for k, v in os.environ.items() if k != "COEC_PLUGINS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("what", list(BOUNDARY))
+def test_the_job_boundary_loads_no_heavy_library(what):
+    res = fresh(BOUNDARY[what].format(smk=smk_imports()) + REPORT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == [], f"{what} loads {res.stdout.split()}"
+
+
+def test_registries_list_their_builtins_without_importing_them():
+    """The compensation methods and export formats are declared lazily: listed, in order,
+    without their modules; a lookup imports the module, which registers the entry in place."""
+    res = fresh("""
+import sys
+from coec.compensate.methods import METHODS
+from coec.export.formats import EXPORT_FORMATS
+print(METHODS.names(), EXPORT_FORMATS.names())
+print(sorted(m for m in sys.modules if m.startswith("coec.compensate.methods.") or m == "coec.export.stage"))
+print(METHODS["coec"].name, [m.name for m in METHODS.values()], list(METHODS) == list(METHODS.names()))
+print([f.name for f in EXPORT_FORMATS.values()], "coec.export.stage" in sys.modules)
+""")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.splitlines() == [
+        "('none', 'bias', 'lstsq', 'rcpu', 'coec', 'blend') ('hf', 'gguf')",
+        "['coec.compensate.methods.base']",
+        "coec ['none', 'bias', 'lstsq', 'rcpu', 'coec', 'blend'] True",
+        "['hf', 'gguf'] True",
+    ]

@@ -127,7 +127,6 @@ def test_every_rule_command_parses(rule_commands):
         "prepare-zeroshot",
         "iterative run",
         "iterative collect",
-        "iterative ppl",
     } <= names, names
 
 

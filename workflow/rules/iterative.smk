@@ -162,7 +162,7 @@ rule iterative_cell_block:
 
 
 # a cell's perplexity and zero-shot accuracy: the evaluation rules with the iterative cell's
-# keep set and block (per-layer widths differ under AL-AM: `iterative ppl` evaluates them)
+# keep set and block (per-layer widths differ under AL-AM: each layer is pruned to its own)
 use rule ppl_cell as iterative_ppl with:
     input:
         model=W.model_input,
@@ -173,8 +173,6 @@ use rule ppl_cell as iterative_ppl with:
         f"{IT_CELL}/ppl.json",
     wildcard_constraints:
         variant=IT.variant_constraint,
-    params:
-        command=IT.ppl_command,
     log:
         paths.log_file("ppl", IT_LOG),
     benchmark:

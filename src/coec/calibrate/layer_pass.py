@@ -149,7 +149,7 @@ def layer_masks(model: Any, hidden: torch.Tensor, position_ids: torch.Tensor) ->
     """Per-layer attention masks for full-length causal sequences without padding, built the
     way the model's own forward builds them (full or sliding-window per ``layer_types``; every
     layer sliding for families that always slide, e.g. Mistral, when a window is set)."""
-    from transformers.masking_utils import (  # deferred: transformers, +1-4 s on coec --help (measured)
+    from transformers.masking_utils import (  # deferred: transformers (+1-4 s), only a pass over a model needs it
         create_causal_mask,
         create_sliding_window_causal_mask,
     )

@@ -55,7 +55,8 @@ from coec.compensate.alignment import Alignment, alignment_value
 from coec.compensate.descent import Carried, RightResult
 from coec.compensate.errors import relerr
 from coec.compensate.linalg import polar, polar_eigh, svd, svd_eigh
-from coec.compensate.method import Compensation, Problem
+from coec.compensate.methods.base import Compensation
+from coec.compensate.problem import Problem
 from coec.compensate.profiling import span, traced
 from coec.compensate.stiefel import RightProblem, solve_full, solve_reduced
 from coec.io.progress import INNER

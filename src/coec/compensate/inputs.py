@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from coec.io import paths
+from coec.model.arch import pruned_value_proj
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Job", "Module", "MethodInput", "OtherCell", "OtherCalibration", "ValueProjection"]
 
@@ -82,7 +84,7 @@ class OtherCell:
         return paths.block_file(cell, job.first, job.last)
 
     def open(self, path: str | None, first: int, last: int) -> dict[str, torch.Tensor]:
-        from coec.io.artifacts import read_comp_block
+        from coec.io.artifacts import read_comp_block  # deferred: keeps the job boundary torch-free
 
         if path is None:
             raise ValueError(f"input {self.name!r}: the compensate stage needs its block file")
@@ -135,7 +137,7 @@ class OtherCalibration:
     def for_module(self, handle: str | None, module: Module, options: Any) -> dict[str, Any]:
         if handle is None:
             return {}
-        from coec.io.artifacts import read_gram_layer
+        from coec.io.artifacts import read_gram_layer  # deferred: keeps the job boundary torch-free
 
         st = read_gram_layer(handle, module.layer, module.name)
         return {
@@ -174,8 +176,6 @@ class ValueProjection:
     def for_module(self, handle: None, module: Module, options: Any) -> dict[str, Any]:
         if module.name != "o_proj" or not self.needed(options):
             return {}
-        from coec.model.arch import pruned_value_proj
-
         vp = pruned_value_proj(module.tensors["v_proj"], module.keep["kv_groups"], module.geometry)
         return {self.name: vp.to(module.device)}
 

@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import Field, dataclass, fields
 from typing import Any, NoReturn
 
-from coec.compensate import methods as _builtin  # noqa: F401  (registers the built-in methods)
-from coec.compensate.method import METHODS, MODULES, CommonOptions, Method
+from coec.compensate.methods import METHODS
+from coec.compensate.methods.base import CommonOptions, Method
+from coec.model.arch import MODULES
 from coec.registry import UnknownName
 
 __all__ = [

@@ -12,8 +12,7 @@ import sys
 from dataclasses import fields
 from typing import Any
 
-from coec.compensate import methods as _builtin  # noqa: F401  (registers the built-in methods)
-from coec.compensate.method import METHODS
+from coec.compensate.methods import METHODS
 from coec.compensate.validators import GROUPS
 
 __all__ = ["markdown", "main"]

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from coec.compensate.method import Compensation
+from coec.compensate.methods.base import Compensation
 
 __all__ = ["MethodOutputError", "NotJSONError", "check_output", "check_cast", "jsonable"]
 

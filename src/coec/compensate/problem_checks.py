@@ -7,7 +7,7 @@ from typing import Any, NoReturn, cast
 
 import torch
 
-from coec.compensate.method import Method
+from coec.compensate.methods.base import Method
 
 __all__ = ["check_tensor", "check_keep", "check_problem"]
 

@@ -101,11 +101,11 @@ def float_dtype(allow_none: bool = True) -> Check:
     """``"float32"`` or ``"float64"`` (or the torch dtype), or None with ``allow_none``."""
 
     def fn(name: str, v: Any) -> None:
-        if v is None and allow_none:
+        if (v is None and allow_none) or v in ("float32", "float64"):
             return
-        import torch
+        import torch  # deferred: keeps the job boundary torch-free (a config gives the dtype's name)
 
-        if not (v in ("float32", "float64") or v in (torch.float32, torch.float64)):
+        if v not in (torch.float32, torch.float64):
             _fail(f"option {name} must be 'float32' or 'float64' (or the torch dtype), got {v!r}")
 
     return Check("`float32` | `float64`" + (" | null" if allow_none else ""), fn)

@@ -11,14 +11,18 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from coec.compensate.methods import METHODS
+from coec.compensate.options import method, resolve, top_level_options, validate_spec
 from coec.config.modelcheck import ModelMismatch, check_expected, config_shape
 from coec.config.schema import SCHEMA, deref, schema
 from coec.config.schema import schema_default as schema_default  # validate.schema_default, as ever
 from coec.data.bundled import EMBEDDED_MODELS
 from coec.evaluate.tasks import TASKS
-from coec.extension import Need, extensions
 from coec.io.paths import NAME_PATTERN
+from coec.iterative import targets as iterative_targets
+from coec.iterative.targets import Need
 from coec.registry import PLUGINS_ENV, Registry, load_plugins
+from coec.select.scores import SCORES, selection_registry
 
 
 class ConfigError(ValueError):
@@ -75,9 +79,6 @@ def _fill_defaults(schema: dict[str, Any], obj: Any, root: dict[str, Any]) -> No
 def registries() -> dict[str, Registry[Any]]:
     """The plug-in registries a schema node names with ``x-registry`` (their built-in entries
     registered): ``methods``, ``scores``, ``tasks``."""
-    from coec.compensate.method import METHODS  # deferred: imports torch (~1 s), as does .selection
-    from coec.select.scores import SCORES  # deferred: imports torch
-
     return {"methods": METHODS, "scores": SCORES, "tasks": TASKS}
 
 
@@ -166,8 +167,6 @@ def _selection_refs(obj: Any, where: str = "") -> Iterator[tuple[str, str]]:
 
 def _check_selections(cfg: dict[str, Any]) -> None:
     """The ``selections`` registry (coec.select.scores.selection_registry) and every name used."""
-    from coec.select.scores import selection_registry  # deferred: imports torch (~1 s)
-
     try:
         known = selection_registry(cfg.get("selections"))
     except ValueError as exc:
@@ -180,9 +179,6 @@ def _check_selections(cfg: dict[str, Any]) -> None:
 def _check_compensations(cfg: dict[str, Any]) -> None:
     """Every option of every compensation, as each module will see it, and the entries its
     method's inputs name (coec.compensate.options, coec.compensate.inputs)."""
-    from coec.compensate.method import METHODS  # deferred: imports torch (~1 s)
-    from coec.compensate.options import method, resolve, top_level_options, validate_spec  # deferred: torch
-
     for name, spec in cfg.get("compensations", {}).items():
         where = f"compensations.{name}"
         try:
@@ -198,15 +194,10 @@ def _check_compensations(cfg: dict[str, Any]) -> None:
 
 
 def _seqlen_key(cfg: dict[str, Any], calib: str) -> tuple[str, int] | None:
-    """(config key, length) of a calibration entry or of a calibration an extension defines
-    (an iterative mix)."""
+    """(config key, length) of a calibration entry or of an iterative mix."""
     if calib in cfg.get("calibration", {}):
         return f"calibration.{calib}.seqlen", cfg["calibration"][calib]["seqlen"]
-    for ext in extensions():
-        found = ext.seqlen_key(cfg, calib) if ext.seqlen_key else None
-        if found:
-            return found
-    return None
+    return iterative_targets.seqlen_key(cfg, calib)
 
 
 def _model_calibrations(cfg: dict[str, Any]) -> dict[str, set[str]]:
@@ -224,9 +215,8 @@ def _model_calibrations(cfg: dict[str, Any]) -> dict[str, set[str]]:
     for key in ("appC", "fig2"):
         if key in cfg:
             add([cfg[key]["model"]], [cfg[key]["calibration"]])
-    for ext in extensions():
-        for models, calibs in ext.model_calibrations(cfg) if ext.model_calibrations else ():
-            add(models, calibs)
+    for models, calibs in iterative_targets.model_calibrations(cfg):
+        add(models, calibs)
     return used
 
 
@@ -332,7 +322,9 @@ def _check_references(cfg: dict[str, Any]) -> None:
     _check_calibration_refs(cfg, need)
     _check_table_refs(cfg, need)
     _check_figure_refs(cfg, need)
-    for ext in extensions():
-        if ext.check_config is not None:
-            ext.check_config(cfg, need)
+    try:  # the iterative method's mixes, domains and rows
+        iterative_targets.check_config(cfg)
+        iterative_targets.check_references(cfg, need)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     _check_embedded_models(cfg)

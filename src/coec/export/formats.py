@@ -4,9 +4,9 @@ registry entry per format (``EXPORT_FORMATS``); a plug-in registers its own the 
 
 A format is a name, a one-line description, its own CLI options (added to ``coec export`` and
 refused with any other format) and ``write(request) -> dict``: the record of what it wrote. The
-built-in formats, registered by ``coec.export.stage`` (which implements them), are ``hf`` (a
-transformers checkpoint folder in a stock class, reloaded and checked) and ``gguf`` (one file for
-llama.cpp).
+built-in formats, declared here and registered by ``coec.export.stage`` (which implements them;
+imported on their first lookup), are ``hf`` (a transformers checkpoint folder in a stock class,
+reloaded and checked) and ``gguf`` (one file for llama.cpp).
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ class ExportFormat:
 
 
 EXPORT_FORMATS: Registry[ExportFormat] = Registry("export format")
+for _name in ("hf", "gguf"):
+    EXPORT_FORMATS.register_lazy(_name, "coec.export.stage")
 DEFAULT_FORMAT = "hf"
 
 

@@ -212,9 +212,10 @@ def run_export_hf(request: ExportRequest) -> dict[str, Any]:
     from disk and its logits checked. ``request.out`` must be absent or empty; with ``force`` a
     previous export there is replaced. Returns the provenance recorded as ``coec_export`` in
     config.json."""
-    from coec.export.hf_class import build_export_model  # deferred: torch, ~3 s at CLI start
-    from coec.export.reload import check_reload  # deferred: torch, ~3 s at CLI start
-    from coec.model.cell import build_cell  # deferred: torch, ~3 s at CLI start
+    # deferred: keeps the job boundary torch-free
+    from coec.export.hf_class import build_export_model
+    from coec.export.reload import check_reload
+    from coec.model.cell import build_cell
 
     source = resolve_source(request.source)
     model_dir = source.local.model_dir
@@ -245,12 +246,13 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     from that GGUF file (an embedded model's source) instead of converting the HF tokenizer;
     ``imatrix``: an importance matrix file for llama.cpp's quantizer (``coec imatrix``).
     Returns the writer's report with the provenance (also stored in the file)."""
-    from coec.evaluate.llamacpp.run import require  # deferred: torch, ~3 s at CLI start
-    from coec.export.gguf import GgufOptions, is_gguf_export, write_gguf  # deferred: torch, ~3 s at CLI start
-    from coec.export.gguf.layout import QUANTIZER, check_gguf_type, made_by  # deferred: torch, ~3 s at CLI start
-    from coec.export.gguf.sidecar import is_sidecar, sidecar_path, write_sidecar  # deferred: torch, ~3 s at CLI start
-    from coec.export.gguf.writer import FALLBACK_POLICIES  # deferred: torch, ~3 s at CLI start
-    from coec.model.cell import build_cell  # deferred: torch, ~3 s at CLI start
+    # deferred: keeps the job boundary torch-free
+    from coec.evaluate.llamacpp.run import require
+    from coec.export.gguf import GgufOptions, is_gguf_export, write_gguf
+    from coec.export.gguf.layout import QUANTIZER, check_gguf_type, made_by
+    from coec.export.gguf.sidecar import is_sidecar, sidecar_path, write_sidecar
+    from coec.export.gguf.writer import FALLBACK_POLICIES
+    from coec.model.cell import build_cell
 
     gguf_type = check_gguf_type(request.options.get("gguf_type") or "f32")
     fallback = request.options.get("gguf_fallback") or FALLBACK_POLICIES[0]
@@ -293,8 +295,9 @@ def _read_imatrix(path: str | None, gguf_type: str) -> Imatrix | None:
     """The ``--imatrix`` file (``coec.export.imatrix.read_imatrix``), refused for a type gguf-py writes."""
     if not path:
         return None
-    from coec.export.gguf.layout import QUANTIZER, made_by  # deferred: torch, ~3 s at CLI start
-    from coec.export.imatrix import read_imatrix  # deferred: torch, ~3 s at CLI start
+    # deferred: keeps the job boundary torch-free
+    from coec.export.gguf.layout import QUANTIZER, made_by
+    from coec.export.imatrix import read_imatrix
 
     if made_by(gguf_type) != QUANTIZER:
         raise ValueError(
@@ -305,9 +308,10 @@ def _read_imatrix(path: str | None, gguf_type: str) -> Imatrix | None:
 
 def _dense_widths(model_dir: str | Path, trust_remote_code: bool, gguf_type: str) -> dict[str, Any]:
     """The source (dense) model's hidden size and MLP width against the type's block."""
-    from transformers import AutoConfig  # deferred: transformers, ~1.4 s at CLI start
+    # deferred: keeps the job boundary torch-free
+    from transformers import AutoConfig
 
-    from coec.export.gguf.sidecar import dense_widths  # deferred: torch, ~3 s at CLI start
+    from coec.export.gguf.sidecar import dense_widths
 
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "text_config", None) or cfg

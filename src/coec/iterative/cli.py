@@ -1,36 +1,34 @@
 """The ``coec iterative`` command group: the stages of the iterative multi-domain FLAP method
-(``coec.iterative.stages``), added to ``coec``'s parser by the extension's hook."""
+(``coec.iterative.stages``), added to ``coec``'s parser by ``coec.cli``. No torch at import
+(the stages import it when they run): ``coec --help`` and every job's start read this module."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from coec.cli import (
+from coec.cli_args import (
     EXPECT_HELP,
     Subparsers,
     add_hub_args,
-    add_stream_args,
     cell_source,
     check_model_stage,
-    cmd_ppl,
     config_arg,
     json_arg,
-    optional_int,
     run_guarded,
 )
-from coec.iterative import stages
-from coec.iterative.domains import build_domain
-from coec.iterative.method import MODES, Options
+from coec.iterative.choices import MODES, STRUCTURES, VARIANCE_MIXES
 from coec.iterative.schedule import make_schedule
-from coec.iterative.stages import DomainCalibration
-from coec.iterative.stats import VARIANCE_MIXES
-from coec.iterative.structure import STRUCTURES
 from coec.model.source import CellSource
 from coec.select.rounding import DEFAULT_ROUNDING
 from coec.select.scores import CHANNEL_ROUNDINGS, ROUNDINGS
 
-MODEL_STAGES = ("run", "grams", "ppl")
+if TYPE_CHECKING:
+    from coec.iterative.method import Options
+    from coec.iterative.stages import DomainCalibration
+
+MODEL_STAGES = ("run", "grams")
 
 
 def _calib_args(s: argparse.ArgumentParser) -> None:
@@ -57,12 +55,12 @@ def _calib_args(s: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Subparsers) -> None:
-    """``coec iterative <run|grams|mix|prepare-domain|collect|ppl>``: the stages of the
-    iterative multi-domain FLAP method (``coec.iterative.stages``)."""
+    """``coec iterative <run|grams|mix|prepare-domain|collect>``: the stages of the iterative
+    multi-domain FLAP method (``coec.iterative.stages``); a cell's perplexity is ``coec ppl``'s."""
 
     it = sub.add_parser(
         "iterative",
-        help="iterative multi-domain FLAP (run, grams, mix, prepare-domain, collect, ppl; `coec iterative -h`)",
+        help="iterative multi-domain FLAP (run, grams, mix, prepare-domain, collect; `coec iterative -h`)",
         description="Iterative multi-domain FLAP (docs/iterative.md, eq. 1–14).",
     )
     cmds = it.add_subparsers(dest="cmd", required=True)
@@ -109,28 +107,6 @@ def add_parser(sub: Subparsers) -> None:
     s.add_argument("--last", type=int)
     s.add_argument("--block-out")
     s.set_defaults(func=cmd_collect)
-    _ppl_parser(cmds)
-
-
-def _ppl_parser(cmds: Subparsers) -> None:
-    """``iterative ppl``: ``coec ppl`` of a cell whose layers may have their own widths."""
-    s = cmds.add_parser("ppl", help="perplexity of a cell (per-layer widths may differ)")
-    s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=json_arg, required=True)
-    s.add_argument("--seqlen", type=int, required=True)
-    s.add_argument("--max-windows", type=optional_int, default=None)
-    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
-    config_arg(s, "--dtype", "models.*.dtype")
-    config_arg(s, "--device", "compute.device")
-    s.add_argument("--keep", default=None)
-    s.add_argument("--comp", nargs="*", default=[])
-    s.add_argument("--cell", type=json_arg, default={})
-    s.add_argument("--device-map", default=None, help="accelerate device map (e.g. auto)")
-    s.add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
-    add_hub_args(s)
-    add_stream_args(s, "ppl")  # streamed as `coec ppl` is, each layer pruned to its own widths
-    s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_ppl)  # per-layer widths may differ (AL-AM): the cell is pruned as it is
 
 
 def schedule_args_error(a: argparse.Namespace) -> str | None:
@@ -157,8 +133,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def run_cmd(a: argparse.Namespace) -> None:
-    """One ``coec iterative <cmd>``: its model checked against the config first (run, grams,
-    ppl), then its command (``set_defaults(func=...)``)."""
+    """One ``coec iterative <cmd>``: its model checked against the config first (run, grams),
+    then its command (``set_defaults(func=...)``)."""
     if a.cmd in MODEL_STAGES:
         a.resolved = check_model_stage(a)  # the stage reads the model as the check resolved it
     a.func(a)
@@ -166,12 +142,17 @@ def run_cmd(a: argparse.Namespace) -> None:
 
 def _calibration(a: argparse.Namespace) -> tuple[CellSource, DomainCalibration, Options]:
     """The model, the calibration set and the pass options of ``iterative run`` / ``grams``."""
+    from coec.iterative.method import Options  # deferred: keeps the job boundary torch-free
+    from coec.iterative.stages import DomainCalibration  # deferred: keeps the job boundary torch-free
+
     calib = DomainCalibration(a.domains, a.nsamples, a.seqlen, a.seed)
     opts = Options(variance_mix=a.variance_mix, gram_dtype=a.gram_dtype, batch_size=a.batch_size, progress=not a.quiet)
     return cell_source(a), calib, opts
 
 
 def cmd_run(a: argparse.Namespace) -> None:
+    from coec.iterative import stages  # deferred: keeps the job boundary torch-free
+
     source, calib, opts = _calibration(a)
     opts = replace(
         opts, mode=a.mode, structure=a.structure, group_rounding=a.group_rounding, channel_rounding=a.channel_rounding
@@ -180,14 +161,20 @@ def cmd_run(a: argparse.Namespace) -> None:
 
 
 def cmd_grams(a: argparse.Namespace) -> None:
+    from coec.iterative import stages  # deferred: keeps the job boundary torch-free
+
     stages.run_iterative_grams(*_calibration(a), a.out)
 
 
 def cmd_mix(a: argparse.Namespace) -> None:
+    from coec.iterative import stages  # deferred: keeps the job boundary torch-free
+
     stages.mix_gram_dirs(a.grams, a.alphas, a.out, a.variance_mix, a.gram_dtype)
 
 
 def cmd_collect(a: argparse.Namespace) -> None:
+    from coec.iterative import stages  # deferred: keeps the job boundary torch-free
+
     if a.steps:
         stages.collect_cell(a.steps, a.variant, a.keep_out, a.info_out)
     if a.block:
@@ -195,4 +182,6 @@ def cmd_collect(a: argparse.Namespace) -> None:
 
 
 def cmd_prepare_domain(a: argparse.Namespace) -> None:
+    from coec.iterative.domains import build_domain  # deferred: keeps the job boundary torch-free
+
     build_domain(a.spec, a.out, a.datasets)

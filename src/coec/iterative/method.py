@@ -21,10 +21,11 @@ from torch import nn
 
 from coec.calibrate.layer_pass import LayerPass, LayerRun, run_layerwise
 from coec.io.progress import bar as progress_bar
+from coec.iterative.choices import MODES, STRUCTURES, VARIANCE_MIXES
 from coec.iterative.schedule import check_schedule
 from coec.iterative.state import PruneState, apply_layer_step_, current_shape
-from coec.iterative.stats import VARIANCE_MIXES, CalibSet, DomainAccumulator, Stats, attach_accumulators, finalize_stats
-from coec.iterative.structure import STRUCTURES, alam_keep, layer_scores, uniform_keep
+from coec.iterative.stats import CalibSet, DomainAccumulator, Stats, attach_accumulators, finalize_stats
+from coec.iterative.structure import alam_keep, layer_scores, uniform_keep
 from coec.model.arch import MODULES, AttnShape
 from coec.model.load import decoder_layers, torch_dtype
 from coec.select.rounding import DEFAULT_ROUNDING
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
-
-MODES = ("global", "sequential")
 
 #: module -> mixed statistics of one layer
 LayerStats = dict[str, Stats]

@@ -17,11 +17,11 @@ import torch
 
 from coec.calibrate.layer_pass import GramAccumulator, NonFiniteActivations, channel_sumsq, gram_tensors
 from coec.data.text import calibration_ids
+from coec.iterative.choices import VARIANCE_MIXES
 from coec.iterative.domains import apportion
 from coec.model.arch import MODULES, adapter_for
 from coec.model.load import torch_dtype
 
-VARIANCE_MIXES = ("pooled", "eq8")
 #: One set of statistics: gram (d, d) or its diagonal (d,), sum (d,), sumsq (d,), count, abssum
 #: (d,) or None; finalized ones also mean (d,).
 Stats = dict[str, Any]

@@ -13,8 +13,6 @@ from coec.iterative.stats import Stats
 from coec.model.arch import MODULES, AttnShape
 from coec.select.scores import column_scores, group_scores, top_k_sorted
 
-STRUCTURES = ("uniform", "al-am")
-
 
 def layer_scores(layer: nn.Module, stats: dict[str, Stats]) -> tuple[torch.Tensor, torch.Tensor]:
     """FLAP column scores (eq. 5) of the current o_proj and down_proj inputs, (k_o,), (k_d,),

@@ -10,6 +10,7 @@ paths: pure functions of the workflow config (its ``iterative`` and ``domains`` 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from coec.io import paths
@@ -22,6 +23,8 @@ from coec.workflow.targets.sources import dataset_spec
 from coec.workflow.targets.tables import with_comparisons
 
 Config = dict[str, Any]
+#: need(kind, name, where): raises (naming ``where``) unless ``config[kind]`` has an entry ``name``
+Need = Callable[[str, str, str], None]
 
 
 def domain_dir(name: str) -> str:
@@ -63,6 +66,41 @@ def check_config(config: Config) -> None:
     for name, dom in doms.items():
         if dom["source"] == "dataset" and dom.get("dataset") not in config["datasets"]:
             raise ValueError(f"config: domains.{name}.dataset names unknown dataset {dom.get('dataset')!r}")
+
+
+def check_references(config: Config, need: Need) -> None:
+    """Every name the iterative table's and figure's rows use (``need``), and each row's
+    ``compare`` label (ValueError)."""
+    it = section(config)
+    for key in ("table", "calibration_size"):
+        rows = it.get(key, {}).get("rows", [])
+        for i, row in enumerate(rows):
+            if "compensation" in row:
+                need("compensations", row["compensation"], f"iterative.{key}.rows[{i}].compensation")
+            if "compare" in row and row["compare"] not in {r["label"] for r in rows}:
+                raise ValueError(f"config: iterative.{key}.rows[{i}].compare: no row is labelled {row['compare']!r}")
+    for i, m in enumerate(it.get("table", {}).get("models", [])):
+        need("models", m, f"iterative.table.models[{i}]")
+    if "calibration_size" in it:
+        need("models", it["calibration_size"]["model"], "iterative.calibration_size.model")
+
+
+def model_calibrations(config: Config) -> Iterable[tuple[list[str], list[str | None]]]:
+    """(models, calibrations or mixes) of the iterative table and calibration-size figure."""
+    it = section(config)
+    if "table" in it:
+        t = it["table"]
+        yield t["models"], [t["calibration"]] + [r.get("calibration") for r in t["rows"]]
+    if "calibration_size" in it:
+        f = it["calibration_size"]
+        base = f.get("calibration", it.get("table", {}).get("calibration"))
+        yield [f["model"]], [base] + [r.get("calibration") for r in f["rows"]]
+
+
+def seqlen_key(config: Config, calib: str) -> tuple[str, int] | None:
+    """(config key, length) of an iterative mix; None for another name."""
+    mixes = mix_entries(config)
+    return (f"iterative.mixes.{calib}.seqlen", mixes[calib]["seqlen"]) if calib in mixes else None
 
 
 def sized(config: Config, calib: str, n: int | str) -> str:
@@ -238,3 +276,38 @@ def size_spec(config: Config) -> dict[str, Any]:
         f"{json.dumps(variant_entries(config), sort_keys=True)}; eval "
         f"{config['evaluation']['ppl_dataset']} seqlen {config['evaluation']['ppl_seqlen']}",
     )
+
+
+def claims_spec(config: Config) -> dict[str, Any]:
+    """The entries of the claims spec (``coec.workflow.targets.claims_spec``) that the method's
+    claims (``coec.iterative.claims``) read: its table and its calibration-size curves."""
+    it = section(config)
+    return {
+        "table_iterative": paths.table_file("table_iterative") if "table" in it else None,
+        "iterative_size": size_spec(config)["panels"] if "calibration_size" in it else None,
+    }
+
+
+def report_items(config: Config) -> list[tuple[str, str, str]]:
+    """(path, title, caption) of the method's tables and figure in the README and the Snakemake
+    report (``coec.workflow.targets.report_items``), in report order."""
+    it = section(config)
+    items = []
+    if "table" in it:
+        items += [
+            (paths.table_file("table_iterative"), "Iterative multi-domain FLAP: perplexity", ""),
+            (
+                paths.table_file("table_iterative_zeroshot"),
+                "Iterative multi-domain FLAP: zero-shot mean accuracy (7 tasks)",
+                "",
+            ),
+        ]
+    if "calibration_size" in it:
+        items.append(
+            (
+                paths.figure_file("iterative_calibration_size"),
+                "Iterative multi-domain FLAP: perplexity against calibration size",
+                size_spec(config)["caption"],
+            )
+        )
+    return items

@@ -131,10 +131,6 @@ class IterativeWiring:
     def variant_json(self, wc: Any) -> str:
         return json.dumps(targets.variant_spec(self.config, wc.variant), sort_keys=True)
 
-    def ppl_command(self, wc: Any) -> str:
-        """`ppl`, or `iterative ppl` for per-layer widths (AL-AM), evaluated in memory."""
-        return "ppl" if targets.variant_spec(self.config, wc.variant)["structure"] == "uniform" else "iterative ppl"
-
     @staticmethod
     def step_outdir(wc: Any, output: Any) -> str:
         return os.path.dirname(str(output.keep))

@@ -93,7 +93,7 @@ def hub_kwargs(revision: str | None = None, trust_remote_code: bool = False) -> 
 
 def load_config(model_dir: str | Path, revision: str | None = None, trust_remote_code: bool = False) -> Any:
     """The transformers config of a resolved model folder (``AutoConfig.from_pretrained``)."""
-    from transformers import AutoConfig  # deferred: transformers, +1-4 s on coec --help (measured)
+    from transformers import AutoConfig  # deferred: transformers (+1-4 s), read only when a model is loaded
 
     return AutoConfig.from_pretrained(model_dir, **hub_kwargs(revision, trust_remote_code))
 
@@ -128,7 +128,7 @@ def load_resolved(
     from transformers import (
         AutoModelForCausalLM,
         AutoTokenizer,
-    )  # deferred: transformers, +1-4 s on coec --help (measured)
+    )  # deferred: transformers (+1-4 s), read only when a model is loaded
 
     hub = hub_kwargs(*hub_options)
     config = load_config(model_dir, *hub_options)
@@ -151,7 +151,7 @@ def gguf_dequantize_kwargs() -> dict[str, Any]:
     architecture; ``GgufConfig(dequantize=True)`` turns that off. A release without GgufConfig
     gets no option; :func:`check_dense` still refuses a packed result."""
     try:
-        from transformers import GgufConfig  # deferred: transformers, +1-4 s on coec --help (measured)
+        from transformers import GgufConfig  # deferred: transformers (+1-4 s), read only when a model is loaded
     except ImportError:
         return {}
     return {"quantization_config": GgufConfig(dequantize=True)}
@@ -174,7 +174,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     from transformers import (
         AutoModelForCausalLM,
         AutoTokenizer,
-    )  # deferred: transformers, +1-4 s on coec --help (measured)
+    )  # deferred: transformers (+1-4 s), read only when a model is loaded
 
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():

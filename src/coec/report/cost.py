@@ -29,8 +29,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from coec.model.arch import adapter_for
 from coec.model.arch.published import PUBLISHED_ARCHS  # re-exported: the Table 4 architectures
 from coec.select.rounding import DEFAULT_ROUNDING
@@ -151,7 +149,8 @@ def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> in
     a 32-head 4096-wide model at 30 %), so the head counts are set as attributes after construction; the
     modelling code itself handles such shapes.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: +0.9 s on coec --help (measured)
+    import torch  # deferred: keeps the job boundary torch-free
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: keeps the job boundary torch-free
 
     cfg = config_dict(config) | dict(shape or {})
     d = arch_dims(cfg)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coec.config.validate import ConfigError
-from coec.io import artifacts, paths
+from coec.io import paths
 from coec.io.atomic import write_text
 
 if TYPE_CHECKING:
@@ -238,11 +238,12 @@ def write_frontier(spec: dict[str, Any], out: str | Path) -> pd.DataFrame:
     """Write ``out`` (CSV), its .md twin and the figure; returns the table (a DataFrame)."""
     import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
 
+    from coec.io.artifacts import write_csv  # deferred: keeps the job boundary torch-free
     from coec.report.rendering import to_markdown  # deferred: pandas, ~0.8 s at workflow planning
 
     df = pd.DataFrame(frontier_rows(spec))
     out = Path(out)
-    artifacts.write_csv(out, df, float_format="%.4f")
+    write_csv(out, df, float_format="%.4f")
     caption = f"{spec.get('caption', '')} Speed: {speed_caption(spec)} Table load: {os.getloadavg()[0]:.2f}."
     md = df[list(MD_COLUMNS)].rename(columns=MD_COLUMNS).assign(Pareto=df["pareto"].map({True: "yes", False: ""}))
     write_text(out.with_suffix(".md"), to_markdown(md, 2, caption))

@@ -21,6 +21,7 @@ from coec.evaluate.geometry import summarize_geometry
 from coec.evaluate.paired import paired_difference, per_document
 from coec.io import artifacts, atomic
 from coec.model.arch import MODULES
+from coec.report.claims.report import write_claims
 from coec.report.columns import NOISE_COLUMNS
 from coec.report.cost import PUBLISHED_ARCHS, cost_table
 from coec.report.frontier import write_frontier
@@ -294,10 +295,6 @@ def _write_table4(spec: Spec, out: str | Path) -> pd.DataFrame:
 
 
 def _write_claims(spec: Spec, out: str | Path) -> str:
-    # deferred: importing coec.report.claims.report registers the paper's claims, which must come after
-    # the extensions' (registered when the CLI is built): the order of results/claims.md
-    from coec.report.claims.report import write_claims
-
     return write_claims(spec, out)
 
 

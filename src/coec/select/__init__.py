@@ -1,3 +1,2 @@
-"""Selection: column scores, keep sets, aligned widths and roundings."""
-
-from coec.select import obs  # noqa: F401  (registers the obs selection in scores.SCORES on import)
+"""Selection: column scores, keep sets, aligned widths and roundings, the compensation-aware OBS
+greedy, and the per-layer width search."""

@@ -32,11 +32,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from coec.model.arch import AttnShape
+
+if TYPE_CHECKING:
+    import torch
+
 from coec.select.scores import SCORES, KeepRule, ModuleStats, Score, ScoreSpec, aligned_keep, n_keep
 
 #: the options of obs (their defaults: the config schema's ``selections.*.<option>``)
@@ -61,6 +63,8 @@ def damped_inverse(G: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
     """(H⁻¹, λ) of H = G + λI, λ = ``damp`` · mean(diag G), from G (d, d) float64 symmetric, by
     Cholesky (factored in H's storage: two (d, d) matrices beside G at the peak). ValueError when
     H is not positive definite (``damp`` 0 on a singular Gram)."""
+    import torch  # deferred: the selection is registered, and the config checked, without torch
+
     lam = damp * float(G.diagonal().mean())
     H = G.clone()
     H.diagonal().add_(lam)
@@ -76,6 +80,8 @@ def downdate(Hinv: torch.Tensor, V: torch.Tensor, cols: torch.Tensor) -> float:
     """Remove the input columns ``cols`` (s,) in place: V (d_out, d) takes the optimal update of
     the columns that stay, H⁻¹ (d, d) becomes the inverse over them (the Schur complement), both
     zero at ``cols``. Returns the objective's increase tr(V_S [(H⁻¹)_SS]⁻¹ V_Sᵀ)."""
+    import torch  # deferred: the selection is registered, and the config checked, without torch
+
     rows = Hinv[cols]  # (H⁻¹)_{S,:}
     M = rows[:, cols]
     L, info = torch.linalg.cholesky_ex(M)
@@ -98,6 +104,8 @@ def downdate(Hinv: torch.Tensor, V: torch.Tensor, cols: torch.Tensor) -> float:
 def unit_costs(Hinv: torch.Tensor, V: torch.Tensor, alive: torch.Tensor, block: int) -> torch.Tensor:
     """ΔE of removing each unit (``block`` consecutive input columns) alone, (n_units,) float64;
     inf for the units already removed (``alive`` False)."""
+    import torch  # deferred: the selection is registered, and the config checked, without torch
+
     if block == 1:
         cost = (V * V).sum(0) / Hinv.diagonal().clamp_min(torch.finfo(torch.float64).tiny)
         return cost.masked_fill_(~alive, math.inf)
@@ -119,6 +127,8 @@ def obs_prune(
     """The greedy (module docstring) on W (d_out, d_in) and its input's Gram G (d_in, d_in): the
     d_in / ``block`` units of ``block`` consecutive columns pruned down to ``keep``, ``batch``
     units a step. Runs on W's device in float64."""
+    import torch  # deferred: the selection is registered, and the config checked, without torch
+
     d_out, d_in = W.shape
     if block < 1 or d_in % block:
         raise ValueError(f"obs: {d_in} input columns do not split into units of {block}")

@@ -31,15 +31,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from coec.calibrate.layer_pass import channel_sumsq
 from coec.model.arch import AttnShape
 from coec.registry import Registry
 from coec.select.rounding import DEFAULT_ROUNDING
 from coec.select.widths import WIDTH_KEYS
+
+if TYPE_CHECKING:
+    import torch
 
 ROUNDINGS = ("ceil", "nearest")
 #: roundings of a kept MLP channel count (config ``channel_rounding``; KV groups: ``ROUNDINGS``)
@@ -113,7 +113,7 @@ class ColumnStats:
 #: A score's own selection of one layer (``Score.select``): (weights, stats, geom, rule, spec) ->
 #: keep sets, as ``select_layer`` returns them.
 LayerSelect = Callable[
-    [Mapping[str, torch.Tensor], Mapping[str, ModuleStats], AttnShape, KeepRule, ScoreSpec], dict[str, Any]
+    [Mapping[str, "torch.Tensor"], Mapping[str, "ModuleStats"], AttnShape, "KeepRule", "ScoreSpec"], dict[str, Any]
 ]
 
 
@@ -164,6 +164,7 @@ def _rcpu(weight: torch.Tensor, stats: ColumnStats, spec: ScoreSpec) -> torch.Te
 SCORES.register(Score("wanda_sp", _wanda_sp, "||W[:, j]|| ||X_j|| (Wanda-sp)"))
 SCORES.register(Score("flap", _flap, "Var(X_j) ||W[:, j]||^2 (FLAP's WIFV)", uses_activation_scale=False))
 SCORES.register(Score("rcpu", _rcpu, "||W[:, j]|| ||X_j|| Var(X_j) (RCPU)"))
+SCORES.register_lazy("obs", "coec.select.obs")  # greedy structured OBS (coec.select.obs), imported on first lookup
 
 
 def selection_spec(spec: Selection, where: str = "selection") -> ScoreSpec:
@@ -323,6 +324,8 @@ def check_ratio(ratio: float) -> None:
 
 def top_k_sorted(scores: torch.Tensor, k: int) -> list[int]:
     """Indices of the k highest scores (ties broken by lower index), returned ascending."""
+    import torch  # deferred: keeps the job boundary torch-free
+
     order = torch.sort(-scores, stable=True).indices[:k]
     return sorted(order.tolist())
 
@@ -351,6 +354,8 @@ def layer_scores(
 
 
 def _module_scores(spec: ScoreSpec, weight: torch.Tensor, st: ModuleStats) -> torch.Tensor:
+    from coec.calibrate.layer_pass import channel_sumsq  # deferred: keeps the job boundary torch-free
+
     return column_scores(spec, weight, channel_sumsq(st), st["sum"], st["count"], st.get("abssum"))
 
 

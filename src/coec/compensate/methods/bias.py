@@ -4,10 +4,15 @@ the pruned columns as a bias, ``b = W0[:, P] mean[P]``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from coec.compensate.methods import METHODS
+from coec.compensate.methods.base import CommonOptions, Compensation, Method
 
-from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
+if TYPE_CHECKING:
+    import torch
+
+    from coec.compensate.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -17,6 +22,8 @@ class BiasOptions(CommonOptions):
 
 def flap_bias(W0: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Weight ``W0[:, K]`` (d_out, k) and bias ``W0[:, P] mean[P]`` (d_out,), P the pruned columns."""
+    import torch  # deferred: keeps the job boundary torch-free
+
     mask = torch.ones(W0.shape[1], dtype=torch.bool, device=W0.device)
     mask[keep] = False
     return W0[:, keep], W0[:, mask] @ mean.to(W0.dtype)[mask]

@@ -26,17 +26,18 @@ Longer notes on a few options:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-import torch
-
-from coec.compensate.algorithm1 import coec
-from coec.compensate.algorithm1_setup import CoecSettings, RescaleSettings, RoundSettings, TemperSettings
-from coec.compensate.alignment import AlignmentSettings
-from coec.compensate.descent import RightSolveSettings
 from coec.compensate.inputs import ValueProjection
-from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
-from coec.compensate.problem_checks import check_tensor
+from coec.compensate.methods import METHODS
+from coec.compensate.methods.base import CommonOptions, Compensation, Method
 from coec.compensate.validators import boolean, choice, gcv_grid, number, opt
+
+if TYPE_CHECKING:
+    import torch
+
+    from coec.compensate.algorithm1_setup import CoecSettings
+    from coec.compensate.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,8 @@ def check_options(o: CoecOptions, module: str | None) -> tuple[str, str] | None:
 
 def check_data(problem: Problem, o: CoecOptions) -> None:
     """The value projection against the options and the problem's shapes (raises ValueError)."""
+    from coec.compensate.problem_checks import check_tensor  # deferred: keeps the job boundary torch-free
+
     vp = problem.inputs.get("value_proj")
     r = min(problem.d_out, problem.k)
     if vp is not None:
@@ -272,6 +275,11 @@ def check_data(problem: Problem, o: CoecOptions) -> None:
 def solver_settings(o: CoecOptions) -> CoecSettings:
     """What Algorithm 1 takes from the options, grouped by step (once per call); every field
     keeps its option's name."""
+    # deferred: keeps the job boundary torch-free
+    from coec.compensate.algorithm1_setup import CoecSettings, RescaleSettings, RoundSettings, TemperSettings
+    from coec.compensate.alignment import AlignmentSettings
+    from coec.compensate.descent import RightSolveSettings
+
     common = {f.name for f in fields(CommonOptions)}
     return CoecSettings(
         temper=TemperSettings(alpha=float(o.alpha), psd_clip=bool(o.psd_clip)),
@@ -300,7 +308,16 @@ def solver_settings(o: CoecOptions) -> CoecSettings:
 
 
 def solve(problem: Problem, options: CoecOptions) -> Compensation:
+    from coec.compensate.algorithm1 import coec  # deferred: keeps the job boundary torch-free
+
     return coec(problem, solver_settings(options))
+
+
+def float32(device: torch.device) -> torch.dtype:
+    """coec's solve dtype when ``compute_dtype`` is null: float32 on every device."""
+    import torch  # deferred: keeps the job boundary torch-free
+
+    return torch.float32
 
 
 METHOD = METHODS.register(
@@ -312,7 +329,7 @@ METHOD = METHODS.register(
         inputs=(ValueProjection("value_proj", needed=lambda o: o.align_lambda > 0),),
         reports_errors=True,
         needs_metric=False,
-        default_dtype=lambda device: torch.float32,
+        default_dtype=float32,
         check_options=check_options,
         check_data=check_data,
     )

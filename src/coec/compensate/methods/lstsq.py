@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from coec.compensate.linalg import cholesky_in_place
-from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
+from coec.compensate.methods import METHODS
+from coec.compensate.methods.base import CommonOptions, Compensation, Method
 from coec.compensate.validators import number, opt
+
+if TYPE_CHECKING:
+    import torch
+
+    from coec.compensate.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,11 @@ def ridge_refit(W0: torch.Tensor, G: torch.Tensor, keep: torch.Tensor, ridge: fl
     by Cholesky; if the system is not positive definite (ridge 0 on a singular or indefinite Gxx)
     the minimum-norm least-squares solution is used instead.
     """
+    # deferred: keeps the job boundary torch-free
+    import torch
+
+    from coec.compensate.linalg import cholesky_in_place
+
     G64 = G.to(torch.float64)
     # Gyx first, and W0 in float64 only for it: the (d_in, k) slice is gone before the (k, k) ones exist
     Gyx = W0.to(torch.float64) @ G64[:, keep]
@@ -42,6 +51,8 @@ def shifted_gxx(G: torch.Tensor, keep: torch.Tensor, ridge: float) -> torch.Tens
     """``Gxx + lam I`` (k, k) with ``lam = ridge * mean(diag(Gxx))``, formed in place on the one
     (k, k) copy: the bits of ``Gxx + lam * eye(k)`` (``x + lam * 0.0`` is x but for -0.0 -> +0.0,
     as in that sum), without the identity or a second (k, k) matrix."""
+    import torch  # deferred: keeps the job boundary torch-free
+
     A = G[keep[:, None], keep]
     lam = ridge * float(torch.diagonal(A).mean())
     A.add_(lam * 0.0).diagonal().add_(lam)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
+from coec.compensate.methods import METHODS
+from coec.compensate.methods.base import CommonOptions, Compensation, Method
+
+if TYPE_CHECKING:
+    from coec.compensate.problem import Problem
 
 
 @dataclass(frozen=True)

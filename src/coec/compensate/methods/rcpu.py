@@ -4,12 +4,15 @@ kept columns and one global scale."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from coec.compensate.methods import METHODS
+from coec.compensate.methods.base import CommonOptions, Compensation, Method
 
-from coec.compensate.linalg import polar
-from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
+if TYPE_CHECKING:
+    import torch
+
+    from coec.compensate.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ def rotate_and_scale(
     W0 (d_out, d_in), G (d_in, d_in), keep (k,). Returns (s* Q W_K (d_out, k), info with
     ``scale``, ``scale_ok``, ``Q`` (d_out, d_out)); SVD fallbacks are appended to ``record``.
     """
+    from coec.compensate.linalg import polar  # deferred: keeps the job boundary torch-free
+
     WK = W0[:, keep]
     Gyx = W0 @ G[:, keep]
     Gxx = G[keep[:, None], keep]

@@ -76,7 +76,7 @@ def head_indices(kv_groups: list[int], geom: AttnShape) -> list[int]:
 
 def o_proj_columns(kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
     """Input columns of o_proj kept with ``kv_groups`` (ascending), LongTensor."""
-    import torch  # deferred: torch, ~3 s at CLI start
+    import torch  # deferred: keeps the job boundary torch-free
 
     heads = torch.tensor(head_indices(kv_groups, geom), dtype=torch.long)
     return (heads[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
@@ -84,7 +84,7 @@ def o_proj_columns(kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
 
 def kv_rows(kv_groups: list[int], geom: AttnShape) -> torch.Tensor:
     """Output rows of k_proj / v_proj kept with ``kv_groups`` (ascending), LongTensor."""
-    import torch  # deferred: torch, ~3 s at CLI start
+    import torch  # deferred: keeps the job boundary torch-free
 
     g = torch.tensor(kv_groups, dtype=torch.long)
     return (g[:, None] * geom.head_dim + torch.arange(geom.head_dim)).reshape(-1)
@@ -112,7 +112,7 @@ def pruned_value_proj(v_weight: torch.Tensor, kv_groups: list[int], geom: AttnSh
 
 def weight_of(module: nn.Module, name: str = "weight") -> torch.Tensor:
     """A module's ``weight`` (or ``name``) tensor; TypeError when it holds none."""
-    import torch  # deferred: torch, ~3 s at CLI start
+    import torch  # deferred: keeps the job boundary torch-free
 
     t = getattr(module, name, None)
     if not isinstance(t, torch.Tensor):
@@ -124,8 +124,8 @@ def sliced_linear(
     lin: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None, bias: bool | None = None
 ) -> nn.Linear:
     """A new Linear holding ``lin.weight[rows][:, cols]`` (and its bias rows)."""
-    import torch  # deferred: torch, ~3 s at CLI start
-    from torch import nn  # deferred: torch, ~3 s at CLI start
+    import torch  # deferred: keeps the job boundary torch-free
+    from torch import nn  # deferred: keeps the job boundary torch-free
 
     w = lin.weight.data
     b = lin.bias.data if lin.bias is not None else None
@@ -279,7 +279,7 @@ class Adapter(StockClass):
             raise ValueError("a layer must keep at least one KV group")
         if len(set(kv_groups)) != len(kv_groups) or max(kv_groups) >= geom.n_kv or min(kv_groups) < 0:
             raise ValueError(f"invalid kv_groups {kv_groups} for {geom.n_kv} KV heads")
-        import torch  # deferred: torch, ~3 s at CLI start
+        import torch  # deferred: keeps the job boundary torch-free
 
         attn, mlp = self.attention(layer), self.mlp(layer)
         q_rows = o_proj_columns(kv_groups, geom)

@@ -144,7 +144,7 @@ def choose_arch(candidates: tuple[str, ...], needs: GgufNeeds) -> tuple[GgufArch
 # ----------------------------------------------------------------------------- other names
 def file_types() -> dict[str, LlamaFileType]:
     """``general.file_type`` of each requested tensor type (gguf-py's ``LlamaFileType``)."""
-    from gguf import LlamaFileType as F  # deferred: gguf, ~0.3 s at workflow planning
+    from gguf import LlamaFileType as F  # deferred: gguf (~0.3 s), only the GGUF stages need it
 
     return {
         "f32": F.ALL_F32,
@@ -163,7 +163,7 @@ def file_types() -> dict[str, LlamaFileType]:
 def file_type_name(value: int) -> str:
     """The tensor type named by a ``general.file_type`` value: ours (:func:`file_types`) where
     it is one, else gguf-py's name less its ALL_/MOSTLY_ prefix (``q4_k_m``)."""
-    from gguf import LlamaFileType as F  # deferred: gguf, ~0.3 s at workflow planning
+    from gguf import LlamaFileType as F  # deferred: gguf (~0.3 s), only the GGUF stages need it
 
     ours = {int(v): k for k, v in file_types().items()}
     if value in ours:
@@ -179,7 +179,7 @@ SPM_TOKENIZER_MODEL = "llama"
 def byte_fallback_vocab(folder: Path) -> LlamaHfVocab:
     """gguf-py's reader of a byte-fallback BPE ``tokenizer.json`` (``LlamaHfVocab``: tokens,
     scores and types as the converter's ``_set_vocab_llama_hf`` writes them)."""
-    from gguf import LlamaHfVocab  # deferred: gguf, ~0.3 s at workflow planning
+    from gguf import LlamaHfVocab  # deferred: gguf (~0.3 s), only the GGUF stages need it
 
     return LlamaHfVocab(folder)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from coec.io.artifacts import read_result
 from coec.registry import Registry
 from coec.report.columns import is_model_column
 
@@ -57,9 +58,6 @@ def _long(paths: Iterable[str | Path] | None, label_columns: tuple[str, ...]) ->
 
 
 def _ppl(path: str | Path) -> float:
-    # deferred: coec.io.artifacts imports torch (~1.8 s); this module loads with every `coec` command
-    from coec.io.artifacts import read_result
-
     return as_float(read_result(path).get("ppl"))
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from coec.extension import extensions
 from coec.io.atomic import write_text
+from coec.iterative import claims as _iterative  # noqa: F401  (registers the iterative method's claims, first)
 from coec.report.claims.core import CLAIMS, VERDICTS, Claim, NotTestable, Results
 from coec.report.claims.paper import table4_beside_paper  # importing .paper registers the paper's claims
 
 
 def registered_claims() -> list[Claim]:
-    """The COEC paper's claims (registered on import) and every extension's."""
-    extensions()
+    """Every registered claim, in registration order: the iterative method's
+    (``coec.iterative.claims``), then the COEC paper's (``coec.report.claims.paper``)."""
     return list(CLAIMS.values())
 
 

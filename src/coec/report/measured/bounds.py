@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def _reader(path: str | Path) -> gguf.GGUFReader:
-    import gguf  # deferred: gguf, ~0.3 s at workflow planning
+    import gguf  # deferred: gguf (~0.3 s), only the llama.cpp runtimes need it
 
     return gguf.GGUFReader(str(path))
 

@@ -29,29 +29,22 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from coec.evaluate.llamacpp.run import require
-from coec.export.formats import GGUF_VARIANTS
 from coec.io import artifacts
 from coec.io.atomic import write_text
 from coec.io.isolated import describe_exit, signal_name
 from coec.report.measured.bounds import gguf_flops_per_token, prefill_context
+from coec.report.measured.figure import plot_measured
+from coec.report.measured.runtimes import RUNTIMES
 from coec.report.measured.worker import MARK
-
-if TYPE_CHECKING:
-    import pandas as pd
+from coec.report.rendering import to_markdown
 
 log = logging.getLogger(__name__)
-
-RUNTIMES = {
-    "transformers-fp32": ("transformers", "float32"),
-    "transformers-bf16": ("transformers", "bfloat16"),
-    **{f"llamacpp-{t}": ("llama.cpp", t) for t in GGUF_VARIANTS},
-}
-
 
 # the Markdown twin's columns (the CSV has every one): name in the CSV -> heading
 MD_COLUMNS = {
@@ -103,7 +96,7 @@ def prompt_ids(spec: dict[str, Any]) -> list[int]:
 def vocab_size(cell: dict[str, Any]) -> int:
     gguf_file = next(iter(cell.get("gguf", {}).values()), None)
     if gguf_file:
-        import gguf  # deferred: gguf, ~0.3 s at workflow planning
+        import gguf  # deferred: gguf (~0.3 s), only the llama.cpp runtimes need it
 
         emb = next(t for t in gguf.GGUFReader(gguf_file).tensors if t.name == "token_embd.weight")
         return int(emb.shape[1])
@@ -265,11 +258,6 @@ def table_rows(configs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict
 def write_measured(spec: dict[str, Any], out: str | Path) -> pd.DataFrame:
     """Measure, then write ``out`` (CSV), its .md twin (caption with the machine, threads, load
     average and repeats) and the figure; returns the table (a DataFrame)."""
-    import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
-
-    from coec.report.measured.figure import plot_measured  # deferred: matplotlib, ~1.1 s at workflow planning
-    from coec.report.rendering import to_markdown  # deferred: pandas, ~0.8 s at workflow planning
-
     check_runtimes(spec)
     configs, machine = measure_all(spec)
     df = pd.DataFrame(table_rows(configs, spec))

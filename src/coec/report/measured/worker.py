@@ -32,11 +32,11 @@ def _transformers(spec: dict[str, Any]) -> dict[str, Any]:
     dtype = getattr(torch, spec["dtype"])
     device = spec.get("device", "cpu")
     if spec.get("path"):
-        from transformers import AutoModelForCausalLM  # deferred: ~1.4 s at workflow planning
+        from transformers import AutoModelForCausalLM  # deferred: a llama.cpp run's peak memory without it
 
         model = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=dtype)
     else:
-        from coec.model.cell import build_model  # deferred: ~1 s at workflow planning
+        from coec.model.cell import build_model  # deferred: a llama.cpp run's peak memory without it
 
         b = spec["build"]
         model, _ = build_model(b["model"], spec["dtype"], "cpu", b.get("keep"), b.get("comp") or [])

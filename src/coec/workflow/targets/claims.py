@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from coec.extension import extensions
 from coec.io import paths
+from coec.iterative import targets as iterative_targets
 from coec.workflow.targets.figures import fig2_spec, figure_inputs
 
 Config = dict[str, Any]
@@ -25,9 +25,7 @@ def claims_spec(config: Config) -> dict[str, Any]:
         "appC": paths.table_file("appC") if "appC" in config else None,
         "fig2": fig2_spec(config)["panels"] if "fig2" in config else None,
     }
-    for ext in extensions():
-        if ext.claims_spec is not None:
-            spec.update(ext.claims_spec(config))
+    spec.update(iterative_targets.claims_spec(config))
     return spec
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from coec.config.validate import ConfigError
 from coec.io import paths
 from coec.iterative import targets as iterative_targets
-from coec.report.measured.table import RUNTIMES
+from coec.report.measured.runtimes import RUNTIMES
 from coec.workflow.targets import model_path
 
 KEY = "table4_measured"

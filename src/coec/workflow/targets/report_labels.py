@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from coec.extension import extensions
 from coec.io import paths
+from coec.iterative import targets as iterative_targets
 from coec.workflow.targets.figures import appc_caption, fig2_spec
 from coec.workflow.targets.tables import table_cfg
 
@@ -53,9 +53,7 @@ def report_items(config: Config) -> list[Item]:
             (paths.table_file("appC"), "App. C: geometry summary", ""),
             (paths.figure_file("appC_angles"), "App. C: principal angles per layer", appc_caption(config)),
         ]
-    for ext in extensions():
-        if ext.report_items is not None:
-            items += ext.report_items(config)
+    items += iterative_targets.report_items(config)
     return items
 
 
