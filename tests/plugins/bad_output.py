@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
-from coec.compensate.validators import choice, opt
+from coec.api import METHODS, CommonOptions, Compensation, Method, Problem, choice, opt
 
 FAULTS = ("none", "shape", "nan", "bias", "info", "overflow")
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
-from coec.compensate.validators import number, opt
+from coec.api import METHODS, CommonOptions, Compensation, Method, Problem, number, opt
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from coec.export.formats import EXPORT_FORMATS, ExportFormat, ExportRequest, FormatOption
+from coec.api import EXPORT_FORMATS, ExportFormat, ExportRequest, FormatOption
 
 
 def write(request: ExportRequest) -> dict:

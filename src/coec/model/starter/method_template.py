@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from coec.compensate.method import METHODS, CommonOptions, Compensation, Method, Problem
-from coec.compensate.validators import number, opt
+from coec.api import METHODS, CommonOptions, Compensation, Method, Problem, number, opt
 
 
 @dataclass(frozen=True)
