@@ -21,8 +21,8 @@ from shlex import quote as shlex_quote
 from typing import Any
 
 from coec.compensate.inputs import Job
-from coec.compensate.methods.base import CommonOptions
 from coec.compensate.methods import METHODS
+from coec.compensate.methods.base import CommonOptions
 from coec.compensate.options import resolve, top_level_options
 from coec.config.modelcheck import local_model_type
 from coec.config.validate import ConfigError
