@@ -231,18 +231,26 @@ REPO = Path(__file__).resolve().parents[1]
 REV = "0123456789abcdef0123456789abcdef01234567"
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        *args,
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+def snakemake_cmd(workdir: Path | None, *args: str) -> list[str]:
+    """``python -m snakemake`` on the repository's Snakefile in ``workdir``; ``workdir`` None: a
+    plain ``snakemake`` (no --snakefile, no --directory: the caller's folder decides)."""
+    where = [] if workdir is None else ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    return [sys.executable, "-m", "snakemake", *where, *args]
+
+
+def snakemake(
+    workdir: Path | None,
+    *args: str,
+    check: bool = True,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    timeout: int = 900,
+) -> subprocess.CompletedProcess:
+    """Run :func:`snakemake_cmd` (the one way tests run Snakemake); ``check``: a non-zero exit
+    fails the test with the ends of stdout and stderr."""
+    res = subprocess.run(
+        snakemake_cmd(workdir, *args), capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+    )
     if check and res.returncode:
         raise AssertionError(f"snakemake failed ({res.returncode}):\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
     return res

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import yaml
 
 from coec.cli import build_parser
 from coec.config.validate import schema_default
-from conftest import full_workflow_config
+from conftest import full_workflow_config, snakemake
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = [
@@ -59,28 +57,7 @@ def rule_commands(tmp_path_factory) -> list[list[str]]:
     work = tmp_path_factory.mktemp("every-rule")
     cfg_path = work / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(every_rule_config(work)))
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(work),
-            "-n",
-            "-p",
-            "--cores",
-            "1",
-            *TARGETS,
-            "--configfile",
-            str(cfg_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = snakemake(work, "-n", "-p", "--cores", "1", *TARGETS, "--configfile", str(cfg_path), timeout=600)
     commands = []
     for line in res.stdout.splitlines():
         if not line.startswith("Shell command: "):
