@@ -6,10 +6,9 @@ from __future__ import annotations
 import csv
 import re
 
-import pytest
 import yaml
 
-from conftest import REPO, job_counts, snakemake, write_trimmed_workflow
+from conftest import REPO, job_counts, run_env, snakemake
 
 
 def planned_threads(output: str) -> list[tuple[str, int, dict]]:
@@ -77,6 +76,28 @@ def test_paper_grid_dry_run(tmp_path):
     assert "prepare_model" not in counts  # hub models are not workflow outputs
 
 
+def test_compute_threads_win_over_the_resources(shared_run, tmp_path):
+    """An explicit compute.threads is every job's OMP_NUM_THREADS, whatever CPUs its resources ask
+    for (calibrate_threads 0: as threads)."""
+    # config.yaml's calibrate_threads 2 set to 0, as paper.yaml does
+    fixed = shared_run.write_config(tmp_path / "threads.yaml", {"compute": {"threads": 5, "calibrate_threads": 0}})
+    res = snakemake(
+        shared_run.fresh(tmp_path / "work"),
+        "-n",
+        "-p",
+        "--cores",
+        "64",
+        "results/table1.csv",
+        "--configfile",
+        str(shared_run.cfg_path),
+        str(fixed),
+        env=run_env(),
+    )
+    jobs = planned_threads(res.stdout)
+    assert {rule for rule, _, _ in jobs} >= {"calibrate", "select", "compensate", "ppl_cell"}
+    assert {omp for _, omp, _ in jobs} == {5}
+
+
 def test_bad_config_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("group_rounding: sideways\n")
@@ -86,25 +107,6 @@ def test_bad_config_one_line(tmp_path):
     bad.write_text("evaluation: {ppl_seqlen: 128, ppl_dataset: enwiki, ppl_sequence: 3}\n")
     res = snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(bad), check=False)
     assert "unknown key under evaluation" in res.stderr + res.stdout
-
-
-@pytest.fixture(scope="module")
-def trimmed_run(tmp_path_factory):
-    """A real run of the whole chain on a tiny Llama and local text, then table1."""
-    work = tmp_path_factory.mktemp("wf")
-    cfg, cfg_path = write_trimmed_workflow(work)
-    # the local profile runs the same DAG (one job per (cell, layer)) the SLURM profile submits
-    snakemake(
-        work,
-        "results/table1.csv",
-        "--workflow-profile",
-        str(REPO / "workflow/profiles/default"),
-        "--cores",
-        "2",
-        "--configfile",
-        str(cfg_path),
-    )
-    return work, cfg, cfg_path
 
 
 def planned_jobs(output: str) -> list[tuple[str, str, dict]]:
@@ -119,24 +121,25 @@ def planned_jobs(output: str) -> list[tuple[str, str, dict]]:
     return jobs
 
 
-def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path):
+def test_slurm_profile_plans_the_dag_the_local_profile_ran(shared_run, tmp_path):
     """The SLURM profile (executor plugin) plans, job for job, the DAG the local profile ran,
     with the per-model GPU resources of the config on every job."""
-    work, _, cfg_path = trimmed_run
+    work, cfg_path = shared_run.work, shared_run.cfg_path
     plans = {}
     res = snakemake(
-        tmp_path / "default",
+        shared_run.fresh(tmp_path / "default"),
         "-n",
         "results/table1.csv",
         "--workflow-profile",
         str(REPO / "workflow/profiles/default"),
         "--configfile",
         str(cfg_path),
+        env=run_env(),
     )
     plans["default"] = res.stdout
     # the SLURM command in the README's second form: `--` ends --configfile's list of files
     res = snakemake(
-        tmp_path / "slurm",
+        shared_run.fresh(tmp_path / "slurm"),
         "-n",
         "--workflow-profile",
         str(REPO / "workflow/profiles/slurm"),
@@ -144,13 +147,16 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
         str(cfg_path),
         "--",
         "results/table1.csv",
+        env=run_env(),
     )
     plans["slurm"] = res.stdout
     local = sorted((r, w) for r, w, _ in planned_jobs(plans["default"]))
     slurm_jobs = planned_jobs(plans["slurm"])
     assert sorted((r, w) for r, w, _ in slurm_jobs) == local
-    comp = [(w, res) for r, w, res in slurm_jobs if r == "compensate"]
-    assert len(comp) == 3 * 2  # COEC, bias and RCPU cells x two layers, one job each
+    # compensate_base: the COEC cell's blocks, which the blend cell reads (the same job otherwise)
+    comp = [(w, res) for r, w, res in slurm_jobs if r in ("compensate", "compensate_base")]
+    # COEC, bias, RCPU, aligned RCPU, blend and plug-in cells x two layers, one job each
+    assert len(comp) == 6 * 2 and sum(r == "compensate_base" for r, _, _ in slurm_jobs) == 2
     for _, res in comp:
         assert (res["gpu"], res["mem_mb"], res["runtime"]) == ("1", "3000", "7")
         assert (res["cpus_per_gpu"], res["cpus_per_task"], res["slurm_partition"]) == ("3", "0", "gpu")
@@ -187,7 +193,7 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
     assert sbatch_cpus(calib[0]) == f"--cpus-per-gpu={n_task}"
     # every planned job is one the local run produced
     for rule, wc, _ in planned_jobs(plans["default"]):
-        if rule == "compensate":
+        if rule in ("compensate", "compensate_base"):
             w = dict(kv.split("=", 1) for kv in wc.split(", "))
             assert (
                 work / f"results/{w['model']}/{w['calib']}/{w['select']}-{w['ratio']}/"
@@ -195,8 +201,8 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
             ).is_file()
 
 
-def test_trimmed_run_table1(trimmed_run):
-    work, _, _ = trimmed_run
+def test_trimmed_run_table1(shared_run):
+    work = shared_run.work
     rows = list(csv.DictReader((work / "results/table1.csv").open()))
     assert [(r["selection"], r["compensation"]) for r in rows] == [
         ("dense", "dense"),
@@ -204,6 +210,9 @@ def test_trimmed_run_table1(trimmed_run):
         ("Wanda-sp", "COEC"),
         ("FLAP", "bias"),
         ("RCPU", "RCPU"),
+        ("Wanda-sp", "blend"),
+        ("rcpu-a16", "RCPU"),
+        ("Wanda-sp", "scaled"),
     ]
     for r in rows:
         assert float(r["tiny"]) > 1.0
@@ -216,9 +225,9 @@ def test_trimmed_run_table1(trimmed_run):
     assert not list((work / "results").rglob("*.tmp"))
 
 
-def test_trimmed_run_logs_have_no_logging_errors(trimmed_run):
+def test_trimmed_run_logs_have_no_logging_errors(shared_run):
     """No job of the real run hit a logging error (a message that failed to format)."""
-    work, _, _ = trimmed_run
+    work = shared_run.work
     logs = sorted((work / "results/logs").rglob("*.log"))
     assert len(logs) >= 8
     bad = [str(p.relative_to(work)) for p in logs if "--- Logging error ---" in p.read_text(errors="replace")]
@@ -226,28 +235,32 @@ def test_trimmed_run_logs_have_no_logging_errors(trimmed_run):
     assert "relerr" in (work / "results/logs/compensate/tiny/c8/wanda_sp-0.5/coec/block0-0.log").read_text()
 
 
-def test_changing_ppl_seqlen_replans_only_evaluation(trimmed_run):
-    work, cfg, cfg_path = trimmed_run
-    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(cfg_path))
+def test_changing_ppl_seqlen_replans_only_evaluation(shared_run, tmp_path):
+    work, cfg, cfg_path = shared_run.work, shared_run.cfg, shared_run.cfg_path
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(cfg_path), env=run_env())
     assert "Nothing to be done" in res.stdout + res.stderr
     cfg = dict(cfg, evaluation=dict(cfg["evaluation"], ppl_seqlen=16))
-    changed = work / "changed.yaml"
-    changed.write_text(yaml.safe_dump(cfg))
-    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
+    changed = shared_run.write_config(tmp_path / "changed.yaml", cfg)
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed), env=run_env())
     counts = job_counts(res.stdout)
     assert set(counts) == {"ppl_dense", "ppl_cell", "table", "total"}
-    assert counts["ppl_cell"] == 4 and counts["ppl_dense"] == 1
+    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) and counts["ppl_dense"] == 1
 
 
-def test_changing_a_coec_option_replans_only_coec_cells(trimmed_run):
-    work, cfg, _ = trimmed_run
+def test_changing_a_coec_option_replans_only_coec_cells(shared_run, tmp_path):
+    """Only the COEC cell's jobs (2 layer jobs; compensate_base, as the blend cell reads its
+    blocks) and those that read them (the blend cell) are planned again."""
+    work, cfg = shared_run.work, shared_run.cfg
     comps = dict(cfg["compensations"])
     comps["coec"] = dict(comps["coec"], max_rounds=2)
-    changed = work / "coec_changed.yaml"
-    changed.write_text(yaml.safe_dump(dict(cfg, compensations=comps)))
-    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
+    changed = shared_run.write_config(tmp_path / "coec_changed.yaml", dict(cfg, compensations=comps))
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed), env=run_env())
     counts = job_counts(res.stdout)
-    assert counts == {"compensate": 2, "ppl_cell": 1, "table": 1, "total": 4}  # 2 layer jobs
+    assert counts == {"compensate_base": 2, "compensate": 2, "ppl_cell": 2, "table": 1, "total": 7}
+    jobs = [(r, dict(kv.split("=", 1) for kv in w.split(", "))) for r, w, _ in planned_jobs(res.stdout) if r != "table"]
+    planned = {(r, wc["comp"]) for r, wc in jobs}
+    want = {("compensate_base", "coec"), ("compensate", "blend"), ("ppl_cell", "coec"), ("ppl_cell", "blend")}
+    assert planned == want
 
 
 def test_calibration_size_figures_share_the_base_cells(tmp_path):
