@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -28,42 +30,74 @@ def planned_threads(output: str) -> list[tuple[str, int, dict]]:
     return jobs
 
 
-def test_paper_grid_dry_run(tmp_path):
-    res = snakemake(
-        tmp_path,
-        "-n",
-        "-p",
-        "--cores",
-        "64",
-        "results/table1.csv",
-        "results/appA_ppl.csv",
-        "--configfile",
-        str(REPO / "workflow/configs/paper.yaml"),
-    )
-    counts = job_counts(res.stdout)
-    # threads (OMP_NUM_THREADS) = the CPUs each job asks SLURM for: cpus_per_task on CPU jobs,
-    # gpu x cpus_per_gpu on GPU jobs (every evaluation streams on one GPU: 4 threads)
-    jobs = planned_threads(res.stdout)
-    assert len(jobs) == counts["total"]
-    for rule, omp, r in jobs:
-        want = int(r["gpu"]) * int(r["cpus_per_gpu"]) if int(r["gpu"]) else int(r["cpus_per_task"])
-        assert omp == want, (rule, omp, r)
-    assert {omp for rule, omp, _ in jobs if rule == "ppl_cell"} == {4}
-    # an explicit compute.threads wins over the resources (calibrate_threads 0: as threads)
-    fixed = tmp_path / "threads.yaml"
-    fixed.write_text("compute: {threads: 3}\n")
-    res = snakemake(
-        tmp_path,
-        "-n",
-        "-p",
-        "--cores",
-        "64",
-        "results/table1.csv",
-        "--configfile",
-        str(REPO / "workflow/configs/paper.yaml"),
-        str(fixed),
-    )
-    assert {omp for _, omp, _ in planned_threads(res.stdout)} == {3}
+# ----------------------------------------------------------------------------- the paper grid, planned
+#: the paper grid's targets (tables) of the job counts below and of the slow tier's real dry run
+#: (tests/workflow/test_workflow_slow.py)
+PAPER_TABLES = ("table1", "appA_ppl")
+#: the threads keys of each stage's rules (workflow/rules/*.smk: ``threads: W.threads(stage, keys)``)
+STAGE_THREADS = {
+    "calibrate": ("calibrate_threads", "threads"),
+    "select": ("threads",),
+    "compensate": ("threads",),
+    "ppl": ("threads",),
+    "zeroshot": ("threads",),
+    "report": ("threads",),
+    "prepare": ("threads",),
+}
+
+
+def paper_config(*extra: dict) -> dict:
+    """config.yaml with workflow/configs/paper.yaml (and ``extra``) merged over it as Snakemake
+    merges --configfile files, validated (defaults filled) as the workflow validates it."""
+    from coec.config.validate import validate_config
+
+    def merge(a: dict, b: dict) -> dict:
+        for k, v in b.items():
+            if isinstance(v, dict) and isinstance(a.get(k), dict):
+                merge(a[k], v)
+            else:
+                a[k] = v
+        return a
+
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    for more in (yaml.safe_load((REPO / "workflow/configs/paper.yaml").read_text()), *extra):
+        merge(cfg, more)
+    return validate_config(cfg)
+
+
+def planned_job_counts(config: dict, tables=PAPER_TABLES) -> dict[str, int]:
+    """Jobs per rule that the tables' targets need, from the pure planning functions: the result
+    files each table reads (``coec.workflow.targets.table_inputs``), a model's compensation
+    blocks (``Wiring.blocks``: one job per block of a cell whose method is not ``none``) and the
+    model folders the workflow makes (``Wiring.model_input``: embedded models only)."""
+    from coec.workflow.targets import table_inputs
+    from coec.workflow.wiring import Wiring
+
+    W = Wiring(config)
+    dense, cells = set(), set()
+    for f in {f for t in tables for f in table_inputs(W.config, t)}:
+        # results/<model>/dense/ppl.json or results/<model>/<calib>/<select>-<ratio>/<comp>/ppl.json
+        parts = Path(f).parts
+        if parts[2] == "dense":
+            dense.add(parts[1])
+        else:
+            cells.add(parts[1:5])
+    models = dense | {c[0] for c in cells}
+    counts = {
+        "calibrate": len({c[:2] for c in cells}),
+        "select": len({c[:3] for c in cells}),
+        "compensate": sum(len(W.blocks(c[0])) for c in cells if W.compensation(c[3])["method"] != "none"),
+        "ppl_dense": len(dense),
+        "ppl_cell": len(cells),
+        "prepare_model": sum(bool(W.model_input(SimpleNamespace(model=m))) for m in models),
+    }
+    return {rule: n for rule, n in counts.items() if n}
+
+
+def test_paper_grid_jobs_from_the_plan():
+    """The paper grid's Table 1 and App. A perplexity tables, counted from the planning functions
+    (the slow tier's real dry run checks these counts against Snakemake's DAG)."""
+    counts = planned_job_counts(paper_config())
     # 6 models x (1 dense + 3 ratios x 11 rows: the paper's 6 plus bias and ridge under every
     # selection) evaluations
     assert counts["calibrate"] == 6
@@ -76,9 +110,32 @@ def test_paper_grid_dry_run(tmp_path):
     assert "prepare_model" not in counts  # hub models are not workflow outputs
 
 
+def test_paper_grid_threads_are_the_cpus_each_job_asks_for():
+    """threads (OMP_NUM_THREADS) = the CPUs each job asks SLURM for: cpus_per_task on CPU jobs,
+    gpu x cpus_per_gpu on GPU jobs (every evaluation streams on one GPU: 4 threads), for every
+    stage and model of the paper config; an explicit compute.threads wins over the resources
+    (calibrate_threads 0: as threads)."""
+    from coec.workflow.wiring import Wiring
+
+    cfg = paper_config()
+    W = Wiring(cfg)
+    for stage, keys in STAGE_THREADS.items():
+        threads, res = W.threads(stage, keys), W.rule_resources(stage)
+        for model in cfg["models"]:
+            wc = SimpleNamespace(model=model)
+            gpu = res["gpu"](wc)
+            want = gpu * res["cpus_per_gpu"](wc) if gpu else res["cpus_per_task"](wc)
+            assert threads(wc) == want, (stage, model)
+            if stage == "ppl" and model in cfg["table1"]["models"]:
+                assert threads(wc) == 4
+    fixed = Wiring(paper_config({"compute": {"threads": 3}}))
+    assert {fixed.threads(stage, keys) for stage, keys in STAGE_THREADS.items()} == {3}
+
+
 def test_compute_threads_win_over_the_resources(shared_run, tmp_path):
     """An explicit compute.threads is every job's OMP_NUM_THREADS, whatever CPUs its resources ask
-    for (calibrate_threads 0: as threads)."""
+    for (calibrate_threads 0: as threads); on the paper grid, as planned:
+    test_paper_grid_threads_are_the_cpus_each_job_asks_for."""
     # config.yaml's calibrate_threads 2 set to 0, as paper.yaml does
     fixed = shared_run.write_config(tmp_path / "threads.yaml", {"compute": {"threads": 5, "calibrate_threads": 0}})
     res = snakemake(
