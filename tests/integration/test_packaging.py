@@ -75,8 +75,8 @@ def test_setuptools_floor_supports_spdx_license():
 
 
 def test_torch_floor_has_mm_out_dtype():
-    src = (ROOT / "src" / "coec" / "calibrate.py").read_text()
-    assert re.search(r"torch\.mm\([^)]*out_dtype=", src), "calibration no longer uses out_dtype"
+    src = "\n".join(p.read_text() for p in sorted((ROOT / "src" / "coec" / "calibrate").rglob("*.py")))
+    assert re.search(r"torch\.mm\([^)]*out_dtype=", src), "calibration (coec.calibrate) no longer uses out_dtype"
     torch_req = requirement(PYPROJECT["project"]["dependencies"], "torch")
     assert floor(str(torch_req.specifier)) >= TORCH_MM_OUT_DTYPE
     # the installed torch has the overload (the meta backend runs it without a GPU)

@@ -88,9 +88,10 @@ def _subparser(parser: argparse.ArgumentParser, words: list[str]) -> tuple[argpa
 
 def test_every_rule_command_parses(rule_commands):
     names = set()
+    parser = build_parser()  # parsing changes no parser: one for every command
     for words in rule_commands:
-        build_parser().parse_args(words)  # exits on an unknown option
-        names.add(_subparser(build_parser(), words)[1])
+        parser.parse_args(words)  # exits on an unknown option
+        names.add(_subparser(parser, words)[1])
     # the dry run reached every kind of stage the rules run
     assert {
         "calibrate",
@@ -111,8 +112,9 @@ def test_every_rule_command_parses(rule_commands):
 def test_options_the_rules_pass_have_one_default(rule_commands):
     """Every option a rule passes: required, a schema default (config_arg), or no default."""
     problems = set()
+    root = build_parser()
     for words in rule_commands:
-        parser, name = _subparser(build_parser(), words)
+        parser, name = _subparser(root, words)
         by_flag = {f: a for a in parser._actions for f in a.option_strings}
         for w in words:
             if not w.startswith("--"):
