@@ -84,6 +84,93 @@ def write_trimmed_workflow(work: Path) -> tuple[dict, Path]:
     return cfg, cfg_path
 
 
+# ----------------------------------------------------------------------------- the shared workflow run
+#: tests/plugins/: the plug-ins the tests load
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+#: the shared run's plug-in method (tests/plugins/global_scale.py), copied into its work folder
+SHARED_PLUGIN = "global_scale.py"
+#: the shared run's aligned-width selection: RCPU's scores, kept channels a multiple of 16 (floor)
+ALIGNED = {"score": "rcpu", "channel_multiple": 16, "channel_rounding": "floor"}
+#: what the shared run reads, in its work folder (its config names them relative to it)
+SHARED_INPUTS = ("tiny-llama", "calib.txt", "eval.txt", SHARED_PLUGIN)
+
+
+def shared_config() -> dict:
+    """The config of the session's one shared run: .test/config/config.yaml (calibrate -> select ->
+    compensate -> ppl -> table1 on a tiny Llama, GPU resources on calibrate and compensate) plus a
+    blend cell (base coec, held-out set c8h disjoint from c8), an aligned-width selection (rcpu-a16)
+    and a plug-in method's row (global_scale, named in ``plugins`` only). Paths are relative to the
+    work folder, so a copy of a finished run's folder is the same finished run."""
+    import yaml
+
+    cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    cfg["plugins"] = [SHARED_PLUGIN]
+    cfg["calibration"]["c8h"] = dict(cfg["calibration"]["c8"], seed=1, disjoint_from="c8")
+    cfg["selections"] = {"rcpu-a16": dict(ALIGNED)}
+    cfg["compensations"]["blend"] = {"method": "blend", "base": "coec", "holdout": "c8h"}
+    cfg["compensations"]["scaled"] = {"method": "global_scale"}
+    cfg["table1"]["rows"] += [
+        {"selection": "wanda_sp", "compensation": "blend"},
+        {"selection": "rcpu-a16", "compensation": "rcpu"},
+        {"selection": "wanda_sp", "compensation": "scaled"},
+    ]
+    return cfg
+
+
+class WorkflowRun:
+    """A finished Snakemake run of :func:`shared_config` in a work folder: its inputs, results,
+    .snakemake records and config file (``trim.yaml``, paths relative to the folder)."""
+
+    def __init__(self, work: Path, cfg: dict):
+        self.work, self.cfg, self.cfg_path = work, cfg, work / "trim.yaml"
+
+    def copy(self, dst: Path) -> WorkflowRun:
+        """The same finished run in ``dst`` (every file with its mtime): a test that edits and
+        reruns works there, never in the session's run."""
+        shutil.copytree(self.work, dst, symlinks=True)
+        return WorkflowRun(dst, copy.deepcopy(self.cfg))
+
+    def fresh(self, dst: Path) -> Path:
+        """A folder with the run's inputs (links) and config and no results: a plan from nothing."""
+        dst.mkdir(parents=True)
+        for name in (*SHARED_INPUTS, self.cfg_path.name):
+            (dst / name).symlink_to(self.work / name, target_is_directory=(self.work / name).is_dir())
+        return dst
+
+    def write_config(self, path: Path, cfg: dict) -> Path:
+        """``cfg`` written to ``path`` (anywhere: its paths stay relative to the work folder)."""
+        import yaml
+
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+
+def run_env() -> dict:
+    """The environment of a workflow run: no plug-ins from the environment (a config names its own)."""
+    from coec.registry import PLUGINS_ENV
+
+    return {k: v for k, v in os.environ.items() if k != PLUGINS_ENV}
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory) -> WorkflowRun:
+    """The session's one real run of the trimmed workflow (:func:`shared_config`, every table1 row,
+    through the local profile, which runs the DAG the SLURM profile submits: one job per (cell,
+    layer)). Tests read it, plan against it, or copy it (``WorkflowRun.copy``) to edit and rerun."""
+    work = tmp_path_factory.mktemp("shared-run")
+    make_model_dir(work / "tiny-llama", "llama")
+    (work / "calib.txt").write_text(CORPUS)
+    (work / "eval.txt").write_text(CORPUS[1000:4000])
+    shutil.copyfile(PLUGINS / SHARED_PLUGIN, work / SHARED_PLUGIN)
+    cfg = shared_config()
+    run = WorkflowRun(work, cfg)
+    run.write_config(run.cfg_path, cfg)
+    profile = str(REPO / "workflow/profiles/default")
+    target = ("results/table1.csv", "--configfile", str(run.cfg_path))
+    snakemake(work, "--workflow-profile", profile, "--cores", "2", *target, env=run_env())
+    return run
+
+
 def full_workflow_config(work: Path) -> dict:
     """A trimmed config that reaches every stage of the paper's grid and of the iterative method
     (every selection and compensation method, Fig. 2, multi-domain mixes, every iterative mode and
@@ -233,18 +320,26 @@ REPO = Path(__file__).resolve().parents[1]
 REV = "0123456789abcdef0123456789abcdef01234567"
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        *args,
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+def snakemake_cmd(workdir: Path | None, *args: str) -> list[str]:
+    """``python -m snakemake`` on the repository's Snakefile in ``workdir``; ``workdir`` None: a
+    plain ``snakemake`` (no --snakefile, no --directory: the caller's folder decides)."""
+    where = [] if workdir is None else ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    return [sys.executable, "-m", "snakemake", *where, *args]
+
+
+def snakemake(
+    workdir: Path | None,
+    *args: str,
+    check: bool = True,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    timeout: int = 900,
+) -> subprocess.CompletedProcess:
+    """Run :func:`snakemake_cmd` (the one way tests run Snakemake); ``check``: a non-zero exit
+    fails the test with the ends of stdout and stderr."""
+    res = subprocess.run(
+        snakemake_cmd(workdir, *args), capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+    )
     if check and res.returncode:
         raise AssertionError(f"snakemake failed ({res.returncode}):\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
     return res

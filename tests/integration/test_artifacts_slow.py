@@ -3,12 +3,9 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from conftest import write_trimmed_workflow
+from conftest import snakemake, write_trimmed_workflow
 from test_artifacts import REPO, _digests  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
@@ -23,23 +20,8 @@ def test_workflow_results_are_byte_identical_across_runs(tmp_path):
     digests = []
     for run in ("one", "two"):
         work = tmp_path / run
-        cmd = [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(work),
-            "--cores",
-            "2",
-            "results/table1.csv",
-            "results/tiny/c8/wanda_sp-0.5/coec/geometry.csv",
-            "--configfile",
-            str(cfg_path),
-        ]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        assert res.returncode == 0, res.stderr[-4000:]
+        targets = ["results/table1.csv", "results/tiny/c8/wanda_sp-0.5/coec/geometry.csv"]
+        snakemake(work, "--cores", "2", *targets, "--configfile", str(cfg_path), timeout=1800)
         digests.append(
             {k: v for k, v in _digests(work / "results").items() if not k.startswith(("logs/", "benchmarks/"))}
         )

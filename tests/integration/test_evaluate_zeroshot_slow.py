@@ -10,16 +10,8 @@ import torch
 
 from coec.evaluate import zeroshot as zs
 from coec.evaluate.options import ZeroshotOptions
-from test_evaluate_zeroshot import (  # noqa: F401  (helpers and fixtures)
-    EMBEDDED,
-    HEAVY,
-    _check_rescored,
-    _snakemake,
-    _zs_workflow,
-    olmo_wheel,
-    tiny_model,
-    zs_data,
-)
+from conftest import snakemake
+from test_evaluate_zeroshot import EMBEDDED, HEAVY, _check_rescored, _zs_workflow, olmo_wheel, tiny_model, zs_data  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
 
@@ -56,9 +48,8 @@ def test_heavy_tasks_can_be_rescored(zs_data, tiny_model):
 def test_workflow_writes_records(zs_data, tmp_path):
     """A real zeroshot_dense run writes every declared record; the samples re-score."""
     cfg = _zs_workflow(tmp_path, zs_data[0])
-    res = _snakemake(
-        tmp_path, "results/tiny/dense/zeroshot_samples/arc_easy.jsonl", "--cores", "1", "--configfile", str(cfg)
-    )
+    target = "results/tiny/dense/zeroshot_samples/arc_easy.jsonl"
+    res = snakemake(tmp_path, target, "--cores", "1", "--configfile", str(cfg), check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     cell = tmp_path / "results" / "tiny" / "dense"
     summary = json.loads((cell / "zeroshot.json").read_text())

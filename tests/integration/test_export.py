@@ -17,7 +17,7 @@ from coec.export.hf_class import ExportNeeds, choose_export_class
 from coec.export.stage import MARKER, ExportRefused, check_out_dir, run_export
 from coec.model.arch import ModelError
 from coec.model.cell import build_model
-from conftest import make_model_dir
+from conftest import make_model_dir, snakemake
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -249,17 +249,6 @@ def test_out_holding_an_input_file_is_refused(cell, tmp_path):
 
 
 # ----------------------------------------------------------------------------- workflow
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _snakemake(work: Path, *args: str):
-    import subprocess
-    import sys
-
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-
-
 def _export_workflow(work: Path) -> tuple[Path, str]:
     """A trimmed config on a tiny Llama whose 25 % cell keeps 6 of 8 heads (64 % 6 != 0)."""
     import yaml
@@ -282,7 +271,7 @@ def _export_workflow(work: Path) -> tuple[Path, str]:
 
 def test_export_target_is_planned(tmp_path):
     cfg, target = _export_workflow(tmp_path)
-    res = _snakemake(tmp_path, "-n", "-p", "--cores", "1", target, "--configfile", str(cfg))
+    res = snakemake(tmp_path, "-n", "-p", "--cores", "1", target, "--configfile", str(cfg), check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rule export:" in res.stdout and "--force" not in res.stdout
     assert f"--out {target}" in res.stdout

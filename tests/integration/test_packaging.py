@@ -75,8 +75,8 @@ def test_setuptools_floor_supports_spdx_license():
 
 
 def test_torch_floor_has_mm_out_dtype():
-    src = (ROOT / "src" / "coec" / "calibrate.py").read_text()
-    assert re.search(r"torch\.mm\([^)]*out_dtype=", src), "calibration no longer uses out_dtype"
+    src = "\n".join(p.read_text() for p in sorted((ROOT / "src" / "coec" / "calibrate").rglob("*.py")))
+    assert re.search(r"torch\.mm\([^)]*out_dtype=", src), "calibration (coec.calibrate) no longer uses out_dtype"
     torch_req = requirement(PYPROJECT["project"]["dependencies"], "torch")
     assert floor(str(torch_req.specifier)) >= TORCH_MM_OUT_DTYPE
     # the installed torch has the overload (the meta backend runs it without a GPU)
@@ -100,10 +100,11 @@ def test_pins_satisfy_pyproject_ranges():
 # --- environments: every rule deploys envs/coec.yaml and runs the environment's own `coec` ---
 
 import os  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import yaml  # noqa: E402
+
+from conftest import snakemake  # noqa: E402
 
 ENV_FILE = ROOT / "envs" / "coec.yaml"
 
@@ -149,25 +150,7 @@ def test_conda_env_pins_the_requirements_and_installs_coec():
 
 def dry_run(workdir: Path, *args: str, path: str | None = None) -> str:
     env = dict(os.environ, PATH=path or os.environ["PATH"])
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "-n",
-            "-p",
-            "results/table1.csv",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = snakemake(workdir, "-n", "-p", "results/table1.csv", *args, env=env)
     return res.stdout + res.stderr
 
 
@@ -202,20 +185,7 @@ def test_plain_dry_run_runs_the_coec_next_to_snakemakes_interpreter(tmp_path):
 
 
 def test_lint_finds_no_missing_conda_directive(tmp_path):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(tmp_path),
-            "--lint",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    res = snakemake(tmp_path, "--lint", check=False)
     out = res.stdout + res.stderr
     assert "Lints for" in out or res.returncode == 0, out[-2000:]  # the linter ran
     assert "conda" not in out.lower(), [line for line in out.splitlines() if "conda" in line.lower()]

@@ -295,31 +295,12 @@ def test_workflow_passes_revision_and_trust_remote_code_to_every_model_stage(tmp
     """A dry run with models.<m>.revision / trust_remote_code set: every job that loads the
     model gets both options."""
     import re
-    import subprocess
-    import sys
 
-    repo = Path(__file__).resolve().parents[2]
+    from conftest import snakemake
+
     cfg = tmp_path / "rev.yaml"
     cfg.write_text("models:\n  smollm2-135m:\n    revision: v1 beta\n    trust_remote_code: true\n")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(repo / "Snakefile"),
-            "--directory",
-            str(tmp_path),
-            "-n",
-            "-p",
-            "results/table1.csv",
-            "--configfile",
-            str(cfg),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = snakemake(tmp_path, "-n", "-p", "results/table1.csv", "--configfile", str(cfg))
     cmds = [x.split("Shell command: ", 1)[1] for x in res.stdout.splitlines() if "Shell command: " in x]
     model_jobs = [
         c

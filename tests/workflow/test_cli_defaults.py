@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import yaml
 
 from coec.cli import build_parser
 from coec.config.validate import schema_default
-from conftest import full_workflow_config
+from conftest import full_workflow_config, snakemake
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = [
@@ -59,28 +57,7 @@ def rule_commands(tmp_path_factory) -> list[list[str]]:
     work = tmp_path_factory.mktemp("every-rule")
     cfg_path = work / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(every_rule_config(work)))
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(work),
-            "-n",
-            "-p",
-            "--cores",
-            "1",
-            *TARGETS,
-            "--configfile",
-            str(cfg_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = snakemake(work, "-n", "-p", "--cores", "1", *TARGETS, "--configfile", str(cfg_path), timeout=600)
     commands = []
     for line in res.stdout.splitlines():
         if not line.startswith("Shell command: "):
@@ -111,9 +88,10 @@ def _subparser(parser: argparse.ArgumentParser, words: list[str]) -> tuple[argpa
 
 def test_every_rule_command_parses(rule_commands):
     names = set()
+    parser = build_parser()  # parsing changes no parser: one for every command
     for words in rule_commands:
-        build_parser().parse_args(words)  # exits on an unknown option
-        names.add(_subparser(build_parser(), words)[1])
+        parser.parse_args(words)  # exits on an unknown option
+        names.add(_subparser(parser, words)[1])
     # the dry run reached every kind of stage the rules run
     assert {
         "calibrate",
@@ -133,8 +111,9 @@ def test_every_rule_command_parses(rule_commands):
 def test_options_the_rules_pass_have_one_default(rule_commands):
     """Every option a rule passes: required, a schema default (config_arg), or no default."""
     problems = set()
+    root = build_parser()
     for words in rule_commands:
-        parser, name = _subparser(build_parser(), words)
+        parser, name = _subparser(root, words)
         by_flag = {f: a for a in parser._actions for f in a.option_strings}
         for w in words:
             if not w.startswith("--"):

@@ -4,34 +4,36 @@ profiles/slurm takes its site settings (account, partitions, GPU model) from one
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from conftest import snakemake
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def snakemake(cwd: Path, *args: str) -> str:
-    res = subprocess.run(
-        [sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-    assert res.returncode == 0, f"snakemake failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+def _plain(cwd: Path, *args: str) -> str:
+    """A plain ``snakemake`` (no --snakefile / --directory unless ``args`` give them) run in ``cwd``."""
+    res = snakemake(None, *args, cwd=cwd, timeout=300)
     return res.stdout + res.stderr
 
 
+#: a target of the default config with a small DAG (the converted model and text, one evaluation)
+DENSE_PPL = "results/smollm2-135m/dense/ppl.json"
+
+
 def test_default_profile_applies_to_a_plain_run(tmp_path):
-    """`snakemake -n results/table1.csv` in the repository (no --workflow-profile) uses
-    profiles/default: its `printshellcmds: true` prints the jobs' shell commands."""
-    out = snakemake(REPO, "-n", "--directory", str(tmp_path), "results/table1.csv")
+    """`snakemake -n <target>` in the repository (no --workflow-profile) uses profiles/default:
+    its `printshellcmds: true` prints the jobs' shell commands."""
+    out = _plain(REPO, "-n", "--directory", str(tmp_path), DENSE_PPL)
     assert "workflow specific profile profiles/default " in out
     assert "Shell command: OMP_NUM_THREADS=" in out
     # the same run without the profile prints no shell command
-    out = snakemake(REPO, "-n", "--workflow-profile", "none", "--directory", str(tmp_path), "results/table1.csv")
+    out = _plain(REPO, "-n", "--workflow-profile", "none", "--directory", str(tmp_path), DENSE_PPL)
     assert "workflow specific profile" not in out and "Shell command:" not in out
     # from elsewhere, found next to the Snakefile
-    out = snakemake(tmp_path, "-n", "--snakefile", str(REPO / "Snakefile"), "results/table1.csv")
+    out = _plain(tmp_path, "-n", "--snakefile", str(REPO / "Snakefile"), DENSE_PPL)
     assert f"workflow specific profile {REPO / 'profiles/default'}" in out
     assert "Shell command: OMP_NUM_THREADS=" in out
 
@@ -72,11 +74,15 @@ def test_slurm_profile_site_settings(tmp_path):
                     "ppl": {"slurm_partition": "gpu"},
                     "zeroshot": {"slurm_partition": "gpu"},
                 },
-                "table1": {"models": ["llama-3.1-8b", "llama-3-70b"]},
+                # a smaller DAG: two models, one compensated row
+                "table1": {
+                    "models": ["llama-3.1-8b", "llama-3-70b"],
+                    "rows": [{"selection": "rcpu", "compensation": "rcpu"}],
+                },
             }
         )
-    )  # a smaller DAG
-    out = snakemake(
+    )
+    out = _plain(
         tmp_path,
         "-n",
         "--snakefile",

@@ -21,7 +21,7 @@ from coec.compensate import compensate
 from coec.compensate.method import METHODS
 from coec.config.validate import ConfigError, validate_config
 from coec.registry import PLUGINS_ENV, Registry, UnknownName, forget_plugins, load_plugins
-from conftest import write_trimmed_workflow
+from conftest import SHARED_PLUGIN, write_trimmed_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "global_scale.py"
@@ -120,36 +120,13 @@ def test_a_bad_plugin_is_refused_in_one_line(tmp_path, spec, needle):
     assert "COEC_PLUGINS[0]: plug-in" in res.stderr
 
 
-def test_plugin_method_runs_through_the_trimmed_workflow_to_a_table1_row(tmp_path):
-    """The plug-in file is the only addition: the config names it and a row uses it."""
-    work = tmp_path
-    cfg, cfg_path = write_trimmed_workflow(work)
-    cfg["plugins"] = [str(PLUGIN)]
-    cfg["compensations"] = {"coec": cfg["compensations"]["coec"], "scaled": {"method": "global_scale"}}
-    cfg["table1"]["rows"] = [
-        {"selection": "wanda_sp", "compensation": "none"},
-        {"selection": "wanda_sp", "compensation": "scaled"},
-    ]
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(work),
-        "--cores",
-        "2",
-        "results/table1.csv",
-        "--configfile",
-        str(cfg_path),
-    ]
-    env = {k: v for k, v in os.environ.items() if k != PLUGINS_ENV}
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_plugin_method_runs_through_the_trimmed_workflow_to_a_table1_row(shared_run):
+    """The plug-in file is the only addition: the shared run's config names it (``plugins``, no
+    COEC_PLUGINS in its environment) and a row uses it (tests/conftest.py::shared_config)."""
+    work = shared_run.work
+    assert shared_run.cfg["plugins"] == [SHARED_PLUGIN] and (work / SHARED_PLUGIN).read_bytes() == PLUGIN.read_bytes()
     rows = {r["compensation"]: float(r["tiny"]) for r in csv.DictReader((work / "results/table1.csv").open())}
-    assert set(rows) == {"dense", "–", "scaled"} and all(v > 1.0 for v in rows.values())
+    assert {"dense", "–", "scaled"} <= set(rows) and all(v > 1.0 for v in rows.values())
     info = json.loads((work / "results/tiny/c8/wanda_sp-0.5/scaled/block0-0.json").read_text())
     assert info["layer0.o_proj"]["method"] == "global_scale" and "scale" in info["layer0.down_proj"]
     assert info["layer0.down_proj"]["relerr_after"] <= info["layer0.down_proj"]["relerr_before"]

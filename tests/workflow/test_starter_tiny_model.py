@@ -4,9 +4,6 @@ Table 1 row of the template method (docs/adding-a-method.md)."""
 
 from __future__ import annotations
 
-import csv
-import json
-import math
 import os
 import shlex
 import subprocess
@@ -15,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from coec.model.starter import METHOD, run_command
+from coec.model.starter import run_command
 from coec.registry import PLUGINS_ENV
+from conftest import job_counts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,8 +24,8 @@ def _coec(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "coec", *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_starter_folder_reaches_a_table1_row_of_the_template_method(tmp_path):
-    work = tmp_path / "my-method"
+def make_starter(work: Path) -> None:
+    """``coec tiny-model work --family qwen3``: the folder, its model and tokenizer checked."""
     res = _coec("tiny-model", str(work), "--family", "qwen3")
     assert res.returncode == 0, res.stderr[-3000:]
     assert run_command(work) in res.stdout
@@ -38,14 +36,28 @@ def test_starter_folder_reaches_a_table1_row_of_the_template_method(tmp_path):
     tok = AutoTokenizer.from_pretrained(work / "model")
     line = (work / "eval.txt").read_text().splitlines()[0]
     assert tok.decode(tok(line)["input_ids"]) == line and max(tok(line)["input_ids"]) < 320
-    cmd = shlex.split(run_command(work))  # snakemake ... as the folder's config.yaml says, from the repository
+
+
+def run_starter(work: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The starter's documented command (snakemake ... as the folder's config.yaml says), run from
+    the repository, without plug-ins from the environment."""
+    cmd = shlex.split(run_command(work))
     env = {k: v for k, v in os.environ.items() if k != PLUGINS_ENV}
-    run = subprocess.run([sys.executable, "-m", *cmd], cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = {r["compensation"]: float(r["tiny"]) for r in csv.DictReader((work / "results/table1.csv").open())}
-    assert set(rows) == {"dense", "–", "COEC", "mine"} and all(math.isfinite(v) and v > 1 for v in rows.values())
-    info = json.loads(next((work / "results/tiny").glob("*/wanda_sp-0.5/mine/block0-1.json")).read_text())
-    assert info["layer1.down_proj"]["method"] == METHOD and "scale_mean" in info["layer1.o_proj"]
+    return subprocess.run(
+        [sys.executable, "-m", *cmd, *extra], cwd=REPO, capture_output=True, text=True, env=env, timeout=900
+    )
+
+
+def test_starter_folder_plans_a_table1_row_of_the_template_method(tmp_path):
+    """The documented command plans Table 1 of the starter's rows, the template method's cell with
+    its plug-in (the real run: tests/workflow/test_starter_tiny_model_slow.py)."""
+    work = tmp_path / "my-method"
+    make_starter(work)
+    plan = run_starter(work, "-n")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    counts = job_counts(plan.stdout)
+    assert counts["ppl_cell"] == 3 and counts["compensate"] == 2 and counts["table"] == 1  # COEC and mine
+    assert "results/tiny/docs-16x64/wanda_sp-0.5/mine/block0-1.safetensors" in plan.stdout
 
 
 @pytest.mark.parametrize(

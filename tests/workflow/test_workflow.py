@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import csv
 import re
+from pathlib import Path
+from types import SimpleNamespace
 
-import pytest
 import yaml
 
-from conftest import REPO, job_counts, snakemake, write_trimmed_workflow
+from conftest import REPO, job_counts, run_env, snakemake
 
 
 def planned_threads(output: str) -> list[tuple[str, int, dict]]:
@@ -29,42 +30,74 @@ def planned_threads(output: str) -> list[tuple[str, int, dict]]:
     return jobs
 
 
-def test_paper_grid_dry_run(tmp_path):
-    res = snakemake(
-        tmp_path,
-        "-n",
-        "-p",
-        "--cores",
-        "64",
-        "results/table1.csv",
-        "results/appA_ppl.csv",
-        "--configfile",
-        str(REPO / "workflow/configs/paper.yaml"),
-    )
-    counts = job_counts(res.stdout)
-    # threads (OMP_NUM_THREADS) = the CPUs each job asks SLURM for: cpus_per_task on CPU jobs,
-    # gpu x cpus_per_gpu on GPU jobs (every evaluation streams on one GPU: 4 threads)
-    jobs = planned_threads(res.stdout)
-    assert len(jobs) == counts["total"]
-    for rule, omp, r in jobs:
-        want = int(r["gpu"]) * int(r["cpus_per_gpu"]) if int(r["gpu"]) else int(r["cpus_per_task"])
-        assert omp == want, (rule, omp, r)
-    assert {omp for rule, omp, _ in jobs if rule == "ppl_cell"} == {4}
-    # an explicit compute.threads wins over the resources (calibrate_threads 0: as threads)
-    fixed = tmp_path / "threads.yaml"
-    fixed.write_text("compute: {threads: 3}\n")
-    res = snakemake(
-        tmp_path,
-        "-n",
-        "-p",
-        "--cores",
-        "64",
-        "results/table1.csv",
-        "--configfile",
-        str(REPO / "workflow/configs/paper.yaml"),
-        str(fixed),
-    )
-    assert {omp for _, omp, _ in planned_threads(res.stdout)} == {3}
+# ----------------------------------------------------------------------------- the paper grid, planned
+#: the paper grid's targets (tables) of the job counts below and of the slow tier's real dry run
+#: (tests/workflow/test_workflow_slow.py)
+PAPER_TABLES = ("table1", "appA_ppl")
+#: the threads keys of each stage's rules (workflow/rules/*.smk: ``threads: W.threads(stage, keys)``)
+STAGE_THREADS = {
+    "calibrate": ("calibrate_threads", "threads"),
+    "select": ("threads",),
+    "compensate": ("threads",),
+    "ppl": ("threads",),
+    "zeroshot": ("threads",),
+    "report": ("threads",),
+    "prepare": ("threads",),
+}
+
+
+def paper_config(*extra: dict) -> dict:
+    """config.yaml with workflow/configs/paper.yaml (and ``extra``) merged over it as Snakemake
+    merges --configfile files, validated (defaults filled) as the workflow validates it."""
+    from coec.config.validate import validate_config
+
+    def merge(a: dict, b: dict) -> dict:
+        for k, v in b.items():
+            if isinstance(v, dict) and isinstance(a.get(k), dict):
+                merge(a[k], v)
+            else:
+                a[k] = v
+        return a
+
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    for more in (yaml.safe_load((REPO / "workflow/configs/paper.yaml").read_text()), *extra):
+        merge(cfg, more)
+    return validate_config(cfg)
+
+
+def planned_job_counts(config: dict, tables=PAPER_TABLES) -> dict[str, int]:
+    """Jobs per rule that the tables' targets need, from the pure planning functions: the result
+    files each table reads (``coec.workflow.targets.table_inputs``), a model's compensation
+    blocks (``Wiring.blocks``: one job per block of a cell whose method is not ``none``) and the
+    model folders the workflow makes (``Wiring.model_input``: embedded models only)."""
+    from coec.workflow.targets import table_inputs
+    from coec.workflow.wiring import Wiring
+
+    W = Wiring(config)
+    dense, cells = set(), set()
+    for f in {f for t in tables for f in table_inputs(W.config, t)}:
+        # results/<model>/dense/ppl.json or results/<model>/<calib>/<select>-<ratio>/<comp>/ppl.json
+        parts = Path(f).parts
+        if parts[2] == "dense":
+            dense.add(parts[1])
+        else:
+            cells.add(parts[1:5])
+    models = dense | {c[0] for c in cells}
+    counts = {
+        "calibrate": len({c[:2] for c in cells}),
+        "select": len({c[:3] for c in cells}),
+        "compensate": sum(len(W.blocks(c[0])) for c in cells if W.compensation(c[3])["method"] != "none"),
+        "ppl_dense": len(dense),
+        "ppl_cell": len(cells),
+        "prepare_model": sum(bool(W.model_input(SimpleNamespace(model=m))) for m in models),
+    }
+    return {rule: n for rule, n in counts.items() if n}
+
+
+def test_paper_grid_jobs_from_the_plan():
+    """The paper grid's Table 1 and App. A perplexity tables, counted from the planning functions
+    (the slow tier's real dry run checks these counts against Snakemake's DAG)."""
+    counts = planned_job_counts(paper_config())
     # 6 models x (1 dense + 3 ratios x 11 rows: the paper's 6 plus bias and ridge under every
     # selection) evaluations
     assert counts["calibrate"] == 6
@@ -77,6 +110,51 @@ def test_paper_grid_dry_run(tmp_path):
     assert "prepare_model" not in counts  # hub models are not workflow outputs
 
 
+def test_paper_grid_threads_are_the_cpus_each_job_asks_for():
+    """threads (OMP_NUM_THREADS) = the CPUs each job asks SLURM for: cpus_per_task on CPU jobs,
+    gpu x cpus_per_gpu on GPU jobs (every evaluation streams on one GPU: 4 threads), for every
+    stage and model of the paper config; an explicit compute.threads wins over the resources
+    (calibrate_threads 0: as threads)."""
+    from coec.workflow.wiring import Wiring
+
+    cfg = paper_config()
+    W = Wiring(cfg)
+    for stage, keys in STAGE_THREADS.items():
+        threads, res = W.threads(stage, keys), W.rule_resources(stage)
+        for model in cfg["models"]:
+            wc = SimpleNamespace(model=model)
+            gpu = res["gpu"](wc)
+            want = gpu * res["cpus_per_gpu"](wc) if gpu else res["cpus_per_task"](wc)
+            assert threads(wc) == want, (stage, model)
+            if stage == "ppl" and model in cfg["table1"]["models"]:
+                assert threads(wc) == 4
+    fixed = Wiring(paper_config({"compute": {"threads": 3}}))
+    assert {fixed.threads(stage, keys) for stage, keys in STAGE_THREADS.items()} == {3}
+
+
+def test_compute_threads_win_over_the_resources(shared_run, tmp_path):
+    """An explicit compute.threads is every job's OMP_NUM_THREADS, whatever CPUs its resources ask
+    for (calibrate_threads 0: as threads); on the paper grid, as planned:
+    test_paper_grid_threads_are_the_cpus_each_job_asks_for."""
+    # config.yaml's calibrate_threads 2 set to 0, as paper.yaml does
+    fixed = shared_run.write_config(tmp_path / "threads.yaml", {"compute": {"threads": 5, "calibrate_threads": 0}})
+    res = snakemake(
+        shared_run.fresh(tmp_path / "work"),
+        "-n",
+        "-p",
+        "--cores",
+        "64",
+        "results/table1.csv",
+        "--configfile",
+        str(shared_run.cfg_path),
+        str(fixed),
+        env=run_env(),
+    )
+    jobs = planned_threads(res.stdout)
+    assert {rule for rule, _, _ in jobs} >= {"calibrate", "select", "compensate", "ppl_cell"}
+    assert {omp for _, omp, _ in jobs} == {5}
+
+
 def test_bad_config_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("group_rounding: sideways\n")
@@ -86,25 +164,6 @@ def test_bad_config_one_line(tmp_path):
     bad.write_text("evaluation: {ppl_seqlen: 128, ppl_dataset: enwiki, ppl_sequence: 3}\n")
     res = snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(bad), check=False)
     assert "unknown key under evaluation" in res.stderr + res.stdout
-
-
-@pytest.fixture(scope="module")
-def trimmed_run(tmp_path_factory):
-    """A real run of the whole chain on a tiny Llama and local text, then table1."""
-    work = tmp_path_factory.mktemp("wf")
-    cfg, cfg_path = write_trimmed_workflow(work)
-    # the local profile runs the same DAG (one job per (cell, layer)) the SLURM profile submits
-    snakemake(
-        work,
-        "results/table1.csv",
-        "--workflow-profile",
-        str(REPO / "workflow/profiles/default"),
-        "--cores",
-        "2",
-        "--configfile",
-        str(cfg_path),
-    )
-    return work, cfg, cfg_path
 
 
 def planned_jobs(output: str) -> list[tuple[str, str, dict]]:
@@ -119,24 +178,25 @@ def planned_jobs(output: str) -> list[tuple[str, str, dict]]:
     return jobs
 
 
-def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path):
+def test_slurm_profile_plans_the_dag_the_local_profile_ran(shared_run, tmp_path):
     """The SLURM profile (executor plugin) plans, job for job, the DAG the local profile ran,
     with the per-model GPU resources of the config on every job."""
-    work, _, cfg_path = trimmed_run
+    work, cfg_path = shared_run.work, shared_run.cfg_path
     plans = {}
     res = snakemake(
-        tmp_path / "default",
+        shared_run.fresh(tmp_path / "default"),
         "-n",
         "results/table1.csv",
         "--workflow-profile",
         str(REPO / "workflow/profiles/default"),
         "--configfile",
         str(cfg_path),
+        env=run_env(),
     )
     plans["default"] = res.stdout
     # the SLURM command in the README's second form: `--` ends --configfile's list of files
     res = snakemake(
-        tmp_path / "slurm",
+        shared_run.fresh(tmp_path / "slurm"),
         "-n",
         "--workflow-profile",
         str(REPO / "workflow/profiles/slurm"),
@@ -144,13 +204,16 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
         str(cfg_path),
         "--",
         "results/table1.csv",
+        env=run_env(),
     )
     plans["slurm"] = res.stdout
     local = sorted((r, w) for r, w, _ in planned_jobs(plans["default"]))
     slurm_jobs = planned_jobs(plans["slurm"])
     assert sorted((r, w) for r, w, _ in slurm_jobs) == local
-    comp = [(w, res) for r, w, res in slurm_jobs if r == "compensate"]
-    assert len(comp) == 3 * 2  # COEC, bias and RCPU cells x two layers, one job each
+    # compensate_base: the COEC cell's blocks, which the blend cell reads (the same job otherwise)
+    comp = [(w, res) for r, w, res in slurm_jobs if r in ("compensate", "compensate_base")]
+    # COEC, bias, RCPU, aligned RCPU, blend and plug-in cells x two layers, one job each
+    assert len(comp) == 6 * 2 and sum(r == "compensate_base" for r, _, _ in slurm_jobs) == 2
     for _, res in comp:
         assert (res["gpu"], res["mem_mb"], res["runtime"]) == ("1", "3000", "7")
         assert (res["cpus_per_gpu"], res["cpus_per_task"], res["slurm_partition"]) == ("3", "0", "gpu")
@@ -187,7 +250,7 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
     assert sbatch_cpus(calib[0]) == f"--cpus-per-gpu={n_task}"
     # every planned job is one the local run produced
     for rule, wc, _ in planned_jobs(plans["default"]):
-        if rule == "compensate":
+        if rule in ("compensate", "compensate_base"):
             w = dict(kv.split("=", 1) for kv in wc.split(", "))
             assert (
                 work / f"results/{w['model']}/{w['calib']}/{w['select']}-{w['ratio']}/"
@@ -195,8 +258,8 @@ def test_slurm_profile_plans_the_dag_the_local_profile_ran(trimmed_run, tmp_path
             ).is_file()
 
 
-def test_trimmed_run_table1(trimmed_run):
-    work, _, _ = trimmed_run
+def test_trimmed_run_table1(shared_run):
+    work = shared_run.work
     rows = list(csv.DictReader((work / "results/table1.csv").open()))
     assert [(r["selection"], r["compensation"]) for r in rows] == [
         ("dense", "dense"),
@@ -204,6 +267,9 @@ def test_trimmed_run_table1(trimmed_run):
         ("Wanda-sp", "COEC"),
         ("FLAP", "bias"),
         ("RCPU", "RCPU"),
+        ("Wanda-sp", "blend"),
+        ("rcpu-a16", "RCPU"),
+        ("Wanda-sp", "scaled"),
     ]
     for r in rows:
         assert float(r["tiny"]) > 1.0
@@ -216,9 +282,9 @@ def test_trimmed_run_table1(trimmed_run):
     assert not list((work / "results").rglob("*.tmp"))
 
 
-def test_trimmed_run_logs_have_no_logging_errors(trimmed_run):
+def test_trimmed_run_logs_have_no_logging_errors(shared_run):
     """No job of the real run hit a logging error (a message that failed to format)."""
-    work, _, _ = trimmed_run
+    work = shared_run.work
     logs = sorted((work / "results/logs").rglob("*.log"))
     assert len(logs) >= 8
     bad = [str(p.relative_to(work)) for p in logs if "--- Logging error ---" in p.read_text(errors="replace")]
@@ -226,28 +292,32 @@ def test_trimmed_run_logs_have_no_logging_errors(trimmed_run):
     assert "relerr" in (work / "results/logs/compensate/tiny/c8/wanda_sp-0.5/coec/block0-0.log").read_text()
 
 
-def test_changing_ppl_seqlen_replans_only_evaluation(trimmed_run):
-    work, cfg, cfg_path = trimmed_run
-    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(cfg_path))
+def test_changing_ppl_seqlen_replans_only_evaluation(shared_run, tmp_path):
+    work, cfg, cfg_path = shared_run.work, shared_run.cfg, shared_run.cfg_path
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(cfg_path), env=run_env())
     assert "Nothing to be done" in res.stdout + res.stderr
     cfg = dict(cfg, evaluation=dict(cfg["evaluation"], ppl_seqlen=16))
-    changed = work / "changed.yaml"
-    changed.write_text(yaml.safe_dump(cfg))
-    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
+    changed = shared_run.write_config(tmp_path / "changed.yaml", cfg)
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed), env=run_env())
     counts = job_counts(res.stdout)
     assert set(counts) == {"ppl_dense", "ppl_cell", "table", "total"}
-    assert counts["ppl_cell"] == 4 and counts["ppl_dense"] == 1
+    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) and counts["ppl_dense"] == 1
 
 
-def test_changing_a_coec_option_replans_only_coec_cells(trimmed_run):
-    work, cfg, _ = trimmed_run
+def test_changing_a_coec_option_replans_only_coec_cells(shared_run, tmp_path):
+    """Only the COEC cell's jobs (2 layer jobs; compensate_base, as the blend cell reads its
+    blocks) and those that read them (the blend cell) are planned again."""
+    work, cfg = shared_run.work, shared_run.cfg
     comps = dict(cfg["compensations"])
     comps["coec"] = dict(comps["coec"], max_rounds=2)
-    changed = work / "coec_changed.yaml"
-    changed.write_text(yaml.safe_dump(dict(cfg, compensations=comps)))
-    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed))
+    changed = shared_run.write_config(tmp_path / "coec_changed.yaml", dict(cfg, compensations=comps))
+    res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed), env=run_env())
     counts = job_counts(res.stdout)
-    assert counts == {"compensate": 2, "ppl_cell": 1, "table": 1, "total": 4}  # 2 layer jobs
+    assert counts == {"compensate_base": 2, "compensate": 2, "ppl_cell": 2, "table": 1, "total": 7}
+    jobs = [(r, dict(kv.split("=", 1) for kv in w.split(", "))) for r, w, _ in planned_jobs(res.stdout) if r != "table"]
+    planned = {(r, wc["comp"]) for r, wc in jobs}
+    want = {("compensate_base", "coec"), ("compensate", "blend"), ("ppl_cell", "coec"), ("ppl_cell", "blend")}
+    assert planned == want
 
 
 def test_calibration_size_figures_share_the_base_cells(tmp_path):

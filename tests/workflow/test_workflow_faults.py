@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CORPUS, make_model_dir, write_trimmed_workflow
+from conftest import CORPUS, make_model_dir, snakemake_cmd, write_trimmed_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 COEC = [sys.executable, "-m", "coec"]
@@ -383,27 +383,14 @@ def test_full_disk_keeps_the_previous_file(tmp_path, monkeypatch):
 # workflow faults (slow): kill -9, full disk, then a rerun with byte-identical results
 
 
-def snakemake_cmd(work: Path, cfg_path: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(work),
-        "--cores",
-        "2",
-        "--rerun-incomplete",
-        *extra,
-        "results/table1.csv",
-        "--configfile",
-        str(cfg_path),
-    ]
+def workflow_cmd(work: Path, cfg_path: Path, *extra: str) -> list[str]:
+    """The trimmed workflow's Table 1 in ``work``, finishing what a killed run left incomplete."""
+    cmd = ["--cores", "2", "--rerun-incomplete", *extra, "results/table1.csv", "--configfile", str(cfg_path)]
+    return snakemake_cmd(work, *cmd)
 
 
 def run_workflow(work: Path, cfg_path: Path) -> subprocess.CompletedProcess:
-    res = subprocess.run(snakemake_cmd(work, cfg_path), capture_output=True, text=True, timeout=1800)
+    res = subprocess.run(workflow_cmd(work, cfg_path), capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stderr[-4000:]
     return res
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from test_workflow_faults import _mount_tmpfs, file_digests, fresh_copy, reference, run_workflow, snakemake_cmd  # noqa: F401  (helpers and fixtures)
+from test_workflow_faults import _mount_tmpfs, file_digests, fresh_copy, reference, run_workflow, workflow_cmd  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def test_kill9_of_snakemake_then_rerun_is_byte_identical(reference, tmp_path, se
     work = cfg_path.parent
     delay = random.Random(seed).uniform(0.1, 0.9) * seconds
     proc = subprocess.Popen(
-        snakemake_cmd(work, cfg_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        workflow_cmd(work, cfg_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     try:
         proc.wait(timeout=delay)
@@ -33,7 +33,7 @@ def test_kill9_of_snakemake_then_rerun_is_byte_identical(reference, tmp_path, se
         os.killpg(proc.pid, signal.SIGKILL)  # Snakemake and every job it started
         proc.wait()
     # Snakemake's lock of a killed run stays: --unlock first, as a user would
-    subprocess.run(snakemake_cmd(work, cfg_path, "--unlock"), capture_output=True, timeout=300)
+    subprocess.run(workflow_cmd(work, cfg_path, "--unlock"), capture_output=True, timeout=300)
     run_workflow(work, cfg_path)
     assert file_digests(work) == digests
 
@@ -43,7 +43,7 @@ def test_kill9_of_an_inner_job_then_rerun_is_byte_identical(reference, tmp_path)
     cfg_path = fresh_copy(ref, tmp_path / "w")
     work = cfg_path.parent
     proc = subprocess.Popen(
-        snakemake_cmd(work, cfg_path),
+        workflow_cmd(work, cfg_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -84,7 +84,7 @@ def test_full_disk_mid_run_then_rerun_is_byte_identical(reference, tmp_path):
             "test_full_disk_keeps_the_previous_file covers the writer"
         )
     try:
-        res = subprocess.run(snakemake_cmd(work, cfg_path), capture_output=True, text=True, timeout=1800)
+        res = subprocess.run(workflow_cmd(work, cfg_path), capture_output=True, text=True, timeout=1800)
         assert res.returncode != 0, "the run should not fit"
         for p in (work / "results").rglob("*"):
             rel = p.relative_to(work / "results").as_posix()
@@ -103,7 +103,7 @@ def test_full_disk_mid_run_then_rerun_is_byte_identical(reference, tmp_path):
         subprocess.run(["umount", str(work / "results")], capture_output=True)
     shutil.rmtree(work / "results", ignore_errors=True)
     shutil.copytree(tmp_path / "saved", work / "results")
-    subprocess.run(snakemake_cmd(work, cfg_path, "--unlock"), capture_output=True, timeout=300)
+    subprocess.run(workflow_cmd(work, cfg_path, "--unlock"), capture_output=True, timeout=300)
     run_workflow(work, cfg_path)
     assert file_digests(work) == digests
     for rel, data in kept.items():  # what was complete before was kept, not redone differently

@@ -4,13 +4,11 @@ importance matrix), its perplexity in llama.cpp, its fp32 perplexity, the speed 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-from conftest import full_workflow_config, job_counts
+from conftest import full_workflow_config, job_counts, snakemake
 
 REPO = Path(__file__).resolve().parents[2]
 FRONTIER = {
@@ -30,14 +28,9 @@ def test_frontier_plans_exports_perplexities_speed_and_the_table(tmp_path):
     cfg = full_workflow_config(tmp_path)
     cfg["frontier"] = FRONTIER
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
-    res = subprocess.run(
-        [*cmd, "-n", "-p", "--cores", "1", "results/frontier.csv", "--configfile", str(tmp_path / "config.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    res = snakemake(
+        tmp_path, "-n", "-p", "--cores", "1", "results/frontier.csv", "--configfile", str(tmp_path / "config.yaml")
     )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     jobs = job_counts(res.stdout)
     # 2 cells x 3 types exported and scored; the dense model's 3 too
     assert jobs["export_gguf"] == 6 and jobs["export_gguf_dense"] == 3

@@ -5,53 +5,50 @@ the results record the plug-in's sha256."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
-import yaml
-
-from conftest import job_counts, snakemake, write_trimmed_workflow
+from coec.io.paths import cell_dir
+from conftest import SHARED_PLUGIN, job_counts, run_env, snakemake, write_trimmed_workflow
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "global_scale.py"
 SCALED_JOBS = {"compensate": 2, "ppl_cell": 1, "table": 1, "total": 4}  # 2 layers, one block each
 
 
-def _plan(work: Path, cfg_path: Path, *extra: str):
-    return snakemake(work, "-n", "results/table1.csv", "--configfile", str(cfg_path), *extra)
+def _plan(work: Path, cfg_path: Path, *targets: str):
+    return snakemake(work, "-n", *(targets or ["results/table1.csv"]), "--configfile", str(cfg_path), env=run_env())
 
 
-def test_editing_a_plugin_reruns_exactly_its_cells(tmp_path):
-    cfg, cfg_path = write_trimmed_workflow(tmp_path)
-    cfg["table1"]["rows"] = [
-        {"selection": "wanda_sp", "compensation": "none"},
-        {"selection": "wanda_sp", "compensation": "bias"},
-    ]
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    snakemake(tmp_path, "--cores", "2", "results/table1.csv", "--configfile", str(cfg_path))
-
-    plugin = tmp_path / "my_method.py"
-    shutil.copyfile(PLUGIN, plugin)
-    cfg["plugins"] = [str(plugin)]
-    cfg["compensations"]["scaled"] = {"method": "global_scale"}
-    cfg["table1"]["rows"].append({"selection": "wanda_sp", "compensation": "scaled"})
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    # the built-in cells' jobs now carry a plugins param, which must not rerun them
-    assert job_counts(_plan(tmp_path, cfg_path).stdout) == SCALED_JOBS
-    snakemake(tmp_path, "--cores", "2", "results/table1.csv", "--configfile", str(cfg_path))
-    res = _plan(tmp_path, cfg_path)
+def test_editing_a_plugin_reruns_exactly_its_cells(shared_run, tmp_path):
+    """On the shared run (built-in cells and the plug-in's ``scaled`` cell, tests/conftest.py)."""
+    cfg = copy.deepcopy(shared_run.cfg)
+    builtin = [r for r in cfg["table1"]["rows"] if r["compensation"] != "scaled"]
+    # the built-in cells' jobs carry a plugins param only when a plug-in's code reaches them: the
+    # same cells planned without the plug-in in the config (as before it was added) rerun nothing
+    del cfg["plugins"], cfg["compensations"]["scaled"]
+    cfg["table1"]["rows"] = builtin
+    without = shared_run.write_config(tmp_path / "without.yaml", cfg)
+    cells = [f"{cell_dir('tiny', 'c8', r['selection'], 0.5, r['compensation'])}/ppl.json" for r in builtin]
+    res = _plan(shared_run.work, without, *cells)
+    assert "Nothing to be done" in res.stdout + res.stderr
+    res = _plan(shared_run.work, shared_run.cfg_path)
     assert "Nothing to be done" in res.stdout + res.stderr
 
-    cell = tmp_path / "results/tiny/c8/wanda_sp-0.5"
+    cell = shared_run.work / "results/tiny/c8/wanda_sp-0.5"
+    plugin = shared_run.work / SHARED_PLUGIN
     record = json.loads((cell / "scaled/block0-0.json").read_text())["model"]
-    assert record["plugins"] == {str(plugin): hashlib.sha256(plugin.read_bytes()).hexdigest()}
-    assert "plugins" not in json.loads((cell / "bias/block0-0.json").read_text())["model"]
+    assert record["plugins"] == {SHARED_PLUGIN: hashlib.sha256(plugin.read_bytes()).hexdigest()}
+    builtin_block = shared_run.work / "results/tiny/c8/flap-0.5/bias/block0-0.json"  # a built-in method's
+    assert "plugins" not in json.loads(builtin_block.read_text())["model"]
     assert "plugins" not in json.loads((cell / "keep.json").read_text())["model"]
 
+    edited = shared_run.copy(tmp_path / "edited")  # the same finished run, its own plug-in file
+    plugin = edited.work / SHARED_PLUGIN
     plugin.write_text(plugin.read_text() + "\n# a fix\n")
-    plan = _plan(tmp_path, cfg_path).stdout
+    plan = _plan(edited.work, edited.cfg_path).stdout
     assert job_counts(plan) == SCALED_JOBS
     outputs = [line.split(":", 1)[1] for line in plan.splitlines() if line.strip().startswith("output:")]
     assert len(outputs) == 4 and all("/scaled/" in o or "table1" in o for o in outputs)

@@ -4,8 +4,6 @@ to their rules, and each planned command parses as ``coec ppl --gguf`` of that f
 from __future__ import annotations
 
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ import yaml
 
 from coec.cli import build_parser
 from coec.io import paths
-from conftest import full_workflow_config, job_counts
+from conftest import full_workflow_config, job_counts, snakemake
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = {
@@ -32,14 +30,7 @@ def planned(tmp_path_factory):
     work = tmp_path_factory.mktemp("pplgguf")
     (work / "config.yaml").write_text(yaml.safe_dump(full_workflow_config(work)))
     targets = [paths.gguf_ppl_file(f, "q8_0") for f in TARGETS.values()]
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work)]
-    res = subprocess.run(
-        [*cmd, "-n", "-p", "--cores", "1", *targets, "--configfile", str(work / "config.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = snakemake(work, "-n", "-p", "--cores", "1", *targets, "--configfile", str(work / "config.yaml"))
     return res.stdout
 
 

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, snakemake, workflow_rules
-from test_workflow import trimmed_run  # noqa: F401  (trimmed_run: a fixture)
+from conftest import REPO, run_env, snakemake, workflow_rules
 
 CAPTIONS = REPO / "workflow/report"
 RULES = REPO / "workflow/rules"
@@ -134,9 +133,10 @@ def test_every_configured_artifact_is_marked_for_the_report(tmp_path):
 
 # ----------------------------------------------------------------------------- a real report
 @pytest.fixture(scope="module")
-def report_html(trimmed_run):  # noqa: F811
-    """The trimmed run plus one artifact of every other category, then the HTML report."""
-    work, cfg, _ = trimmed_run
+def report_html(shared_run, tmp_path_factory):
+    """The shared trimmed run (copied) plus one artifact of every other category, then the HTML report."""
+    run = shared_run.copy(tmp_path_factory.mktemp("report") / "work")
+    work, cfg = run.work, run.cfg
     extra = {
         "appC": {"model": "tiny", "calibration": "c8", "selection": "wanda_sp", "ratio": 0.5, "compensation": "coec"},
         "table4": {"ratio": 0.5, "published": ["Qwen2.5-7B"], "models": ["tiny"]},
@@ -169,9 +169,9 @@ def report_html(trimmed_run):  # noqa: F811
         "results/figures/fig2_calibration_size.png",
         "results/table_iterative.csv",
     ]
-    snakemake(work, *targets, "--cores", "2", "--configfile", str(cfg_path))
+    snakemake(work, *targets, "--cores", "2", "--configfile", str(cfg_path), env=run_env())
     out = work / "results/report.html"
-    snakemake(work, "--report", str(out), *targets, "--configfile", str(cfg_path))
+    snakemake(work, "--report", str(out), *targets, "--configfile", str(cfg_path), env=run_env())
     return out.read_text()
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from test_workflow import trimmed_run  # noqa: F401  (the fixture report_html needs)
 from test_workflow_report import _results, report_html  # noqa: F401  (helpers and fixtures)
 
 pytestmark = pytest.mark.slow
@@ -32,7 +31,8 @@ def test_report_lists_every_artifact_with_caption_and_category(report_html):
     caption = html.unescape(t1["caption"])
     assert "Perplexity" in caption and "Calibration" in caption and "c8" in caption
     rows = re.findall(r"<tr>(.*?)</tr>", caption, re.S)  # the table itself, in the caption
-    assert len(rows) == 1 + 5 and "Wanda-sp" in caption and "RCPU" in caption
+    # the shared run's rows (tests/conftest.py::shared_config) and the dense row, below the header
+    assert len(rows) == 1 + 8 and "Wanda-sp" in caption and "RCPU" in caption
     for path, r in by_path.items():
         assert r["caption"].strip(), path
         assert not r["caption"].count("{{"), path

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import job_counts, write_trimmed_workflow
+from conftest import job_counts, snakemake, write_trimmed_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts/slurm/local_cluster.sh"
@@ -76,21 +75,9 @@ def cluster(request):
 
 
 def run_snakemake(workdir: Path, *args: str, env=None) -> tuple[str, float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        *args,
-    ]
     t0 = time.monotonic()
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, f"snakemake failed ({res.returncode}):\n{out[-6000:]}"
-    return out, time.monotonic() - t0
+    res = snakemake(workdir, *args, env=env, timeout=1800)
+    return res.stdout + res.stderr, time.monotonic() - t0
 
 
 def scontrol_job(jobid: str, env) -> dict[str, str]:

@@ -1,15 +1,17 @@
 """No result outlives the weights it was computed from: a model's weights are part of what its
 cells depend on (``provenance.planned_identity`` in every model stage's ``--expect``).
 
-On a finished two-model workflow run: touching a weight file without changing it reruns nothing
-(and says so); changing its contents, or re-sharding the checkpoint, re-plans exactly the jobs
-of that model (and the table that reads them), none of the other model's; a job whose weights
-changed after it was planned stops before any work with one line naming the model and the file.
+On a finished two-model workflow run (the session's shared run, copied, with a second model):
+touching a weight file without changing it reruns nothing (and says so); changing its contents,
+or re-sharding the checkpoint, re-plans exactly the jobs of that model (and the table that reads
+them), none of the other model's; a job whose weights changed after it was planned stops before
+any work with one line naming the model and the file.
 The same for a hub id without a pinned revision whose cached snapshot moves (a fake local hub
 cache, offline)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -20,39 +22,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import CORPUS, job_counts, make_model_dir
+from conftest import CORPUS, job_counts, make_model_dir, run_env, snakemake
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
 
 def _env(work: Path, **extra) -> dict:
-    return {**os.environ, "COEC_DIGEST_CACHE": str(work / "digests"), **extra}
+    return {**run_env(), "COEC_DIGEST_CACHE": str(work / "digests"), **extra}
 
 
-def snakemake(work: Path, cfg: Path, *args: str, env=None) -> subprocess.CompletedProcess:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(work),
-            "--cores",
-            "2",
-            *args,
-            "--configfile",
-            str(cfg),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env or _env(work),
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
+def _snakemake(work: Path, cfg: Path, *args: str, env=None) -> subprocess.CompletedProcess:
+    return snakemake(work, "--cores", "2", *args, "--configfile", str(cfg), env=env or _env(work))
 
 
 def planned_models(output: str) -> dict[str, set]:
@@ -86,25 +67,38 @@ def _config(work: Path, models: dict) -> dict:
     }
 
 
+#: Table 1's rows of the two-model run
+ROWS = [{"selection": "wanda_sp", "compensation": "none"}, {"selection": "flap", "compensation": "bias"}]
+
+
 @pytest.fixture(scope="module")
-def two_models(tmp_path_factory):
-    """A finished run of two local models (same architecture, different seeds)."""
-    work = tmp_path_factory.mktemp("weights")
-    make_model_dir(work / "tiny-a", "llama", seed=0)
+def two_models(shared_run, tmp_path_factory):
+    """A finished run of two local models (same architecture, different seeds): the shared run
+    (model ``tiny``) copied, a second model ``b`` added, and Table 1 of the rows above for both
+    run (only b's jobs and the table run)."""
+    run = shared_run.copy(tmp_path_factory.mktemp("weights") / "work")
+    work = run.work
     make_model_dir(work / "tiny-b", "llama", seed=1)
-    (work / "calib.txt").write_text(CORPUS)
-    (work / "eval.txt").write_text(CORPUS[1000:4000])
-    cfg = _config(
-        work,
-        {
-            "a": {"source": str(work / "tiny-a"), "num_layers": 2},
-            "b": {"source": str(work / "tiny-b"), "num_layers": 2},
-        },
-    )
-    cfg_path = work / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    snakemake(work, cfg_path, "results/table1.csv")
+    cfg = copy.deepcopy(run.cfg)
+    cfg["models"]["b"] = {"source": "tiny-b", "num_layers": 2, "dtype": "float32"}
+    cfg["table1"] = dict(cfg["table1"], models=["tiny", "b"], rows=ROWS)
+    cfg_path = run.write_config(work / "config.yaml", cfg)
+    _snakemake(work, cfg_path, "results/table1.csv")
+    assert (work / "results/b/c8/flap-0.5/bias/ppl.json").is_file()
     return work, cfg_path
+
+
+#: the jobs of one model's cells of Table 1 (and the table): 2 layers, one compensation job a layer
+MODEL_JOBS = {
+    "calibrate": 1,
+    "gram_check": 1,
+    "select": 2,
+    "compensate": 2,
+    "ppl_dense": 1,
+    "ppl_cell": 2,
+    "table": 1,
+    "total": 10,
+}
 
 
 def _nothing_to_do(res) -> bool:
@@ -125,50 +119,41 @@ def _double_a_down_proj(path: Path) -> bytes:
 
 def test_touch_reruns_nothing_and_says_so(two_models):
     work, cfg = two_models
-    weights = work / "tiny-a" / "model.safetensors"
+    weights = work / "tiny-llama" / "model.safetensors"
     st = weights.stat()
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    res = snakemake(work, cfg, "-n", "results/table1.csv")
+    res = _snakemake(work, cfg, "-n", "results/table1.csv")
     assert _nothing_to_do(res), res.stdout[-2000:]
     assert f"{weights}: size or mtime changed since it was hashed; its contents are unchanged" in res.stderr
-    res = snakemake(work, cfg, "-n", "results/table1.csv")  # hashed once: silent now
+    res = _snakemake(work, cfg, "-n", "results/table1.csv")  # hashed once: silent now
     assert _nothing_to_do(res) and "size or mtime changed" not in res.stderr
 
 
 def test_changed_weights_replan_exactly_that_models_jobs(two_models):
     work, cfg = two_models
-    weights = work / "tiny-a" / "model.safetensors"
+    weights = work / "tiny-llama" / "model.safetensors"
     old = _double_a_down_proj(weights)
     try:
-        res = snakemake(work, cfg, "-n", "results/table1.csv")
+        res = _snakemake(work, cfg, "-n", "results/table1.csv")
         plan = planned_models(res.stdout)
         assert plan == {
-            "calibrate": {"a"},
-            "gram_check": {"a"},
-            "select": {"a"},
-            "compensate": {"a"},
-            "ppl_dense": {"a"},
-            "ppl_cell": {"a"},
+            "calibrate": {"tiny"},
+            "gram_check": {"tiny"},
+            "select": {"tiny"},
+            "compensate": {"tiny"},
+            "ppl_dense": {"tiny"},
+            "ppl_cell": {"tiny"},
             "table": {None},
         }, plan
-        assert job_counts(res.stdout) == {
-            "calibrate": 1,
-            "gram_check": 1,
-            "select": 2,
-            "compensate": 1,
-            "ppl_dense": 1,
-            "ppl_cell": 2,
-            "table": 1,
-            "total": 9,
-        }
+        assert job_counts(res.stdout) == MODEL_JOBS
         assert "contents changed" in res.stderr
         # a job planned for the old weights that starts now stops before any work, naming the file
         from coec.io.provenance import planned_identity
 
         weights.write_bytes(old)
-        planned = planned_identity(str(work / "tiny-a"))
+        planned = planned_identity(str(work / "tiny-llama"))
         _double_a_down_proj(weights)
-        expect = {"model": "models.a", "num_layers": 2, **planned}
+        expect = {"model": "models.tiny", "num_layers": 2, **planned}
         run = subprocess.run(
             [
                 sys.executable,
@@ -176,9 +161,9 @@ def test_changed_weights_replan_exactly_that_models_jobs(two_models):
                 "coec",
                 "select",
                 "--model",
-                str(work / "tiny-a"),
+                str(work / "tiny-llama"),
                 "--grams",
-                str(work / "results/a/grams/c8"),
+                str(work / "results/tiny/grams/c8"),
                 "--method",
                 "flap",
                 "--ratio",
@@ -194,12 +179,12 @@ def test_changed_weights_replan_exactly_that_models_jobs(two_models):
         )
         assert run.returncode == 2
         err = [line for line in run.stderr.splitlines() if line.startswith("coec select: error:")]
-        assert len(err) == 1 and "models.a: the weights in" in err[0]
+        assert len(err) == 1 and "models.tiny: the weights in" in err[0]
         assert "(model.safetensors changed)" in err[0] and "re-plan" in err[0]
         assert not (work / "stale-keep.json").exists()
     finally:
         weights.write_bytes(old)  # the same contents again: nothing left to do
-    assert _nothing_to_do(snakemake(work, cfg, "-n", "results/table1.csv"))
+    assert _nothing_to_do(_snakemake(work, cfg, "-n", "results/table1.csv"))
 
 
 def test_resharding_replans_that_model(two_models):
@@ -221,16 +206,16 @@ def test_resharding_replans_that_model(two_models):
             save_file({k: tensors[k] for k in keys}, folder / fname, metadata={"format": "pt"})
         index = {"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-        res = snakemake(work, cfg, "-n", "results/table1.csv")
+        res = _snakemake(work, cfg, "-n", "results/table1.csv")
         plan = planned_models(res.stdout)
         assert plan.pop("table") == {None} and set().union(*plan.values()) == {"b"}, plan
-        assert job_counts(res.stdout)["total"] == 9
+        assert job_counts(res.stdout) == MODEL_JOBS
     finally:
         for fname in shards:
             (folder / fname).unlink(missing_ok=True)
         (folder / "model.safetensors.index.json").unlink(missing_ok=True)
         shutil.copy2(saved, single)
-    assert _nothing_to_do(snakemake(work, cfg, "-n", "results/table1.csv"))
+    assert _nothing_to_do(_snakemake(work, cfg, "-n", "results/table1.csv"))
 
 
 def test_unpinned_hub_revision_whose_cached_snapshot_moves(tmp_path):
@@ -254,8 +239,8 @@ def test_unpinned_hub_revision_whose_cached_snapshot_moves(tmp_path):
     cfg_path.write_text(yaml.safe_dump(cfg))
     env = _env(work, HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
     target = "results/tiny/c8/wanda_sp-0.5/keep.json"
-    snakemake(work, cfg_path, target, "results/tiny/dense/ppl.json", env=env)
-    res = snakemake(work, cfg_path, "-n", "-p", target, "results/tiny/dense/ppl.json", env=env)
+    _snakemake(work, cfg_path, target, "results/tiny/dense/ppl.json", env=env)
+    res = _snakemake(work, cfg_path, "-n", "-p", target, "results/tiny/dense/ppl.json", env=env)
     assert _nothing_to_do(res)
     # the cached main moves to a snapshot with other weights
     snap_b = repo / "snapshots" / COMMIT_B
@@ -263,7 +248,7 @@ def test_unpinned_hub_revision_whose_cached_snapshot_moves(tmp_path):
     for f in src_b.iterdir():
         shutil.copy2(f, snap_b / f.name)
     (repo / "refs" / "main").write_text(COMMIT_B)
-    res = snakemake(work, cfg_path, "-n", "-p", target, "results/tiny/dense/ppl.json", env=env)
+    res = _snakemake(work, cfg_path, "-n", "-p", target, "results/tiny/dense/ppl.json", env=env)
     assert job_counts(res.stdout) == {"calibrate": 1, "select": 1, "ppl_dense": 1, "total": 3}
     commands = [line for line in res.stdout.splitlines() if line.startswith("Shell command:")]
     assert len(commands) == 3 and all(COMMIT_B in c and COMMIT_A not in c for c in commands)
