@@ -71,5 +71,5 @@ def test_the_cli_prints_a_bad_name_as_one_line(tmp_path):
     assert res.returncode == 2 and not re.search(r'File "|Traceback', res.stderr)
     assert res.stderr.splitlines()[-1] == (
         "coec select: error: --options.score: unknown selection score 'wanda'; did you mean 'wanda_sp'? "
-        "(available: wanda_sp, flap, rcpu)"
+        "(available: wanda_sp, flap, rcpu, obs)"
     )
