@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import statistics
 import sys
@@ -45,8 +46,8 @@ POLAR = "eigh"  # the left polar under test
 def observed():
     """Record (cond(A^T A), fell back?) per eigh left polar, the first left-rotation
     matrix (``log["A"]``), and the iterations per Cayley inverse."""
-    coec_mod = sys.modules["coec.compensate.algorithm1"]
-    retraction = sys.modules["coec.compensate.retraction"]
+    coec_mod = importlib.import_module("coec.compensate.algorithm1")
+    retraction = importlib.import_module("coec.compensate.retraction")
     saved = {name: getattr(coec_mod, name) for name in ("polar_eigh",)}
     ns_inverse = retraction.ns_inverse
     log = {"left": [], "ns_iters": [], "A": None}
