@@ -72,7 +72,10 @@ def main() -> None:
         per_stage[name if v else stage].append(s)
         if v:
             per_type[stage, v].append(s)
+    extra = [g for g in cells[0]["types"] if g not in t["types"]]
     print(f"frontier of {t['model']}: {len(cells)} cells x {len(t['types'])} types ({', '.join(t['types'])})")
+    if extra:
+        print(f"the dense model also: {', '.join(extra)}")
     print(f"{'stage':32s} {'jobs':>5s} {'total s':>9s} {'mean s':>8s}")
     total = 0.0
     for stage, xs in sorted(per_stage.items()):

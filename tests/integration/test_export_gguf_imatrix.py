@@ -1,7 +1,9 @@
-"""K-quant exports with an importance matrix from the calibration (``coec imatrix``, ``export
---imatrix``): the file names every quantized weight with its row width; the export loads in
-llama.cpp, differs from the one without, records the imatrix, and its rounding error weighted by
-the statistic is not worse; refusals write nothing."""
+"""Exports of llama.cpp's quantizer mixes with an importance matrix from the calibration (``coec
+imatrix``, ``export --imatrix``): the file names every quantized weight with its row width; the
+export loads in llama.cpp, differs from the one without, records the imatrix, and its rounding
+error weighted by the statistic is not worse (q4_k_m, and each mix below 4 bits: iq4_xs, q3_k_m,
+q3_k_s, q2_k); llama.cpp refuses the mixes that need one without it, none of the offered ones;
+refusals write nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import pytest
 import torch
 
 from coec.cli import main
-from coec.evaluate.llamacpp.run import gguf_logits, unavailable
+from coec.evaluate.llamacpp.run import gguf_logits, gguf_perplexity, unavailable
+from coec.export.gguf import layout
 from coec.export.gguf.writer import PROVENANCE_KEY
 from coec.export.imatrix import read_imatrix
 from coec.model.cell import build_model
@@ -61,6 +64,18 @@ def tensors(path) -> dict[str, np.ndarray]:
     }
 
 
+def weighted_errors(im, ref, plain, weighted) -> tuple[dict[str, float], int]:
+    """The rounding error of each file weighted by the importance vectors, summed over the
+    weights, and the count of weights whose error the imatrix did not make worse."""
+    err = {"plain": 0.0, "imatrix": 0.0}
+    better = 0
+    for name, imp in im.vectors.items():
+        e = {k: float((((q[name] - ref[name]) ** 2) * imp).sum()) for k, q in (("plain", plain), ("imatrix", weighted))}
+        err = {k: err[k] + e[k] for k in err}
+        better += e["imatrix"] <= e["plain"]
+    return err, better
+
+
 def test_imatrix_file_names_every_quantized_weight(imatrix_file, exports):
     im = read_imatrix(imatrix_file)
     shapes = {n: t.shape for n, t in tensors(exports["f32"]).items()}
@@ -78,13 +93,7 @@ def test_export_with_imatrix_loads_differs_and_weighs_the_error(kquant_cell, ima
     assert prov["imatrix"] == im.record()
     assert json.loads(exports["imatrix"].with_suffix(".gguf.json").read_text())["imatrix"] == im.record()
     assert "imatrix" not in json.loads(exports["plain"].with_suffix(".gguf.json").read_text())
-    ref, plain, weighted = tensors(exports["f32"]), tensors(exports["plain"]), tensors(exports["imatrix"])
-    err = {"plain": 0.0, "imatrix": 0.0}
-    better = 0
-    for name, imp in im.vectors.items():
-        e = {k: float((((q[name] - ref[name]) ** 2) * imp).sum()) for k, q in (("plain", plain), ("imatrix", weighted))}
-        err = {k: err[k] + e[k] for k in err}
-        better += e["imatrix"] <= e["plain"]
+    err, better = weighted_errors(im, tensors(exports["f32"]), tensors(exports["plain"]), tensors(exports["imatrix"]))
     assert err["imatrix"] < err["plain"]
     assert better >= 0.75 * len(im.vectors)
     src, keep, comp = kquant_cell
@@ -111,3 +120,44 @@ def test_refusals_write_nothing(kquant_cell, imatrix_file, llama_cpp, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert "the tensor's row width is" in err[-1] and "another cell" in err[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dense.safetensors"]
+
+
+@pytest.mark.parametrize("gguf_type", ["iq4_xs", "q3_k_m", "q3_k_s", "q2_k"])
+def test_the_mixes_below_4_bits_with_imatrix_differ_and_weigh_the_error(
+    kquant_cell, imatrix_file, exports, tmp_path, gguf_type
+):
+    """Each mix below 4 bits, without and with the importance matrix: both load in llama.cpp and
+    score a finite perplexity; the imatrix file differs, records the imatrix, has the same tensor
+    types here (IQ4_XS gives ffn_down of the first eighth of the blocks Q5_K only without one:
+    none of 2 blocks) and a weighted rounding error no worse."""
+    base = ["export", *cell_args(kquant_cell), "--format", "gguf", "--gguf-type", gguf_type]
+    out = {"plain": tmp_path / "plain.gguf", "imatrix": tmp_path / "imatrix.gguf"}
+    assert main([*base, "--out", str(out["plain"])]) == 0
+    assert main([*base, "--imatrix", str(imatrix_file), "--out", str(out["imatrix"])]) == 0
+    assert out["plain"].read_bytes() != out["imatrix"].read_bytes()
+    side = {k: json.loads(v.with_suffix(".gguf.json").read_text()) for k, v in out.items()}
+    im = read_imatrix(imatrix_file)
+    assert side["imatrix"]["imatrix"] == im.record() and "imatrix" not in side["plain"]
+    assert side["imatrix"]["types"] == side["plain"]["types"]
+    assert side["imatrix"]["fallbacks"] == side["plain"]["fallbacks"] and side["plain"]["fallback_count"] > 0
+    err, better = weighted_errors(im, tensors(exports["f32"]), tensors(out["plain"]), tensors(out["imatrix"]))
+    print(f"{gguf_type}: weighted error {err}, {better}/{len(im.vectors)} weights no worse")
+    assert err["imatrix"] < err["plain"] and better >= 0.75 * len(im.vectors)
+    ids = torch.randint(0, 320, (2, 32), generator=torch.Generator().manual_seed(7))
+    for path in out.values():
+        ppl = gguf_perplexity(path, ids, n_threads=2)
+        assert np.isfinite(ppl["ppl"]) and ppl["ppl"] > 1, ppl
+
+
+def test_llama_cpp_refuses_only_the_mixes_that_need_an_importance_matrix(exports, tmp_path):
+    """Why layout.NEEDS_IMATRIX names none of the offered mixes: llama.cpp's quantizer refuses
+    IQ3_XXS and Q2_K_S without an importance matrix (nothing written), and quantizes every
+    offered mix without one (the plain exports above)."""
+    from coec.io.isolated import call_isolated
+    from coec.model.arch.gguf import bindings_quantize
+
+    for ftype in (gguf.LlamaFileType.MOSTLY_IQ3_XXS, gguf.LlamaFileType.MOSTLY_Q2_K_S):
+        dst = tmp_path / f"{ftype.name}.gguf"
+        rc = call_isolated(bindings_quantize, str(exports["f32"]), str(dst), int(ftype), 1, what="llama.cpp")
+        assert rc != 0 and not dst.exists(), ftype.name
+    assert layout.NEEDS_IMATRIX == frozenset()

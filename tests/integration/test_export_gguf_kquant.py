@@ -1,8 +1,9 @@
-"""K-quant GGUF exports (q6_k, q5_k_m, q4_k_m): made by llama.cpp's own quantizer from an f32 file
-of ours; the types read back, the sidecar's fallbacks equal those the row widths predict
-(a row width that is not a multiple of 256 falls back), llama.cpp's logits match the in-memory
-model within the quantizer's own accuracy, ``--gguf-fallback refuse`` writes nothing, ``--force``
-replaces a K-quant file (the provenance survives the quantizer)."""
+"""GGUF exports of llama.cpp's quantizer mixes (q6_k, q5_k_m, q4_k_m and, below 4 bits, iq4_xs,
+q3_k_m, q3_k_s, q2_k): made by llama.cpp's own quantizer from an f32 file of ours; the types read
+back, the sidecar's fallbacks equal those the row widths predict (a row width that is not a
+multiple of 256 falls back, to the mix's 32-value type), llama.cpp's logits match the in-memory
+model within the quantizer's own accuracy and give a finite perplexity, ``--gguf-fallback refuse``
+writes nothing, ``--force`` replaces a K-quant file (the provenance survives the quantizer)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from coec.cli import main
 from coec.evaluate.llamacpp.run import gguf_logits, unavailable
+from coec.evaluate.ppl import summed_nll
 from coec.export.formats import ExportRequest
 from coec.export.gguf import GGUF_TYPES, is_gguf_export
 from coec.export.gguf.layout import K_BLOCK, KQUANT_TYPES, KQUANTS
@@ -29,16 +31,36 @@ LLAMA_FTYPE = {
     "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
     "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
     "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "iq4_xs": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
+    "q3_k_m": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
+    "q3_k_s": "LLAMA_FTYPE_MOSTLY_Q3_K_S",
+    "q2_k": "LLAMA_FTYPE_MOSTLY_Q2_K",
 }
-# the mixes' main type (the Q4_K_M / Q5_K_M mixes give some tensors Q6_K on purpose)
-MAIN = {"q6_k": Q.Q6_K, "q5_k_m": Q.Q5_K, "q4_k_m": Q.Q4_K}
+# the mixes' main type (the Q4_K_M / Q5_K_M mixes give some tensors Q6_K on purpose, Q3_K_M some
+# Q4_K / Q5_K, Q2_K some Q3_K)
+MAIN = {
+    "q6_k": Q.Q6_K,
+    "q5_k_m": Q.Q5_K,
+    "q4_k_m": Q.Q4_K,
+    "iq4_xs": Q.IQ4_XS,
+    "q3_k_m": Q.Q3_K,
+    "q3_k_s": Q.Q3_K,
+    "q2_k": Q.Q2_K,
+}
+# what a row width that is not a multiple of 256 (but is of 32) falls back to, by the type the mix
+# chose for the tensor (llama.cpp's tensor_type_fallback)
+FALLBACK = {Q.Q6_K: Q.Q8_0, Q.Q5_K: Q.Q5_1, Q.Q4_K: Q.Q5_0, Q.Q3_K: Q.Q4_0, Q.Q2_K: Q.Q4_0, Q.IQ4_XS: Q.IQ4_NL}
+# the types the mixes below 4 bits fall back to in this cell (Q3_K_M's attn_output and ffn_down are
+# Q4_K -> Q5_0; Q2_K's are Q3_K -> Q4_0)
+LOW_BIT_FALLBACKS = {"iq4_xs": {Q.IQ4_NL}, "q3_k_m": {Q.Q4_0, Q.Q5_0}, "q3_k_s": {Q.Q4_0}, "q2_k": {Q.Q4_0}}
 # max |logit diff| / logit scale. llama.cpp vs the model on the quantizer's grid (its weights
 # dequantized from the file): what llama.cpp adds (8-bit activations in the quantized dot
 # products), measured at most 0.027 (the q8_0 file's tolerance is 0.06)
 ACTIVATION_TOL = 0.05
 # the model on the grid vs the model: the quantizer's own error, measured at most 0.065 (q6_k),
-# 0.151 (q5_k_m), 0.268 (q4_k_m) on these tiny random models (the gguf-py types: q5 0.15, q4 0.3)
-GRID_TOL = {"q6_k": 0.1, "q5_k_m": 0.2, "q4_k_m": 0.35}
+# 0.151 (q5_k_m), 0.268 (q4_k_m), 0.307 (iq4_xs), 0.441 (q3_k_m), 0.546 (q3_k_s), 0.757 (q2_k) on
+# these tiny random models (the gguf-py types: q5 0.15, q4 0.3)
+GRID_TOL = {"q6_k": 0.1, "q5_k_m": 0.2, "q4_k_m": 0.35, "iq4_xs": 0.4, "q3_k_m": 0.55, "q3_k_s": 0.7, "q2_k": 0.95}
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +171,9 @@ def test_k_quant_export_types_sidecar_and_logits(kquant_cell, llama_cpp, tmp_pat
             got[t.name] = t.tensor_type
             # a block type of 32 where the row takes it, else f16
             assert (t.tensor_type == Q.F16) == bool(width % 32), (t.name, t.tensor_type)
+            assert t.tensor_type in {*FALLBACK.values(), Q.F16}, (t.name, t.tensor_type)
+            if gguf_type in LOW_BIT_FALLBACKS and t.tensor_type != Q.F16:
+                assert t.tensor_type in LOW_BIT_FALLBACKS[gguf_type], (t.name, t.tensor_type)
         else:
             assert t.tensor_type in KQUANT_TYPES, t.name
     assert set(got) == set(want) and want  # some tensors fall back, others do not
@@ -175,13 +200,19 @@ def test_k_quant_export_types_sidecar_and_logits(kquant_cell, llama_cpp, tmp_pat
     w = torch.randint(0, 320, (2, 32), generator=torch.Generator().manual_seed(7))
     ref, grid = hf_logits(model, w), hf_logits(grid_model(model, out), w)
     got = gguf_logits(out, w, n_threads=2)
+    # llama.cpp's perplexity of the windows (coec ppl --gguf's NLL sum): finite, and near the model's
+    ppl = {
+        k: float(np.exp(summed_nll(torch.from_numpy(x), w).item() / w[:, 1:].numel()))
+        for k, x in (("cpp", got), ("ref", ref))
+    }
+    assert np.isfinite(ppl["cpp"]) and 0.5 < ppl["cpp"] / ppl["ref"] < 2, ppl
     scale = float(np.abs(ref).max())
     rel = {
         "cpp": float(np.abs(got - ref).max()) / scale,  # llama.cpp vs the model
         "grid": float(np.abs(grid - ref).max()) / scale,  # the quantizer's own error
         "cpp_grid": float(np.abs(got - grid).max()) / scale,  # what llama.cpp adds to it
     }
-    print(f"{gguf_type} {target}: {rel}, types {report['types']}")
+    print(f"{gguf_type} {target}: {rel}, ppl {ppl}, types {report['types']}, {out.stat().st_size} bytes")
     assert rel["cpp_grid"] <= ACTIVATION_TOL, rel  # llama.cpp computes the file's model
     assert 0 < rel["grid"] <= GRID_TOL[gguf_type], rel  # whose weights are the model's, on the grid
 
@@ -238,6 +269,7 @@ def _no_build(*args, **kwargs):
     "options,match",
     [
         ({"gguf_type": "q3_k"}, r"^unknown GGUF tensor type 'q3_k'; expected one of f32, f16, q8_0, q6_k"),
+        ({"gguf_type": "q2_k_s"}, r"^unknown GGUF tensor type 'q2_k_s'; expected one of .*, q3_k_s, q2_k$"),
         ({"gguf_type": "q4_k_m", "gguf_fallback": "sometimes"}, r"^--gguf-fallback 'sometimes': expected one of allow"),
     ],
 )
@@ -249,6 +281,34 @@ def test_bad_options_are_refused_before_building_anything(kquant_cell, tmp_path,
     with pytest.raises(ValueError, match=match) as err:
         run_export(ExportRequest(str(src), None, (), "float32", str(tmp_path / "x.gguf"), options=options), fmt="gguf")
     assert "\n" not in str(err.value) and list(tmp_path.iterdir()) == []
+
+
+def test_a_mix_that_needs_an_importance_matrix_is_refused_before_anything_without_one(
+    kquant_cell, llama_cpp, tmp_path, monkeypatch, capsys
+):
+    """llama.cpp's quantizer refuses some mixes without an importance matrix (its IQ types below 4
+    bits, Q2_K_S); none of the offered ones (layout.NEEDS_IMATRIX is empty: q2_k, iq4_xs and the
+    Q3_K mixes export without one, above). A mix named there is refused in one line before the
+    model is built or a file written, by the CLI and by write_gguf."""
+    from coec.export.gguf import layout
+    from coec.model import cell
+
+    monkeypatch.setattr(layout, "NEEDS_IMATRIX", frozenset({"q2_k"}))
+    monkeypatch.setattr(cell, "build_model", _no_build)
+    src, keep, comp = kquant_cell
+    out = tmp_path / "export-q2_k.gguf"
+    assert export(src, keep, comp, out, "q2_k") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "coec export: error: --gguf-type q2_k needs an importance matrix (llama.cpp's quantizer refuses it without "
+        "one); pass --imatrix (coec imatrix; in the workflow: export-q2_k-imatrix.gguf)"
+    )
+    assert list(tmp_path.iterdir()) == []
+    from coec.export.gguf import write_gguf
+
+    with pytest.raises(ValueError, match=r"^--gguf-type q2_k needs an importance matrix"):
+        write_gguf(None, None, out, "q2_k")  # refused before the model is read
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_k_quant_without_the_bindings_is_one_line_naming_the_install(kquant_cell, tmp_path, monkeypatch):

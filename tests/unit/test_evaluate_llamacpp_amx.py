@@ -104,11 +104,12 @@ def test_setup_takes_llamacpp_and_refuses_other_arguments():
 def test_the_remedys_test_evaluates_every_quantized_type():
     """tests/integration/test_export_gguf.py evaluates every quantized GGUF type in a child
     process (the AMX crash's test): its list is GGUF_TYPES less f32 and f16, so it holds the
-    K-quant mixes made by llama.cpp's quantizer as well as gguf-py's block types."""
+    mixes made by llama.cpp's quantizer (the K-quants and iq4_xs) as well as gguf-py's block types."""
     from coec.export.formats import GGUF_TYPES
 
     text = (REPO / "tests" / "integration" / "test_export_gguf.py").read_text()
     assert 'QUANTIZED = [t for t in GGUF_TYPES if t not in ("f32", "f16")]' in text
     assert "def test_every_quantized_type_is_evaluated_without_a_crash" in text
     quantized = [t for t in GGUF_TYPES if t not in ("f32", "f16")]
-    assert {"q6_k", "q5_k_m", "q4_k_m", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"} == set(quantized)
+    mixes = {"q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q3_k_m", "q3_k_s", "q2_k"}
+    assert mixes | {"q8_0", "q5_1", "q5_0", "q4_1", "q4_0"} == set(quantized)

@@ -44,9 +44,38 @@ def test_cells_are_dense_then_every_row_at_every_ratio(config):
     assert cells[1]["folder"] == paths.cell_dir("smollm2-135m", "enwiki-32x512", "rcpu", 0.1, "coec")
 
 
+def test_the_dense_model_alone_gets_the_mixes_below_4_bits(config):
+    """config.yaml's dense_types: llama.cpp's mixes below 4 bits with and without the importance
+    matrix, exported, scored and timed for the dense cell only, after the types every cell has."""
+    t = config["frontier"]
+    below4 = ["iq4_xs", "q3_k_m", "q3_k_s", "q2_k"]
+    assert t["dense_types"] == [v for b in below4 for v in (b, f"{b}-imatrix")]
+    cells = frontier_cells(config)
+    assert cells[0]["types"] == [*t["types"], *t["dense_types"]]
+    assert all(c["types"] == t["types"] for c in cells[1:])
+    spec = frontier_spec(config)
+    assert spec["types"] == cells[0]["types"]
+    inputs = set(frontier_inputs(config))
+    dense = paths.dense_dir("smollm2-135m")
+    for g in t["dense_types"]:
+        assert {paths.gguf_file(dense, g), paths.gguf_report_file(dense, g), paths.gguf_ppl_file(dense, g)} <= inputs
+        assert not any(paths.gguf_ppl_file(c["folder"], g) in inputs for c in cells[1:])
+    speed = speed_spec(config)
+    assert [r.removeprefix("llamacpp-") for r in speed["runtimes"]] == spec["types"]
+    assert set(speed["cells"][0]["gguf"]) == {"f16", *spec["types"]}
+    assert all(set(c["gguf"]) == {"f16", *t["types"]} for c in speed["cells"][1:])
+    cfg = copy.deepcopy(config)
+    cfg["frontier"]["dense_types"] = ["q4_0", "q2_k"]  # one already in types: not twice
+    assert frontier_cells(cfg)[0]["types"] == [*t["types"], "q2_k"]
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    del raw["frontier"]["dense_types"]  # the schema's default is config.yaml's
+    assert validate_config(raw)["frontier"]["dense_types"] == t["dense_types"]
+
+
 def test_speed_spec_times_every_type_and_keeps_the_f16_file_for_the_bounds(config):
     cfg = copy.deepcopy(config)
     cfg["frontier"]["types"] = ["q4_0", "q4_k_m-imatrix"]
+    cfg["frontier"]["dense_types"] = []
     spec = speed_spec(cfg)
     assert spec["runtimes"] == ["llamacpp-q4_0", "llamacpp-q4_k_m-imatrix"]
     assert all(set(c["gguf"]) == {"f16", "q4_0", "q4_k_m-imatrix"} for c in spec["cells"])
@@ -64,6 +93,7 @@ def test_speed_spec_times_every_type_and_keeps_the_f16_file_for_the_bounds(confi
         ({"calibration": "nope"}, r"frontier\.calibration: unknown calibration set"),
         ({"rows": [{"selection": "rcpu", "compensation": "nope"}]}, r"frontier\.rows\[0\]\.compensation"),
         ({"types": ["q3_k"]}, r"frontier"),
+        ({"dense_types": ["q2_k_s"]}, r"frontier"),
     ],
 )
 def test_bad_frontier_config_is_one_line_naming_the_key(config, change, match):
@@ -85,17 +115,21 @@ def test_table_joins_sizes_perplexities_speeds_and_marks_the_front(config, tmp_p
     monkeypatch.chdir(tmp_path)
     cfg = copy.deepcopy(config)
     cfg["frontier"].update(
-        types=["q8_0", "q4_0"], ratios=[0.3], rows=[{"label": "A", "selection": "rcpu-a256", "compensation": "coec"}]
+        types=["q8_0", "q4_0"],
+        dense_types=["q2_k"],  # the dense model's alone
+        ratios=[0.3],
+        rows=[{"label": "A", "selection": "rcpu-a256", "compensation": "coec"}],
     )
     spec = frontier_spec(cfg)
     sizes = {("dense", "q8_0"): 4000, ("dense", "q4_0"): 2000, ("A 0.3", "q8_0"): 3000, ("A 0.3", "q4_0"): 1500}
     ppls = {("dense", "q8_0"): 10.0, ("dense", "q4_0"): 11.0, ("A 0.3", "q8_0"): 14.0, ("A 0.3", "q4_0"): 10.5}
+    sizes[("dense", "q2_k")], ppls[("dense", "q2_k")] = 1400, 16.0
     speed = []
     for c in spec["cells"]:
         _write(f"{c['folder']}/ppl.json", {"ppl": 9.5 if c["label"] == "dense" else 13.0})
         if c["keep"]:
             _write(c["keep"], {"realised_channel_ratio": 1 / 3})
-        for g in spec["types"]:
+        for g in c["types"]:
             if (c["label"], g) == ("A 0.3", "q4_0"):
                 Path(paths.gguf_file(c["folder"], g)).write_bytes(b"x" * sizes[c["label"], g])
                 continue  # no perplexity yet
@@ -108,14 +142,16 @@ def test_table_joins_sizes_perplexities_speeds_and_marks_the_front(config, tmp_p
     pd.DataFrame(speed).to_csv(spec["speed"], index=False)
     Path(spec["speed"]).with_suffix(".md").write_text("Speed caption: load 0.5.\n\n| a |\n")
     df = write_frontier(spec, tmp_path / "results/frontier.csv")
-    assert list(df["cell"]) == ["dense", "dense", "A 0.3", "A 0.3"]
+    assert list(zip(df["cell"], df["type"], strict=True)) == [
+        ("dense", "q8_0"), ("dense", "q4_0"), ("dense", "q2_k"), ("A 0.3", "q8_0"), ("A 0.3", "q4_0")
+    ]  # fmt: skip
     row = df.set_index(["cell", "type"])
     assert row.loc[("dense", "q4_0"), "file_mib"] == pytest.approx(2000 / 2**20)
     assert row.loc[("A 0.3", "q8_0"), "realised_ratio"] == pytest.approx(1 / 3)
     assert row.loc[("dense", "q8_0"), "realised_ratio"] == 0 and row.loc[("A 0.3", "q8_0"), "ppl_fp32"] == 13.0
     assert row.loc[("dense", "q8_0"), "fallbacks"] == 2
-    # the dense q4_0 (2000, 11) and q8_0 (4000, 10) are on the front; A q8_0 (3000, 14) is not
-    assert list(df["pareto"]) == [True, True, False, False]
+    # the dense q4_0 (2000, 11), q8_0 (4000, 10) and q2_k (1400, 16) are on the front; A q8_0 (3000, 14) is not
+    assert list(df["pareto"]) == [True, True, True, False, False]
     missing = row.loc[("A 0.3", "q4_0")]
     assert math.isnan(missing["ppl"]) and missing["status"] == "missing ppl, speed"
     md = (tmp_path / "results/frontier.md").read_text()

@@ -18,13 +18,18 @@ Q = gguf.GGMLQuantizationType
 
 
 def test_types_their_writer_block_and_file_type():
-    assert GGUF_TYPES == ("f32", "f16", "q8_0", "q6_k", "q5_k_m", "q5_1", "q5_0", "q4_k_m", "q4_1", "q4_0")
-    assert (
-        [t for t in GGUF_TYPES if made_by(t) == "llama.cpp quantizer"] == list(KQUANTS) == ["q6_k", "q5_k_m", "q4_k_m"]
-    )
-    assert {made_by(t) for t in GGUF_TYPES if t not in KQUANTS} == {"coec"}
+    gguf_py = ["f32", "f16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
+    mixes = ["q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q3_k_m", "q3_k_s", "q2_k"]
+    assert GGUF_TYPES == (
+        "f32", "f16", "q8_0", "q6_k", "q5_k_m", "q5_1", "q5_0", "q4_k_m", "q4_1", "q4_0",
+        "iq4_xs", "q3_k_m", "q3_k_s", "q2_k",
+    )  # fmt: skip
+    assert [t for t in GGUF_TYPES if made_by(t) == "llama.cpp quantizer"] == list(KQUANTS) == mixes
+    assert [t for t in GGUF_TYPES if made_by(t) == "coec"] == gguf_py
     assert K_BLOCK == 256 and [block_of(t) for t in ("f32", "f16", "q8_0", "q4_0", "q4_k_m")] == [1, 1, 32, 32, 256]
-    assert [file_type(t) for t in KQUANTS] == [18, 17, 15]  # llama_ftype MOSTLY_Q6_K, Q5_K_M, Q4_K_M
+    assert {block_of(t) for t in KQUANTS} == {256}
+    # llama_ftype MOSTLY_Q6_K, Q5_K_M, Q4_K_M, IQ4_XS, Q3_K_M, Q3_K_S, Q2_K
+    assert [file_type(t) for t in KQUANTS] == [18, 17, 15, 30, 12, 11, 10]
     with pytest.raises(ValueError, match="unknown GGUF tensor type 'q3_k'"):
         made_by("q3_k")
 
@@ -67,6 +72,45 @@ def test_quantizer_fallbacks_are_the_non_k_types_and_the_mix_is_counted():
         },
     ]
     assert type_counts(tensors) == {"F16": 1, "F32": 1, "Q4_K": 1, "Q5_0": 1, "Q6_K": 1, "Q8_0": 1}
+
+
+def test_the_fallbacks_of_the_mixes_below_4_bits_are_their_32_value_types():
+    """Q3_K and Q2_K fall back to Q4_0, IQ4_XS to IQ4_NL (llama.cpp's tensor_type_fallback); the
+    K-quants a Q2_K / Q3_K_M / IQ4_XS mix gives some tensors on purpose (Q3_K, Q4_K, Q5_K) are not
+    fallbacks, and neither is IQ4_XS itself."""
+    tensors = [
+        ("blk.0.attn_q.weight", (576, 576), Q.Q4_0),  # q2_k / q3_k_s on the embedded model's rows
+        ("blk.0.attn_v.weight", (192, 256), Q.Q3_K),  # the Q2_K mix's attn_v
+        ("blk.0.ffn_down.weight", (576, 1536), Q.Q5_K),  # IQ4_XS's first ffn_down without an imatrix
+        ("blk.1.ffn_down.weight", (576, 1536), Q.IQ4_XS),
+        ("blk.1.attn_q.weight", (576, 576), Q.IQ4_NL),
+        ("blk.1.attn_output.weight", (256, 200), Q.F16),
+    ]
+    fell = quantizer_fallbacks(tensors)
+    assert [(f["tensor"], f["type"]) for f in fell] == [
+        ("blk.0.attn_q.weight", "q4_0"),
+        ("blk.1.attn_q.weight", "iq4_nl"),
+        ("blk.1.attn_output.weight", "f16"),
+    ]
+    assert fell[1]["why"] == "row width 576 is not a multiple of the K-quant block (256); llama.cpp wrote it as IQ4_NL"
+    assert all(fallback_reason((576, 576), t) for t in ("iq4_xs", "q3_k_m", "q3_k_s", "q2_k"))
+    assert not any(fallback_reason((576, 1536), t) for t in ("iq4_xs", "q3_k_m", "q3_k_s", "q2_k"))
+
+
+def test_a_mix_that_needs_an_importance_matrix_is_refused_without_one(monkeypatch):
+    """None of the offered mixes needs one (llama.cpp quantizes q2_k and iq4_xs without); a mix
+    that does is refused in one line when no --imatrix is given, and passes with one."""
+    from coec.export.gguf import layout
+
+    assert layout.NEEDS_IMATRIX == frozenset()
+    for t in KQUANTS:
+        layout.check_imatrix_need(t, False)
+    monkeypatch.setattr(layout, "NEEDS_IMATRIX", frozenset({"q2_k"}))
+    with pytest.raises(ValueError, match=r"^--gguf-type q2_k needs an importance matrix .*pass --imatrix") as e:
+        layout.check_imatrix_need("q2_k", False)
+    assert "\n" not in str(e.value) and "export-q2_k-imatrix.gguf" in str(e.value)
+    layout.check_imatrix_need("q2_k", True)
+    layout.check_imatrix_need("q3_k_m", False)
 
 
 def test_refusal_is_one_line_naming_the_count_and_the_first_tensor():
@@ -154,8 +198,11 @@ def test_gguf_variant_names_split_into_type_and_imatrix():
 
     assert [split_gguf_variant(t) for t in GGUF_TYPES] == [(t, False) for t in GGUF_TYPES]
     assert split_gguf_variant("q4_k_m-imatrix") == ("q4_k_m", True)
-    assert {split_gguf_variant(v)[0] for v in GGUF_VARIANTS if v.endswith("-imatrix")} == {"q6_k", "q5_k_m", "q4_k_m"}
-    for bad in ("q4_0-imatrix", "q3_k", "f16-imatrix"):
+    assert split_gguf_variant("q3_k_s-imatrix") == ("q3_k_s", True)
+    assert split_gguf_variant("iq4_xs") == ("iq4_xs", False)
+    imatrix = [split_gguf_variant(v)[0] for v in GGUF_VARIANTS if v.endswith("-imatrix")]
+    assert imatrix == ["q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q3_k_m", "q3_k_s", "q2_k"]
+    for bad in ("q4_0-imatrix", "q3_k", "f16-imatrix", "iq4_nl", "q2_k_s"):
         with pytest.raises(ValueError, match="unknown GGUF export") as e:
             split_gguf_variant(bad)
         assert "\n" not in str(e.value)

@@ -206,6 +206,7 @@ def test_uniform_pairs_are_every_width_the_uniform_selection_gives(kv, ffn, mult
         ({"params": 10}, r"^search\.budget\.params: 10 params cannot be met"),
         ({"bytes": 10**6}, r"^search\.budget\.type: unknown GGUF tensor type 'None'"),
         ({"bytes": 10**6, "type": "q3_k"}, r"^search\.budget\.type: unknown GGUF tensor type 'q3_k'"),
+        ({"bytes": 10**6, "type": "q3_k_m"}, r"^search\.budget\.type: the bytes of a q3_k_m file are not modelled"),
         ({"bytes": -5, "type": "q8_0"}, r"^search\.budget\.bytes must be a positive integer"),
         ({"params": 1.5e6}, r"^search\.budget\.params must be a positive integer"),
         ({"params": 10**6, "type": "q8_0"}, r"^search\.budget\.type: a params budget has no GGUF type"),

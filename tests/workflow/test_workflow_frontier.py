@@ -1,6 +1,7 @@
 """The frontier's targets (results/frontier.csv, results/frontier_speed.csv) plan every job they
 read: each cell's GGUF export of every named type (the -imatrix names with the cell's own
-importance matrix), its perplexity in llama.cpp, its fp32 perplexity, the speed table, the join."""
+importance matrix; the dense model also at its own dense_types), its perplexity in llama.cpp, its
+fp32 perplexity, the speed table, the join."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ FRONTIER = {
     "model": "tiny",
     "calibration": "c8",
     "types": ["f16", "q4_0", "q4_k_m-imatrix"],
+    "dense_types": ["q2_k", "q3_k_m-imatrix"],
     "ratios": [0.5],
     "rows": [
         {"label": "RCPU + COEC", "selection": "rcpu", "compensation": "coec"},
@@ -32,13 +34,18 @@ def test_frontier_plans_exports_perplexities_speed_and_the_table(tmp_path):
         tmp_path, "-n", "-p", "--cores", "1", "results/frontier.csv", "--configfile", str(tmp_path / "config.yaml")
     )
     jobs = job_counts(res.stdout)
-    # 2 cells x 3 types exported and scored; the dense model's 3 too
-    assert jobs["export_gguf"] == 6 and jobs["export_gguf_dense"] == 3
-    assert jobs["ppl_gguf_cell"] == 6 and jobs["ppl_gguf_dense"] == 3
+    # 2 cells x 3 types exported and scored; the dense model's 3 and its 2 dense_types too
+    assert jobs["export_gguf"] == 6 and jobs["export_gguf_dense"] == 5
+    assert jobs["ppl_gguf_cell"] == 6 and jobs["ppl_gguf_dense"] == 5
     assert jobs["imatrix_cell"] == 2 and jobs["imatrix_dense"] == 1
     assert jobs["ppl_cell"] == 2 and jobs["ppl_dense"] == 1  # the fp32 column
     assert jobs["frontier_speed"] == 1 and jobs["frontier"] == 1
     speed = next(ln for ln in res.stdout.splitlines() if "report --kind table4-measured" in ln)
     assert "llamacpp-q4_k_m-imatrix" in speed and "results/frontier_speed.csv" in speed
+    assert "llamacpp-q2_k" in speed and "llamacpp-q3_k_m-imatrix" in speed
+    exports = [ln for ln in res.stdout.splitlines() if " export --format gguf " in ln]
+    low = [ln for ln in exports if "--gguf-type q3_k_m " in ln or "--gguf-type q2_k " in ln]
+    assert len(low) == 2 and all("results/tiny/dense/export-" in ln for ln in low)  # the dense model's alone
+    assert sum("--imatrix" in ln for ln in low) == 1
     table = next(ln for ln in res.stdout.splitlines() if "report --kind frontier " in ln)
     assert "results/frontier.csv" in table

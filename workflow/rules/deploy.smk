@@ -8,15 +8,16 @@
 #   .../ppl-gguf-{gguf_type}.json beside each export (its perplexity in llama.cpp, below)
 #   results/table4_measured.csv (+ .md, .runs.json), results/figures/table4_measured.png
 #
-# {gguf_type}: f32 | f16 | q8_0 | q6_k | q5_k_m | q5_1 | q5_0 | q4_k_m | q4_1 | q4_0
-# (coec.export.formats.GGUF_TYPES). gguf-py writes f32, f16 and the block types, which fall back
-# to f16 per tensor where a row width is not a multiple of 32; llama.cpp's quantizer makes the
-# K-quant mixes q6_k, q5_k_m, q4_k_m from an f32 file (it needs llama-cpp-python) and falls back
-# where a row width is not a multiple of 256. The sidecar export-{gguf_type}.gguf.json lists every
-# tensor that did not get the requested type, why, and who chose (docs/export.md "GGUF").
-# A K-quant name with -imatrix (q6_k-imatrix, q5_k_m-imatrix, q4_k_m-imatrix: GGUF_VARIANTS) is
-# quantized with the importance matrix below: the cell's own, or the dense model's on
-# `imatrix_calibration` (the first calibration set unless given). Iterative cells take the types only.
+# {gguf_type}: f32 | f16 | q8_0 | q6_k | q5_k_m | q5_1 | q5_0 | q4_k_m | q4_1 | q4_0 | iq4_xs |
+# q3_k_m | q3_k_s | q2_k (coec.export.formats.GGUF_TYPES). gguf-py writes f32, f16 and the block
+# types, which fall back to f16 per tensor where a row width is not a multiple of 32; llama.cpp's
+# quantizer makes the mixes q6_k, q5_k_m, q4_k_m, iq4_xs, q3_k_m, q3_k_s, q2_k from an f32 file (it
+# needs llama-cpp-python) and falls back where a row width is not a multiple of 256. The sidecar
+# export-{gguf_type}.gguf.json lists every tensor that did not get the requested type, why, and who
+# chose (docs/export.md "GGUF").
+# A mix's name with -imatrix (q4_k_m-imatrix, q2_k-imatrix, ...: GGUF_VARIANTS) is quantized with
+# the importance matrix below: the cell's own, or the dense model's on `imatrix_calibration` (the
+# first calibration set unless given). Iterative cells take the types only.
 from coec.export.formats import GGUF_TYPES, GGUF_VARIANTS
 from coec.workflow.targets import measured as deploy_spec
 

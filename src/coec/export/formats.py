@@ -82,14 +82,21 @@ def export(fmt: str | None, request: ExportRequest) -> dict[str, Any]:
 
 
 # the tensor types coec.export.gguf writes (defined here: gguf loads lazily)
-# (q6_k, q5_k_m and q4_k_m are K-quant mixes made by llama.cpp's own quantizer)
-GGUF_TYPES = ("f32", "f16", "q8_0", "q6_k", "q5_k_m", "q5_1", "q5_0", "q4_k_m", "q4_1", "q4_0")
+# The mixes made by llama.cpp's own quantizer (``llama_model_quantize``), from 6 down to 2.6 bits a
+# weight: the K-quants q6_k, q5_k_m, q4_k_m, q3_k_m, q3_k_s and q2_k, and the i-quant iq4_xs. Each
+# quantizes in super-blocks of 256 values of a row, gives some tensors another type on purpose
+# (e.g. Q6_K for output) and falls back where a row width is not a multiple of 256.
+QUANTIZER_MIXES = ("q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q3_k_m", "q3_k_s", "q2_k")
+GGUF_TYPES = (
+    "f32", "f16", "q8_0", "q6_k", "q5_k_m", "q5_1", "q5_0", "q4_k_m", "q4_1", "q4_0",
+    "iq4_xs", "q3_k_m", "q3_k_s", "q2_k",
+)  # fmt: skip
 
-# The GGUF files a workflow target names (``export-{variant}.gguf``): every type, and each K-quant
-# mix quantized with the importance matrix of the cell's calibration (``<type>-imatrix``,
-# ``coec imatrix``; docs/export.md "Importance matrix from the calibration").
+# The GGUF files a workflow target names (``export-{variant}.gguf``): every type, and each mix of
+# llama.cpp's quantizer quantized with the importance matrix of the cell's calibration
+# (``<type>-imatrix``, ``coec imatrix``; docs/export.md "Importance matrix from the calibration").
 IMATRIX_SUFFIX = "-imatrix"
-GGUF_VARIANTS = GGUF_TYPES + tuple(f"{t}{IMATRIX_SUFFIX}" for t in ("q6_k", "q5_k_m", "q4_k_m"))
+GGUF_VARIANTS = GGUF_TYPES + tuple(f"{t}{IMATRIX_SUFFIX}" for t in QUANTIZER_MIXES)
 
 
 def split_gguf_variant(variant: str) -> tuple[str, bool]:

@@ -249,12 +249,13 @@ def run_export_gguf(request: ExportRequest) -> dict[str, Any]:
     # deferred: keeps the job boundary torch-free
     from coec.evaluate.llamacpp.run import require
     from coec.export.gguf import GgufOptions, is_gguf_export, write_gguf
-    from coec.export.gguf.layout import QUANTIZER, check_gguf_type, made_by
+    from coec.export.gguf.layout import QUANTIZER, check_gguf_type, check_imatrix_need, made_by
     from coec.export.gguf.sidecar import is_sidecar, sidecar_path, write_sidecar
     from coec.export.gguf.writer import FALLBACK_POLICIES
     from coec.model.cell import build_cell
 
     gguf_type = check_gguf_type(request.options.get("gguf_type") or "f32")
+    check_imatrix_need(gguf_type, bool(request.options.get("imatrix")))
     fallback = request.options.get("gguf_fallback") or FALLBACK_POLICIES[0]
     if fallback not in FALLBACK_POLICIES:
         raise ValueError(f"--gguf-fallback {fallback!r}: expected one of {', '.join(FALLBACK_POLICIES)}")
@@ -331,8 +332,9 @@ EXPORT_FORMATS.register(
                 "--gguf-type",
                 "gguf_type",
                 "GGUF tensor type (default f32); q8_0, q5_1, q5_0, q4_1 and q4_0 fall back to f16 per tensor "
-                "where a row width is not a multiple of 32; the K-quant mixes q6_k, q5_k_m and q4_k_m are made by "
-                "llama.cpp's quantizer (its own fallbacks where a row width is not a multiple of 256)",
+                "where a row width is not a multiple of 32; the mixes q6_k, q5_k_m, q4_k_m, iq4_xs, q3_k_m, q3_k_s "
+                "and q2_k are made by llama.cpp's quantizer (its own fallbacks where a row width is not a multiple "
+                "of 256)",
                 GGUF_TYPES,
             ),
             FormatOption(
@@ -346,7 +348,8 @@ EXPORT_FORMATS.register(
                 "--imatrix",
                 "imatrix",
                 "importance matrix (coec imatrix: mean x^2 of each weight's input columns over a calibration set) "
-                "that llama.cpp's quantizer weights its rounding error by; K-quant mixes only",
+                "that llama.cpp's quantizer weights its rounding error by; the quantizer's mixes (K-quants, "
+                "iq4_xs) only",
             ),
             FormatOption(
                 "--tokenizer-gguf",

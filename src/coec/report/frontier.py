@@ -1,11 +1,13 @@
 """Pruned or quantized? The size–quality–speed frontier in llama.cpp (docs/frontier.md).
 
 The config key ``frontier`` names a model, a calibration set, GGUF target names (``types``: the
-types of ``coec.export.formats.GGUF_VARIANTS``), ratios and rows (a selection and a compensation
-each). Its cells are the dense model and every row at every ratio, each exported at every type.
-Every (cell, type) pair is one row of ``results/frontier.csv``: the file's size, its perplexity
-measured in llama.cpp (``ppl-gguf-<type>.json``), its speed (the measured-table harness,
-``results/frontier_speed.csv``) and whether it is on the Pareto front of size against perplexity.
+types of ``coec.export.formats.GGUF_VARIANTS``; ``dense_types``: more of them, for the dense model
+only, e.g. the llama.cpp mixes below 4 bits), ratios and rows (a selection and a compensation
+each). Its cells are the dense model (exported at ``types`` then ``dense_types``) and every row at
+every ratio (exported at ``types``). Every (cell, type) pair is one row of ``results/frontier.csv``:
+the file's size, its perplexity measured in llama.cpp (``ppl-gguf-<type>.json``), its speed (the
+measured-table harness, ``results/frontier_speed.csv``) and whether it is on the Pareto front of
+size against perplexity.
 
 Pure functions of the config (defaults filled by the schema) and of the files they name.
 """
@@ -49,9 +51,19 @@ def row_label(row: dict[str, Any]) -> str:
     return row.get("label") or f"{row['selection']} + {row['compensation']}"
 
 
+def dense_types(t: dict[str, Any]) -> list[str]:
+    """The dense model's GGUF types: ``types``, then those of ``dense_types`` not among them."""
+    return list(dict.fromkeys([*t["types"], *t.get("dense_types", [])]))
+
+
+def all_types(config: dict[str, Any]) -> list[str]:
+    """Every GGUF type of the frontier, in the order of the dense model's (a row's are a subset)."""
+    return dense_types(check(config))
+
+
 def frontier_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The dense model, then every row at every ratio: label, method, selection, compensation,
-    ratio, its folder (GGUF files, perplexities) and keep.json (None for dense)."""
+    ratio, its folder (GGUF files, perplexities), keep.json (None for dense) and its GGUF types."""
     t = check(config)
     model = t["model"]
     cells: list[dict[str, Any]] = [
@@ -63,6 +75,7 @@ def frontier_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
             "ratio": 0.0,
             "folder": paths.dense_dir(model),
             "keep": None,
+            "types": dense_types(t),
         }
     ]
     for row in t["rows"]:
@@ -77,27 +90,32 @@ def frontier_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
                     "ratio": ratio,
                     "folder": paths.cell_dir(model, calib, row["selection"], ratio, row["compensation"]),
                     "keep": paths.keep_file(model, calib, row["selection"], ratio),
+                    "types": list(t["types"]),
                 }
             )
     return cells
 
 
-def speed_types(t: dict[str, Any]) -> list[str]:
-    """The GGUF files each cell is exported as: f16 (the measured harness reads its FLOP bound
-    from it) and every configured type."""
-    return list(dict.fromkeys(["f16", *t["types"]]))
+def speed_types(cell: dict[str, Any]) -> list[str]:
+    """The GGUF files a cell is exported as: f16 (the measured harness reads its FLOP bound from
+    it) and every type of the cell."""
+    return list(dict.fromkeys(["f16", *cell["types"]]))
 
 
 def speed_spec(config: dict[str, Any]) -> dict[str, Any]:
     """The spec of ``coec report --kind table4-measured`` for the frontier's speed
-    (``results/frontier_speed.csv``): every cell's GGUF files, timed in llama.cpp at every type."""
+    (``results/frontier_speed.csv``): every cell's GGUF files, timed in llama.cpp at each of its
+    types (the harness runs a runtime only on the cells with a file of its type)."""
     t = check(config)
-    types = speed_types(t)
     return {
         **{k: t[k] for k in SPEED_KEYS},
-        "runtimes": [f"llamacpp-{g}" for g in t["types"]],
+        "runtimes": [f"llamacpp-{g}" for g in all_types(config)],
         "cells": [
-            {"label": c["label"], "ratio": c["ratio"], "gguf": {g: paths.gguf_file(c["folder"], g) for g in types}}
+            {
+                "label": c["label"],
+                "ratio": c["ratio"],
+                "gguf": {g: paths.gguf_file(c["folder"], g) for g in speed_types(c)},
+            }
             for c in frontier_cells(config)
         ],
         "device": "cpu",
@@ -108,17 +126,16 @@ def speed_spec(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def speed_inputs(config: dict[str, Any]) -> list[str]:
-    t = check(config)
-    return [paths.gguf_file(c["folder"], g) for c in frontier_cells(config) for g in speed_types(t)]
+    return [paths.gguf_file(c["folder"], g) for c in frontier_cells(config) for g in speed_types(c)]
 
 
 def frontier_spec(config: dict[str, Any]) -> dict[str, Any]:
-    """The spec of ``coec report --kind frontier``: the cells, the types, the speed table and
-    the figure."""
+    """The spec of ``coec report --kind frontier``: the cells (each with its types), every type,
+    the speed table and the figure."""
     t = check(config)
     return {
         "model": t["model"],
-        "types": list(t["types"]),
+        "types": all_types(config),
         "cells": frontier_cells(config),
         "speed": paths.table_file(SPEED),
         "figure": paths.figure_file(KEY),
@@ -136,7 +153,7 @@ def frontier_inputs(config: dict[str, Any]) -> list[str]:
     for c in frontier_cells(config):
         files.append(f"{c['folder']}/ppl.json")
         files += [c["keep"]] if c["keep"] else []
-        for g in t["types"]:
+        for g in c["types"]:
             files += [paths.gguf_file(c["folder"], g), paths.gguf_report_file(c["folder"], g)]
             files.append(paths.gguf_ppl_file(c["folder"], g))
     return [f for f in files if f] + (
@@ -171,7 +188,8 @@ def _json(path: str) -> dict[str, Any]:
 
 
 def frontier_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (cell, type) in config order, ``pareto`` over all rows with a perplexity."""
+    """One row per (cell, type of the cell) in config order, ``pareto`` over all rows with a
+    perplexity."""
     import pandas as pd  # deferred: pandas, ~0.8 s at workflow planning
 
     speed = pd.read_csv(spec["speed"]) if Path(spec["speed"]).is_file() else pd.DataFrame()
@@ -179,7 +197,7 @@ def frontier_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
     for c in spec["cells"]:
         fp32 = _json(f"{c['folder']}/ppl.json").get("ppl")
         realised = realised_ratio(c["keep"], c["ratio"])
-        for g in spec["types"]:
+        for g in c["types"]:
             gguf = Path(paths.gguf_file(c["folder"], g))
             ppl = _json(paths.gguf_ppl_file(c["folder"], g))
             side = _json(paths.gguf_report_file(c["folder"], g))

@@ -36,8 +36,7 @@ from functools import cached_property
 from itertools import accumulate
 from typing import Any
 
-from coec.export.gguf.layout import check_gguf_type
-from coec.export.gguf.mix import SEVENTY_B_BLOCKS, Place, tensor_bytes, use_more_bits
+from coec.export.gguf.mix import SEVENTY_B_BLOCKS, Place, check_mix_type, tensor_bytes, use_more_bits
 from coec.model.arch import adapter_for
 from coec.report.cost import arch_dims, config_dict
 from coec.select.scores import KeepRule, aligned_keep, check_multiple, n_keep
@@ -235,7 +234,7 @@ def model_bytes(config: Any, widths: Sequence[Mapping[str, int]], gguf_type: str
     ``widths`` (per layer ``{"kv_groups": k, "channels": c}``; 0 removes the block's weights),
     each attn_v / ffn_down at its position among those present (llama.cpp's counters)."""
     d = arch_dims(config_dict(config))
-    check_gguf_type(gguf_type)
+    check_mix_type(gguf_type)
     v_count = sum(w["kv_groups"] > 0 for w in widths)
     n, v_index, down_index = top_bytes(d, gguf_type), 0, 0
     for w in widths:
@@ -360,7 +359,7 @@ def parse_budget(budget: Mapping[str, Any] | None) -> tuple[Measure, int | None]
             raise ValueError("search.budget.type: a params budget has no GGUF type (it belongs to a bytes budget)")
         return Measure(), amount
     try:
-        gguf_type = check_gguf_type(str(budget.get("type")))
+        gguf_type = check_mix_type(str(budget.get("type")))
     except ValueError as e:
         raise ValueError(f"search.budget.type: {e}") from None
     return Measure("bytes", gguf_type), amount

@@ -12,7 +12,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 
-from coec.export.formats import GGUF_TYPES
+from coec.export.formats import GGUF_TYPES, QUANTIZER_MIXES
 from coec.model.arch.gguf import file_types
 
 if TYPE_CHECKING:
@@ -23,11 +23,19 @@ if TYPE_CHECKING:
 
 # requested type -> 2-D tensor type; gguf-py quantizes the block types (32 values of a row each)
 _TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q5_1": Q.Q5_1, "q5_0": Q.Q5_0, "q4_1": Q.Q4_1, "q4_0": Q.Q4_0}
-# the K-quant mixes: gguf-py cannot write K-quants (ggml-org/llama.cpp #14667), so llama.cpp's
-# quantizer makes them from an f32 file of ours (``llama_ftype`` = ``general.file_type``)
-KQUANTS = ("q6_k", "q5_k_m", "q4_k_m")
-KQUANT_TYPES = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_K})  # the types of a K-quant mix
+# the mixes of llama.cpp's quantizer (the K-quants and iq4_xs): gguf-py cannot write K-quants
+# (ggml-org/llama.cpp #14667), so llama.cpp's quantizer makes them from an f32 file of ours
+# (``llama_ftype`` = ``general.file_type``)
+KQUANTS = QUANTIZER_MIXES
+# the types a mix writes in super-blocks of 256 values (the K-quants and IQ4_XS): a tensor in
+# another type fell back (its row width), whatever the mix chose for it
+KQUANT_TYPES = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_K, Q.IQ4_XS})
 K_BLOCK = GGML_QUANT_SIZES[Q.Q4_K][0]  # 256 values of a row per K-quant super-block
+# The mixes llama.cpp's quantizer refuses without an importance matrix (``tensor_requires_imatrix``
+# in src/llama-quant.cpp: a tensor it types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S or IQ3_XXS, or
+# Q2_K inside a Q2_K_S file; the output and embedding tensors never). None of the offered mixes:
+# q2_k keeps Q2_K without one, iq4_xs is no such type. A mix named here is refused before any work.
+NEEDS_IMATRIX: frozenset[str] = frozenset()
 GGUFPY, QUANTIZER = "coec", "llama.cpp quantizer"  # who chooses each tensor's type
 
 
@@ -53,6 +61,16 @@ def check_gguf_type(gguf_type: str) -> str:
     if gguf_type not in _TYPES and gguf_type not in KQUANTS:
         raise ValueError(f"unknown GGUF tensor type {gguf_type!r}; expected one of {', '.join(GGUF_TYPES)}")
     return gguf_type
+
+
+def check_imatrix_need(gguf_type: str, has_imatrix: bool) -> None:
+    """ValueError (one line) for a mix llama.cpp's quantizer refuses without an importance matrix
+    (:data:`NEEDS_IMATRIX`) when none is given: refused before the model is built."""
+    if gguf_type in NEEDS_IMATRIX and not has_imatrix:
+        raise ValueError(
+            f"--gguf-type {gguf_type} needs an importance matrix (llama.cpp's quantizer refuses it without one); "
+            f"pass --imatrix (coec imatrix; in the workflow: export-{gguf_type}-imatrix.gguf)"
+        )
 
 
 def fallback_reason(shape: tuple[int, ...], gguf_type: str) -> str | None:

@@ -21,6 +21,10 @@ K-quant mixes (q6_k, q5_k_m, q4_k_m; written by llama.cpp's quantizer from an f3
 * then the fallback of a row width (ggml ne[0], the last numpy axis) that is no multiple of 256:
   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and f16 when the width is no multiple of 32 either.
 
+The other mixes of llama.cpp's quantizer (iq4_xs, q3_k_m, q3_k_s, q2_k) are not modelled here: their
+choices depend on more than a tensor's place (the grouped-query ratio, whether an importance matrix
+is given), so :func:`check_mix_type` refuses them for a byte budget.
+
 The bytes of a tensor are those of its data (``layout.encoded_nbytes``); a file adds its metadata
 (tokenizer, a few MB) and alignment padding (at most 31 bytes a tensor).
 """
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
+from coec.export.formats import GGUF_TYPES
 from coec.export.gguf.layout import KQUANTS, check_gguf_type, encoded_nbytes, tensor_type
 
 #: the main type of each K-quant mix
@@ -54,6 +59,18 @@ class Place:
     count: int = 1
     tied: bool = False
     big: bool = False
+
+
+def check_mix_type(gguf_type: str) -> str:
+    """``gguf_type`` when this module counts its bytes (the gguf-py types and the mixes of
+    :data:`MAIN`); ValueError (one line) for an unknown type or a mix it does not model."""
+    if check_gguf_type(gguf_type) in KQUANTS and gguf_type not in MAIN:
+        modelled = [t for t in GGUF_TYPES if t not in KQUANTS or t in MAIN]
+        raise ValueError(
+            f"the bytes of a {gguf_type} file are not modelled (llama.cpp's choice of its tensor types); "
+            f"expected one of {', '.join(modelled)}"
+        )
+    return gguf_type
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -88,7 +105,7 @@ def kquant_type(role: str, width: int, gguf_type: str, place: Place) -> Q:
 def file_tensor_type(role: str, shape: tuple[int, ...], gguf_type: str, place: Place | None = None) -> Q:
     """The GGML type of a tensor of ``role`` and numpy shape ``shape`` (rows, row width) in a file
     of the requested ``gguf_type``."""
-    if check_gguf_type(gguf_type) not in KQUANTS:
+    if check_mix_type(gguf_type) not in KQUANTS:
         return tensor_type(shape, gguf_type)[0]
     if len(shape) != 2:
         return Q.F32

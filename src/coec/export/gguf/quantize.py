@@ -1,11 +1,15 @@
-"""The K-quant GGUF types (q6_k, q5_k_m, q4_k_m), made by llama.cpp's own quantizer
-(``llama_model_quantize``) from an f32 GGUF file of ours: gguf-py cannot write K-quants
-(ggml-org/llama.cpp #14667). The quantizer runs in a child process (``coec.io.isolated``), so that a
-llama.cpp crash raises ProcessCrashed in the caller. It copies the file's metadata (the
-``coec.export.stage`` provenance included) and chooses each tensor's type itself: the Q4_K_M / Q5_K_M
-mixes give some tensors another K-quant type on purpose (e.g. Q6_K for output, attn_v and
-ffn_down of some blocks), and a row width that is not a multiple of the K-quant block (256)
-falls back to a block type of 32 values (Q5_0, Q5_1, Q8_0) or f16."""
+"""The mixes of llama.cpp's quantizer (the K-quants q6_k, q5_k_m, q4_k_m, q3_k_m, q3_k_s, q2_k and
+the i-quant iq4_xs), made by its own ``llama_model_quantize`` from an f32 GGUF file of ours: gguf-py
+cannot write them (ggml-org/llama.cpp #14667). The quantizer runs in a child process
+(``coec.io.isolated``), so that a llama.cpp crash raises ProcessCrashed in the caller. It copies the
+file's metadata (the ``coec.export.stage`` provenance included) and chooses each tensor's type
+itself: a mix gives some tensors another K-quant type on purpose (Q6_K for output; Q4_K_M / Q5_K_M:
+Q6_K for attn_v and ffn_down of some blocks; Q3_K_M: Q4_K or Q5_K for attn_v, attn_output and
+ffn_down; Q2_K: Q3_K for attn_v, attn_output and ffn_down; IQ4_XS without an importance matrix:
+Q5_K for ffn_down of the first eighth of the blocks), and a row width that is not a multiple of
+the super-block (256) falls back to a type of 32-value blocks (Q4_K -> Q5_0, Q5_K -> Q5_1,
+Q6_K -> Q8_0, Q3_K and Q2_K -> Q4_0, IQ4_XS -> IQ4_NL), or f16 when the row is not a multiple of
+32 either."""
 
 from __future__ import annotations
 
@@ -25,12 +29,12 @@ from coec.model.arch.gguf import bindings_quantize
 def quantize_gguf(
     src: str | Path, dst: str | Path, gguf_type: str, nthread: int, imatrix: dict[str, np.ndarray] | None = None
 ) -> float:
-    """Quantize the f32 GGUF ``src`` to the K-quant mix ``gguf_type`` at ``dst`` with llama.cpp's
+    """Quantize the f32 GGUF ``src`` to the mix ``gguf_type`` at ``dst`` with llama.cpp's
     quantizer on ``nthread`` threads, in a child process; returns the seconds it took. ``imatrix``:
     GGUF weight name -> per-column importance (float32, (row width,); ``coec.export.imatrix``). ValueError
     (one line) for a non-zero return, ProcessCrashed if llama.cpp dies."""
     if gguf_type not in KQUANTS:
-        raise ValueError(f"{gguf_type} is not a K-quant type ({', '.join(KQUANTS)})")
+        raise ValueError(f"{gguf_type} is not made by llama.cpp's quantizer ({', '.join(KQUANTS)})")
     t0 = time.perf_counter()
     rc = call_isolated(
         bindings_quantize,
@@ -53,9 +57,10 @@ def read_tensor_types(path: str | Path) -> list[tuple[str, tuple[int, ...], gguf
 
 
 def quantizer_fallbacks(tensors: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]]) -> list[dict[str, Any]]:
-    """The 2-D tensors that llama.cpp's quantizer did not write in a K-quant type, with why:
-    {'tensor', 'shape', 'type' (written, lower case), 'why'}. Another K-quant type than the mix's
-    main one (Q6_K in a Q4_K_M file) is the mix's choice, not a fallback."""
+    """The 2-D tensors that llama.cpp's quantizer did not write in a type of 256-value super-blocks
+    (``KQUANT_TYPES``: the K-quants, IQ4_XS), with why: {'tensor', 'shape', 'type' (written, lower
+    case), 'why'}. Another such type than the mix's main one (Q6_K in a Q4_K_M file, Q3_K in a Q2_K
+    file, Q5_K in an IQ4_XS file) is the mix's choice, not a fallback."""
     out: list[dict[str, Any]] = []
     for name, shape, qtype in tensors:
         if len(shape) != 2 or qtype in KQUANT_TYPES:

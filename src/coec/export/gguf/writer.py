@@ -26,6 +26,7 @@ from coec.export.gguf.layout import (
     LayerWidths,
     block_of,
     check_gguf_type,
+    check_imatrix_need,
     encode,
     encoded_nbytes,
     fallback_reason,
@@ -249,9 +250,11 @@ def write_gguf(
     ``gguf_type`` (predicted from the shapes, checked again after quantizing). ValueError,
     before anything is written, for a model no llama.cpp architecture here holds. ``imatrix``
     (``coec.export.imatrix.Imatrix``, K-quant mixes only): the quantizer's importance vectors, checked
-    against the tensors' row widths before anything is written, recorded in ``coec.export.stage``."""
+    against the tensors' row widths before anything is written, recorded in ``coec.export.stage``;
+    a mix that llama.cpp refuses without one (``layout.NEEDS_IMATRIX``) is refused first."""
     opts = options or GgufOptions()
     check_gguf_type(gguf_type)
+    check_imatrix_need(gguf_type, opts.imatrix is not None)
     if opts.fallback not in FALLBACK_POLICIES:
         raise ValueError(f"gguf fallback {opts.fallback!r}: expected one of {', '.join(FALLBACK_POLICIES)}")
     kquant = made_by(gguf_type) == QUANTIZER

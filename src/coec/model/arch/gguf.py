@@ -157,6 +157,10 @@ def file_types() -> dict[str, LlamaFileType]:
         "q4_k_m": F.MOSTLY_Q4_K_M,
         "q4_1": F.MOSTLY_Q4_1,
         "q4_0": F.MOSTLY_Q4_0,
+        "iq4_xs": F.MOSTLY_IQ4_XS,
+        "q3_k_m": F.MOSTLY_Q3_K_M,
+        "q3_k_s": F.MOSTLY_Q3_K_S,
+        "q2_k": F.MOSTLY_Q2_K,
     }
 
 
