@@ -57,6 +57,23 @@ use rule table as fig2 with:
         paths.benchmark_file("report", "fig2")
 
 
+# The state of the art at one budget (coec.report.sota; docs/sota.md): realised prunable parameters,
+# perplexity, KL to the dense model and zero-shot mean of each row's cell.
+use rule table as table_sota with:
+    input:
+        lambda wc: targets.sota_inputs(W.config),
+    output:
+        main=report_output(paths.table_file("table_sota"), "table_sota.rst", "Tables", "State of the art"),
+        md=paths.table_file("table_sota", "md"),
+    params:
+        kind="sota",
+        spec=lambda wc: json.dumps(targets.sota_spec(W.config)),
+    log:
+        paths.log_file("report", "table_sota"),
+    benchmark:
+        paths.benchmark_file("report", "table_sota")
+
+
 # The claims report: every claim of the papers beside the figure measured here and a verdict
 # (coec.report.claims; docs/claims.md); a claim whose tables are not configured reads "not testable here".
 use rule table as claims with:

@@ -289,7 +289,7 @@ def _check_table_refs(cfg: dict[str, Any], need: Need) -> None:
 
 
 def _check_figure_refs(cfg: dict[str, Any], need: Need) -> None:
-    """The names App. C, Fig. 2 and Table 4 use."""
+    """The names App. C, Fig. 2, Table 4 and the state-of-the-art table use."""
     if "appC" in cfg:
         a = cfg["appC"]
         need("calibration", a["calibration"], "appC.calibration")
@@ -303,6 +303,13 @@ def _check_figure_refs(cfg: dict[str, Any], need: Need) -> None:
             need("compensations", c, f"fig2.compensations[{i}]")
     for i, m in enumerate(cfg.get("table4", {}).get("models", [])):
         need("models", m, f"table4.models[{i}]")
+    if "table_sota" in cfg:
+        t = cfg["table_sota"]
+        need("calibration", t["calibration"], "table_sota.calibration")
+        for i, m in enumerate(t["models"]):
+            need("models", m, f"table_sota.models[{i}]")
+        for i, row in enumerate(t["rows"]):
+            need("compensations", row["compensation"], f"table_sota.rows[{i}].compensation")
 
 
 def _check_embedded_models(cfg: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from coec.report.cost import PUBLISHED_ARCHS, cost_table
 from coec.report.frontier import write_frontier
 from coec.report.measured.table import write_measured
 from coec.report.rendering import save_figure, set_caption, to_markdown
+from coec.report.sota import write_sota
 from coec.select.rounding import DEFAULT_ROUNDING
 
 Spec = dict[str, Any]
@@ -311,6 +312,7 @@ WRITERS: dict[str, Callable[[Spec, str | Path], Any]] = {
     "table4": _write_table4,
     "table4-measured": write_measured,  # measured deployment cost (coec.report.measured.table)
     "frontier": write_frontier,  # pruned or quantized (coec.report.frontier)
+    "sota": write_sota,  # the state of the art at one budget (coec.report.sota)
     "geometry-figure": plot_geometry,
     "lines-figure": plot_lines,
     "claims": _write_claims,
@@ -323,7 +325,7 @@ def write_report(kind: str, spec: Spec, out: str | Path) -> Any:
     lines-figure (PNG)."""
     if kind not in WRITERS:
         raise ValueError(
-            f"unknown report kind {kind!r}; expected table, appc, table4, table4-measured, frontier, geometry-figure, "
-            "lines-figure, claims or readme"
+            f"unknown report kind {kind!r}; expected table, appc, table4, table4-measured, frontier, sota, "
+            "geometry-figure, lines-figure, claims or readme"
         )
     return WRITERS[kind](spec, out)

@@ -7,6 +7,7 @@ workflow config (the dict Snakemake reads), one module per idea:
     figures       the figure specs (Fig. 2, App. C) and the files they read
     inputs        the extra inputs of a compensate job (a method's declared inputs, Gram check)
     claims        the claims report's spec
+    sota          the state-of-the-art table's spec (table_sota)
     report_labels titles, captions and labels of every artifact (results/README.md, the report)
 
 The rules (``workflow/rules/*.smk``) call them with the planned config ``W.config`` (``coec.workflow.wiring``).
@@ -34,6 +35,7 @@ from coec.workflow.targets.report_labels import (
     report_table_kind,
     sparsity_words,
 )
+from coec.workflow.targets.sota import sota_inputs, sota_spec
 from coec.workflow.targets.sources import dataset_spec, model_path
 from coec.workflow.targets.tables import (
     TABLE_FILES,
@@ -73,6 +75,8 @@ __all__ = [
     "report_label",
     "report_table_kind",
     "size_figure_spec",
+    "sota_inputs",
+    "sota_spec",
     "sized_calibration",
     "sized_entry",
     "sparsity_words",

@@ -35,6 +35,8 @@ def _paper_items(config: Config) -> list[Item]:
         items.append((paths.table_file("table3"), "Table 3: ablation ladder (perplexity)", ""))
     if "table4" in config:
         items.append((paths.table_file("table4"), "Table 4: deployment cost", ""))
+    if "table_sota" in config:
+        items.append((paths.table_file("table_sota"), "The state of the art at one budget", ""))
     if "fig2" in config:
         fig2 = (paths.figure_file("fig2_calibration_size"), "Fig. 2: perplexity against calibration size")
         items.append((*fig2, fig2_spec(config)["caption"]))
