@@ -307,6 +307,7 @@ runpy.run_module("coec.report.measured.worker", run_name="__main__")
 """
 
 
+@pytest.mark.slow  # 26 s: the measured harness with a crashing worker (CI's llama.cpp step runs it)
 def test_a_worker_killed_by_a_signal_fails_its_configuration_not_the_table(tiny_cells, tmp_path, monkeypatch):
     """The pruned cell's bf16 worker dies with SIGSEGV in every repeat: that configuration is
     run once, recorded as failed with its signal (.runs.json, the CSV's and the .md's status),
