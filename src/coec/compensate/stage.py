@@ -89,8 +89,9 @@ class CompensateOptions:
 
 
 @dataclass(frozen=True)
-class _Job:
-    """What every module of a compensation job shares."""
+class ModuleJob:
+    """What every module of a compensation job shares (the stage's, and the search candidates',
+    ``coec.select.candidates``)."""
 
     method: Method
     options: dict[str, Resolved]  # per module, as planning validated them (options.planned)
@@ -117,7 +118,7 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
     )
     paths_in = o.spec.get("inputs") or {}
     handles = {inp.name: inp.open(paths_in.get(inp.name), o.first, o.last) for inp in m.inputs}
-    job = _Job(m, planned(o.spec), attention_shape(cfg), resolve_device(source.device), checks, handles)
+    job = ModuleJob(m, planned(o.spec), attention_shape(cfg), resolve_device(source.device), checks, handles)
     tensors: dict[str, torch.Tensor] = {}
     infos: dict[str, Any] = {}
     prog = progress_bar(total=2 * (o.last - o.first + 1), desc=f"compensate {m.name}", unit="module")
@@ -132,7 +133,7 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
             prog.set_postfix_str(f"layer {i} {module}")
             where = Module(layer=i, name=module, keep=k, geometry=job.geom, tensors={"v_proj": w[names["v_proj"]]},
                            device=job.device)  # fmt: skip
-            res = _compensate_module(job, where, w[names[module]], read_gram_layer(grams, i, module), cols)
+            res = compensate_module(job, where, w[names[module]], read_gram_layer(grams, i, module), cols)
             tensors[f"layer{i}.{module}.weight"] = res.weight.detach().cpu().contiguous()
             if res.bias is not None:
                 tensors[f"layer{i}.{module}.bias"] = res.bias.detach().cpu().contiguous()
@@ -148,8 +149,8 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
     return infos
 
 
-def _compensate_module(
-    job: _Job, where: Module, weight: torch.Tensor, st: GramLayer, cols: torch.Tensor
+def compensate_module(
+    job: ModuleJob, where: Module, weight: torch.Tensor, st: GramLayer, cols: torch.Tensor
 ) -> Compensation:
     """One module of a compensation job: its options as the job built them (the method's inputs
     and its solve read the same), its extra inputs gathered, the method run on ``job.device``."""
