@@ -36,6 +36,7 @@ from coec.model.arch.tiny import DEFAULT_FAMILY
 from coec.model.stream_options import STAGE_OPTIONS
 from coec.registry import plugins_from_env
 from coec.select.options import SelectOptions
+from coec.select import search_cli
 from coec.select.scores import CHANNEL_ROUNDINGS
 
 
@@ -247,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     for stage in STAGE_OPTIONS:  # layer-by-layer streaming (docs/streaming.md)
         add_stream_args(sub.choices[stage], stage)
     iterative_cli.add_parser(sub)  # `coec iterative ...`: the iterative multi-domain FLAP method
+    search_cli.add_parser(sub)  # `coec search ...`: the per-layer width search (docs/search.md)
     return p
 
 
@@ -263,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"export: {', '.join(foreign)} need another --format than {args.format or DEFAULT_FORMAT}")
     if args.stage == "iterative":
         return iterative_cli.run(args, p)
+    if args.stage == "search":
+        return search_cli.run(args, p)
     return run_guarded(args.stage, lambda: run_stage(args))
 
 

@@ -23,6 +23,7 @@ from coec.iterative import targets as iterative_targets
 from coec.iterative.targets import Need
 from coec.registry import PLUGINS_ENV, Registry, load_plugins
 from coec.select.scores import SCORES, selection_registry
+from coec.select.search_checks import check_search_entries
 
 
 class ConfigError(ValueError):
@@ -84,15 +85,15 @@ def registries() -> dict[str, Registry[Any]]:
 
 def registry_schema(schema_path: str | Path = SCHEMA) -> dict[str, Any]:
     """The config schema with every ``x-registry: <kind>`` node given ``enum`` = the names
-    registered now (built-ins and loaded plug-ins), so the schema's lists of methods, scores and
-    tasks are the registries themselves."""
+    registered now (built-ins and loaded plug-ins) and its ``x-registry-extra`` names, so the
+    schema's lists of methods, scores and tasks are the registries themselves."""
     regs = registries()
     out = copy.deepcopy(schema(schema_path))
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
-            if "x-registry" in node:
-                node["enum"] = list(regs[node["x-registry"]].names())
+            if "x-registry" in node:  # x-registry-extra: names beside the registry's (a search)
+                node["enum"] = [*regs[node["x-registry"]].names(), *node.get("x-registry-extra", [])]
             for v in node.values():
                 walk(v)
         elif isinstance(node, list):
@@ -147,6 +148,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = SCHEMA) ->
     _check_references(config)
     _check_selections(config)
     _check_compensations(config)
+    _check_searches(config)
     _check_model_shapes(config)
     return config
 
@@ -174,6 +176,14 @@ def _check_selections(cfg: dict[str, Any]) -> None:
     for where, name in _selection_refs(cfg):
         if name not in known:
             raise ConfigError(f"config: {where} names unknown selection {name!r} (known: {', '.join(known)})")
+
+
+def _check_searches(cfg: dict[str, Any]) -> None:
+    """Every width search (``score: search``; coec.select.search_checks), one line naming the key."""
+    try:
+        check_search_entries(cfg)
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
 
 
 def _check_compensations(cfg: dict[str, Any]) -> None:

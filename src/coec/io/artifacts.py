@@ -50,6 +50,9 @@ FORMATS = {
     "zeroshot": 1,  # .../zeroshot.json
     "iterative-state": 1,  # iterative step folder: state.safetensors
     "iterative-info": 1,  # iterative step folder / cell: iterative.json
+    "search-candidates": 1,  # results/{model}/{calib}/search/{select}/{comp}/layer{i}.safetensors
+    "search-candidates-info": 1,  # .../layer{i}.json
+    "search": 1,  # results/{model}/{calib}/{select}-{ratio}/search.json (a width search's record)
 }
 
 #: Columns a geometry.csv must have (CSV files carry no version; their header is checked).

@@ -5,6 +5,8 @@ the table and figure specs (with names):
     results/{model}/{calib}/{select}-{ratio}/keep.json     a keep set
     results/{model}/{calib}/{select}-{ratio}/{comp}/       a cell: block{a}-{b}.safetensors (+ .json),
                                                            ppl.json, zeroshot.json, geometry.csv, export/
+    results/{model}/{calib}/{select}-{ratio}/search.json   a width search's record (beside its keep.json)
+    results/{model}/{calib}/search/{select}/{comp}/layer{i}.safetensors (+ .json)   its candidates
     results/{model}/dense/                                 the unpruned model's evaluations
     results/{table}.csv (+ .md), results/figures/{figure}.png
     resources/models/{model}, resources/text/{dataset}, resources/zeroshot   embedded inputs
@@ -45,6 +47,8 @@ __all__ = [
     "cell_dir",
     "block_file",
     "block_info_file",
+    "search_candidates_file",
+    "search_record_file",
     "dense_dir",
     "table_file",
     "figure_file",
@@ -105,6 +109,20 @@ def block_file(cell: str, first: int | str, last: int | str) -> str:
 def block_info_file(cell: str, first: int | str, last: int | str) -> str:
     """The JSON twin of ``block_file`` (each module's ``info``)."""
     return f"{cell}/block{first}-{last}.json"
+
+
+def search_candidates_file(
+    model: str, calib: str, select: str, comp: str, layer: int | str, ext: str = "safetensors"
+) -> str:
+    """A width search's candidates of one layer (docs/search.md): the keep set of selection
+    ``select`` at every level and its refit by compensation ``comp`` (``ext`` json: the keep sets
+    and each refit's errors)."""
+    return f"{RESULTS}/{model}/{calib}/search/{select}/{comp}/layer{layer}.{ext}"
+
+
+def search_record_file(model: str, calib: str, select: str, ratio: float | str) -> str:
+    """The record of a width search beside its keep.json: budget, realised cost, fitness curve."""
+    return f"{selection_dir(model, calib, select, ratio)}/search.json"
 
 
 def export_dir(cell: str) -> str:

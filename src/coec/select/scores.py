@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from coec.model.arch import AttnShape
 from coec.registry import Registry
 from coec.select.rounding import DEFAULT_ROUNDING
+from coec.select.search_entry import SEARCH, is_search
 from coec.select.widths import WIDTH_KEYS
 
 if TYPE_CHECKING:
@@ -207,9 +208,14 @@ def selection_registry(selections: Mapping[str, Any] | None = None) -> dict[str,
     """Selection name -> :class:`ScoreSpec`: every registered score under its own name (the
     paper's ``wanda_sp``, ``flap``, ``rcpu`` and plug-ins', fixed, so their result paths keep their
     meaning) plus a config's ``selections`` entries (their ``channel_multiple`` /
-    ``channel_rounding`` are the width's, ``coec.select.widths.selection_width``)."""
+    ``channel_rounding`` are the width's, ``coec.select.widths.selection_width``). A width search
+    (``score: search``, ``coec.select.search_entry``) is ``ScoreSpec("search")``: its entry is
+    checked and read by the search itself."""
     out = {name: selection_spec(name) for name in SCORES}
     for name, spec in (selections or {}).items():
+        if is_search(spec) and name not in SCORES:  # a registered name falls through to its refusal
+            out[name] = ScoreSpec(SEARCH)
+            continue
         score = spec if isinstance(spec, (str, ScoreSpec)) else {k: v for k, v in spec.items() if k not in WIDTH_KEYS}
         s = selection_spec(score, f"selections.{name}")
         if name in SCORES and (s != out[name] or score != spec):

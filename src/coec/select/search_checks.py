@@ -1,0 +1,92 @@
+"""The checks of a width search's config entry (``coec.select.search_entry``; docs/search.md),
+run when the config is validated (``coec.select.search_extension``): one line naming the key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from coec.compensate.inputs import Job
+from coec.compensate.options import method, resolve, top_level_options, validate_spec
+from coec.select.budget import parse_budget
+from coec.select.scores import selection_registry
+from coec.select.search import SearchOptions
+from coec.select.search_entry import OPTION_KEYS, SEARCH_KEYS, is_search, rekey, search_entries
+
+
+def search_options(entry: Mapping[str, Any], name: str) -> Any:
+    """The ``SearchOptions`` of a search entry; ValueError naming the key."""
+    try:
+        return SearchOptions(**{k: entry[k] for k in OPTION_KEYS})
+    except ValueError as exc:
+        raise ValueError(rekey(str(exc), name)) from None
+
+
+def check_search_entries(config: Mapping[str, Any]) -> None:
+    """Every search selection of a validated config: its candidates a registered selection that
+    is no search, its compensation one whose method reads no other workflow file, its held-out
+    calibration set with enough tokens, its budget and options. ValueError, one line."""
+    plain = {n: e for n, e in (config.get("selections") or {}).items() if not is_search(e)}
+    known = selection_registry(plain)
+    for name, entry in search_entries(config).items():
+        where = f"selections.{name}"
+        foreign = [k for k in entry if k not in SEARCH_KEYS]
+        if foreign:
+            raise ValueError(
+                f"{where}.{foreign[0]}: a search takes no {foreign[0]} (its levels and keep sets are its "
+                f"candidates' selection's, {where}.candidates)"
+            )
+        cand = entry["candidates"]
+        if cand not in known:
+            what = (
+                "is itself a search" if is_search((config.get("selections") or {}).get(cand)) else "is not registered"
+            )
+            raise ValueError(f"{where}.candidates: selection {cand!r} {what} (known: {', '.join(known)})")
+        _check_compensation(config, entry["compensation"], f"{where}.compensation")
+        _check_holdout(config, entry, where)
+        _check_budget(entry.get("budget"), where)
+        search_options(entry, name)
+
+
+def _check_compensation(config: Mapping[str, Any], comp: str, where: str) -> None:
+    """A compensations entry whose method needs no other cell's files (a candidate is no cell)."""
+    comps = config.get("compensations") or {}
+    if comp not in comps:
+        raise ValueError(f"{where}: unknown compensations entry {comp!r} (known: {', '.join(comps) or 'none'})")
+    validate_spec(comps[comp], f"compensations.{comp}")  # its own key in the message, as validation's
+    m = method(comps[comp]["method"])
+    options = resolve(m.name, top_level_options(comps[comp]))
+    job = Job(model="m", calib="c", select="s", ratio="0.5", first=0, last=0)
+    for inp in m.inputs:
+        if inp.workflow_path(options, job) is not None:
+            raise ValueError(
+                f"{where}: {comp!r} ({m.name}) reads another workflow file ({inp.name}); "
+                "a search's candidates take a method that needs only the cell's Grams"
+            )
+
+
+def _check_holdout(config: Mapping[str, Any], entry: Mapping[str, Any], where: str) -> None:
+    """The held-out calibration set exists and holds the last stage's tokens."""
+    calibs = config.get("calibration") or {}
+    holdout = entry["holdout"]
+    if holdout not in calibs:
+        raise ValueError(
+            f"{where}.holdout: unknown calibration entry {holdout!r} (known: {', '.join(calibs) or 'none'})"
+        )
+    have = int(calibs[holdout]["nsamples"]) * int(calibs[holdout]["seqlen"])
+    need = max(entry["tokens"])
+    if need > have:
+        raise ValueError(
+            f"{where}.tokens: {need} fitness tokens, but calibration.{holdout} holds {have} (nsamples x seqlen)"
+        )
+
+
+def _check_budget(budget: Any, where: str) -> None:
+    """``null``, ``{type: T}`` (the uniform cell's bytes), ``{params: N}`` or ``{bytes: N, type: T}``."""
+    try:
+        if isinstance(budget, Mapping) and set(budget) == {"type"}:
+            parse_budget({"bytes": 1, "type": budget["type"]})
+        else:
+            parse_budget(budget)
+    except ValueError as exc:
+        raise ValueError(rekey(str(exc), where.removeprefix("selections."))) from None
