@@ -4,6 +4,8 @@
 rule select:
     conda:
         "../../envs/coec.yaml"
+    wildcard_constraints:
+        select=W.select_constraint(search=False),  # a width search's keep.json: rule search (search.smk)
     input:
         model=W.model_input,
         grams=rules.calibrate.output[0],

@@ -35,6 +35,7 @@ from coec.iterative import targets as iterative_targets
 from coec.model.arch import ADAPTERS
 from coec.registry import plugin_sha256
 from coec.select.scores import SCORES, selection_registry
+from coec.select.search_entry import SEARCH
 from coec.select.widths import selection_width, width_args
 from coec.workflow.resources import SLURM_STRING_RESOURCES, JobResources
 from coec.workflow.targets import (
@@ -121,6 +122,13 @@ class Wiring(JobResources):
         select = "|".join(re.escape(n) for n in sorted(self.selections, key=len, reverse=True))
         layer = r"[0-9]+"
         return dict(model=NAME, calib=NAME, select=select, ratio=RATIO_PATTERN, comp=NAME, first=layer, last=layer)
+
+    def select_constraint(self, search: bool) -> str:
+        """The ``select`` wildcard of the search rule (``search``: the width searches, ``score:
+        search``, whose keep.json the search job writes) or of the select rule (every other
+        selection)."""
+        names = [n for n, s in self.selections.items() if (s.score == SEARCH) == search]
+        return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) or "(?!)"
 
     def table_constraint(self) -> str:
         """The ``table`` wildcard of the generic table rule: table1-3 and the config's extra tables."""
