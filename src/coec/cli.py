@@ -36,8 +36,8 @@ from coec.model.arch.tiny import DEFAULT_FAMILY
 from coec.model.stream_options import STAGE_OPTIONS
 from coec.registry import plugins_from_env
 from coec.select.options import SelectOptions
-from coec.select import search_cli
 from coec.select.scores import CHANNEL_ROUNDINGS
+from coec.select.search import cli as search_cli
 
 
 def _cell_args(s: argparse.ArgumentParser) -> None:

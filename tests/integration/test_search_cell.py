@@ -21,10 +21,10 @@ from coec.model.arch import attention_shape
 from coec.model.load import layer_tensor_names, load_config, load_model, read_model_tensors
 from coec.model.prune import install_weights_, prune_model_
 from coec.model.source import CellSource
-from coec.select.budget import build_space
-from coec.select.candidates import LayerCandidateFile
-from coec.select.fitness import CandidateModel, KLFitness
 from coec.select.scores import KeepRule
+from coec.select.search.budget import build_space
+from coec.select.search.candidates import LayerCandidateFile
+from coec.select.search.fitness import CandidateModel, KLFitness
 
 SPEC = {"method": "coec", "alpha": 0.9, "max_rounds": 3, "o_proj": {"align_lambda": 50.0, "anchor_rank": 4}}
 MULTIPLE = 8

@@ -1,4 +1,4 @@
-"""The bytes a width search's budget counts (``coec.select.budget.model_bytes``) are the bytes of
+"""The bytes a width search's budget counts (``coec.select.search.budget.model_bytes``) are the bytes of
 the GGUF file the export writes: per-layer widths with row widths that take the K-quant block,
 only a block of 32, or neither; 9 blocks, so that the q4_k_m / q5_k_m mixes put attn_v and
 ffn_down of some blocks (``use_more_bits``) in Q6_K. The K-quant files are made by llama.cpp's
@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from coec.cli import main
 from coec.evaluate.llamacpp.run import unavailable
-from coec.select.budget import model_bytes
+from coec.select.search.budget import model_bytes
 from conftest import make_model_dir
 
 SHAPE = dict(

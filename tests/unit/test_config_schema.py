@@ -34,6 +34,7 @@ MODULES = (
     "coec.evaluate.llamacpp.options",
     "coec.export.formats",
     "coec.iterative.stages",
+    "coec.select.search.stage",
 )
 #: CLI stage -> the dataclasses it builds from its flags
 STAGE_CLASSES: dict[str, tuple[type, ...]] = {

@@ -5,7 +5,8 @@ registries load a module by its name.
 
 And the job boundary, in fresh interpreters: every job of the workflow starts ``python -m coec
 <stage>`` and every planning imports the wiring, so none of torch, transformers, pandas or
-lm_eval may load before a stage runs: not on ``import coec.cli``, ``coec --help``, the config
+lm_eval may load before a stage runs: not on ``import coec.cli``, ``coec --help`` (and ``coec
+iterative|search <cmd> --help``), the config
 validation or the modules the Snakefile imports with ``Wiring(config)`` (benchmarks/startup.py
 measures the time)."""
 
@@ -120,14 +121,16 @@ def reachable(edges: dict[str, set[str]], start: list[str]) -> set[str]:
     return seen
 
 
-def test_the_cli_adds_the_iterative_command_group_by_an_explicit_import():
-    """``coec iterative`` comes from a plain import of ``coec.iterative.cli``, which imports nothing
-    that leads back to ``coec.cli`` (the helpers both need are ``coec.cli_args``)."""
+@pytest.mark.parametrize("package", ["coec.iterative", "coec.select.search"])
+def test_the_cli_adds_each_command_group_by_an_explicit_import(package):
+    """``coec iterative`` and ``coec search`` come from plain imports of ``coec.iterative.cli`` and
+    ``coec.select.search.cli``, which import nothing that leads back to ``coec.cli`` (the helpers
+    they need are ``coec.cli_args``)."""
     edges, _ = import_edges(package_modules())
-    assert "coec.iterative.cli" in edges["coec.cli"]
-    iterative = [m for m in edges if m == "coec.iterative" or m.startswith("coec.iterative.")]
-    back = reachable(edges, iterative)
-    assert "coec.cli" not in back, sorted(m for m in iterative if "coec.cli" in reachable(edges, [m]))
+    assert f"{package}.cli" in edges["coec.cli"]
+    group = [m for m in edges if m == package or m.startswith(f"{package}.")]
+    back = reachable(edges, group)
+    assert "coec.cli" not in back, sorted(m for m in group if "coec.cli" in reachable(edges, [m]))
 
 
 def test_only_the_registries_load_a_module_by_name():
@@ -166,9 +169,9 @@ BOUNDARY = {
 import contextlib, io
 from coec.cli import build_parser, main
 stages = list(build_parser()._subparsers._group_actions[0].choices)
-iterative = build_parser()._subparsers._group_actions[0].choices["iterative"]
-cmds = list(iterative._subparsers._group_actions[0].choices)
-for argv in [["--help"], *([s, "--help"] for s in stages), *(["iterative", c, "--help"] for c in cmds)]:
+groups = [(g, build_parser()._subparsers._group_actions[0].choices[g]) for g in ("iterative", "search")]
+cmds = [[g, c] for g, p in groups for c in p._subparsers._group_actions[0].choices]
+for argv in [["--help"], *([s, "--help"] for s in stages), *([*c, "--help"] for c in cmds)]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
         main(argv)
 """,
@@ -184,6 +187,7 @@ config = yaml.safe_load(open("config.yaml"))
 validate_config(config, SCHEMA)
 W = Wiring(config)
 IterativeWiring(W)
+SearchWiring(W)
 """,
 }
 

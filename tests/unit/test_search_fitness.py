@@ -1,4 +1,4 @@
-"""coec.select.fitness.token_kl: KL(p || q) per row against a float64 reference, the same in
+"""coec.select.search.fitness.token_kl: KL(p || q) per row against a float64 reference, the same in
 any chunking, 0 for identical distributions, float64 in and out where the inputs are."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coec.select.fitness import log_probs, mean_kl, token_kl
+from coec.select.search.fitness import log_probs, mean_kl, token_kl
 
 
 def test_token_kl_is_the_kl_divergence_in_any_chunking():

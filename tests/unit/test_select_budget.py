@@ -1,4 +1,4 @@
-"""coec.select.budget (and coec.export.gguf.mix): the levels of a width search, the prunable
+"""coec.select.search.budget (and coec.export.gguf.mix): the levels of a width search, the prunable
 parameters and GGUF bytes of a level, the budget and its refusals."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from coec.export.gguf.mix import Place, kquant_type, use_more_bits
 from coec.iterative.state import unit_params
 from coec.model.arch import AttnShape
 from coec.report.cost import PUBLISHED_ARCHS, count_params, pruned_shape
-from coec.select.budget import (
+from coec.select.scores import KeepRule, aligned_keep, n_keep
+from coec.select.search.budget import (
     build_space,
     channel_levels,
     check_level,
@@ -19,7 +20,6 @@ from coec.select.budget import (
     prunable_params,
     uniform_pairs,
 )
-from coec.select.scores import KeepRule, aligned_keep, n_keep
 
 
 def config(model_type="llama", **over):

@@ -1,4 +1,4 @@
-"""coec.select.search and coec.select.baselines: every mutation keeps the budget band (and a
+"""coec.select.search.evolve and coec.select.search.alam: every mutation keeps the budget band (and a
 mutation without its compensating move is caught), the search finds the exact optimum of
 separable fitnesses (dynamic programming) and beats the uniform allocation, the multi-step
 selection, determinism, AL-AM, and the refusals."""
@@ -14,10 +14,10 @@ import torch
 from coec.iterative.state import PruneState
 from coec.iterative.structure import alam_keep
 from coec.model.arch import AttnShape
-from coec.select.baselines import alam_state, step_scores, unit_scores
-from coec.select.budget import SearchSpace, Unit, build_space, check_level, model_bytes
 from coec.select.scores import KeepRule
-from coec.select.search import SearchOptions, band, evolve, level_switch, repair
+from coec.select.search.alam import alam_state, step_scores, unit_scores
+from coec.select.search.budget import SearchSpace, Unit, build_space, check_level, model_bytes
+from coec.select.search.evolve import SearchOptions, band, evolve, level_switch, repair
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "granite")
 

@@ -1,4 +1,4 @@
-# Per-layer widths searched under one budget (docs/search.md; coec.select.search_stage): its
+# Per-layer widths searched under one budget (docs/search.md; coec.select.search.stage): its
 # wiring is coec.workflow.search_wiring. A `selections` entry with `score: search` is a selection
 # whose keep.json this rule writes; its cells then run compensate, ppl, zeroshot, export and the
 # tables like any selection's.

@@ -91,7 +91,7 @@ class CompensateOptions:
 @dataclass(frozen=True)
 class ModuleJob:
     """What every module of a compensation job shares (the stage's, and the search candidates',
-    ``coec.select.candidates``)."""
+    ``coec.select.search.candidates``)."""
 
     method: Method
     options: dict[str, Resolved]  # per module, as planning validated them (options.planned)

@@ -23,7 +23,7 @@ from coec.iterative import targets as iterative_targets
 from coec.iterative.targets import Need
 from coec.registry import PLUGINS_ENV, Registry, load_plugins
 from coec.select.scores import SCORES, selection_registry
-from coec.select.search_checks import check_search_entries
+from coec.select.search.checks import check_search_entries
 
 
 class ConfigError(ValueError):
@@ -179,7 +179,7 @@ def _check_selections(cfg: dict[str, Any]) -> None:
 
 
 def _check_searches(cfg: dict[str, Any]) -> None:
-    """Every width search (``score: search``; coec.select.search_checks), one line naming the key."""
+    """Every width search (``score: search``; coec.select.search.checks), one line naming the key."""
     try:
         check_search_entries(cfg)
     except ValueError as exc:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from coec.model.arch import AttnShape
 from coec.registry import Registry
 from coec.select.rounding import DEFAULT_ROUNDING
-from coec.select.search_entry import SEARCH, is_search
+from coec.select.search import SEARCH, is_search
 from coec.select.widths import WIDTH_KEYS
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ def selection_registry(selections: Mapping[str, Any] | None = None) -> dict[str,
     paper's ``wanda_sp``, ``flap``, ``rcpu`` and plug-ins', fixed, so their result paths keep their
     meaning) plus a config's ``selections`` entries (their ``channel_multiple`` /
     ``channel_rounding`` are the width's, ``coec.select.widths.selection_width``). A width search
-    (``score: search``, ``coec.select.search_entry``) is ``ScoreSpec("search")``: its entry is
+    (``score: search``, ``coec.select.search``) is ``ScoreSpec("search")``: its entry is
     checked and read by the search itself."""
     out = {name: selection_spec(name) for name in SCORES}
     for name, spec in (selections or {}).items():

@@ -15,10 +15,10 @@ import json
 from shlex import quote
 from typing import Any
 
-from coec.compensate.method import METHODS
+from coec.compensate.methods import METHODS
 from coec.io import paths
 from coec.select.scores import SCORES
-from coec.select.search_entry import OPTION_KEYS, search_entries
+from coec.select.search import OPTION_KEYS, search_entries
 from coec.select.widths import selection_width
 from coec.workflow.wiring import Wiring
 

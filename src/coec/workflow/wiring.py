@@ -35,7 +35,7 @@ from coec.iterative import targets as iterative_targets
 from coec.model.arch import ADAPTERS
 from coec.registry import plugin_sha256
 from coec.select.scores import SCORES, selection_registry
-from coec.select.search_entry import SEARCH
+from coec.select.search import SEARCH
 from coec.select.widths import selection_width, width_args
 from coec.workflow.resources import SLURM_STRING_RESOURCES, JobResources
 from coec.workflow.targets import (

@@ -1,5 +1,5 @@
 """The GGML type and the bytes each tensor of a GGUF file gets, from its role and shape alone:
-what a byte budget counts (``coec.select.budget``) before any file is written.
+what a byte budget counts (``coec.select.search.budget``) before any file is written.
 
 gguf-py types (f32, f16, q8_0, q5_1, q5_0, q4_1, q4_0): ``layout.tensor_type`` (1-D tensors f32;
 a row width that is no multiple of the type's block f16).

@@ -2,7 +2,7 @@
 and Týr-the-Pruner search widths the same way). Pure: a space, a fitness and options in, plain
 results out; no I/O; one ``random.Random(seed)`` draws everything.
 
-State: one level index per unit of a ``coec.select.budget.SearchSpace``. The fitness is the
+State: one level index per unit of a ``coec.select.search.budget.SearchSpace``. The fitness is the
 caller's ``fitness(levels, n_tokens) -> float`` (lower is better; ``levels``: kept counts per
 unit, layer by layer, KV groups then channels, ``SearchSpace.values``).
 
@@ -34,15 +34,16 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from coec.select.budget import SearchSpace, Unit
+if TYPE_CHECKING:  # the options (config validation) need no budget, whose byte counts load torch
+    from coec.select.search.budget import SearchSpace, Unit
 
 State = tuple[int, ...]
 #: fitness(levels, n_tokens) -> float, lower is better
 Fitness = Callable[[tuple[int, ...], int], float]
 #: mutation(space, parent, rng, band, max_switches) -> a state in the band, or None (draw again)
-Mutation = Callable[[SearchSpace, State, random.Random, tuple[int, int], int], State | None]
+Mutation = Callable[["SearchSpace", State, random.Random, tuple[int, int], int], State | None]
 MAX_TRIES = 64  # draws of one offspring before it is skipped
 
 

@@ -1,5 +1,5 @@
 """The stages of a width search (docs/search.md): ``coec search candidates`` (one layer's
-candidates, ``coec.select.candidates``) and ``coec search run`` (the allocation under one budget
+candidates, ``coec.select.search.candidates``) and ``coec search run`` (the allocation under one budget
 -> keep.json with per-layer widths, and its record search.json beside it)."""
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from coec.model.cell import load_source
 from coec.model.load import layer_tensor_names, load_config, read_model_tensors, resolve_device
 from coec.model.source import CellSource, resolve_source
 from coec.report.cost import arch_dims, config_dict
-from coec.select.baselines import alam_state
-from coec.select.budget import SearchSpace, build_space, model_bytes, uniform_pair
-from coec.select.candidates import LayerCandidateFile, LayerInputs, layer_candidates, module_job
-from coec.select.fitness import CandidateModel, KLFitness
 from coec.select.scores import KeepRule, check_multiple, layer_scores, selection_spec
-from coec.select.search import SearchOptions, SearchResult, band, evolve
-from coec.select.search_entry import rekey
+from coec.select.search import rekey
+from coec.select.search.alam import alam_state
+from coec.select.search.budget import SearchSpace, build_space, model_bytes, uniform_pair
+from coec.select.search.candidates import LayerCandidateFile, LayerInputs, layer_candidates, module_job
+from coec.select.search.evolve import SearchOptions, SearchResult, band, evolve
+from coec.select.search.fitness import CandidateModel, KLFitness
 from coec.select.widths import width_record
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class CandidateOptions:
 
 
 def run_candidates(source: CellSource, grams: str, options: CandidateOptions, out: str) -> dict[str, Any]:
-    """One layer's candidates (``coec.select.candidates``) -> ``out`` (safetensors) and its JSON
+    """One layer's candidates (``coec.select.search.candidates``) -> ``out`` (safetensors) and its JSON
     twin. A multiple above the MLP width stops before anything is read or written."""
     o = options
     spec = selection_spec({"score": o.method, **o.options}, "--options")

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from coec.model.arch import AttnShape, adapter_for, o_proj_columns
-from coec.select.candidates import MODULE_OF, LayerCandidateFile
+from coec.select.search.candidates import MODULE_OF, LayerCandidateFile
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class CandidateModel:
 
 
 class KLFitness:
-    """``fitness(levels, n_tokens)`` of ``coec.select.search.evolve``: the mean token KL of the
+    """``fitness(levels, n_tokens)`` of ``coec.select.search.evolve.evolve``: the mean token KL of the
     allocation ``levels`` to the dense allocation on the first ``n_tokens`` of ``windows``
     (module docstring); the references are formed when a token count is first asked for."""
 

@@ -1,5 +1,5 @@
 """A width search's candidates of one layer (docs/search.md): for every level of its two units
-(``coec.select.budget``: kept KV groups 1..n_kv, kept MLP channels the multiples of
+(``coec.select.search.budget``: kept KV groups 1..n_kv, kept MLP channels the multiples of
 ``channel_multiple`` and d_ff), the keep set a registered selection picks at that count
 (``select_layer`` with a ``KeepRule`` that keeps exactly it) and the refit of o_proj /
 down_proj by a compensation on it (``coec.compensate.stage.compensate_module``, as the
@@ -31,8 +31,8 @@ from coec.io import artifacts
 from coec.io.artifacts import GramLayer
 from coec.io.errors import ArtifactError
 from coec.model.arch import MODULES, AttnShape, o_proj_columns
-from coec.select.budget import KINDS, channel_levels, kv_levels
 from coec.select.scores import KeepRule, ScoreSpec, select_layer
+from coec.select.search.budget import KINDS, channel_levels, kv_levels
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def level_rule(kind: str, level: int, width: int, multiple: int) -> KeepRule:
 
 
 def unit_levels(geom: AttnShape, d_ff: int, multiple: int) -> dict[str, tuple[int, ...]]:
-    """The levels of a layer's two units (``coec.select.budget``; no removal)."""
+    """The levels of a layer's two units (``coec.select.search.budget``; no removal)."""
     return {"kv_groups": kv_levels(geom.n_kv), "channels": channel_levels(d_ff, multiple)}
 
 

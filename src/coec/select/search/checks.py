@@ -1,5 +1,6 @@
-"""The checks of a width search's config entry (``coec.select.search_entry``; docs/search.md),
-run when the config is validated (``coec.select.search_extension``): one line naming the key."""
+"""The checks of a width search's config entry (``coec.select.search``; docs/search.md), run
+when the config is validated (``coec.config.validate``): one line naming the key. No torch (the
+config validation loads none): what needs the model or the byte counts is the job's."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 
 from coec.compensate.inputs import Job
 from coec.compensate.options import method, resolve, top_level_options, validate_spec
-from coec.select.budget import parse_budget
+from coec.export.formats import GGUF_TYPES
 from coec.select.scores import selection_registry
-from coec.select.search import SearchOptions
-from coec.select.search_entry import OPTION_KEYS, SEARCH_KEYS, is_search, rekey, search_entries
+from coec.select.search import OPTION_KEYS, SEARCH_KEYS, budget_key, is_search, rekey, search_entries
+from coec.select.search.evolve import SearchOptions
 
 
 def search_options(entry: Mapping[str, Any], name: str) -> Any:
@@ -82,11 +83,16 @@ def _check_holdout(config: Mapping[str, Any], entry: Mapping[str, Any], where: s
 
 
 def _check_budget(budget: Any, where: str) -> None:
-    """``null``, ``{type: T}`` (the uniform cell's bytes), ``{params: N}`` or ``{bytes: N, type: T}``."""
+    """``null``, ``{type: T}`` (the uniform cell's bytes), ``{params: N}`` or ``{bytes: N, type: T}``
+    with T a GGUF type (whether its bytes are modelled: the job's ``parse_budget``)."""
     try:
         if isinstance(budget, Mapping) and set(budget) == {"type"}:
-            parse_budget({"bytes": 1, "type": budget["type"]})
+            gguf_type: str | None = str(budget["type"])
         else:
-            parse_budget(budget)
+            _, _, gguf_type = budget_key(budget)
+        if gguf_type is not None and gguf_type not in GGUF_TYPES:
+            raise ValueError(
+                f"search.budget.type: unknown GGUF type {gguf_type!r}; expected one of {', '.join(GGUF_TYPES)}"
+            )
     except ValueError as exc:
         raise ValueError(rekey(str(exc), where.removeprefix("selections."))) from None

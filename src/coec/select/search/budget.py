@@ -40,6 +40,7 @@ from coec.export.gguf.mix import SEVENTY_B_BLOCKS, Place, check_mix_type, tensor
 from coec.model.arch import adapter_for
 from coec.report.cost import arch_dims, config_dict
 from coec.select.scores import KeepRule, aligned_keep, check_multiple, n_keep
+from coec.select.search import budget_key
 
 #: the two units of a layer, in order: attention (KV groups) and MLP (channels)
 KINDS = ("kv_groups", "channels")
@@ -343,26 +344,15 @@ def fit_uniform(units: Sequence[Unit], d: Mapping[str, Any], rule: KeepRule, lim
 def parse_budget(budget: Mapping[str, Any] | None) -> tuple[Measure, int | None]:
     """(measure, amount) of a config ``search.budget``; None: (params, None), the uniform cell's.
     ValueError (one line, naming the key) for anything else than ``{params: N}`` or
-    ``{bytes: N, type: T}``."""
-    if budget is None:
-        return Measure(), None
-    extra = sorted(set(budget) - {"params", "bytes", "type"})
-    if extra or ("params" in budget) == ("bytes" in budget):
-        what = f"unknown key {extra[0]!r}" if extra else "give exactly one of params, bytes"
-        raise ValueError(f"search.budget: {what}; expected {{params: N}} or {{bytes: N, type: T}}")
-    key = "params" if "params" in budget else "bytes"
-    amount = budget[key]
-    if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
-        raise ValueError(f"search.budget.{key} must be a positive integer, got {amount!r}")
-    if key == "params":
-        if "type" in budget:
-            raise ValueError("search.budget.type: a params budget has no GGUF type (it belongs to a bytes budget)")
+    ``{bytes: N, type: T}`` (``coec.select.search.budget_key``) with a type whose bytes are modelled."""
+    key, amount, gguf_type = budget_key(budget)
+    if gguf_type is None:
         return Measure(), amount
     try:
-        gguf_type = check_mix_type(str(budget.get("type")))
+        gguf_type = check_mix_type(gguf_type)
     except ValueError as e:
         raise ValueError(f"search.budget.type: {e}") from None
-    return Measure("bytes", gguf_type), amount
+    return Measure(key, gguf_type), amount
 
 
 def check_budget(units: Sequence[Unit], limit: int, measure: Measure, fixed: int) -> None:

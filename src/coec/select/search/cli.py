@@ -1,12 +1,13 @@
 """The ``coec search`` command group (docs/search.md): ``candidates`` (one layer's candidates)
-and ``run`` (the allocation -> keep.json and search.json), added to ``coec``'s parser by
-``coec.cli``. Every option the workflow passes takes its
-default from the config schema (``config_arg``) or is required."""
+and ``run`` (the allocation -> keep.json and search.json), added to ``coec``'s parser by ``coec.cli``.
+Every option the workflow passes takes its default from the config schema (``config_arg``) or is
+required. No torch at import (the stages import it when they run)."""
 
 from __future__ import annotations
 
 import argparse
 
+from coec.calibrate.options import CalibrationWindows
 from coec.cli_args import (
     EXPECT_HELP,
     Subparsers,
@@ -17,8 +18,9 @@ from coec.cli_args import (
     json_arg,
     run_guarded,
 )
-from coec.select.scores import CHANNEL_ROUNDINGS, ROUNDINGS
-from coec.select.search_entry import ALLOCATIONS
+from coec.select.scores import CHANNEL_ROUNDINGS, ROUNDINGS, KeepRule
+from coec.select.search import ALLOCATIONS, OPTION_KEYS
+from coec.select.search.checks import search_options
 
 KEY = "selections.*."  # the search options' config keys (a search entry's)
 
@@ -85,18 +87,14 @@ def _run(a: argparse.Namespace) -> None:
 
 
 def cmd_candidates(a: argparse.Namespace) -> None:
-    from coec.select.search_stage import CandidateOptions, run_candidates  # deferred: torch
+    from coec.select.search.stage import CandidateOptions, run_candidates  # deferred: keeps the job boundary torch-free
 
     options = CandidateOptions(a.method, a.options, a.channel_multiple, a.spec, a.layer)
     run_candidates(cell_source(a), a.grams, options, a.out)
 
 
 def cmd_run(a: argparse.Namespace) -> None:
-    from coec.calibrate.options import CalibrationWindows
-    from coec.select.scores import KeepRule
-    from coec.select.search_checks import search_options
-    from coec.select.search_entry import OPTION_KEYS
-    from coec.select.search_stage import SearchJob, run_search  # deferred: torch
+    from coec.select.search.stage import SearchJob, run_search  # deferred: keeps the job boundary torch-free
 
     h = a.holdout
     job = SearchJob(

@@ -1,5 +1,5 @@
 """Allocations a width search is compared with, under the same budget: uniform widths
-(``SearchSpace.uniform``, built by ``coec.select.budget.build_space``) and FLAP's adaptive
+(``SearchSpace.uniform``, built by ``coec.select.search.budget.build_space``) and FLAP's adaptive
 structure AL-AM (arXiv 2312.11983) as an allocation of per-unit scores.
 
 AL-AM (as ``coec.iterative.structure.alam_keep`` ranks units): attention scores are the o_proj
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from coec.iterative.structure import standardise
-from coec.select.budget import SearchSpace, Unit
+from coec.select.search.budget import SearchSpace, Unit
 
 
 def unit_scores(unit: Unit, o_scores: torch.Tensor, d_scores: torch.Tensor) -> torch.Tensor:
