@@ -179,6 +179,46 @@ def test_search_refusals_write_nothing(llama_dir, candidates, text_dataset, tmp_
     assert not list(tmp_path.iterdir())
 
 
+def test_blend_candidates_blend_their_base_candidates_on_the_holdout_grams(
+    llama_dir, grams, candidates, text_dataset, tmp_path, capsys
+):
+    """blend's candidates: the same keep sets as their base's (coec's) candidates, each refit
+    blended from the base's refit at that level and ridge on the held-out Grams; without the
+    base's candidates, or with another layer's, refused in one line with nothing written."""
+    hold = tmp_path / "holdout-grams"
+    run_calibrate(
+        CellSource(str(llama_dir), "float32", "cpu"),
+        CalibrateOptions(CalibrationWindows(text_dataset, 4, 32, 1, 2), "float64"),
+        str(hold),
+    )
+    out = tmp_path / "blend" / "layer0.safetensors"
+    out.parent.mkdir()
+    blend = {"method": "blend", "base": "coec", "holdout": "h"}
+
+    def argv(inputs: dict, layer: int = 0) -> list[str]:
+        a = candidates_argv(llama_dir, grams, out, layer)
+        a[a.index("--spec") + 1] = json.dumps({**blend, "inputs": inputs})
+        return a
+
+    assert cli.main(argv({"holdout": str(hold)})) == 2
+    assert "blend candidates need 'base'" in capsys.readouterr().err and not list(out.parent.iterdir())
+    assert cli.main(argv({"base": str(candidates[1]), "holdout": str(hold)})) == 2
+    assert "holds layer 1's candidates, not 0's" in capsys.readouterr().err and not list(out.parent.iterdir())
+
+    assert cli.main(argv({"base": str(candidates[0]), "holdout": str(hold)})) == 0
+    got, base = LayerCandidateFile(out), LayerCandidateFile(candidates[0])
+    assert got.kept == base.kept and got.levels == base.levels
+    moved = 0
+    for kind in ("kv_groups", "channels"):
+        full = got.levels[kind][-1]
+        assert torch.equal(got.tensors(kind, full)[0], base.tensors(kind, full)[0])  # the dense layer
+        for level in got.levels[kind][:-1]:
+            weight, _ = got.tensors(kind, level)
+            assert weight.shape == base.tensors(kind, level)[0].shape and torch.isfinite(weight).all()
+            moved += not torch.equal(weight, base.tensors(kind, level)[0])
+    assert moved  # blended (beta > 0 or an intercept) somewhere, not the base's refit copied
+
+
 def test_candidates_refuse_a_multiple_above_the_mlp_width(llama_dir, grams, tmp_path, capsys):
     out = tmp_path / "layer0.safetensors"
     assert cli.main(candidates_argv(llama_dir, grams, out, 0, multiple=64)) == 2

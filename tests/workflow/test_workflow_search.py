@@ -1,8 +1,9 @@
 """A width search in the workflow (docs/search.md): a `score: search` selection's cell runs end to
 end through the trimmed workflow (candidates per layer, the search, compensate, ppl) with
 per-layer widths within the budget band; a new search option reruns the search and what reads
-it, not the candidates; a new compensation of the search reruns its candidates; bad search
-entries are refused when the config is validated; paper.yaml plans its search table."""
+it, not the candidates; a new compensation of the search reruns its candidates; blend's
+candidates take the held-out Grams and their base's candidates; bad search entries are refused
+when the config is validated; paper.yaml plans its search table."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def test_search_cell_end_to_end_and_what_a_change_reruns(tmp_path):
     [
         ({"candidates": "nope"}, "selections.search-obs.candidates: selection 'nope' is not registered"),
         ({"candidates": "search-obs"}, "selections.search-obs.candidates: selection 'search-obs' is itself a search"),
-        ({"compensation": "blend"}, "selections.search-obs.compensation: 'blend' (blend) reads another workflow file"),
+        ({"compensation": "nope"}, "selections.search-obs.compensation: unknown compensations entry 'nope'"),
         ({"holdout": "c9"}, "selections.search-obs.holdout: unknown calibration entry 'c9'"),
         (
             {"tokens": [32, 256]},
@@ -96,10 +97,26 @@ def test_search_cell_end_to_end_and_what_a_change_reruns(tmp_path):
 def test_search_entries_refused_at_validation(trimmed, entry, message):
     cfg = search_config(trimmed, **entry)
     cfg["table1"]["rows"] = [{"selection": "search-obs", "compensation": "coec"}]
-    cfg["compensations"]["blend"] = {"method": "blend", "base": "coec", "holdout": "c8-holdout"}
     with pytest.raises(ConfigError) as exc:
         validate_config(cfg)
     assert message in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_blend_candidates_read_the_base_candidates_and_the_holdout_grams(tmp_path):
+    """A search whose compensation is blend: each layer's blend candidates take the held-out
+    calibration's Grams and its base's (coec's) candidates of the same layer and selection, as a
+    blend compensate job takes the held-out Grams and the base cell's block."""
+    base, _ = write_trimmed_workflow(tmp_path)
+    cfg = search_config(base, compensation="blend")
+    cfg["compensations"]["blend"] = {"method": "blend", "base": "coec", "holdout": "c8-holdout"}
+    res = snakemake(tmp_path, "-n", "-p", f"{CELL}/keep.json", "--configfile", write(tmp_path, cfg, "blend.yaml"))
+    counts = job_counts(res.stdout)
+    assert counts["search_candidates"] == 4 and counts["calibrate"] == 2, counts  # blend's and coec's; c8, c8-holdout
+    blend = [ln for ln in res.stdout.splitlines() if " search candidates " in ln and '"method": "blend"' in ln]
+    assert len(blend) == 2
+    for layer, line in enumerate(sorted(blend, key=lambda ln: "--layer 1" in ln)):
+        assert f'"base": "results/tiny/c8/search/obs-a8/coec/layer{layer}.safetensors"' in line, line
+        assert '"holdout": "results/tiny/grams/c8-holdout"' in line, line
 
 
 def test_paper_config_plans_the_search_table(tmp_path):

@@ -9,7 +9,9 @@
 #       allocation (per-layer widths) and its record (budget, realised cost, fitness curve)
 #
 # Candidates are cached per layer with all its levels: a new budget, ratio, allocation or search
-# option reruns only the search job; a new compensation only its own candidates.
+# option reruns only the search job; a new compensation only its own candidates. A compensation
+# method's extra inputs come as a compensate job's (SW.candidate_inputs): blend's held-out Grams,
+# and its base's candidates of the same layer in place of the base cell's block.
 from coec.workflow.search_wiring import SearchWiring
 
 SW = SearchWiring(W)
@@ -19,6 +21,7 @@ rule search_candidates:
     conda:
         "../../envs/coec.yaml"
     input:
+        unpack(SW.candidate_inputs),
         model=W.model_input,
         grams=rules.calibrate.output[0],
     output:

@@ -15,7 +15,9 @@ import json
 from shlex import quote
 from typing import Any
 
+from coec.compensate.inputs import Job, OtherCell
 from coec.compensate.methods import METHODS
+from coec.compensate.options import method
 from coec.io import paths
 from coec.select.scores import SCORES
 from coec.select.search import OPTION_KEYS, search_entries
@@ -30,6 +32,7 @@ class SearchWiring:
         self.w = wiring
         self.config = wiring.config
         self.searches = search_entries(self.config)
+        self._inputs: dict[tuple[str, ...], dict[str, str]] = {}
 
     def entry(self, wc: Any) -> dict[str, Any]:
         """The search entry of a search job's ``select``."""
@@ -44,9 +47,31 @@ class SearchWiring:
         options = quote(json.dumps(spec.options(), sort_keys=True))
         return f"--method {quote(spec.score)} --options {options} --channel-multiple {multiple}"
 
+    def candidate_inputs(self, wc: Any) -> dict[str, str]:
+        """The extra inputs of a candidates job's compensation method (``Method.inputs``), name ->
+        path, as a compensate job's: another calibration's Grams (blend's ``holdout``) as they
+        are; another cell's weights (blend's ``base``) as that compensation's candidates of the same
+        layer and selection. Once per job: the rule's input and its --spec read the same."""
+        key = (wc.comp, wc.model, wc.calib, wc.select, wc.layer)
+        if key not in self._inputs:
+            m = method(self.w.compensation(wc.comp)["method"])
+            options = self.w.comp_options(wc.comp)
+            job = Job(model=wc.model, calib=wc.calib, select=wc.select, ratio="0", first=wc.layer, last=wc.layer)
+            out = {}
+            for inp in m.inputs:
+                if isinstance(inp, OtherCell):
+                    other = getattr(options, inp.option)
+                    out[inp.name] = paths.search_candidates_file(wc.model, wc.calib, wc.select, other, wc.layer)
+                elif (path := inp.workflow_path(options, job)) is not None:
+                    out[inp.name] = path
+            self._inputs[key] = out
+        return dict(self._inputs[key])
+
     def compensation_spec(self, wc: Any) -> str:
-        """--spec of a candidates job: the compensations entry."""
-        return json.dumps(self.w.compensation(wc.comp), sort_keys=True)
+        """--spec of a candidates job: the compensations entry, plus its method's input paths."""
+        extra = self.candidate_inputs(wc)
+        spec = self.w.compensation(wc.comp)
+        return json.dumps({**spec, "inputs": extra} if extra else spec, sort_keys=True)
 
     def candidate_files(self, wc: Any) -> list[str]:
         """The candidates of every layer a search job reads, in layer order."""

@@ -10,20 +10,24 @@ One file per layer, ``layer{i}.safetensors`` (format ``search-candidates``): ``o
 (d_out, k·g·hd) and ``down_proj.{c}.weight`` (d_out, c), with ``.bias`` where the method returns
 one (added to the module's own bias, as the block files' are); its JSON twin
 (``search-candidates-info``) holds each level's kept units and the refit's errors.
+
+A method with inputs of its own (``Method.inputs``) reads them as in a compensate job: blend's
+held-out Grams are that calibration's, and its base cell's weights are the base compensation's
+candidates of the same layer and selection, at the same level (``module_job``, ``level_job``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 from safetensors import safe_open
 
-from coec.compensate.inputs import Module
+from coec.compensate.inputs import Module, OtherCell
 from coec.compensate.options import method as registered
 from coec.compensate.options import planned
 from coec.compensate.stage import ModuleJob, compensate_module
@@ -90,7 +94,7 @@ def refit(job: ModuleJob, x: LayerInputs, kind: str, kept: list[int], full: bool
     cols = o_proj_columns(kept, x.geom) if kind == "kv_groups" else torch.tensor(kept, dtype=torch.long)
     where = Module(layer=x.layer, name=module, keep=keep, geometry=x.geom,
                    tensors={"v_proj": x.weights["v_proj"]}, device=job.device)  # fmt: skip
-    res = compensate_module(job, where, w0, x.stats[module], cols)
+    res = compensate_module(level_job(job, x.layer, kind, kept), where, w0, x.stats[module], cols)
     out = {"weight": res.weight.detach().cpu().contiguous()}
     if res.bias is not None:
         out["bias"] = res.bias.detach().cpu().contiguous()
@@ -98,11 +102,51 @@ def refit(job: ModuleJob, x: LayerInputs, kind: str, kept: list[int], full: bool
 
 
 def module_job(spec: Mapping[str, Any], geom: AttnShape, device: torch.device, layer: int) -> ModuleJob:
-    """The compensate stage's job of one layer for a ``compensations`` entry without workflow
-    inputs (each input opened without a file: coec's value projection)."""
+    """The compensate stage's job of one layer for a ``compensations`` entry, its method's inputs
+    opened from the paths in the entry's ``inputs`` (as the compensate stage opens them): another
+    calibration's Grams (blend's ``holdout``) as they are; another cell's weights (blend's
+    ``base``) from that compensation's candidates of the same layer (:class:`LayerCandidateFile`,
+    one level at a time, :func:`level_job`); coec's value projection from the model."""
     m = registered(spec["method"])
-    handles = {inp.name: inp.open(None, layer, layer) for inp in m.inputs}
+    paths_in = spec.get("inputs") or {}
+    handles: dict[str, Any] = {}
+    for inp in m.inputs:
+        path = paths_in.get(inp.name)
+        if isinstance(inp, OtherCell):
+            if path is None:
+                raise ValueError(
+                    f"{m.name} candidates need {inp.name!r}: the candidates of its {inp.option} compensation "
+                    f"(--spec inputs.{inp.name})"
+                )
+            base = LayerCandidateFile(path)
+            if base.layer != layer:
+                raise ValueError(
+                    f"--spec inputs.{inp.name}: {path} holds layer {base.layer}'s candidates, not {layer}'s"
+                )
+            handles[inp.name] = base
+        else:
+            handles[inp.name] = inp.open(path, layer, layer)
     return ModuleJob(m, planned(spec), geom, device, None, handles)
+
+
+def level_job(job: ModuleJob, layer: int, kind: str, kept: list[int]) -> ModuleJob:
+    """``job`` with each other cell's candidates (a blend's base) narrowed to the candidate of
+    ``kind`` keeping ``kept``: the weights ``OtherCell.for_module`` reads, as from a block file.
+    ValueError when that file's keep set at the level differs (another selection's candidates)."""
+    narrowed = dict(job.handles)
+    for name, handle in job.handles.items():
+        if not isinstance(handle, LayerCandidateFile):
+            continue
+        level = len(kept)
+        if handle.kept[kind].get(level) != kept:
+            raise ValueError(
+                f"--spec inputs.{name}: {handle.path}'s {kind} at level {level} keep other units "
+                "(candidates of another selection)"
+            )
+        weight, bias = handle.tensors(kind, level)
+        key = f"layer{layer}.{MODULE_OF[kind]}"
+        narrowed[name] = {f"{key}.weight": weight, **({f"{key}.bias": bias} if bias is not None else {})}
+    return replace(job, handles=narrowed)
 
 
 def layer_candidates(

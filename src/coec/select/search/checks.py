@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from coec.compensate.inputs import Job
+from coec.compensate.inputs import Job, OtherCalibration, OtherCell
 from coec.compensate.options import method, resolve, top_level_options, validate_spec
 from coec.export.formats import GGUF_TYPES
 from coec.select.scores import selection_registry
@@ -50,7 +50,10 @@ def check_search_entries(config: Mapping[str, Any]) -> None:
 
 
 def _check_compensation(config: Mapping[str, Any], comp: str, where: str) -> None:
-    """A compensations entry whose method needs no other cell's files (a candidate is no cell)."""
+    """A compensations entry whose method's workflow inputs a candidates job can give it: another
+    calibration's Grams (blend's holdout), or another cell's weights (blend's base), which are
+    then that compensation's candidates (itself checked here). A plug-in's own kind of input
+    that names a workflow file is refused."""
     comps = config.get("compensations") or {}
     if comp not in comps:
         raise ValueError(f"{where}: unknown compensations entry {comp!r} (known: {', '.join(comps) or 'none'})")
@@ -59,10 +62,13 @@ def _check_compensation(config: Mapping[str, Any], comp: str, where: str) -> Non
     options = resolve(m.name, top_level_options(comps[comp]))
     job = Job(model="m", calib="c", select="s", ratio="0.5", first=0, last=0)
     for inp in m.inputs:
-        if inp.workflow_path(options, job) is not None:
+        if isinstance(inp, OtherCell):
+            _check_compensation(config, getattr(options, inp.option), f"compensations.{comp}.{inp.option}")
+        elif not isinstance(inp, OtherCalibration) and inp.workflow_path(options, job) is not None:
             raise ValueError(
-                f"{where}: {comp!r} ({m.name}) reads another workflow file ({inp.name}); "
-                "a search's candidates take a method that needs only the cell's Grams"
+                f"{where}: {comp!r} ({m.name}) reads a workflow file a search's candidates cannot give it "
+                f"({inp.name}); a candidates' method may read the cell's Grams, another calibration's Grams "
+                "and another compensation's candidates"
             )
 
 
