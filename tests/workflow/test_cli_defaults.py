@@ -31,6 +31,7 @@ TARGETS = [
     "results/tiny/c8/rcpu-0.5/coec/export",
     "results/tiny/c8/rcpu-0.5/coec/imatrix.safetensors",
     "results/tiny/dense/imatrix-c8.safetensors",
+    "results/tiny/c8/search-obs-0.5/keep.json",
     "results/README.md",
     "results/claims.md",
 ]
@@ -46,6 +47,16 @@ def every_rule_config(work: Path) -> dict:
     cfg["calibration"]["c4-holdout"] = dict(cfg["calibration"]["c8"], nsamples=4, seed=1, disjoint_from="c8")
     cfg["compensations"]["blend"] = {"method": "blend", "base": "coec", "holdout": "c4-holdout"}
     cfg["table1"]["rows"].append({"selection": "rcpu", "compensation": "blend"})
+    cfg["selections"] = {  # a width search over obs candidates refit by blend (search candidates, search run)
+        "obs-a8": {"score": "obs", "channel_multiple": 8, "channel_rounding": "nearest"},
+        "search-obs": {
+            "score": "search",
+            "candidates": "obs-a8",
+            "compensation": "blend",
+            "holdout": "c4-holdout",
+            "tokens": [32, 64],
+        },
+    }
     cfg["appC"] = {"model": "tiny", "calibration": "c8", "selection": "rcpu", "ratio": 0.5, "compensation": "coec"}
     cfg["table4"] = {"ratio": 0.5, "models": ["tiny"]}
     return cfg
@@ -105,6 +116,8 @@ def test_every_rule_command_parses(rule_commands):
         "prepare-zeroshot",
         "iterative run",
         "iterative collect",
+        "search candidates",
+        "search run",
     } <= names, names
 
 

@@ -32,6 +32,10 @@ def _bad_reference(cfg):
     cfg["table1"]["calibration"] = "c16"
 
 
+def _bad_search(cfg):
+    cfg["selections"] = {"search-x": {"score": "search", "candidates": "nope", "compensation": "coec", "holdout": "c8"}}
+
+
 CASES = {
     "method": (
         _bad_method,
@@ -41,6 +45,7 @@ CASES = {
     "key": (_bad_key, "config: unknown key under evaluation: Additional properties are not allowed"),
     "plugin": (_bad_plugin, "config: plugins[0]: plug-in 'no_such_plugin.py' could not be loaded: FileNotFoundError"),
     "reference": (_bad_reference, "config: table1.calibration names unknown calibration entry 'c16' (known: c8,"),
+    "search": (_bad_search, "config: selections.search-x.candidates: selection 'nope' is not registered"),
 }
 
 
