@@ -123,3 +123,19 @@ def test_a_missing_task_is_refused(tmp_path):
     path = _json(tmp_path / "zs.json", coec_format="zeroshot", coec_format_version=1, tasks=tasks)
     with pytest.raises(ValueError, match="rte"):
         zeroshot_mean(path, TASKS)
+
+
+def test_a_uniform_budget_is_the_named_width_rules_uniform_cell():
+    """``budget: {uniform: S}`` (the wiring's width rule of S) is the prunable parameters of the
+    uniform cell of S's widths at the ratio, counted as the table counts a keep set."""
+    from coec.select.scores import KeepRule, n_keep
+    from coec.select.search.stage import resolve_budget
+
+    cfg = dict(CFG, intermediate_size=1536, num_hidden_layers=4)
+    rule = KeepRule(0.3, "nearest", "nearest", 256)  # the candidates' rule: 1024 channels
+    got = resolve_budget(cfg, rule, {"uniform": {"channel_multiple": 1, "channel_rounding": "ceil"}})
+    kv, ch = n_keep(3, 0.3, "nearest"), n_keep(1536, 0.3, "ceil")
+    assert ch == 1076
+    d = arch_dims(cfg)
+    assert got == {"params": kept_prunable(d, _keep([(kv, ch)] * 4)) - kept_prunable(d, _keep([(0, 0)] * 4))}
+    assert resolve_budget(cfg, rule, None) is None and resolve_budget(cfg, rule, {"params": 5}) == {"params": 5}

@@ -3,7 +3,7 @@ per-layer allocations at one budget, each with the compensations the config name
 
 One row per (model, row of the config) and a dense row per model. Columns: ``prunable`` (the
 prunable parameters the cell keeps, from its keep.json: the q/k/v/o rows and columns of the kept
-KV groups and the gate/up/down of the kept channels, ``coec.select.budget.layer_params_at``),
+KV groups and the gate/up/down of the kept channels, ``coec.select.search.budget.layer_params_at``),
 ``pruned %`` (of the dense model's prunable parameters), ``Δ %`` (kept prunable parameters against
 the first row's: the budget every row must meet within ``tolerance``), ``params`` (the evaluated
 model's parameter count, ppl.json), ``ppl``, ``kl`` (mean token KL to the dense model, ppl.json),
@@ -23,7 +23,7 @@ import pandas as pd
 from coec.io import artifacts, atomic
 from coec.report.cost import arch_dims, config_dict
 from coec.report.rendering import to_markdown
-from coec.select.budget import layer_params_at
+from coec.select.search.budget import layer_params_at
 
 log = logging.getLogger(__name__)
 

@@ -107,13 +107,21 @@ class SearchWiring:
             "name": wc.select,
             "channel-multiple": multiple,
             "channel-rounding": rounding,
-            "budget": json.dumps(e["budget"], sort_keys=True),
+            "budget": json.dumps(self.job_budget(e["budget"]), sort_keys=True),
             "allocation": e["allocation"],
         }
         for k in OPTION_KEYS:
             v = e[k]
             args[k.replace("_", "-")] = json.dumps(v) if isinstance(v, list) else v
         return " ".join(f"--{k} {quote(str(v))}" for k, v in args.items())
+
+    def job_budget(self, budget: Any) -> Any:
+        """The budget as the job reads it: ``{uniform: S}`` becomes the width rule of selection S
+        (``{uniform: {channel_multiple: M, channel_rounding: R}}``), the others pass as written."""
+        if isinstance(budget, dict) and set(budget) == {"uniform"}:
+            multiple, rounding = selection_width(self.config, budget["uniform"])
+            return {"uniform": {"channel_multiple": multiple, "channel_rounding": rounding}}
+        return budget
 
     def grams_arg(self, wc: Any, input: Any) -> str:
         return " ".join(f"--grams {quote(str(g))}" for g in input.grams)

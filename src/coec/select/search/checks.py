@@ -46,6 +46,12 @@ def check_search_entries(config: Mapping[str, Any]) -> None:
         _check_compensation(config, entry["compensation"], f"{where}.compensation")
         _check_holdout(config, entry, where)
         _check_budget(entry.get("budget"), where)
+        uniform = (entry.get("budget") or {}).get("uniform")
+        if uniform is not None and uniform not in known:
+            raise ValueError(
+                f"{where}.budget.uniform: selection {uniform!r} is not registered or is a search "
+                f"(known: {', '.join(known)})"
+            )
         search_options(entry, name)
 
 
@@ -89,9 +95,12 @@ def _check_holdout(config: Mapping[str, Any], entry: Mapping[str, Any], where: s
 
 
 def _check_budget(budget: Any, where: str) -> None:
-    """``null``, ``{type: T}`` (the uniform cell's bytes), ``{params: N}`` or ``{bytes: N, type: T}``
+    """``null``, ``{uniform: S}`` (selection S's uniform cell's params), ``{type: T}`` (the uniform
+    cell's bytes), ``{params: N}`` or ``{bytes: N, type: T}``
     with T a GGUF type (whether its bytes are modelled: the job's ``parse_budget``)."""
     try:
+        if isinstance(budget, Mapping) and set(budget) == {"uniform"}:
+            return
         if isinstance(budget, Mapping) and set(budget) == {"type"}:
             gguf_type: str | None = str(budget["type"])
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from coec.report.cost import arch_dims, config_dict
 from coec.select.scores import KeepRule, check_multiple, layer_scores, selection_spec
 from coec.select.search import rekey
 from coec.select.search.alam import alam_state
-from coec.select.search.budget import SearchSpace, build_space, model_bytes, uniform_pair
+from coec.select.search.budget import SearchSpace, build_space, model_bytes, prunable_params, uniform_pair
 from coec.select.search.candidates import LayerCandidateFile, LayerInputs, layer_candidates, module_job
 from coec.select.search.evolve import SearchOptions, SearchResult, band, evolve
 from coec.select.search.fitness import CandidateModel, KLFitness
@@ -107,7 +107,18 @@ class SearchJob:
 
 def resolve_budget(config: Any, rule: KeepRule, budget: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """A config budget for ``build_space``: ``{type: T}`` becomes the bytes of the GGUF file of
-    type T of the uniform cell at ``rule.ratio``; the others pass as they are."""
+    type T of the uniform cell at ``rule.ratio``; ``{uniform: {channel_multiple: M,
+    channel_rounding: R}}`` (the wiring's form of ``{uniform: S}``) the prunable parameters of the
+    uniform cell of that width rule at ``rule.ratio`` (e.g. the paper's unaligned widths, while the
+    candidates' levels are multiples of 256); the others pass as they are."""
+    if budget is not None and set(budget) == {"uniform"}:
+        d = arch_dims(config_dict(config))
+        width = budget["uniform"]
+        other = replace(
+            rule, channel_multiple=int(width["channel_multiple"]), channel_rounding=width["channel_rounding"]
+        )
+        kv, ch = uniform_pair(d, other)
+        return {"params": int(d["layers"]) * (prunable_params(d, "kv_groups", kv) + prunable_params(d, "channels", ch))}
     if budget is None or set(budget) != {"type"}:
         return budget
     d = arch_dims(config_dict(config))
