@@ -62,7 +62,18 @@ def _calibration_args(s: argparse.ArgumentParser) -> None:
     config_arg(s, "--dtype", "models.*.dtype")
 
 
-MODEL_STAGES = ("calibrate", "gram-check", "select", "compensate", "ppl", "zeroshot", "geometry", "export", "imatrix")
+MODEL_STAGES = (
+    "calibrate",
+    "gram-check",
+    "select",
+    "compensate",
+    "ppl",
+    "kl-reference",
+    "zeroshot",
+    "geometry",
+    "export",
+    "imatrix",
+)
 
 
 def calibration_windows(a: argparse.Namespace) -> CalibrationWindows:
@@ -72,7 +83,7 @@ def calibration_windows(a: argparse.Namespace) -> CalibrationWindows:
 
 def ppl_options(a: argparse.Namespace) -> PplOptions:
     """The options of ``coec ppl``."""
-    return PplOptions(a.dataset, a.seqlen, a.max_windows, a.batch_size, stream_options(a))
+    return PplOptions(a.dataset, a.seqlen, a.max_windows, a.batch_size, stream_options(a), a.kl_reference)
 
 
 def _model_parsers(sub: Subparsers) -> None:
@@ -161,7 +172,25 @@ def _eval_parsers(sub: Subparsers) -> None:
     _cell_args(s)
     s.add_argument("--gguf", default=None, help="score this GGUF file in llama.cpp instead (docs/deploy.md)")
     s.add_argument("--threads", type=int, default=None, help="llama.cpp threads of --gguf (none: its default)")
+    s.add_argument("--kl-reference", default=None, help="also the mean token KL to the dense model (docs/kl.md)")
     s.set_defaults(func=cmd_ppl)
+
+    s = sub.add_parser(
+        "kl-reference", help="the dense model's top-k log-probabilities over the ppl windows (docs/kl.md)"
+    )
+    s.add_argument("--model", required=True)
+    s.add_argument("--dataset", type=json_arg, required=True)
+    s.add_argument("--seqlen", type=int, required=True)
+    s.add_argument("--max-windows", type=optional_int, default=None)
+    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
+    config_arg(s, "--top-k", "kl_top_k", type=int)
+    config_arg(s, "--tail-samples", "kl_tail_samples", type=int)
+    config_arg(s, "--dtype", "models.*.dtype")
+    config_arg(s, "--device", "compute.device")
+    s.add_argument("--device-map", default=None, help="e.g. auto: spread a 70B+ model over GPUs")
+    add_stream_args(s, "ppl")  # the model reached as `coec ppl` reaches it
+    s.add_argument("--out", required=True, help="the reference file (.safetensors)")
+    s.set_defaults(func=cmd_kl_reference, kl_reference=None)  # this is the reference: it reads none
 
     s = sub.add_parser("zeroshot", help="lm-eval zero-shot accuracy of a model cell")
     s.add_argument("--model", required=True)
@@ -357,6 +386,14 @@ def cmd_ppl(a: argparse.Namespace) -> None:
     if given:
         raise ValueError(f"{given[0]} does not apply with --gguf (the GGUF file is the cell)")
     run_ppl_gguf(cell_source(a), ppl_options(a), GgufPplOptions(a.gguf, a.threads), a.out)
+
+
+def cmd_kl_reference(a: argparse.Namespace) -> None:
+    """``coec kl-reference``: the dense model's KL reference over the perplexity windows
+    (``coec.evaluate.kl_reference``, docs/kl.md)."""
+    from coec.evaluate.kl_reference import run_kl_reference  # deferred: keeps the job boundary torch-free
+
+    run_kl_reference(cell_source(a), ppl_options(a), a.top_k, a.tail_samples, a.out)
 
 
 def cmd_zeroshot(a: argparse.Namespace) -> None:

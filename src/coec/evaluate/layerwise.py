@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 
 from coec.calibrate.layer_pass import layer_call, layer_masks
-from coec.evaluate.ppl import summed_nll
+from coec.evaluate.ppl import OnLogits, summed_nll
 from coec.io.progress import bar as progress_bar
 from coec.model.streamed import StreamedModel
 
@@ -111,16 +111,19 @@ def perplexity_streamed(
     batch_size: int = 4,
     budget_bytes: float = float("inf"),
     progress: bool = True,
+    on_logits: OnLogits | None = None,
 ) -> dict[str, Any]:
     """``coec.evaluate.ppl.perplexity`` of a streamed model over (n, seqlen) token windows,
     batched as it batches them: the same ``{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen',
-    'seconds'}``, the same sums in the same order."""
+    'seconds'}``, the same sums in the same order, the same ``on_logits`` calls."""
     t0 = time.time()
     batches = [windows[s : s + batch_size] for s in range(0, windows.shape[0], batch_size)]
     runner = LayerSequential(sm, budget_bytes, progress, desc="perplexity")
     total, count = 0.0, 0
     for b, (ids, logits) in enumerate(zip(batches, runner.logits(batches), strict=False)):
         nll = float(summed_nll(logits, ids.to(logits.device)))
+        if on_logits is not None:
+            on_logits(b * batch_size, ids, logits)
         del logits
         if not math.isfinite(nll):
             raise FloatingPointError(f"non-finite NLL in perplexity batch starting at window {b * batch_size}")

@@ -14,13 +14,15 @@ from coec.model.stream_options import StreamOptions
 @dataclass(frozen=True)
 class PplOptions:
     """``coec ppl``: ``dataset``'s eval split cut into windows of ``seqlen`` tokens (at most
-    ``max_windows``; None: all), scored ``batch_size`` windows at a time."""
+    ``max_windows``; None: all), scored ``batch_size`` windows at a time; with ``kl_reference``
+    (the dense model's, ``coec kl-reference``) the mean token KL to the dense model too."""
 
     dataset: dict[str, Any]
     seqlen: int
     max_windows: int | None = None
     batch_size: int = config_field("evaluation.ppl_batch_size")
     stream: StreamOptions = StreamOptions()
+    kl_reference: str | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,6 +17,10 @@ import torch.nn.functional as F
 from coec.evaluate.options import PplOptions
 from coec.io.progress import bar as progress_bar
 from coec.model.source import CellSource
+
+#: Called with each batch's first window index, its token ids (b, T) and its logits (b, T, V), after
+#: the batch's NLL is summed (e.g. ``evaluate.kl.KlMeter``); it must not change the logits.
+OnLogits = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 #: Positions per float32 loss chunk: the loss adds ``2 x LOSS_CHUNK_TOKENS x vocab x 4`` bytes to
 #: the forward's peak (1 GiB at a 128k vocabulary), whatever the batch and window length.
@@ -52,9 +57,10 @@ def window_nll(
     batch_size: int = 4,
     device: torch.device | str | None = None,
     progress: bool = True,
+    on_logits: OnLogits | None = None,
 ) -> tuple[float, int]:
     """Summed next-token NLL (float64) and number of predicted tokens over ``windows``
-    (n, seqlen) of token ids."""
+    (n, seqlen) of token ids; ``on_logits`` sees every batch's logits."""
     device = device or next(model.parameters()).device
     # no KV cache for a scoring pass (HF models, whose config knows the flag)
     no_cache = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
@@ -64,6 +70,8 @@ def window_nll(
         ids = windows[s : s + batch_size].to(device)
         logits = model(input_ids=ids, **no_cache).logits  # (b, T, V); position t predicts t + 1
         nll = float(summed_nll(logits, ids.to(logits.device)))
+        if on_logits is not None:
+            on_logits(s, ids, logits)
         del logits
         if not math.isfinite(nll):
             raise FloatingPointError(f"non-finite NLL in perplexity batch starting at window {s}")
@@ -78,10 +86,12 @@ def perplexity(
     batch_size: int = 4,
     device: torch.device | str | None = None,
     progress: bool = True,
+    on_logits: OnLogits | None = None,
 ) -> dict[str, Any]:
-    """{'ppl', 'nll', 'tokens_scored', 'windows', 'seconds'} for (n, seqlen) token windows."""
+    """{'ppl', 'nll', 'tokens_scored', 'windows', 'seconds'} for (n, seqlen) token windows
+    (``on_logits``: :func:`window_nll`'s)."""
     t0 = time.time()
-    total, count = window_nll(model, windows, batch_size, device, progress)
+    total, count = window_nll(model, windows, batch_size, device, progress, on_logits)
     nll = total / count
     return {
         "ppl": math.exp(nll),

@@ -13,6 +13,8 @@ import torch
 
 from coec.data import text as data
 from coec.evaluate.geometry import module_geometry
+from coec.evaluate.kl import kl_record
+from coec.evaluate.kl_reference import reference_meter
 from coec.evaluate.options import PplOptions, ZeroshotOptions
 from coec.evaluate.ppl import ppl_record
 from coec.evaluate.zeroshot import write_zeroshot, zeroshot_with_records
@@ -29,14 +31,19 @@ log = logging.getLogger(__name__)
 
 def run_ppl(source: CellSource, options: PplOptions, out: str) -> dict[str, Any]:
     """Perplexity of the (pruned, compensated) model -> ppl.json, the same whether the cell is
-    loaded or streams (:func:`open_cell`)."""
+    loaded or streams (:func:`open_cell`); with ``options.kl_reference`` also the mean token KL
+    to the dense model (``kl``, ``kl_reference``; the reference checked before any scoring)."""
     t0 = time.time()
     source = resolve_source(source)
     cell = open_cell(source, options.stream)
     tokens = data.tokenize_text(cell.tokenizer, data.load_split(options.dataset, "eval"))
     windows = data.eval_windows(tokens, options.seqlen, options.max_windows)
-    res = cell.perplexity(windows, options.batch_size)
-    ppl_record(res, source.provenance(), source, options, cell.params(), t0)
+    prov = source.provenance()
+    kl = reference_meter(options.kl_reference, windows, prov, source.model) if options.kl_reference else None
+    res = cell.perplexity(windows, options.batch_size, on_logits=kl[0] if kl else None)
+    ppl_record(res, prov, source, options, cell.params(), t0)
+    if kl:
+        res.update(kl_record(kl[0].mean(), kl[0].rows, kl[1]))
     log_timings(str(out), res)
     artifacts.write_result(out, res, "ppl")  # timings stay in the log
     how = "; streamed" if cell.streamed is not None else ""

@@ -48,6 +48,7 @@ FORMATS = {
     "comp-info": 1,  # .../{comp}/block{a}-{b}.json
     "ppl": 1,  # .../ppl.json
     "zeroshot": 1,  # .../zeroshot.json
+    "kl-reference": 1,  # results/{model}/dense/kl-reference.safetensors
     "iterative-state": 1,  # iterative step folder: state.safetensors
     "iterative-info": 1,  # iterative step folder / cell: iterative.json
     "search-candidates": 1,  # results/{model}/{calib}/search/{select}/{comp}/layer{i}.safetensors

@@ -7,7 +7,8 @@ the table and figure specs (with names):
                                                            ppl.json, zeroshot.json, geometry.csv, export/
     results/{model}/{calib}/{select}-{ratio}/search.json   a width search's record (beside its keep.json)
     results/{model}/{calib}/search/{select}/{comp}/layer{i}.safetensors (+ .json)   its candidates
-    results/{model}/dense/                                 the unpruned model's evaluations
+    results/{model}/dense/                                 the unpruned model's evaluations and
+                                                           kl-reference.safetensors
     results/{table}.csv (+ .md), results/figures/{figure}.png
     resources/models/{model}, resources/text/{dataset}, resources/zeroshot   embedded inputs
 
@@ -50,6 +51,7 @@ __all__ = [
     "search_candidates_file",
     "search_record_file",
     "dense_dir",
+    "kl_reference_file",
     "table_file",
     "figure_file",
     "log_file",
@@ -155,6 +157,12 @@ def imatrix_file(folder: str, calib: str | None = None) -> str:
 def dense_dir(model: str) -> str:
     """Folder of the unpruned model's evaluations."""
     return f"{RESULTS}/{model}/dense"
+
+
+def kl_reference_file(model: str) -> str:
+    """The dense model's KL reference over the perplexity windows (``coec kl-reference``), read by
+    every perplexity job of the model (docs/kl.md)."""
+    return f"{dense_dir(model)}/kl-reference.safetensors"
 
 
 def table_file(name: str, ext: str = "csv") -> str:

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from coec.evaluate.layerwise import perplexity_streamed
-from coec.evaluate.ppl import perplexity
+from coec.evaluate.ppl import OnLogits, perplexity
 from coec.io import artifacts
 from coec.model.checkpoint import Checkpoint
 from coec.model.load import hub_kwargs, load_resolved
@@ -106,12 +106,13 @@ class CellModel:
         assert self.loaded is not None
         return sum(p.numel() for p in self.loaded.parameters())
 
-    def perplexity(self, windows: torch.Tensor, batch_size: int) -> dict[str, Any]:
-        """``evaluate.ppl.perplexity`` of the cell over (n, seqlen) windows."""
+    def perplexity(self, windows: torch.Tensor, batch_size: int, on_logits: OnLogits | None = None) -> dict[str, Any]:
+        """``evaluate.ppl.perplexity`` of the cell over (n, seqlen) windows; ``on_logits`` sees
+        every batch's logits (e.g. ``evaluate.kl.KlMeter``)."""
         if self.streamed is not None:
-            return perplexity_streamed(self.streamed, windows, batch_size, self.budget)
+            return perplexity_streamed(self.streamed, windows, batch_size, self.budget, on_logits=on_logits)
         assert self.loaded is not None
-        return perplexity(self.loaded, windows, batch_size=batch_size)
+        return perplexity(self.loaded, windows, batch_size=batch_size, on_logits=on_logits)
 
     def lm(self, batch_size: int, max_length: int) -> Any:
         """The lm-eval ``LM`` of a streamed cell (``LayerwiseLM``); None: lm-eval's ``HFLM``

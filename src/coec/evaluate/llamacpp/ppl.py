@@ -17,6 +17,8 @@ from transformers import AutoTokenizer
 
 from coec.data import text as data
 from coec.data.bundled import file_sha256
+from coec.evaluate.kl import kl_record
+from coec.evaluate.kl_reference import reference_meter
 from coec.evaluate.llamacpp.options import GgufPplOptions
 from coec.evaluate.llamacpp.run import gguf_perplexity, require
 from coec.evaluate.options import PplOptions
@@ -105,8 +107,10 @@ def hf_token_list(tok: Any, n: int) -> list[str | None]:
 def run_ppl_gguf(source: CellSource, options: PplOptions, gguf_file: GgufPplOptions, out: str) -> dict[str, Any]:
     """Perplexity of ``gguf_file.gguf`` in llama.cpp over ``coec ppl``'s windows of
     ``source.model``'s tokenizer -> ppl.json (with runtime, gguf_type, gguf_file, gguf_sha256,
-    llama_cpp_python; its ``dtype`` is the GGUF type). ValueError (nothing written): bindings
-    missing, or a GGUF of another model."""
+    llama_cpp_python; its ``dtype`` is the GGUF type; with ``options.kl_reference`` also the mean
+    token KL to the transformers dense model, ``kl`` and ``kl_reference``). ValueError (nothing
+    written): bindings missing, a GGUF of another model, or a KL reference of other windows, of
+    another model or of another vocabulary."""
     require("coec ppl --gguf")
     t0 = time.time()
     gguf_path = gguf_file.gguf
@@ -126,7 +130,14 @@ def run_ppl_gguf(source: CellSource, options: PplOptions, gguf_file: GgufPplOpti
         raise ValueError(f"{gguf_path} is a GGUF of another model ({why} {source.model})")
     tokens = data.tokenize_text(tok, data.load_split(options.dataset, "eval"))
     windows = data.eval_windows(tokens, options.seqlen, options.max_windows)
-    res = gguf_perplexity(gguf_path, windows, gguf_file.threads)
+    kl = reference_meter(options.kl_reference, windows, prov, source.model) if options.kl_reference else None
+    if kl and len(facts["tokens"]) != kl[0].rows.vocab:
+        raise ValueError(
+            f"{gguf_path} is a GGUF of another model ({len(facts['tokens'])} tokens, the KL reference "
+            f"{options.kl_reference} {kl[0].rows.vocab})"
+        )
+    res = gguf_perplexity(gguf_path, windows, gguf_file.threads, kl[0] if kl else None)
+    kl_mean = res.pop("kl", None)
     res = ppl_record(res, prov, replace(source, dtype=facts["gguf_type"]), options, facts["params"], t0)
     res.update(
         {
@@ -137,6 +148,8 @@ def run_ppl_gguf(source: CellSource, options: PplOptions, gguf_file: GgufPplOpti
             "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
         }
     )
+    if kl:
+        res.update(kl_record(kl_mean, kl[0].rows, kl[1]))
     log_timings(str(out), res)
     artifacts.write_result(out, res, "ppl")
     log.info("ppl (llama.cpp) %.4f over %d tokens (%s)", res["ppl"], res["tokens_scored"], out)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from coec.evaluate.kl import KlMeter
 from coec.evaluate.llamacpp.amx import ENV, extra_buffers_off, keep_extra_buffers
 from coec.evaluate.ppl import summed_nll
 from coec.io.isolated import call_isolated
@@ -89,12 +90,15 @@ def gguf_logits(path: str | Path, windows: torch.Tensor, n_threads: int | None =
     return logits
 
 
-def gguf_perplexity(path: str | Path, windows: torch.Tensor, n_threads: int | None = None) -> dict[str, Any]:
+def gguf_perplexity(
+    path: str | Path, windows: torch.Tensor, n_threads: int | None = None, kl: KlMeter | None = None
+) -> dict[str, Any]:
     """{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen', 'seconds'} of a GGUF file over
     (n, seqlen) token windows, each scored from an empty cache (``evaluate.ppl.perplexity``'s
-    protocol and NLL sum), computed in a child process (ProcessCrashed if llama.cpp dies)."""
+    protocol and NLL sum), computed in a child process (ProcessCrashed if llama.cpp dies); with
+    ``kl`` (a meter of the dense reference of these windows) also ``kl``, its mean."""
     result: dict[str, Any] = call_isolated(
-        _gguf_perplexity, str(path), windows, n_threads, what=f"llama.cpp on {Path(path).name}"
+        _gguf_perplexity, str(path), windows, n_threads, kl, what=f"llama.cpp on {Path(path).name}"
     )
     return result
 
@@ -107,15 +111,19 @@ def _gguf_logits(path: str, windows: torch.Tensor, n_threads: int | None) -> np.
         llm.close()
 
 
-def _gguf_perplexity(path: str, windows: torch.Tensor, n_threads: int | None) -> dict[str, Any]:
+def _gguf_perplexity(
+    path: str, windows: torch.Tensor, n_threads: int | None, kl: KlMeter | None = None
+) -> dict[str, Any]:
     t0 = time.time()
     llm = load(path, windows.shape[1], n_threads)
     total, count = 0.0, 0
     try:
-        for w in windows:
+        for i, w in enumerate(windows):
             logits = torch.from_numpy(window_logits(llm, w))[None]
             total += float(summed_nll(logits, w[None].long()))
             count += w.numel() - 1
+            if kl is not None:
+                kl(i, w[None], logits)
     finally:
         llm.close()
     if not math.isfinite(total):
@@ -128,6 +136,7 @@ def _gguf_perplexity(path: str, windows: torch.Tensor, n_threads: int | None) ->
         "windows": int(windows.shape[0]),
         "seqlen": int(windows.shape[1]),
         "seconds": round(time.time() - t0, 3),
+        **({"kl": kl.mean()} if kl is not None else {}),
     }
 
 
