@@ -300,8 +300,8 @@ def test_changing_ppl_seqlen_replans_only_evaluation(shared_run, tmp_path):
     changed = shared_run.write_config(tmp_path / "changed.yaml", cfg)
     res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed), env=run_env())
     counts = job_counts(res.stdout)
-    assert set(counts) == {"ppl_dense", "ppl_cell", "table", "total"}
-    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) and counts["ppl_dense"] == 1
+    assert set(counts) == {"kl_reference", "ppl_dense", "ppl_cell", "table", "total"}
+    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) and counts["ppl_dense"] == 1 and counts["kl_reference"] == 1
 
 
 def test_changing_a_coec_option_replans_only_coec_cells(shared_run, tmp_path):

@@ -98,7 +98,7 @@ def local_run(tmp_path_factory):
     return local, t_local
 
 
-CELL = "results/tiny/c8/wanda_sp-0.5/coec/ppl.json"  # calibrate, select, 2 x compensate, ppl
+CELL = "results/tiny/c8/wanda_sp-0.5/coec/ppl.json"  # calibrate, select, 2 x compensate, kl_reference, ppl
 
 
 def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
@@ -135,7 +135,7 @@ def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
     print(f"trimmed workflow ({target}): local run of table1 {t_local:.0f} s, SLURM ({mode}) {t_slurm:.0f} s")
 
     stats = job_counts(out)
-    n_jobs = 17 if mode == "squeue" else 5
+    n_jobs = 18 if mode == "squeue" else 6  # the dense KL reference included
     submitted = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.", out)
     # every job went through sbatch, each its own SLURM job
     assert len(submitted) == stats["total"] == n_jobs

@@ -94,10 +94,11 @@ MODEL_JOBS = {
     "gram_check": 1,
     "select": 2,
     "compensate": 2,
+    "kl_reference": 1,
     "ppl_dense": 1,
     "ppl_cell": 2,
     "table": 1,
-    "total": 10,
+    "total": 11,
 }
 
 
@@ -141,6 +142,7 @@ def test_changed_weights_replan_exactly_that_models_jobs(two_models):
             "gram_check": {"tiny"},
             "select": {"tiny"},
             "compensate": {"tiny"},
+            "kl_reference": {"tiny"},
             "ppl_dense": {"tiny"},
             "ppl_cell": {"tiny"},
             "table": {None},
@@ -249,9 +251,9 @@ def test_unpinned_hub_revision_whose_cached_snapshot_moves(tmp_path):
         shutil.copy2(f, snap_b / f.name)
     (repo / "refs" / "main").write_text(COMMIT_B)
     res = _snakemake(work, cfg_path, "-n", "-p", target, "results/tiny/dense/ppl.json", env=env)
-    assert job_counts(res.stdout) == {"calibrate": 1, "select": 1, "ppl_dense": 1, "total": 3}
+    assert job_counts(res.stdout) == {"calibrate": 1, "select": 1, "kl_reference": 1, "ppl_dense": 1, "total": 4}
     commands = [line for line in res.stdout.splitlines() if line.startswith("Shell command:")]
-    assert len(commands) == 3 and all(COMMIT_B in c and COMMIT_A not in c for c in commands)
+    assert len(commands) == 4 and all(COMMIT_B in c and COMMIT_A not in c for c in commands)
     # a job still planned for commit A finds B: one line, nothing written
     expect = json.dumps({"model": "models.tiny", "num_layers": 2, "commit": COMMIT_A})
     run = subprocess.run(

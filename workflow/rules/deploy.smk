@@ -178,7 +178,8 @@ use rule imatrix_dense as imatrix_cell with:
 
 
 # Perplexity of a GGUF export measured in llama.cpp (coec ppl --gguf; docs/deploy.md "Perplexity
-# in llama.cpp"): the windows of ppl.json, cut by the model's own tokenizer.
+# in llama.cpp"): the windows of ppl.json, cut by the model's own tokenizer, and the mean token KL
+# to the transformers dense model (the model's kl-reference.safetensors, docs/kl.md).
 #
 #   results/{model}/{calib}/{select}-{ratio}/{comp}/ppl-gguf-{gguf_type}.json
 #   results/{model}/{calib}/iterative/{variant}-{ratio}/ppl-gguf-{gguf_type}.json
@@ -190,6 +191,7 @@ rule ppl_gguf_cell:
         gguf=paths.gguf_file(CELL, "{gguf_type}"),
         model=W.model_input,
         text=W.dataset_input(W.evaluation["ppl_dataset"]),
+        kl_reference=paths.kl_reference_file("{model}"),
     output:
         paths.gguf_ppl_file(CELL, "{gguf_type}"),
     params:
@@ -206,7 +208,8 @@ rule ppl_gguf_cell:
     shell:
         "OMP_NUM_THREADS={threads} {PY} ppl --gguf {input.gguf:q} --threads {threads} --model {params.model:q} "
         "--dataset {params.dataset:q} --seqlen {params.seqlen:q} --max-windows {params.max_windows:q} "
-        "--expect {params.expect:q} {params.hub} {params.cell} --out {output:q} > {log:q} 2>&1"
+        "--expect {params.expect:q} {params.hub} {params.cell} --kl-reference {input.kl_reference:q} --out {output:q} "
+        "> {log:q} 2>&1"
 
 
 use rule ppl_gguf_cell as ppl_gguf_iterative with:
@@ -214,6 +217,7 @@ use rule ppl_gguf_cell as ppl_gguf_iterative with:
         gguf=paths.gguf_file(IT_CELL, "{gguf_type}"),
         model=W.model_input,
         text=W.dataset_input(W.evaluation["ppl_dataset"]),
+        kl_reference=paths.kl_reference_file("{model}"),
     output:
         paths.gguf_ppl_file(IT_CELL, "{gguf_type}"),
     wildcard_constraints:
@@ -230,6 +234,7 @@ use rule ppl_gguf_cell as ppl_gguf_dense with:
         gguf=paths.gguf_file(paths.dense_dir("{model}"), "{gguf_type}"),
         model=W.model_input,
         text=W.dataset_input(W.evaluation["ppl_dataset"]),
+        kl_reference=paths.kl_reference_file("{model}"),
     output:
         paths.gguf_ppl_file(paths.dense_dir("{model}"), "{gguf_type}"),
     log:

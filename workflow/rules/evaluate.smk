@@ -7,12 +7,51 @@
 # shell-quoted where built
 
 
+# The dense model's top-k log-probabilities and samples of the rest over the perplexity windows
+# (docs/kl.md), made once per
+# model and read by every perplexity job of it (transformers and llama.cpp), which then reports its
+# mean token KL to the dense model; the file records the windows' digest, checked by each reader.
+#
+#   results/{model}/dense/kl-reference.safetensors
+rule kl_reference:
+    conda:
+        "../../envs/coec.yaml"
+    input:
+        model=W.model_input,
+        text=W.dataset_input(W.evaluation["ppl_dataset"]),
+    output:
+        paths.kl_reference_file("{model}"),
+    params:
+        model=W.model_path,
+        dtype=W.model_dtype,
+        dmap=W.device_map,
+        top_k=W.config["kl_top_k"],
+        tail=W.config["kl_tail_samples"],
+        **W.ppl_params(),
+        **W.plugin_params("ppl"),
+    log:
+        paths.log_file("kl_reference", "{model}", "dense"),
+    benchmark:
+        paths.benchmark_file("kl_reference", "{model}", "dense")
+    threads: W.threads("ppl")
+    resources:
+        **W.rule_resources("ppl"),
+        **W.stream_resources("ppl"),
+    shell:
+        "OMP_NUM_THREADS={threads} {PY} kl-reference --model {params.model:q} --dataset {params.dataset:q} "
+        "--seqlen {params.seqlen:q} --max-windows {params.max_windows:q} --batch-size {params.batch:q} "
+        "--top-k {params.top_k:q} --tail-samples {params.tail:q} --dtype {params.dtype:q} --device {params.device:q} --expect {params.expect:q} "
+        "{params.hub} --out {output:q} {params.dmap} --hidden-budget-gb {resources.hidden_budget_gb:q} "
+        "--stream-eval-above-gb {resources.stream_eval_above_gb:q} > {log:q} 2>&1"
+
+
 rule ppl_dense:
     conda:
         "../../envs/coec.yaml"
     input:
         model=W.model_input,
         text=W.dataset_input(W.evaluation["ppl_dataset"]),
+        kl_reference=paths.kl_reference_file("{model}"),
     output:
         f"{paths.dense_dir('{model}')}/ppl.json",
     params:
@@ -36,13 +75,14 @@ rule ppl_dense:
         "--max-windows {params.max_windows:q} --batch-size {params.batch:q} --dtype {params.dtype:q} "
         "--device {params.device:q} --expect {params.expect:q} {params.hub} --out {output:q} {params.extra} {params.dmap} "
         "--hidden-budget-gb {resources.hidden_budget_gb:q} --stream-eval-above-gb {resources.stream_eval_above_gb:q} "
-        "> {log:q} 2>&1"
+        "--kl-reference {input.kl_reference:q} > {log:q} 2>&1"
 
 
 use rule ppl_dense as ppl_cell with:
     input:
         model=W.model_input,
         text=W.dataset_input(W.evaluation["ppl_dataset"]),
+        kl_reference=paths.kl_reference_file("{model}"),
         keep=rules.select.output[0],
         comp=W.comp_files,
     output:

@@ -167,6 +167,7 @@ use rule ppl_cell as iterative_ppl with:
     input:
         model=W.model_input,
         text=W.dataset_input(W.evaluation["ppl_dataset"]),
+        kl_reference=paths.kl_reference_file("{model}"),
         keep=rules.iterative_cell.output.keep,
         comp=IT.cell_block,
     output:
