@@ -17,17 +17,24 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def to_markdown(df: pd.DataFrame, digits: int = 2, caption: str = "") -> str:
-    """A GitHub Markdown table (no extra dependency), numbers rounded to ``digits``."""
+def to_markdown(
+    df: pd.DataFrame, digits: int = 2, caption: str = "", column_digits: dict[str, int] | None = None
+) -> str:
+    """A GitHub Markdown table (no extra dependency), numbers rounded to ``digits`` (a column
+    named in ``column_digits`` to its own)."""
+    places = [(column_digits or {}).get(c, digits) for c in df.columns]
 
-    def fmt(v: object) -> str:
+    def fmt(v: object, d: int) -> str:
         if isinstance(v, float):
-            return "–" if math.isnan(v) else f"{v:.{digits}f}"
+            return "–" if math.isnan(v) else f"{v:.{d}f}"
         return str(v)
 
     head = "| " + " | ".join(df.columns) + " |"
     sep = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    body = [
+        "| " + " | ".join(fmt(v, d) for v, d in zip(row, places, strict=True)) + " |"
+        for row in df.itertuples(index=False)
+    ]
     text = "\n".join([head, sep, *body]) + "\n"
     return f"{caption}\n\n{text}" if caption else text
 

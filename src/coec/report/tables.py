@@ -2,10 +2,13 @@
 
 A table spec (built by the Snakefile from the config) is::
 
-    {"metric": "ppl" | "mean7" | <key>, "digits": 2, "caption": "...",
+    {"metric": "ppl" | "kl" | "mean7" | <key>, "digits": 2, "caption": "...",
      "label_columns": ["ratio", "selection", "compensation"],
      "models": ["smollm2-135m", ...],
      "rows": [{"labels": {"ratio": 0.3, ...}, "cells": {"smollm2-135m": "results/.../ppl.json"}}]}
+
+and, only when the table asks for them, ``"columns": ["kl"]``: a column ``<model> kl`` beside each
+model's (``coec.report.columns.METRIC_COLUMNS``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from coec.evaluate.paired import paired_difference, per_document
 from coec.io import artifacts, atomic
 from coec.model.arch import MODULES
 from coec.report.claims.report import write_claims
-from coec.report.columns import NOISE_COLUMNS
+from coec.report.columns import METRIC_COLUMNS, NOISE_COLUMNS
 from coec.report.cost import PUBLISHED_ARCHS, cost_table
 from coec.report.frontier import write_frontier
 from coec.report.measured.table import write_measured
@@ -61,6 +64,7 @@ def build_table(spec: Spec) -> pd.DataFrame:
     table's also its noise: ``zeroshot_table``)."""
     if spec.get("zeroshot_tasks"):
         return zeroshot_table(spec)
+    extra = spec.get("columns", [])
     records = []
     for row in spec["rows"]:
         rec: dict[str, Any] = {
@@ -69,8 +73,11 @@ def build_table(spec: Spec) -> pd.DataFrame:
         for model in spec["models"]:
             path = row["cells"].get(model)
             rec[model] = metric_value(path, spec["metric"]) if path else math.nan
+            for c in extra:
+                rec[f"{model} {c}"] = metric_value(path, METRIC_COLUMNS[c][0]) if path else math.nan
         records.append(rec)
-    return pd.DataFrame.from_records(records, columns=spec["label_columns"] + spec["models"])
+    columns = [c for m in spec["models"] for c in [m, *(f"{m} {x}" for x in extra)]]
+    return pd.DataFrame.from_records(records, columns=spec["label_columns"] + columns)
 
 
 def cell_stderr(path: str | Path, tasks: list[str]) -> float:
@@ -151,11 +158,13 @@ def zeroshot_display(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     return out
 
 
-def write_table(df: pd.DataFrame, out: str | Path, digits: int = 2, caption: str = "") -> None:
-    """``out`` (CSV) and its Markdown twin (same stem, .md)."""
+def write_table(
+    df: pd.DataFrame, out: str | Path, digits: int = 2, caption: str = "", column_digits: dict[str, int] | None = None
+) -> None:
+    """``out`` (CSV) and its Markdown twin (same stem, .md; ``column_digits``: ``to_markdown``'s)."""
     out = Path(out)
     artifacts.write_csv(out, df, float_format="%.4f")
-    atomic.write_text(out.with_suffix(".md"), to_markdown(df, digits, caption))
+    atomic.write_text(out.with_suffix(".md"), to_markdown(df, digits, caption, column_digits))
 
 
 def appc_summary(spec: Spec) -> pd.DataFrame:
@@ -279,7 +288,8 @@ def _write_zeroshot_or_table(spec: Spec, out: str | Path) -> pd.DataFrame:
             out.with_suffix(".md"), to_markdown(zeroshot_display(df, spec), caption=spec.get("caption", ""))
         )
         return df
-    write_table(df, out, spec.get("digits", 2), spec.get("caption", ""))
+    places = {f"{m} {c}": METRIC_COLUMNS[c][1] for m in spec["models"] for c in spec.get("columns", [])}
+    write_table(df, out, spec.get("digits", 2), spec.get("caption", ""), places)
     return df
 
 

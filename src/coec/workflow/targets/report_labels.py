@@ -13,7 +13,11 @@ from coec.workflow.targets.tables import table_cfg
 
 Config = dict[str, Any]
 Item = tuple[str, str, str]
-METRIC_WORDS = {"ppl": "perplexity", "mean7": "zero-shot mean accuracy (7 tasks)"}
+METRIC_WORDS = {
+    "ppl": "perplexity",
+    "kl": "mean token KL to the dense model",
+    "mean7": "zero-shot mean accuracy (7 tasks)",
+}
 
 
 def sparsity_words(config: Config, table: str) -> str:
@@ -77,4 +81,4 @@ def report_label(config: Config, path: str) -> dict[str, str]:
 def report_table_kind(config: Config, name: str) -> str:
     """The subcategory of a table in the report's Tables category: what its numbers are."""
     metric = table_cfg(config, name)["metric"]
-    return "Perplexity" if metric == "ppl" else "Zero-shot accuracy"
+    return "Perplexity" if metric in ("ppl", "kl") else "Zero-shot accuracy"

@@ -16,6 +16,8 @@ from coec.workflow.targets.sources import model_path
 Config = dict[str, Any]
 #: the per-cell result file of the paper's tables (others: by their metric)
 TABLE_FILES = {"table1": "ppl.json", "table2": "zeroshot.json", "table3": "ppl.json"}
+#: the metrics of ppl.json a table can show (``kl``: the mean token KL to the dense model, docs/kl.md)
+PPL_METRICS = ("ppl", "kl")
 
 #: the line a zero-shot table's caption gets: what its ± are
 ZEROSHOT_NOISE = (
@@ -41,10 +43,10 @@ def table_cfg(config: Config, name: str) -> dict[str, Any]:
 
 
 def table_file(config: Config, name: str) -> str:
-    """The per-cell result file a table reads: ppl.json or zeroshot.json."""
+    """The per-cell result file a table reads: ppl.json (metric ppl or kl) or zeroshot.json."""
     if name in TABLE_FILES:
         return TABLE_FILES[name]
-    return "zeroshot.json" if table_cfg(config, name)["metric"] != "ppl" else "ppl.json"
+    return "ppl.json" if table_cfg(config, name)["metric"] in PPL_METRICS else "zeroshot.json"
 
 
 def table_spec(config: Config, name: str, filename: str) -> dict[str, Any]:
@@ -83,6 +85,12 @@ def table_spec(config: Config, name: str, filename: str) -> dict[str, Any]:
         f"{json.dumps(config['calibration'][t['calibration']])} | evaluation "
         f"{json.dumps(config['evaluation'], sort_keys=True)}",
     }
+    if t.get("columns"):  # only a table that asks for them: the others' specs stay as they were
+        if filename != "ppl.json":
+            raise ValueError(
+                f"config: {name}.columns: {', '.join(t['columns'])} need a perplexity table (metric ppl or kl)"
+            )
+        spec["columns"] = list(t["columns"])
     return with_comparisons(config, spec, groups, f"{name}.rows")
 
 
