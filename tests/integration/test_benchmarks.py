@@ -233,3 +233,12 @@ def test_random_arch_model_builds_with_the_published_shape(arch):
     mlp = model.model.layers[0].mlp
     assert mlp.down_proj.weight.shape == (spec["hidden_size"], spec["intermediate_size"])
     assert model.model.layers[0].self_attn.o_proj.weight.dtype == torch.bfloat16
+
+
+def test_kl_reference_script():
+    """benchmarks/kl_reference.py on the tiny model: the top-k over the whole vocabulary gives the
+    exact KL, the float16 logits too (docs/kl.md)."""
+    text = run_script(["benchmarks/kl_reference.py", "--repeat", "1", "--skip-extrapolation"])
+    exact = re.search(r"exact KL ([0-9.]+)", text).group(1)
+    assert re.search(rf"^  full-fp16 .* KL {exact}$", text, re.M), text
+    assert re.search(rf"^  top-320\+0 .* KL {exact} \(", text, re.M), text
