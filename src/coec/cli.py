@@ -161,20 +161,9 @@ def _prune_parsers(sub: Subparsers) -> None:
     s.set_defaults(func=cmd_compensate)
 
 
-def _eval_parsers(sub: Subparsers) -> None:
-    """ppl, zeroshot, imatrix, geometry."""
-    s = sub.add_parser("ppl", help="perplexity of a dense or pruned/compensated model")
-    s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=json_arg, required=True)
-    s.add_argument("--seqlen", type=int, required=True)
-    s.add_argument("--max-windows", type=optional_int, default=None)
-    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
-    _cell_args(s)
-    s.add_argument("--gguf", default=None, help="score this GGUF file in llama.cpp instead (docs/deploy.md)")
-    s.add_argument("--threads", type=int, default=None, help="llama.cpp threads of --gguf (none: its default)")
-    s.add_argument("--kl-reference", default=None, help="also the mean token KL to the dense model (docs/kl.md)")
-    s.set_defaults(func=cmd_ppl)
-
+def _kl_reference_parser(sub: Subparsers) -> None:
+    """kl-reference: ``coec ppl``'s windows, batching, model and streaming options, ``--top-k``,
+    ``--tail-samples``."""
     s = sub.add_parser(
         "kl-reference", help="the dense model's top-k log-probabilities over the ppl windows (docs/kl.md)"
     )
@@ -191,6 +180,23 @@ def _eval_parsers(sub: Subparsers) -> None:
     add_stream_args(s, "ppl")  # the model reached as `coec ppl` reaches it
     s.add_argument("--out", required=True, help="the reference file (.safetensors)")
     s.set_defaults(func=cmd_kl_reference, kl_reference=None)  # this is the reference: it reads none
+
+
+def _eval_parsers(sub: Subparsers) -> None:
+    """ppl, zeroshot, imatrix, geometry."""
+    s = sub.add_parser("ppl", help="perplexity of a dense or pruned/compensated model")
+    s.add_argument("--model", required=True)
+    s.add_argument("--dataset", type=json_arg, required=True)
+    s.add_argument("--seqlen", type=int, required=True)
+    s.add_argument("--max-windows", type=optional_int, default=None)
+    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
+    _cell_args(s)
+    s.add_argument("--gguf", default=None, help="score this GGUF file in llama.cpp instead (docs/deploy.md)")
+    s.add_argument("--threads", type=int, default=None, help="llama.cpp threads of --gguf (none: its default)")
+    s.add_argument("--kl-reference", default=None, help="also the mean token KL to the dense model (docs/kl.md)")
+    s.set_defaults(func=cmd_ppl)
+
+    _kl_reference_parser(sub)
 
     s = sub.add_parser("zeroshot", help="lm-eval zero-shot accuracy of a model cell")
     s.add_argument("--model", required=True)
