@@ -6,7 +6,7 @@ registries load a module by its name.
 And the job boundary, in fresh interpreters: every job of the workflow starts ``python -m coec
 <stage>`` and every planning imports the wiring, so none of torch, transformers, pandas or
 lm_eval may load before a stage runs: not on ``import coec.cli``, ``coec --help`` (and ``coec
-iterative|search <cmd> --help``), the config
+iterative|search <cmd> --help``, ``coec kl-reference --help``), the config
 validation or the modules the Snakefile imports with ``Wiring(config)`` (benchmarks/startup.py
 measures the time)."""
 
@@ -174,6 +174,12 @@ cmds = [[g, c] for g, p in groups for c in p._subparsers._group_actions[0].choic
 for argv in [["--help"], *([s, "--help"] for s in stages), *([*c, "--help"] for c in cmds)]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
         main(argv)
+""",
+    "coec kl-reference --help": """
+import contextlib, io
+from coec.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    main(["kl-reference", "--help"])
 """,
     "config validation": """
 import yaml
