@@ -109,6 +109,7 @@ def test_every_rule_command_parses(rule_commands):
         "select",
         "compensate",
         "ppl",
+        "kl-reference",
         "zeroshot",
         "geometry",
         "export",

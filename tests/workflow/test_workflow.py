@@ -67,7 +67,8 @@ def paper_config(*extra: dict) -> dict:
 
 def planned_job_counts(config: dict, tables=PAPER_TABLES) -> dict[str, int]:
     """Jobs per rule that the tables' targets need, from the pure planning functions: the result
-    files each table reads (``coec.workflow.targets.table_inputs``), a model's compensation
+    files each table reads (``coec.workflow.targets.table_inputs``), one dense KL reference per
+    model with a perplexity job (docs/kl.md), a model's compensation
     blocks (``Wiring.blocks``: one job per block of a cell whose method is not ``none``) and the
     model folders the workflow makes (``Wiring.model_input``: embedded models only)."""
     from coec.workflow.targets import table_inputs
@@ -87,6 +88,7 @@ def planned_job_counts(config: dict, tables=PAPER_TABLES) -> dict[str, int]:
         "calibrate": len({c[:2] for c in cells}),
         "select": len({c[:3] for c in cells}),
         "compensate": sum(len(W.blocks(c[0])) for c in cells if W.compensation(c[3])["method"] != "none"),
+        "kl_reference": len(models),  # the dense reference of each model evaluated, read by its ppl jobs
         "ppl_dense": len(dense),
         "ppl_cell": len(cells),
         "prepare_model": sum(bool(W.model_input(SimpleNamespace(model=m))) for m in models),
@@ -102,7 +104,7 @@ def test_paper_grid_jobs_from_the_plan():
     # selection) evaluations
     assert counts["calibrate"] == 6
     assert counts["select"] == 6 * 3 * 3
-    assert counts["ppl_dense"] == 6
+    assert counts["ppl_dense"] == counts["kl_reference"] == 6
     assert counts["ppl_cell"] == 6 * 3 * 11
     # one GPU job per (cell, layer) for every non-trivial compensation
     layers = 32 + 80 + 28 + 48 + 64 + 80
@@ -301,7 +303,7 @@ def test_changing_ppl_seqlen_replans_only_evaluation(shared_run, tmp_path):
     res = snakemake(work, "-n", "results/table1.csv", "--configfile", str(changed), env=run_env())
     counts = job_counts(res.stdout)
     assert set(counts) == {"kl_reference", "ppl_dense", "ppl_cell", "table", "total"}
-    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) and counts["ppl_dense"] == 1 and counts["kl_reference"] == 1
+    assert counts["ppl_cell"] == len(cfg["table1"]["rows"]) and counts["ppl_dense"] == counts["kl_reference"] == 1
 
 
 def test_changing_a_coec_option_replans_only_coec_cells(shared_run, tmp_path):

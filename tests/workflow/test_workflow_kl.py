@@ -6,9 +6,6 @@ score (dry run of a config that reaches every kind of ppl job)."""
 from __future__ import annotations
 
 import shlex
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -16,9 +13,8 @@ import yaml
 from coec.cli import build_parser
 from coec.config.validate import schema_default
 from coec.io import paths
-from conftest import full_workflow_config, job_counts
+from conftest import full_workflow_config, job_counts, snakemake
 
-REPO = Path(__file__).resolve().parents[2]
 REFERENCE = paths.kl_reference_file("tiny")
 PPL_RULES = ("ppl_dense", "ppl_cell", "iterative_ppl", "ppl_gguf_cell", "ppl_gguf_dense", "ppl_gguf_iterative")
 TARGETS = [
@@ -35,15 +31,7 @@ TARGETS = [
 def planned(tmp_path_factory):
     work = tmp_path_factory.mktemp("kl")
     (work / "config.yaml").write_text(yaml.safe_dump(full_workflow_config(work)))
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(work)]
-    res = subprocess.run(
-        [*cmd, "-n", "-p", "--cores", "1", *TARGETS, "--configfile", str(work / "config.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res.stdout
+    return snakemake(work, "-n", "-p", "--cores", "1", *TARGETS, "--configfile", str(work / "config.yaml")).stdout
 
 
 def jobs(planned: str) -> list[tuple[str, list[str], list[str]]]:

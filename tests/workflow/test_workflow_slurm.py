@@ -102,8 +102,8 @@ CELL = "results/tiny/c8/wanda_sp-0.5/coec/ppl.json"  # calibrate, select, 2 x co
 
 
 def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
-    """squeue mode: all of table1 (17 jobs: one gram_check for the cells compensated without a
-    check of their own); sacct mode: one COEC cell (5 jobs, no gram_check)."""
+    """squeue mode: all of table1 (18 jobs: one gram_check for the cells compensated without a
+    check of their own, one dense KL reference); sacct mode: one COEC cell (6 jobs, no gram_check)."""
     mode, env = cluster
     local, t_local = local_run
     work = tmp_path_factory.mktemp(f"slurm-{mode}")
