@@ -43,7 +43,7 @@ COLUMNS = [
     "mean7 se",
 ]
 #: Markdown digits per column (others: as they are)
-DIGITS = {"pruned %": 2, "Δ %": 2, "ppl": 2, "kl": 4, "mean7": 4, "mean7 se": 4}
+DIGITS = {"params": 0, "pruned %": 2, "Δ %": 2, "ppl": 2, "kl": 4, "mean7": 4, "mean7 se": 4}
 
 
 def model_dims(path: str) -> dict[str, Any]:
