@@ -12,7 +12,7 @@ from coec.data.text import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
 from coec.model.arch import AttnShape, ModelError, attention_shape, head_indices, o_proj_columns
 from coec.model.load import check_family, load_model
-from coec.model.prune import prepare_for_save_, prune_model_, set_output_weights_
+from coec.model.prune import prune_model_, rewrite_config_, set_output_weights_
 from coec.select.scores import (
     KeepRule,
     channel_variance,
@@ -215,8 +215,10 @@ def test_prune_nothing_identical(tiny_dir):
 
 def test_prune_kv_group_equals_zeroing(tiny_dir, tmp_path):
     """Removing KV group 0 (+ its query heads) and MLP channels == zeroing those o_proj /
-    down_proj input columns in the unpruned model; save -> vanilla reload is identical."""
+    down_proj input columns in the unpruned model; export -> vanilla reload is identical."""
     from transformers import AutoModelForCausalLM
+
+    from coec.export.hf_class import build_export_model
 
     ids = _ids()
     ref_model, _ = load_model(tiny_dir, dtype="float64")
@@ -240,14 +242,15 @@ def test_prune_kv_group_equals_zeroing(tiny_dir, tmp_path):
     assert model.config.intermediate_size == len(channels)
     if model.config.model_type == "qwen2":  # q/k/v biases were sliced with their rows
         assert model.model.layers[0].self_attn.k_proj.bias.shape == (geom.head_dim,)
-    prepare_for_save_(model)
-    model.save_pretrained(tmp_path / "pruned")
+    build_export_model(model)[0].save_pretrained(tmp_path / "pruned")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned", dtype=torch.float64)
     assert torch.equal(_logits(reloaded, ids), out)
 
 
 def test_bias_save_reload_llama(llama_dir, tmp_path):
     from transformers import AutoModelForCausalLM
+
+    from coec.export.hf_class import build_export_model
 
     model, _ = load_model(llama_dir, dtype="float64")
     prune_model_(model, {"layers": [{"kv_groups": [0], "channels": list(range(0, 48, 2))}] * 2})
@@ -257,21 +260,10 @@ def test_bias_save_reload_llama(llama_dir, tmp_path):
             set_output_weights_(layer, mod, lin.weight.data * 0.9, torch.randn(lin.out_features))
     ids = _ids()
     out = _logits(model, ids)
-    prepare_for_save_(model)
-    assert torch.equal(_logits(model, ids), out)  # zero sibling biases change nothing
-    model.save_pretrained(tmp_path / "b")
+    build_export_model(model)[0].save_pretrained(tmp_path / "b")  # zero sibling biases
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "b", dtype=torch.float64)
     assert reloaded.config.attention_bias and reloaded.config.mlp_bias
     assert torch.equal(_logits(reloaded, ids), out)
-
-
-def test_qwen2_o_bias_export_refused(tmp_path):
-    path = make_model_dir(tmp_path / "q", "qwen2")
-    model, _ = load_model(path)
-    layer = model.model.layers[0]
-    set_output_weights_(layer, "o_proj", layer.self_attn.o_proj.weight.data, torch.ones(32))
-    with pytest.raises(ModelError, match="o_proj bias"):
-        prepare_for_save_(model)
 
 
 # ----------------------------------------------------------------------------- perplexity
@@ -390,18 +382,7 @@ def test_per_layer_widths_run_in_memory(llama_dir):
         ref.model.layers[1].mlp.down_proj.weight[:, 1::2] = 0
     torch.testing.assert_close(_logits(model, ids), _logits(ref, ids), rtol=1e-10, atol=1e-10)
     with pytest.raises(ModelError, match="per-layer widths differ"):
-        prepare_for_save_(model)
-
-
-def test_unsaveable_head_count_is_a_clear_error(tmp_path):
-    """transformers' LlamaConfig needs hidden % heads == 0 on save: 40 % 6 != 0."""
-    path = make_model_dir(
-        tmp_path / "m", "llama", hidden_size=40, num_attention_heads=10, num_key_value_heads=5, head_dim=4
-    )
-    model, _ = load_model(path)
-    prune_model_(model, {"layers": [{"kv_groups": [0, 1, 2], "channels": list(range(48))}] * 2})
-    with pytest.raises(ModelError, match="cannot be saved"):
-        prepare_for_save_(model)
+        rewrite_config_(model)
 
 
 def test_hub_dataset_path_with_local_files(tmp_path):
