@@ -217,12 +217,6 @@ def capped_docs(spec: Spec, datasets: dict[str, Spec] | None = None) -> list[str
     return docs
 
 
-def domain_text(spec: Spec, datasets: dict[str, Spec] | None = None) -> str:
-    """One calibration string of a domain: its (capped) documents joined by a blank line; a
-    ``dataset`` domain's split text verbatim."""
-    return "\n\n".join(capped_docs(spec, datasets))
-
-
 def build_domain(spec: Spec, out_dir: str | Path, datasets: dict[str, Spec] | None = None) -> Spec:
     """Write ``calib.txt`` and ``manifest.json`` (source, sizes, sha256, interpreter for the
     stdlib) of one domain into ``out_dir``; returns the manifest."""
