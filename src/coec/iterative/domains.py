@@ -81,10 +81,6 @@ def cap_docs(docs: list[str], max_chars: int | None) -> list[str]:
     return out
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 # ----------------------------------------------------------------------------- code: stdlib
 def stdlib_files(root: str | Path | None = None, skip: tuple[str, ...] = STDLIB_SKIP) -> list[Path]:
     """``*.py`` files under the standard library, sorted by relative path, folders named in
@@ -229,7 +225,7 @@ def build_domain(spec: Spec, out_dir: str | Path, datasets: dict[str, Spec] | No
         "chars": len(text),
         "words": len(text.split()),
         "documents": len(docs),
-        "sha256": _sha(text),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
     }
     if spec.get("source") == "stdlib":
         manifest["python"] = sys.version.split()[0]
