@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from coec.calibrate.layer_pass import GramAccumulator, LayerRun, NonFiniteActivations, gram_product, run_layerwise
+from coec.calibrate.layer_pass import (
+    GramAccumulator,
+    LayerRun,
+    NonFiniteActivations,
+    gram_block,
+    gram_block_edges,
+    gram_upper_add_,
+    run_layerwise,
+    symmetrize_upper_,
+)
 from coec.data.text import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
 from coec.model.arch import AttnShape, ModelError, attention_shape, head_indices, o_proj_columns
@@ -58,6 +67,15 @@ def test_grams_equal_explicit_inputs(tmp_path, family):
         assert torch.allclose(acc.sum, X.sum(0), rtol=1e-10, atol=1e-12)
 
 
+def gram_product(x, block=None):
+    """``x^T x`` of one batch x (t, d) as GramAccumulator forms it: block rows of ``block``
+    columns (default ``GRAM_BLOCK`` of x's device), float32 (float64 for float64 x), mirrored."""
+    edges = gram_block_edges(x.shape[1], block or gram_block(x.device))
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    G = torch.zeros(x.shape[1], x.shape[1], dtype=dtype, device=x.device)
+    return symmetrize_upper_(gram_upper_add_(G, x, edges), edges)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gram_product_accumulates_in_float32(dtype):
     """16-bit batches: products exact, float32 accumulation -> equal to the float64 Gram of the
@@ -96,8 +114,6 @@ def test_blocked_gram_is_the_full_symmetric_gram(d, block):
     costs about (B + 1) / 2B of the full GEMM's FLOPs; the accumulator's total is right however
     its reads and updates interleave."""
     from torch.utils.flop_counter import FlopCounterMode
-
-    from coec.calibrate.layer_pass import gram_block_edges, gram_upper_add_
 
     g = torch.Generator().manual_seed(d)
     x = torch.randn(200, d, generator=g, dtype=torch.float64)
