@@ -20,7 +20,6 @@ is known everywhere: in the schema's enums, in the rules' inputs, in the compens
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import hashlib
 import importlib
@@ -149,20 +148,6 @@ class Registry(Generic[E]):
         """Every entry, the lazy ones imported."""
         return [(name, self._load(name)) for name in list(self._entries)]
 
-    @contextlib.contextmanager
-    def restored(self) -> Iterator[Registry[E]]:
-        """A block after which the registry holds exactly its entries of before (for tests that
-        register plug-ins in-process); a lazy entry imported in the block stays imported (its
-        module, imported once, would not register it again)."""
-        saved, origins = dict(self._entries), dict(self._origins)
-        try:
-            yield self
-        finally:
-            loaded = {
-                n: e for n, e in self._entries.items() if isinstance(saved.get(n), Lazy) and not isinstance(e, Lazy)
-            }
-            self._entries, self._origins = {**saved, **loaded}, origins
-
     def values(self) -> Iterable[E]:
         """Every entry, the lazy ones imported."""
         return [entry for _, entry in self.items()]
@@ -269,16 +254,6 @@ def load_plugins(specs: Iterable[str], where: str = "plugins") -> list[str]:
             _LOADING.pop()
         _LOADED[name] = spec
     return names
-
-
-def forget_plugins() -> None:
-    """Forget which plug-ins were loaded (and drop the modules imported from files), so the next
-    ``load_plugins`` imports them again (for tests)."""
-    for name, spec in list(_LOADED.items()):
-        if spec.endswith(".py"):
-            sys.modules.pop(name, None)
-        del _LOADED[name]
-    USED_PLUGINS.clear()
 
 
 def plugins_from_env() -> list[str]:

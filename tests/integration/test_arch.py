@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from coec.model.arch import ADAPTERS, MODULES, STOCK, ModelError, adapter_for
+from coec.report.cost import PUBLISHED_ARCHS, arch_dims, config_dict, count_params, pruned_shape
 from conftest import tiny_config
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "coec"
@@ -98,16 +99,54 @@ def test_adapter_for_config_model_layer_and_name():
     assert MODULES == ("o_proj", "down_proj")
 
 
+def count_params_meta(config, shape=None):
+    """Parameter count of the HF model built on the meta device (the oracle of
+    ``cost.count_params``); tied embeddings counted once. Some transformers 5.x configs refuse
+    ``hidden_size % num_attention_heads != 0`` at construction even with an explicit
+    ``head_dim``, so the head counts are set as attributes after construction."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = config_dict(config) | dict(shape or {})
+    d = arch_dims(cfg)
+    heads = {"num_attention_heads": d["heads"], "num_key_value_heads": d["kv_heads"], "head_dim": d["head_dim"]}
+    kwargs = {k: v for k, v in cfg.items() if k not in heads and k != "model_type"}
+    hf_cfg = AutoConfig.for_model(
+        d["model_type"], num_attention_heads=1, num_key_value_heads=1, head_dim=d["head_dim"], **kwargs
+    )
+    for k, v in heads.items():
+        setattr(hf_cfg, k, v)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
 @pytest.mark.parametrize("family", sorted(ADAPTERS))
 def test_param_count_matches_meta_model(family):
     """The adapter's parameter count equals the meta-device HF model, biases switched on where
     the family has flags."""
-    from coec.report.cost import count_params, count_params_meta
-
     cfg = tiny_config(family, attention_bias=True, mlp_bias=True).to_dict()
     assert count_params(cfg) == count_params_meta(cfg)
     shape = {"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 20}
     assert count_params(cfg, shape) == count_params_meta(cfg, shape)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ARCHS))
+def test_meta_count_equals_analytic_count(name):
+    cfg = dict(PUBLISHED_ARCHS[name], num_hidden_layers=2)  # linear in layers; keeps it fast
+    shape = pruned_shape(cfg, 0.3)
+    assert count_params_meta(cfg) == count_params(cfg)
+    assert count_params_meta(cfg, shape) == count_params(cfg, shape)
+
+
+def test_meta_count_full_size_qwen_and_variants():
+    qwen7 = PUBLISHED_ARCHS["Qwen2.5-7B"]
+    assert count_params_meta(qwen7) == count_params(qwen7) == 7_615_616_512
+    assert count_params_meta(qwen7 | pruned_shape(qwen7, 0.3)) == count_params(qwen7, pruned_shape(qwen7, 0.3))
+    small = dict(PUBLISHED_ARCHS["Llama-3.1-8B"], num_hidden_layers=1, vocab_size=1000)
+    for extra in ({"tie_word_embeddings": True}, {"attention_bias": True}, {"mlp_bias": True}):
+        assert count_params_meta(dict(small, **extra)) == count_params(dict(small, **extra)), extra
+    q3 = dict(PUBLISHED_ARCHS["Qwen3-8B"], num_hidden_layers=1, attention_bias=True, tie_word_embeddings=True)
+    assert count_params_meta(q3) == count_params(q3)
 
 
 def test_granite_calibration_applies_the_embedding_multiplier(monkeypatch):

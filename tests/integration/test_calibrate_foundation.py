@@ -7,12 +7,21 @@ import math
 import pytest
 import torch
 
-from coec.calibrate.layer_pass import GramAccumulator, LayerRun, NonFiniteActivations, gram_product, run_layerwise
+from coec.calibrate.layer_pass import (
+    GramAccumulator,
+    LayerRun,
+    NonFiniteActivations,
+    gram_block,
+    gram_block_edges,
+    gram_upper_add_,
+    run_layerwise,
+    symmetrize_upper_,
+)
 from coec.data.text import eval_windows, sample_windows
 from coec.evaluate.ppl import perplexity, summed_nll
 from coec.model.arch import AttnShape, ModelError, attention_shape, head_indices, o_proj_columns
 from coec.model.load import check_family, load_model
-from coec.model.prune import prepare_for_save_, prune_model_, set_output_weights_
+from coec.model.prune import prune_model_, rewrite_config_, set_output_weights_
 from coec.select.scores import (
     KeepRule,
     channel_variance,
@@ -58,6 +67,15 @@ def test_grams_equal_explicit_inputs(tmp_path, family):
         assert torch.allclose(acc.sum, X.sum(0), rtol=1e-10, atol=1e-12)
 
 
+def gram_product(x, block=None):
+    """``x^T x`` of one batch x (t, d) as GramAccumulator forms it: block rows of ``block``
+    columns (default ``GRAM_BLOCK`` of x's device), float32 (float64 for float64 x), mirrored."""
+    edges = gram_block_edges(x.shape[1], block or gram_block(x.device))
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    G = torch.zeros(x.shape[1], x.shape[1], dtype=dtype, device=x.device)
+    return symmetrize_upper_(gram_upper_add_(G, x, edges), edges)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gram_product_accumulates_in_float32(dtype):
     """16-bit batches: products exact, float32 accumulation -> equal to the float64 Gram of the
@@ -96,8 +114,6 @@ def test_blocked_gram_is_the_full_symmetric_gram(d, block):
     costs about (B + 1) / 2B of the full GEMM's FLOPs; the accumulator's total is right however
     its reads and updates interleave."""
     from torch.utils.flop_counter import FlopCounterMode
-
-    from coec.calibrate.layer_pass import gram_block_edges, gram_upper_add_
 
     g = torch.Generator().manual_seed(d)
     x = torch.randn(200, d, generator=g, dtype=torch.float64)
@@ -215,8 +231,10 @@ def test_prune_nothing_identical(tiny_dir):
 
 def test_prune_kv_group_equals_zeroing(tiny_dir, tmp_path):
     """Removing KV group 0 (+ its query heads) and MLP channels == zeroing those o_proj /
-    down_proj input columns in the unpruned model; save -> vanilla reload is identical."""
+    down_proj input columns in the unpruned model; export -> vanilla reload is identical."""
     from transformers import AutoModelForCausalLM
+
+    from coec.export.hf_class import build_export_model
 
     ids = _ids()
     ref_model, _ = load_model(tiny_dir, dtype="float64")
@@ -240,14 +258,15 @@ def test_prune_kv_group_equals_zeroing(tiny_dir, tmp_path):
     assert model.config.intermediate_size == len(channels)
     if model.config.model_type == "qwen2":  # q/k/v biases were sliced with their rows
         assert model.model.layers[0].self_attn.k_proj.bias.shape == (geom.head_dim,)
-    prepare_for_save_(model)
-    model.save_pretrained(tmp_path / "pruned")
+    build_export_model(model)[0].save_pretrained(tmp_path / "pruned")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned", dtype=torch.float64)
     assert torch.equal(_logits(reloaded, ids), out)
 
 
 def test_bias_save_reload_llama(llama_dir, tmp_path):
     from transformers import AutoModelForCausalLM
+
+    from coec.export.hf_class import build_export_model
 
     model, _ = load_model(llama_dir, dtype="float64")
     prune_model_(model, {"layers": [{"kv_groups": [0], "channels": list(range(0, 48, 2))}] * 2})
@@ -257,21 +276,10 @@ def test_bias_save_reload_llama(llama_dir, tmp_path):
             set_output_weights_(layer, mod, lin.weight.data * 0.9, torch.randn(lin.out_features))
     ids = _ids()
     out = _logits(model, ids)
-    prepare_for_save_(model)
-    assert torch.equal(_logits(model, ids), out)  # zero sibling biases change nothing
-    model.save_pretrained(tmp_path / "b")
+    build_export_model(model)[0].save_pretrained(tmp_path / "b")  # zero sibling biases
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "b", dtype=torch.float64)
     assert reloaded.config.attention_bias and reloaded.config.mlp_bias
     assert torch.equal(_logits(reloaded, ids), out)
-
-
-def test_qwen2_o_bias_export_refused(tmp_path):
-    path = make_model_dir(tmp_path / "q", "qwen2")
-    model, _ = load_model(path)
-    layer = model.model.layers[0]
-    set_output_weights_(layer, "o_proj", layer.self_attn.o_proj.weight.data, torch.ones(32))
-    with pytest.raises(ModelError, match="o_proj bias"):
-        prepare_for_save_(model)
 
 
 # ----------------------------------------------------------------------------- perplexity
@@ -390,18 +398,7 @@ def test_per_layer_widths_run_in_memory(llama_dir):
         ref.model.layers[1].mlp.down_proj.weight[:, 1::2] = 0
     torch.testing.assert_close(_logits(model, ids), _logits(ref, ids), rtol=1e-10, atol=1e-10)
     with pytest.raises(ModelError, match="per-layer widths differ"):
-        prepare_for_save_(model)
-
-
-def test_unsaveable_head_count_is_a_clear_error(tmp_path):
-    """transformers' LlamaConfig needs hidden % heads == 0 on save: 40 % 6 != 0."""
-    path = make_model_dir(
-        tmp_path / "m", "llama", hidden_size=40, num_attention_heads=10, num_key_value_heads=5, head_dim=4
-    )
-    model, _ = load_model(path)
-    prune_model_(model, {"layers": [{"kv_groups": [0, 1, 2], "channels": list(range(48))}] * 2})
-    with pytest.raises(ModelError, match="cannot be saved"):
-        prepare_for_save_(model)
+        rewrite_config_(model)
 
 
 def test_hub_dataset_path_with_local_files(tmp_path):

@@ -172,32 +172,17 @@ def test_bad_limit():
 # ---------------------------------------------------------------------------- fetch_wheel
 
 
-def test_fetch_wheel_uses_cache(tmp_path, monkeypatch):
-    whl = tmp_path / "Some_Pkg-1.2-py3-none-any.whl"
-    whl.write_bytes(b"")
-
+def test_fetch_wheel_refuses_an_unpinned_requirement(tmp_path, monkeypatch):
     def no_pip(*a, **k):
-        raise AssertionError("pip must not run on a cache hit")
+        raise AssertionError("pip must not run for an unpinned requirement")
 
     monkeypatch.setattr(embedded.subprocess, "run", no_pip)
-    assert fetch_wheel("some-pkg==1.2", tmp_path) == whl
-
-
-def test_fetch_wheel_downloads(tmp_path, monkeypatch):
-    calls = []
-
-    def fake_pip(cmd, **kw):
-        calls.append(cmd)
-        (Path(cmd[cmd.index("-d") + 1]) / "some_pkg-1.2-py3-none-any.whl").write_bytes(b"")
-        return embedded.subprocess.CompletedProcess(cmd, 0, "", "")
-
-    monkeypatch.setattr(embedded.subprocess, "run", fake_pip)
-    cache = tmp_path / "cache"
-    assert fetch_wheel("some-pkg==1.2", cache).name == "some_pkg-1.2-py3-none-any.whl"
-    assert calls and "--no-deps" in calls[0] and "some-pkg==1.2" in calls[0]
+    with pytest.raises(ValueError, match="not pinned"):
+        fetch_wheel("some-pkg==1.2", tmp_path)
 
 
 def test_fetch_wheel_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded, "WHEEL_SHA256", {"nope==9": {"nope-9-py3-none-any.whl": "0" * 64}})
     monkeypatch.setattr(
         embedded.subprocess,
         "run",

@@ -498,7 +498,7 @@ def test_domain_helpers(tmp_path):
     text = (tmp_path / "code/calib.txt").read_text()
     assert man["chars"] == len(text) <= 20000 and "def " in text
     with pytest.raises(domains.DomainError, match="source"):
-        domains.domain_text({"source": "nowhere"})
+        domains.domain_docs({"source": "nowhere"})
 
 
 def test_olmo_math_docs():

@@ -7,7 +7,7 @@ import torch
 
 from coec.compensate import compensate
 from coec.compensate.alignment import AlignmentSettings, alignment_grad, alignment_setup, alignment_value
-from coec.compensate.gram import normalize_gram
+from coec.compensate.gram import normalize_gram_
 from coec.compensate.linalg import polar, svd
 from coec.compensate.objective import AlignmentTerm, ProfiledObjective
 from test_compensate_method_problems import make_oproj, make_problem
@@ -78,7 +78,7 @@ def test_alignment_penalty_definition():
 def test_profiled_objective_gradient_matches_finite_differences(lam):
     """Euclidean gradient of F(R) = min_s err(s U S R) + lam A(R) (envelope theorem at s*)."""
     W0, G, mean, keep, vp = make_oproj()
-    G = normalize_gram(G)
+    G = normalize_gram_(G.clone())
     Gxx, WG = G[keep][:, keep], W0 @ G
     Gyx, c = WG[:, keep], float((WG * W0).sum())
     U, S, Vt = svd(W0[:, keep])

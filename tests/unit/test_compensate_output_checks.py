@@ -14,7 +14,8 @@ import torch
 from coec.compensate import compensate
 from coec.compensate.method import METHODS
 from coec.compensate.output_checks import MethodOutputError, NotJSONError, jsonable
-from coec.registry import PLUGINS_ENV, forget_plugins, load_plugins
+from coec.registry import PLUGINS_ENV, load_plugins
+from registry_state import forget_plugins, restored
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "bad_output.py"
 METHOD_NAMES = ("bad_output", "bad_output_own")
@@ -31,7 +32,7 @@ MESSAGES = {
 
 @pytest.fixture(scope="module")
 def plugin():
-    with METHODS.restored():
+    with restored(METHODS):
         load_plugins([str(PLUGIN)])
         yield
     forget_plugins()

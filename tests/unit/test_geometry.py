@@ -6,21 +6,33 @@ import pytest
 import torch
 
 from coec.evaluate.geometry import (
-    frame_discrepancy,
     module_geometry,
     orth,
     principal_angles,
     projector_penalty,
-    spectral_gap,
     summarize_geometry,
     top_left_frame,
-    top_right_frame,
 )
 from coec.model.arch import expand_kv_rows
 
 
 def _gen(seed=0):
     return torch.Generator().manual_seed(seed)
+
+
+def top_right_frame(W, r):
+    """Top-r right singular vectors of W (d_out x d_in) -> (d_in x r)."""
+    return torch.linalg.svd(W, full_matrices=False)[2][:r].T
+
+
+def frame_discrepancy(W_P, W_C, r):
+    """module_geometry's App. C discrepancy of W_P -> W_C (every column kept)."""
+    return module_geometry(W_P, torch.arange(W_P.shape[1]), W_C, r)["discrepancy"]
+
+
+def spectral_gap(W, r):
+    """module_geometry's spectral gap of W at rank r (every column kept)."""
+    return module_geometry(W, torch.arange(W.shape[1]), W, r)["spectral_gap"]
 
 
 def _rand_orth(n, seed=0):
@@ -90,7 +102,7 @@ def test_top_frames_are_singular_vectors():
     assert principal_angles(top_right_frame(W, 2), V[:, :2]).max() < 1e-6
     assert principal_angles(top_left_frame(W, 3), U[:, :3]).max() < 1e-6
     with pytest.raises(ValueError):
-        top_right_frame(W, 7)
+        top_left_frame(W, 7)
 
 
 def test_projector_penalty_matches_explicit_projectors():

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from coec.registry import Registry, UnknownName
+from registry_state import restored
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def test_a_module_that_does_not_register_its_entry_is_named(toys):
 
 
 def test_restored_keeps_the_builtins_imported_inside_it(toys):
-    with toys.restored():
+    with restored(toys):
         toys.register(Entry("extra"))
         assert toys["b"] == Entry("b")
     assert toys.names() == ("a", "b", "c")

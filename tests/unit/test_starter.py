@@ -12,7 +12,8 @@ import coec.model.starter as starter
 from coec.compensate import compensate
 from coec.compensate.method import METHODS
 from coec.model.tiny import families
-from coec.registry import forget_plugins, load_plugins
+from coec.registry import load_plugins
+from registry_state import forget_plugins, restored
 
 
 def test_reference_text_is_real_offline_and_split_by_topic():
@@ -25,7 +26,7 @@ def test_reference_text_is_real_offline_and_split_by_topic():
 @pytest.fixture
 def template():
     """The template loaded as the workflow loads a plug-in file, for this test only."""
-    with METHODS.restored():
+    with restored(METHODS):
         load_plugins([str(Path(starter.__file__).with_name("method_template.py"))])
         yield METHODS[starter.METHOD]
     forget_plugins()

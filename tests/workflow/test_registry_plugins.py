@@ -20,8 +20,9 @@ import yaml
 from coec.compensate import compensate
 from coec.compensate.method import METHODS
 from coec.config.validate import ConfigError, validate_config
-from coec.registry import PLUGINS_ENV, Registry, UnknownName, forget_plugins, load_plugins
+from coec.registry import PLUGINS_ENV, Registry, UnknownName, load_plugins
 from conftest import SHARED_PLUGIN, write_trimmed_workflow
+from registry_state import forget_plugins, restored
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "global_scale.py"
@@ -30,7 +31,7 @@ PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "global_scale.py"
 @pytest.fixture
 def plugin():
     """global_scale registered for the test only."""
-    with METHODS.restored():
+    with restored(METHODS):
         load_plugins([str(PLUGIN)])
         yield METHODS["global_scale"]
     forget_plugins()
@@ -86,7 +87,7 @@ def test_config_knows_the_method_only_with_its_plugin(plugin, tmp_path):
     cfg, _ = write_trimmed_workflow(tmp_path)
     cfg["compensations"].update({m: {"method": m} for m in ("none", "bias", "rcpu")})  # config.yaml's
     cfg["compensations"]["gs"] = {"method": "global_scale", "shrink": 0.5}
-    with METHODS.restored():  # without the plug-in in this config the name is unknown
+    with restored(METHODS):  # without the plug-in in this config the name is unknown
         del METHODS._entries["global_scale"]
         with pytest.raises(ConfigError, match=r"compensations\.gs\.method"):
             validate_config(copy.deepcopy(cfg))
@@ -154,7 +155,7 @@ def test_a_plugin_reusing_a_builtin_name_is_named_as_the_second_origin(tmp_path,
     plugin.write_text(SCORE_PLUGIN.format(name="wanda_sp"))
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = spec_of(plugin)
-    with SCORES.restored(), pytest.raises(ValueError) as err:
+    with restored(SCORES), pytest.raises(ValueError) as err:
         load_plugins([spec])
     forget_plugins()
     sys.modules.pop("my_scores", None)
@@ -164,13 +165,13 @@ def test_a_plugin_reusing_a_builtin_name_is_named_as_the_second_origin(tmp_path,
 def test_a_method_defined_by_two_plugins_names_both_files(tmp_path):
     second = tmp_path / "again.py"
     second.write_text(PLUGIN.read_text())
-    with METHODS.restored(), pytest.raises(ValueError) as err:
+    with restored(METHODS), pytest.raises(ValueError) as err:
         load_plugins([str(PLUGIN), str(second)])
     forget_plugins()
     assert f"compensation method 'global_scale' is registered twice ({PLUGIN} and {second})" in str(err.value)
     lstsq = tmp_path / "lstsq_again.py"
     lstsq.write_text(PLUGIN.read_text().replace('name="global_scale"', 'name="lstsq"'))
-    with METHODS.restored(), pytest.raises(ValueError) as err:
+    with restored(METHODS), pytest.raises(ValueError) as err:
         load_plugins([str(lstsq)])
     forget_plugins()
     assert f"'lstsq' is registered twice (coec.compensate.methods.lstsq and {lstsq})" in str(err.value)

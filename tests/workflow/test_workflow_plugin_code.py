@@ -13,6 +13,7 @@ from pathlib import Path
 
 from coec.io.paths import cell_dir
 from conftest import SHARED_PLUGIN, job_counts, run_env, snakemake, write_trimmed_workflow
+from registry_state import forget_plugins, restored
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "global_scale.py"
 SCALED_JOBS = {"compensate": 2, "ppl_cell": 1, "table": 1, "total": 4}  # 2 layers, one block each
@@ -65,7 +66,7 @@ def test_each_job_uses_the_plugins_of_its_entries(tmp_path):
     from coec.compensate.method import METHODS
     from coec.config.validate import validate_config
     from coec.model.arch import ADAPTERS
-    from coec.registry import PLUGINS_ENV, forget_plugins
+    from coec.registry import PLUGINS_ENV
     from coec.workflow.wiring import NO_PLUGINS, Wiring
 
     family = tmp_path / "toy_family.py"
@@ -78,7 +79,7 @@ def test_each_job_uses_the_plugins_of_its_entries(tmp_path):
     cfg["compensations"]["scaled"] = {"method": "global_scale"}
     cfg["models"]["hub"] = {"source": "org/some-model", "num_layers": 2, "dtype": "float32"}
     try:
-        with ADAPTERS.restored(), METHODS.restored():
+        with restored(ADAPTERS), restored(METHODS):
             W = Wiring(validate_config(cfg))
             cell = dict(model="tiny", calib="c8", select="wanda_sp", ratio="0.5")
             assert W.job_plugins("calibrate", SimpleNamespace(model="tiny", calib="c8")) == {str(family)}

@@ -90,14 +90,6 @@ def symmetrize_upper_(G: torch.Tensor, edges: list[int]) -> torch.Tensor:
     return G
 
 
-def gram_product(x: torch.Tensor, block: int | None = None) -> torch.Tensor:
-    """``x^T x`` of a batch x (t, d): (d, d), float32 (float64 for float64 x), exactly symmetric,
-    formed by block rows of ``block`` columns (default ``GRAM_BLOCK`` of x's device type)."""
-    edges = gram_block_edges(x.shape[1], block or gram_block(x.device))
-    G = torch.zeros(x.shape[1], x.shape[1], dtype=_accumulation_dtype(x), device=x.device)
-    return symmetrize_upper_(gram_upper_add_(G, x, edges), edges)
-
-
 def _accumulation_dtype(x: torch.Tensor) -> torch.dtype:
     """float64 for float64 activations, float32 otherwise."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32

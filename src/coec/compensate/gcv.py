@@ -40,15 +40,13 @@ def global_scale(sigma: torch.Tensor, rho: torch.Tensor, e: torch.Tensor) -> tup
     return 1.0, False
 
 
-def positive_modes(e: torch.Tensor, rel_eps: float | None = None) -> torch.Tensor:
+def positive_modes(e: torch.Tensor) -> torch.Tensor:
     """Boolean mask of modes whose energy is positive beyond round-off.
 
-    ``e_i > rel_eps * max|e|`` with ``rel_eps = 10 * eps(dtype of e)`` by default: a per-mode value
-    is only applied where its denominator ``e_i`` is positive (App. B); the others keep
-    ``s* sigma_i``.
+    ``e_i > rel_eps * max|e|`` with ``rel_eps = 10 * eps(dtype of e)``: a per-mode value is only
+    applied where its denominator ``e_i`` is positive (App. B); the others keep ``s* sigma_i``.
     """
-    if rel_eps is None:
-        rel_eps = 10.0 * torch.finfo(e.dtype).eps
+    rel_eps = 10.0 * torch.finfo(e.dtype).eps
     emax = float(e.abs().max()) if e.numel() else 0.0
     return e > rel_eps * emax
 

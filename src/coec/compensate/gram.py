@@ -20,7 +20,6 @@ __all__ = [
     "gram_scale",
     "symmetrize_",
     "normalize_gram_",
-    "normalize_gram",
     "Tempered",
     "temper_gram",
     "PSD_TOL",
@@ -32,7 +31,7 @@ __all__ = [
 
 
 def gram_scale(G: torch.Tensor) -> float:
-    """The factor ``normalize_gram`` divides G (d, d) by: ``tr(G) / d`` summed in float64 (any
+    """The factor ``normalize_gram_`` divides G (d, d) by: ``tr(G) / d`` summed in float64 (any
     dtype of G), or 1 for a zero or non-finite trace (then G is left unscaled)."""
     t = float(torch.diagonal(G).sum(dtype=torch.float64)) / G.shape[0]
     return t if t > 0 and math.isfinite(t) else 1.0
@@ -60,21 +59,16 @@ def symmetrize_(G: torch.Tensor, block: int = SYM_BLOCK) -> torch.Tensor:
 
 
 def normalize_gram_(G: torch.Tensor) -> torch.Tensor:
-    """``normalize_gram`` in place (G (d, d) is overwritten and returned): symmetrise, then
-    divide by ``tr(G) / d``; a zero or non-finite trace leaves G symmetrised, unscaled."""
+    """``G / (tr(G) / d)`` after symmetrising, in place (G (d, d) is overwritten and returned),
+    so a sum and a mean Gram give the same matrix.
+
+    Every compensation objective is invariant to a positive scaling of G; this only removes the
+    N-dependence from the floating-point path. A zero or non-finite trace leaves G symmetrised,
+    unscaled.
+    """
     G = symmetrize_(G)
     t = float(torch.diagonal(G).sum()) / G.shape[0]
     return G.div_(t) if t > 0 and math.isfinite(t) else G
-
-
-def normalize_gram(G: torch.Tensor) -> torch.Tensor:
-    """``G / (tr(G) / d)`` after symmetrising, so a sum and a mean Gram give the same matrix
-    (a new tensor; ``normalize_gram_`` overwrites G instead).
-
-    Every compensation objective is invariant to a positive scaling of G; this only removes the
-    N-dependence from the floating-point path. A zero-trace G is returned symmetrised, unscaled.
-    """
-    return normalize_gram_(G.clone())
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["ns_inverse", "ns_inv_sqrt", "ns_polar", "ns_polar_with", "PolarWith", "ns_orthonormalize"]
+__all__ = ["ns_inverse", "ns_inv_sqrt", "InvSqrt", "ns_polar", "ns_polar_with", "PolarWith", "ns_orthonormalize"]
 
 
 def ns_orthonormalize(P: torch.Tensor, max_refine: int) -> tuple[torch.Tensor, float]:
@@ -58,23 +58,8 @@ def ns_inverse(
     return X, it
 
 
-def ns_inv_sqrt(
-    M: torch.Tensor, scale: float | None = None, tol: float | None = None, max_iter: int = 60
-) -> tuple[torch.Tensor, int]:
-    """Inverse square root of an SPD matrix by the coupled Newton–Schulz iteration (Higham 2008, 6.3).
-
-    M (n, n), SPD. With ``A = M / scale`` (eigenvalues must lie in (0, 3); default scale
-    ``||M||_F``): ``T = (3I - Z Y)/2; Y <- Y T; Z <- T Z`` from ``Y = A, Z = I`` gives
-    ``Z -> A^{-1/2}``. Stops when ``||T - I||_F < tol`` (default 10 eps sqrt(n)) or at the
-    round-off floor. Returns (M^{-1/2}, iterations).
-    """
-    inv = _ns_inv_sqrt(M, scale, tol, max_iter)
-    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
-    return (eye if inv.Z is None else inv.Z) / math.sqrt(inv.scale), inv.iterations
-
-
-class _InvSqrt(NamedTuple):
-    """``ns_inv_sqrt``'s iteration: ``M^{-1/2} = Z / sqrt(scale)``, Z None when the first check
+class InvSqrt(NamedTuple):
+    """``ns_inv_sqrt``'s result: ``M^{-1/2} = Z / sqrt(scale)``, Z None when the first check
     already passed (Z = I: no update was needed)."""
 
     Z: torch.Tensor | None
@@ -82,7 +67,14 @@ class _InvSqrt(NamedTuple):
     iterations: int
 
 
-def _ns_inv_sqrt(M: torch.Tensor, scale: float | None, tol: float | None, max_iter: int) -> _InvSqrt:
+def ns_inv_sqrt(M: torch.Tensor, scale: float | None = None, tol: float | None = None, max_iter: int = 60) -> InvSqrt:
+    """Inverse square root of an SPD matrix by the coupled Newton–Schulz iteration (Higham 2008, 6.3).
+
+    M (n, n), SPD. With ``A = M / scale`` (eigenvalues must lie in (0, 3); default scale
+    ``||M||_F``): ``T = (3I - Z Y)/2; Y <- Y T; Z <- T Z`` from ``Y = A, Z = I`` gives
+    ``Z -> A^{-1/2}``. Stops when ``||T - I||_F < tol`` (default 10 eps sqrt(n)) or at the
+    round-off floor. Returns (Z, scale, iterations): ``M^{-1/2} = Z / sqrt(scale)``.
+    """
     n = M.shape[-1]
     eye = torch.eye(n, dtype=M.dtype, device=M.device)
     if scale is None:
@@ -101,7 +93,7 @@ def _ns_inv_sqrt(M: torch.Tensor, scale: float | None, tol: float | None, max_it
         Y = Y @ T
         Z = T if Z is None else T @ Z
         prev = err
-    return _InvSqrt(Z, scale, it)
+    return InvSqrt(Z, scale, it)
 
 
 def ns_polar(X: torch.Tensor, scale: float | None = None, tol: float | None = None) -> tuple[torch.Tensor, int]:
@@ -141,7 +133,7 @@ def ns_polar_with(
     when it does not, instead of the (r, k, m) product with Gxx. ``F X`` is ``ns_polar``'s
     result bit for bit.
     """
-    inv = _ns_inv_sqrt(X @ X.mT, scale, tol, 60)
+    inv = ns_inv_sqrt(X @ X.mT, scale, tol)
     apply: Callable[[torch.Tensor], torch.Tensor]
     if inv.Z is None:
         c = torch.ones((), dtype=X.dtype, device=X.device) / math.sqrt(inv.scale)  # the diagonal of I / sqrt(s)

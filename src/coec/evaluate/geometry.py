@@ -25,17 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = [
-    "orth",
-    "principal_angles",
-    "top_right_frame",
-    "top_left_frame",
-    "projector_penalty",
-    "frame_discrepancy",
-    "spectral_gap",
-    "module_geometry",
-    "summarize_geometry",
-]
+__all__ = ["orth", "principal_angles", "top_left_frame", "projector_penalty", "module_geometry", "summarize_geometry"]
 
 
 def _f64(x: Tensor) -> Tensor:
@@ -104,12 +94,6 @@ def principal_angles(A: Tensor, B: Tensor) -> Tensor:
     return torch.rad2deg(theta)
 
 
-def top_right_frame(W: Tensor, r: int) -> Tensor:
-    """Top-r right singular vectors of ``W`` (d_out x d_in) -> (d_in x r), float64."""
-    _check_rank(W, r)
-    return _svd(W)[2][:, :r]
-
-
 def top_left_frame(W: Tensor, r: int) -> Tensor:
     """Top-r left singular vectors of ``W`` (d_out x d_in) -> (d_out x r), float64."""
     _check_rank(W, r)
@@ -136,38 +120,25 @@ def projector_penalty(R_frame: Tensor, anchor_frame: Tensor, U_v: Tensor) -> flo
     return float((D * D).sum() / (r_p * r_p))
 
 
-def frame_discrepancy(W_P: Tensor, W_C: Tensor, r: int) -> float:
+def _discrepancy(svd_P: tuple[Tensor, Tensor, Tensor], svd_C: tuple[Tensor, Tensor, Tensor], r: int) -> float:
     """Intra-layer frame-change discrepancy of App. C: ``||Q_u - Q_v||_F / ||Q_u||_F``.
 
-    ``Q_u = U_P^T U_C`` and ``Q_v = V_P^T V_C`` (r x r) from the top-r singular frames of the
-    pruned weight ``W_P`` and the compensated weight ``W_C`` (both d_out x k). Zero when the
+    ``Q_u = U_P^T U_C`` and ``Q_v = V_P^T V_C`` (r x r) from the top-r singular frames (``_svd``)
+    of the pruned weight ``W_P`` and the compensated weight ``W_C`` (both d_out x k). Zero when the
     left and right frames move by the same rotation, e.g. a pure (order-preserving) rescale of
     the singular values, or ``W_C = Q_l W_P Q_r`` with ``Q_l U_P = U_P A``, ``Q_r^T V_P = V_P A``.
     Left and right vectors come from one SVD each, so their signs stay paired.
     """
-    if W_P.shape != W_C.shape:
-        raise ValueError(f"shapes differ: {tuple(W_P.shape)} vs {tuple(W_C.shape)}")
-    _check_rank(W_P, r)
-    return _discrepancy(_svd(W_P), _svd(W_C), r)
-
-
-def _discrepancy(svd_P: tuple[Tensor, Tensor, Tensor], svd_C: tuple[Tensor, Tensor, Tensor], r: int) -> float:
     (U_P, _, V_P), (U_C, _, V_C) = svd_P, svd_C
     Q_u = U_P[:, :r].T @ U_C[:, :r]
     Q_v = V_P[:, :r].T @ V_C[:, :r]
     return float(torch.linalg.matrix_norm(Q_u - Q_v) / torch.linalg.matrix_norm(Q_u))
 
 
-def spectral_gap(W: Tensor, r: int) -> float:
-    """``sigma_r / sigma_{r+1}`` (1-based) of ``W``; inf when sigma_{r+1} is 0 or does not exist.
-
-    App. C caveat: a gap near 1 means the top-r subspace is ill-defined at this rank.
-    """
-    _check_rank(W, r)
-    return _gap(torch.linalg.svdvals(_f64(W)), r)
-
-
 def _gap(S: Tensor, r: int) -> float:
+    """``sigma_r / sigma_{r+1}`` (1-based) of the singular values S (descending); inf when
+    sigma_{r+1} is 0 or does not exist. App. C caveat: a gap near 1 means the top-r subspace is
+    ill-defined at this rank."""
     if r >= S.numel() or S[r] == 0:
         return math.inf
     return float(S[r - 1] / S[r])
@@ -190,7 +161,7 @@ def module_geometry(
     Returns angles in degrees (``angle_OP_*``, ``angle_OC_*``, ``angle_PC_*``; mean and max of
     the r principal angles), ``penalty_P`` / ``penalty_C`` (Sec. 4.5 penalty at the pruned and
     at the compensated frame, anchor ``O``; NaN without ``value_proj``), ``discrepancy``
-    (P -> C, ``frame_discrepancy``), ``spectral_gap`` of ``W_K`` at r, and ``r``, ``k``.
+    (P -> C, ``_discrepancy``), ``spectral_gap`` of ``W_K`` at r (``_gap``), and ``r``, ``k``.
     """
     W0 = _f64(W0)
     keep_t = torch.as_tensor(keep, dtype=torch.long).cpu()

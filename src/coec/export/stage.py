@@ -47,9 +47,19 @@ def _files(folder: Path) -> list[str]:
     return sorted(out)
 
 
-def _overlaps(a: Path, b: Path) -> bool:
-    """Whether two resolved paths are the same, or one lies inside the other."""
-    return a == b or a in b.parents or b in a.parents
+def _check_target(out: Path, protected: list[str | Path], kind: str) -> None:
+    """Refuse a link, or an output (a ``kind``: folder or file) that is, lies inside or holds one
+    of the ``protected`` paths."""
+    if out.is_symlink():
+        raise ExportRefused(f"--out {out} is a symbolic link; give a real {'file name' if kind == 'file' else kind}")
+    target = out.resolve()
+    for p in protected:
+        q = Path(p).resolve()
+        if target == q or target in q.parents or q in target.parents:
+            raise ExportRefused(
+                f"--out {out} overlaps the export's input {p}; "
+                f"choose a {kind} outside the source model and the cell's files"
+            )
 
 
 def read_marker(folder: Path) -> dict[str, Any] | None:
@@ -67,15 +77,7 @@ def check_out_dir(out: str | Path, protected: list[str | Path], force: bool = Fa
     ``protected``: the source model folder and the input files, which the output may neither
     be, lie inside, nor contain. Raises ExportRefused naming the reason."""
     out = Path(out)
-    if out.is_symlink():
-        raise ExportRefused(f"--out {out} is a symbolic link; give a real folder")
-    target = out.resolve()
-    for p in protected:
-        if _overlaps(target, Path(p).resolve()):
-            raise ExportRefused(
-                f"--out {out} overlaps the export's input {p}; "
-                "choose a folder outside the source model and the cell's files"
-            )
+    _check_target(out, protected, "folder")
     if not out.exists():
         return "new"
     if not out.is_dir():
@@ -165,15 +167,7 @@ def check_out_file(
     never an input file; an existing file is replaced only with ``force`` and only when
     ``is_ours(path)`` says a previous export of ours wrote it. Raises ExportRefused."""
     out = Path(out)
-    if out.is_symlink():
-        raise ExportRefused(f"--out {out} is a symbolic link; give a real file name")
-    target = out.resolve()
-    for p in protected:
-        if _overlaps(target, Path(p).resolve()):
-            raise ExportRefused(
-                f"--out {out} overlaps the export's input {p}; "
-                "choose a file outside the source model and the cell's files"
-            )
+    _check_target(out, protected, "file")
     if not out.exists():
         return "new"
     if not out.is_file():

@@ -160,16 +160,6 @@ class LogProgress:
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
         self.postfix = s
 
-    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kw: Any) -> None:
-        items = dict(ordered_dict or {}, **kw)
-        self.postfix = ", ".join(f"{k}={v}" for k, v in items.items())
-
-    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
-        self.desc = desc or ""
-
-    def refresh(self) -> None:
-        pass
-
     def close(self) -> None:
         if self._closed:
             return

@@ -81,10 +81,6 @@ def cap_docs(docs: list[str], max_chars: int | None) -> list[str]:
     return out
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 # ----------------------------------------------------------------------------- code: stdlib
 def stdlib_files(root: str | Path | None = None, skip: tuple[str, ...] = STDLIB_SKIP) -> list[Path]:
     """``*.py`` files under the standard library, sorted by relative path, folders named in
@@ -217,12 +213,6 @@ def capped_docs(spec: Spec, datasets: dict[str, Spec] | None = None) -> list[str
     return docs
 
 
-def domain_text(spec: Spec, datasets: dict[str, Spec] | None = None) -> str:
-    """One calibration string of a domain: its (capped) documents joined by a blank line; a
-    ``dataset`` domain's split text verbatim."""
-    return "\n\n".join(capped_docs(spec, datasets))
-
-
 def build_domain(spec: Spec, out_dir: str | Path, datasets: dict[str, Spec] | None = None) -> Spec:
     """Write ``calib.txt`` and ``manifest.json`` (source, sizes, sha256, interpreter for the
     stdlib) of one domain into ``out_dir``; returns the manifest."""
@@ -235,7 +225,7 @@ def build_domain(spec: Spec, out_dir: str | Path, datasets: dict[str, Spec] | No
         "chars": len(text),
         "words": len(text.split()),
         "documents": len(docs),
-        "sha256": _sha(text),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
     }
     if spec.get("source") == "stdlib":
         manifest["python"] = sys.version.split()[0]

@@ -16,7 +16,7 @@ from torch import nn
 from coec.compensate.methods.bias import flap_bias
 from coec.model.arch import MODULES, AttnShape, adapter_for, attention_shape, o_proj_columns
 from coec.model.load import decoder_layers
-from coec.model.prune import install_weights_, prune_layer_, prune_model_, set_output_weights_
+from coec.model.prune import install_weights_, prune_model_, set_output_weights_
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -111,7 +111,7 @@ def apply_layer_step_(
         b = b.cpu()
         acc = state.bias[i][m]
         state.bias[i][m] = b if acc is None else acc + b
-    prune_layer_(layer, geom, groups_local, channels_local)
+    adapter_for(layer).prune_layer_(layer, geom, groups_local, channels_local)
     state.kv_groups[i] = [state.kv_groups[i][g] for g in groups_local]
     state.channels[i] = [state.channels[i][c] for c in channels_local]
     for m in MODULES:

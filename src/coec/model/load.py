@@ -98,20 +98,11 @@ def load_config(model_dir: str | Path, revision: str | None = None, trust_remote
     return AutoConfig.from_pretrained(model_dir, **hub_kwargs(revision, trust_remote_code))
 
 
-def load_model(
-    source: str | Path,
-    dtype: str | torch.dtype = "float32",
-    device: str | None = "cpu",
-    trust_remote_code: bool = False,
-    revision: str | None = None,
-    device_map: str | None = None,
-) -> Any:
-    """Load (model, tokenizer) from a local directory or a hub id (at ``revision``), in eval
-    mode, with SDPA attention; ``revision`` and ``trust_remote_code`` reach every loader.
-    Raises :class:`ModelError` for unsupported families."""
+def load_model(source: str | Path, dtype: str | torch.dtype = "float32", device: str | None = "cpu") -> Any:
+    """Load (model, tokenizer) from a local directory or a hub id, in eval mode, with SDPA
+    attention. Raises :class:`ModelError` for unsupported families."""
     t0 = time.time()
-    model_dir = resolve_model_dir(str(source), revision, trust_remote_code)
-    return load_resolved(model_dir, dtype, device, (revision, trust_remote_code), device_map, (str(source), t0))
+    return load_resolved(resolve_model_dir(str(source)), dtype, device, (None, False), None, (str(source), t0))
 
 
 def load_resolved(

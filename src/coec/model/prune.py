@@ -3,10 +3,9 @@
 Attention: the kept KV groups keep their k/v rows, their query heads' q rows, and the matching
 o_proj input columns (GQA shape preserved: heads per KV head unchanged). MLP: the kept channels
 keep their gate/up rows and down_proj columns. o_proj / down_proj may receive a bias (FLAP) and
-compensated weights. The HF config is rewritten so that ``save_pretrained`` followed by a vanilla
-``AutoModelForCausalLM.from_pretrained`` reloads the same function: ``prepare_for_save_`` does so
-in the model's own class; ``coec.export.hf_class.build_export_model`` picks the stock class that
-expresses the pruned model exactly when its own class cannot (docs/export.md).
+compensated weights. The HF config is rewritten with the pruned widths;
+``coec.export.hf_class.build_export_model`` picks the stock class that expresses the pruned model
+exactly, so that a vanilla ``AutoModelForCausalLM.from_pretrained`` reloads it (docs/export.md).
 """
 
 from __future__ import annotations
@@ -16,17 +15,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from coec.model.arch import AttnShape, ModelError, adapter_for, sliced_linear
+from coec.model.arch import ModelError, adapter_for
 from coec.model.load import decoder_layers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-def prune_layer_(layer: nn.Module, geom: AttnShape, kv_groups: list[int], channels: list[int]) -> None:
-    """Remove the pruned KV groups (with their query heads) and MLP channels of one decoder
-    layer in place (the family's surgery: ``Adapter.prune_layer_``)."""
-    adapter_for(layer).prune_layer_(layer, geom, kv_groups, channels)
 
 
 def set_output_weights_(layer: nn.Module, module: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
@@ -98,43 +91,3 @@ def rewrite_config_(model: PreTrainedModel, strict: bool = True) -> bool:
     cfg.num_attention_heads = n_kv * geom.groups
     cfg.intermediate_size = ff.pop()
     return True
-
-
-def prepare_for_save_(model: PreTrainedModel) -> None:
-    """Make a pruned model reloadable by a vanilla ``from_pretrained``: widths in the config and,
-    when o_proj / down_proj carry biases, the ``attention_bias`` / ``mlp_bias`` flags (sibling
-    projections get zero biases), in the model's own class. Families whose vanilla modules cannot
-    hold the bias raise; ``export_class.build_export_model`` (what ``coec export`` uses) then picks another
-    stock class."""
-    rewrite_config_(model)
-    validate = getattr(model.config, "validate_architecture", None)
-    if validate is not None:
-        try:
-            validate()
-        except ValueError as exc:  # e.g. a config requiring hidden_size % num_attention_heads == 0
-            raise ModelError(
-                f"the pruned config cannot be saved by this transformers version "
-                f"({exc}); evaluate the pruned model in memory instead"
-            ) from exc
-    cfg = model.config
-    adapter = adapter_for(cfg)
-    layers = adapter.decoder_layers(model)
-    family = cfg.model_type
-    for flag, attr, role, siblings in adapter.bias_groups():
-        if not any(adapter.output_module(layer, role).bias is not None for layer in layers):
-            continue
-        slot = adapter.o_bias if role == "o_proj" else adapter.mlp_bias
-        if slot == "never":
-            raise ModelError(
-                f"{family}'s vanilla modules have no {role} bias: a model with an "
-                f"{role} bias cannot be reloaded with AutoModelForCausalLM"
-            )
-        if not hasattr(cfg, flag):
-            raise ModelError(f"{family} has no {flag} config flag: the bias cannot be exported")
-        setattr(cfg, flag, True)
-        for layer in layers:
-            parent = getattr(layer, attr)
-            for name in siblings:
-                lin = getattr(parent, name)
-                if lin.bias is None:
-                    setattr(parent, name, sliced_linear(lin, bias=True))

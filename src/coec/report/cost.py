@@ -1,8 +1,7 @@
 """Deployment cost of a pruned model from architecture numbers (paper Sec. 5.5, Table 4).
 
-Pure arithmetic on config dicts (the fields of a Hugging Face ``config.json``); no I/O. The
-only torch/transformers use is ``count_params_meta``, which instantiates the model on the
-meta device (no memory, no weights) to cross-check the analytic count.
+Pure arithmetic on config dicts (the fields of a Hugging Face ``config.json``); no I/O and no
+torch (tests/integration/test_arch.py checks the analytic count against the meta-device model).
 
 Pruned shape (Sec. 3.1, docs/protocol.md "Selection"): whole KV groups are removed with their query
 heads (GQA ratio and ``head_dim`` unchanged) and MLP intermediate channels are removed; the
@@ -38,9 +37,7 @@ __all__ = [
     "PUBLISHED_ARCHS",
     "kept_count",
     "pruned_shape",
-    "pruned_config",
     "count_params",
-    "count_params_meta",
     "flops_per_token",
     "kv_cache_bytes",
     "peak_memory_gb",
@@ -117,11 +114,6 @@ def pruned_shape(config: Any, ratio: float, group_rounding: str = DEFAULT_ROUNDI
     }
 
 
-def pruned_config(config: Any, ratio: float, group_rounding: str = DEFAULT_ROUNDING) -> dict[str, Any]:
-    """The config dict with the ``pruned_shape`` fields substituted."""
-    return config_dict(config) | pruned_shape(config, ratio, group_rounding)
-
-
 def param_breakdown(d: Mapping[str, Any]) -> dict[str, int]:
     h = d["hidden"]
     attn, mlp = adapter_for(d["model_type"]).layer_params(d)  # biases and norms per family
@@ -138,32 +130,6 @@ def param_breakdown(d: Mapping[str, Any]) -> dict[str, int]:
 def count_params(config: Any, shape: Mapping[str, Any] | None = None) -> int:
     """Exact parameter count from the architecture numbers (``shape`` overrides, e.g. pruned)."""
     return sum(param_breakdown(arch_dims(config_dict(config), shape)).values())
-
-
-def count_params_meta(config: Any, shape: Mapping[str, Any] | None = None) -> int:
-    """Parameter count of the HF model built on the meta device (cross-check of ``count_params``).
-
-    Tied embeddings are counted once (``parameters()`` deduplicates shared tensors).
-    Some transformers 5.x configs refuse ``hidden_size % num_attention_heads != 0`` at
-    construction and on ``save_pretrained`` even with an explicit ``head_dim`` (e.g. 24 heads of
-    a 32-head 4096-wide model at 30 %), so the head counts are set as attributes after construction; the
-    modelling code itself handles such shapes.
-    """
-    import torch  # deferred: keeps the job boundary torch-free
-    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: keeps the job boundary torch-free
-
-    cfg = config_dict(config) | dict(shape or {})
-    d = arch_dims(cfg)
-    heads = {"num_attention_heads": d["heads"], "num_key_value_heads": d["kv_heads"], "head_dim": d["head_dim"]}
-    kwargs = {k: v for k, v in cfg.items() if k not in heads and k != "model_type"}
-    hf_cfg = AutoConfig.for_model(
-        d["model_type"], num_attention_heads=1, num_key_value_heads=1, head_dim=d["head_dim"], **kwargs
-    )
-    for k, v in heads.items():
-        setattr(hf_cfg, k, v)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_cfg)  # type: ignore[no-untyped-call]  # transformers stub gap
-    return sum(p.numel() for p in model.parameters())
 
 
 def flops_per_token(

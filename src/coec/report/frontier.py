@@ -52,13 +52,9 @@ def row_label(row: dict[str, Any]) -> str:
 
 
 def dense_types(t: dict[str, Any]) -> list[str]:
-    """The dense model's GGUF types: ``types``, then those of ``dense_types`` not among them."""
+    """The dense model's GGUF types: ``types``, then those of ``dense_types`` not among them
+    (every GGUF type of the frontier: a row's are a subset)."""
     return list(dict.fromkeys([*t["types"], *t.get("dense_types", [])]))
-
-
-def all_types(config: dict[str, Any]) -> list[str]:
-    """Every GGUF type of the frontier, in the order of the dense model's (a row's are a subset)."""
-    return dense_types(check(config))
 
 
 def frontier_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -109,7 +105,7 @@ def speed_spec(config: dict[str, Any]) -> dict[str, Any]:
     t = check(config)
     return {
         **{k: t[k] for k in SPEED_KEYS},
-        "runtimes": [f"llamacpp-{g}" for g in all_types(config)],
+        "runtimes": [f"llamacpp-{g}" for g in dense_types(t)],  # every type (a row's are a subset)
         "cells": [
             {
                 "label": c["label"],
@@ -135,7 +131,7 @@ def frontier_spec(config: dict[str, Any]) -> dict[str, Any]:
     t = check(config)
     return {
         "model": t["model"],
-        "types": all_types(config),
+        "types": dense_types(t),
         "cells": frontier_cells(config),
         "speed": paths.table_file(SPEED),
         "figure": paths.figure_file(KEY),

@@ -120,11 +120,8 @@ def weight_of(module: nn.Module, name: str = "weight") -> torch.Tensor:
     return t
 
 
-def sliced_linear(
-    lin: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None, bias: bool | None = None
-) -> nn.Linear:
+def sliced_linear(lin: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> nn.Linear:
     """A new Linear holding ``lin.weight[rows][:, cols]`` (and its bias rows)."""
-    import torch  # deferred: keeps the job boundary torch-free
     from torch import nn  # deferred: keeps the job boundary torch-free
 
     w = lin.weight.data
@@ -135,11 +132,10 @@ def sliced_linear(
         b = b.index_select(0, rows) if b is not None else None
     if cols is not None:
         w = w.index_select(1, cols.to(w.device))
-    has_bias = (b is not None) if bias is None else bias
-    new = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
+    new = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype)
     new.weight.data.copy_(w)
-    if has_bias:
-        new.bias.data.copy_(b if b is not None else torch.zeros_like(new.bias))
+    if b is not None:
+        new.bias.data.copy_(b)
     return new
 
 
@@ -295,14 +291,6 @@ class Adapter(StockClass):
         setattr(mlp, self.gate, sliced_linear(getattr(mlp, self.gate), rows=ch))
         setattr(mlp, self.up, sliced_linear(getattr(mlp, self.up), rows=ch))
         setattr(mlp, self.down, sliced_linear(getattr(mlp, self.down), cols=ch))
-
-    def bias_groups(self) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
-        """(config flag, parent attribute, role, sibling modules) of each bias flag: when a
-        compensated output gets a bias, the flag is set and its siblings get zero biases."""
-        return (
-            ("attention_bias", self.attn_attr, "o_proj", (self.q, self.k, self.v, self.o)),
-            ("mlp_bias", self.mlp_attr, "down_proj", (self.gate, self.up, self.down)),
-        )
 
     # ------------------------------------------------------------------ export
     def own_export_flags(self, cfg: PretrainedConfig, needs: NeedsView) -> None:
