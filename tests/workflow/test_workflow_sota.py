@@ -10,11 +10,17 @@ from conftest import REPO, job_counts, snakemake
 
 
 def test_config_yaml_plans_table_sota(tmp_path):
-    rows = yaml.safe_load((REPO / "config.yaml").read_text())["table_sota"]["rows"]
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    rows = cfg["table_sota"]["rows"]
+    searches = {r["selection"] for r in rows if cfg["selections"].get(r["selection"], {}).get("score") == "search"}
+    # a layer's candidates per (levels, refit): blend's also need its base's (coec) candidates
+    refits = {(cfg["selections"][s]["candidates"], cfg["selections"][s]["compensation"]) for s in searches}
+    refits |= {(c, cfg["compensations"][m]["base"]) for c, m in refits if cfg["compensations"][m]["method"] == "blend"}
     res = snakemake(tmp_path, "-n", "-p", "results/table_sota.csv")
     counts = job_counts(res.stdout)
     assert counts["table_sota"] == 1 and counts["ppl_cell"] == counts["zeroshot_cell"] == len(rows)
-    assert counts["search"] == 2 and counts["search_candidates"] == 2 * 30  # obs (lstsq) and FLAP (none) levels
+    assert searches == {"search-obs", "alam-flap", "search-obs-blend"}
+    assert counts["search"] == len(searches) and counts["search_candidates"] == 30 * len(refits) == 30 * 4
     assert counts["kl_reference"] == 1 and counts["ppl_dense"] == 1 and counts["zeroshot_dense"] == 1
     for row in rows:
         assert (

@@ -24,6 +24,8 @@ import yaml
 
 from conftest import CORPUS, job_counts, make_model_dir, run_env, snakemake
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
