@@ -10,27 +10,11 @@ import json
 import pytest
 
 from coec.cli import main
-from coec.evaluate.llamacpp.run import unavailable
+from test_evaluate_ppl_gguf import NEW_KEYS, export_f32, llama_cpp, text_args  # the GGUF perplexity tests' helpers
 
-NEW_KEYS = {"runtime", "gguf_type", "gguf_file", "gguf_sha256", "llama_cpp_python"}
+__all__ = ["llama_cpp"]  # a fixture of this module too
+
 VOCAB = 320
-
-
-@pytest.fixture(scope="module")
-def llama_cpp():
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-
-
-def text_args(model, text_dataset):
-    return ["--model", str(model), "--dataset", json.dumps(text_dataset), "--seqlen", "32", "--max-windows", "4"]
-
-
-def export_f32(model, out, keep=None):
-    args = ["export", "--model", str(model), "--format", "gguf", "--gguf-type", "f32", "--out", str(out)]
-    assert main([*args, *(["--keep", str(keep)] if keep else [])]) == 0
-    return out
 
 
 @pytest.fixture(scope="module")
