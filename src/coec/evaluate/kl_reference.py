@@ -47,8 +47,8 @@ IDENTITY = ("weights_sha256", "commit")
 
 @dataclass(frozen=True)
 class KlReference:
-    """A read reference: its file, rows and metadata (``windows_sha256``, ``model``, ``dtype``,
-    ``dataset``, ``seqlen``, ``max_windows``, ``windows``, ``top_k``, ``tail_samples``,
+    """A read reference: its file, rows and metadata (``windows_sha256``, ``model`` (its identity:
+    ``IDENTITY``), ``dtype``, ``seqlen``, ``max_windows``, ``windows``, ``top_k``, ``tail_samples``,
     ``tail_seed``, ``vocab``, the dense ``ppl``)."""
 
     path: str
@@ -151,10 +151,12 @@ def run_kl_reference(
     builder = RowsBuilder(int(windows.shape[0]), top_k, tail_samples)
     res = cell.perplexity(windows, options.batch_size, on_logits=builder)
     rows = builder.rows()
+    # what identifies the model and the windows, nothing of where they lie: the file is the same
+    # bytes in any work folder (the windows' sha256 stands for the dataset)
+    provenance = source.provenance()
     meta = {
-        "model": source.provenance(),
+        "model": {key: provenance.get(key) for key in IDENTITY},
         "dtype": source.dtype,
-        "dataset": options.dataset,
         "seqlen": options.seqlen,
         "max_windows": options.max_windows,
         "windows": int(windows.shape[0]),
