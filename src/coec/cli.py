@@ -161,17 +161,23 @@ def _prune_parsers(sub: Subparsers) -> None:
     s.set_defaults(func=cmd_compensate)
 
 
+def _ppl_window_args(s: argparse.ArgumentParser) -> None:
+    """The model and the perplexity windows and batching of ``coec ppl`` and ``coec kl-reference``
+    (the reference must be made on the windows the ppl jobs score)."""
+    s.add_argument("--model", required=True)
+    s.add_argument("--dataset", type=json_arg, required=True)
+    s.add_argument("--seqlen", type=int, required=True)
+    s.add_argument("--max-windows", type=optional_int, default=None)
+    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
+
+
 def _kl_reference_parser(sub: Subparsers) -> None:
     """kl-reference: ``coec ppl``'s windows, batching, model and streaming options, ``--top-k``,
     ``--tail-samples``."""
     s = sub.add_parser(
         "kl-reference", help="the dense model's top-k log-probabilities over the ppl windows (docs/kl.md)"
     )
-    s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=json_arg, required=True)
-    s.add_argument("--seqlen", type=int, required=True)
-    s.add_argument("--max-windows", type=optional_int, default=None)
-    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
+    _ppl_window_args(s)
     config_arg(s, "--top-k", "kl_top_k", type=int)
     config_arg(s, "--tail-samples", "kl_tail_samples", type=int)
     config_arg(s, "--dtype", "models.*.dtype")
@@ -185,11 +191,7 @@ def _kl_reference_parser(sub: Subparsers) -> None:
 def _eval_parsers(sub: Subparsers) -> None:
     """ppl, zeroshot, imatrix, geometry."""
     s = sub.add_parser("ppl", help="perplexity of a dense or pruned/compensated model")
-    s.add_argument("--model", required=True)
-    s.add_argument("--dataset", type=json_arg, required=True)
-    s.add_argument("--seqlen", type=int, required=True)
-    s.add_argument("--max-windows", type=optional_int, default=None)
-    config_arg(s, "--batch-size", "evaluation.ppl_batch_size", type=int)
+    _ppl_window_args(s)
     _cell_args(s)
     s.add_argument("--gguf", default=None, help="score this GGUF file in llama.cpp instead (docs/deploy.md)")
     s.add_argument("--threads", type=int, default=None, help="llama.cpp threads of --gguf (none: its default)")
