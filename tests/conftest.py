@@ -315,6 +315,15 @@ def pytest_itemcollected(item):
         item.add_marker(folder)
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``--dist loadgroup``, pyproject.toml's addopts) a test file's tests run
+    on one worker (its module fixtures made once), and every test that reads the session's shared
+    trimmed run (:func:`shared_run`) on one worker (the run made once)."""
+    for item in items:
+        shared = "shared_run" in getattr(item, "fixturenames", ())
+        item.add_marker(pytest.mark.xdist_group("shared_run" if shared else item.nodeid.split("::")[0]))
+
+
 # ----------------------------------------------------------------------------- shared helpers
 REPO = Path(__file__).resolve().parents[1]
 REV = "0123456789abcdef0123456789abcdef01234567"

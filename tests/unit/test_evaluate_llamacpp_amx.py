@@ -85,6 +85,7 @@ def test_build_script_turns_amx_off_and_keys_the_wheel_by_its_flags():
     cuda = _install_plan(CMAKE_ARGS="-DGGML_CUDA=on")
     assert "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in default and "-mno-amx" not in amx_on
     assert "-DGGML_CUDA=on" in cuda and "-mno-amx-int8" in cuda
+    assert all("-DLLAVA_BUILD=OFF" in plan for plan in (default, amx_on, cuda))  # no multimodal library
     assert len({_cache(default), _cache(amx_on), _cache(cuda)}) == 3
     # pip's own cache (keyed by name and version only) is never used for the build or the install
     assert all(line.count("--no-cache-dir") == 1 for line in default.splitlines() if line.startswith("+ "))
