@@ -84,7 +84,8 @@ def test_the_dense_model_alone_gets_the_mixes_below_4_bits(config):
     speed = speed_spec(config)
     assert [r.removeprefix("llamacpp-") for r in speed["runtimes"]] == spec["types"]
     assert set(speed["cells"][0]["gguf"]) == {"f16", *spec["types"]}
-    assert all(set(c["gguf"]) == {"f16", *row.get("types", t["types"])} for c, row in zip(speed["cells"][1:], _row_of_each_cell(t)))
+    rows = _row_of_each_cell(t)
+    assert all(set(c["gguf"]) == {"f16", *row.get("types", t["types"])} for c, row in zip(speed["cells"][1:], rows))
     cfg = copy.deepcopy(config)
     cfg["frontier"]["dense_types"] = ["q4_0", "q2_k"]  # one already in types: not twice
     assert frontier_cells(cfg)[0]["types"] == [*t["types"], "q2_k"]
