@@ -38,10 +38,31 @@ def test_cells_are_dense_then_every_row_at_every_ratio(config):
     cells = frontier_cells(config)
     t = config["frontier"]
     assert cells[0]["label"] == "dense" and cells[0]["keep"] is None
-    assert len(cells) == 1 + len(t["rows"]) * len(t["ratios"])
+    assert len(cells) == 1 + sum(len(row.get("ratios", t["ratios"])) for row in t["rows"])
     aligned = [c for c in cells if c["selection"] == "rcpu-a256"]
     assert aligned and all("rcpu-a256-" in c["keep"] for c in aligned)
     assert cells[1]["folder"] == paths.cell_dir("smollm2-135m", "enwiki-32x512", "rcpu", 0.1, "coec")
+
+
+def test_a_row_may_name_its_own_ratios_and_types(config):
+    """The searched rows at a dense file's size: one cell each, at the row's types only."""
+    searched = [c for c in frontier_cells(config) if c["selection"].startswith("search-")]
+    assert [(c["selection"], c["ratio"], c["types"]) for c in searched] == [
+        ("search-obs-blend-at-q4_k_m", 0.3, ["q5_k_m"]),
+        ("search-obs-blend-at-q4_0", 0.3, ["q4_k_m", "q4_k_m-imatrix"]),
+    ]
+    inputs = frontier_inputs(config)
+    folder = searched[0]["folder"]
+    assert paths.gguf_ppl_file(folder, "q5_k_m") in inputs and paths.gguf_ppl_file(folder, "q4_0") not in inputs
+    raw = copy.deepcopy(yaml.safe_load((REPO / "config.yaml").read_text()))
+    raw["frontier"]["rows"][0]["types"] = ["q3_k_m"]
+    raw["frontier"]["dense_types"] = []
+    with pytest.raises(ConfigError, match=r"frontier\.rows\[0\]\.types: 'q3_k_m' is not among the dense model's types"):
+        frontier_cells(validate_config(raw))
+
+
+def _row_of_each_cell(t: dict) -> list[dict]:
+    return [row for row in t["rows"] for _ in row.get("ratios", t["ratios"])]
 
 
 def test_the_dense_model_alone_gets_the_mixes_below_4_bits(config):
@@ -52,7 +73,7 @@ def test_the_dense_model_alone_gets_the_mixes_below_4_bits(config):
     assert t["dense_types"] == [v for b in below4 for v in (b, f"{b}-imatrix")]
     cells = frontier_cells(config)
     assert cells[0]["types"] == [*t["types"], *t["dense_types"]]
-    assert all(c["types"] == t["types"] for c in cells[1:])
+    assert all(c["types"] == t["types"] for c, row in zip(cells[1:], _row_of_each_cell(t)) if "types" not in row)
     spec = frontier_spec(config)
     assert spec["types"] == cells[0]["types"]
     inputs = set(frontier_inputs(config))
@@ -63,7 +84,8 @@ def test_the_dense_model_alone_gets_the_mixes_below_4_bits(config):
     speed = speed_spec(config)
     assert [r.removeprefix("llamacpp-") for r in speed["runtimes"]] == spec["types"]
     assert set(speed["cells"][0]["gguf"]) == {"f16", *spec["types"]}
-    assert all(set(c["gguf"]) == {"f16", *t["types"]} for c in speed["cells"][1:])
+    rows = _row_of_each_cell(t)
+    assert all(set(c["gguf"]) == {"f16", *row.get("types", t["types"])} for c, row in zip(speed["cells"][1:], rows))
     cfg = copy.deepcopy(config)
     cfg["frontier"]["dense_types"] = ["q4_0", "q2_k"]  # one already in types: not twice
     assert frontier_cells(cfg)[0]["types"] == [*t["types"], "q2_k"]
@@ -76,6 +98,7 @@ def test_speed_spec_times_every_type_and_keeps_the_f16_file_for_the_bounds(confi
     cfg = copy.deepcopy(config)
     cfg["frontier"]["types"] = ["q4_0", "q4_k_m-imatrix"]
     cfg["frontier"]["dense_types"] = []
+    cfg["frontier"]["rows"] = [r for r in cfg["frontier"]["rows"] if "types" not in r]
     spec = speed_spec(cfg)
     assert spec["runtimes"] == ["llamacpp-q4_0", "llamacpp-q4_k_m-imatrix"]
     assert all(set(c["gguf"]) == {"f16", "q4_0", "q4_k_m-imatrix"} for c in spec["cells"])

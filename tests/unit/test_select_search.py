@@ -242,6 +242,27 @@ def test_a_byte_budget_search_stays_within_the_file_size():
     assert result.fitness < fitness(space.values(space.uniform), 1)
 
 
+def test_a_dense_file_budget_is_the_dense_models_bytes_spent_in_another_type():
+    """``{dense: D, type: T}``: the bytes of the dense model's file of type D, which the search
+    spends on a file of type T; D = T holds the dense model (nothing to prune) and a mix whose bytes
+    are not modelled is refused naming ``budget.dense``."""
+    from coec.select.search.stage import resolve_budget
+
+    cfg = tiny_model(6) | {"hidden_size": 256, "head_dim": 32, "intermediate_size": 768, "vocab_size": 1000}
+    dense = [{"kv_groups": 4, "channels": 768}] * 6
+    rule = KeepRule(0.3, channel_multiple=256)
+    got = resolve_budget(cfg, rule, {"dense": "q4_0", "type": "q4_k_m"})
+    assert got == {"bytes": model_bytes(cfg, dense, "q4_0"), "type": "q4_k_m"}
+    assert model_bytes(cfg, dense, "q4_0") < model_bytes(cfg, dense, "q4_k_m")  # so a q4_k_m file must prune
+    space = build_space(cfg, rule, got)
+    assert space.budget + space.fixed == got["bytes"]
+    assert model_bytes(cfg, space.widths(space.uniform), "q4_k_m") <= got["bytes"]
+    with pytest.raises(ValueError, match="hold the dense model"):
+        build_space(cfg, rule, resolve_budget(cfg, rule, {"dense": "q4_k_m", "type": "q4_k_m"}))
+    with pytest.raises(ValueError, match=r"^search\.budget\.dense: the bytes of a q3_k_m file are not modelled"):
+        resolve_budget(cfg, rule, {"dense": "q3_k_m", "type": "q4_k_m"})
+
+
 # ----------------------------------------------------------------------------- AL-AM
 def flap_scores(layers: int, n_kv: int, cols: int, d_ff: int, seed: int):
     g = torch.Generator().manual_seed(seed)

@@ -49,3 +49,33 @@ def test_frontier_plans_exports_perplexities_speed_and_the_table(tmp_path):
     assert sum("--imatrix" in ln for ln in low) == 1
     table = next(ln for ln in res.stdout.splitlines() if "report --kind frontier " in ln)
     assert "results/frontier.csv" in table
+
+
+def test_a_searched_row_at_a_dense_files_size_plans_its_own_types_only(tmp_path):
+    """A search whose budget is the dense model's q4_0 file spent in q4_k_m: one cell (the row's
+    ratio), exported and scored at the row's types alone, its search job given that budget."""
+    cfg = full_workflow_config(tmp_path)
+    cfg["calibration"]["c8-holdout"] = dict(cfg["calibration"]["c8"], nsamples=4, seed=1, disjoint_from="c8")
+    cfg.setdefault("selections", {})["obs-a8"] = {"score": "obs", "channel_multiple": 8}
+    cfg["selections"]["search-at-q4_0"] = {
+        "score": "search",
+        "candidates": "obs-a8",
+        "compensation": "coec",
+        "holdout": "c8-holdout",
+        "budget": {"dense": "q4_0", "type": "q4_k_m"},
+        "tokens": [32, 64],
+    }
+    row = {"selection": "search-at-q4_0", "compensation": "coec", "ratios": [0.3], "types": ["q4_k_m-imatrix"]}
+    cfg["frontier"] = dict(FRONTIER, rows=[row])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    res = snakemake(
+        tmp_path, "-n", "-p", "--cores", "1", "results/frontier.csv", "--configfile", str(tmp_path / "config.yaml")
+    )
+    jobs = job_counts(res.stdout)
+    # the f16 file too: the speed harness reads its FLOP bound from it
+    assert jobs["search"] == 1 and jobs["export_gguf"] == 2 and jobs["ppl_gguf_cell"] == 1
+    search = next(ln for ln in res.stdout.splitlines() if " search run " in ln)
+    assert '"dense": "q4_0"' in search and '"type": "q4_k_m"' in search and "search-at-q4_0" in search
+    exports = [ln for ln in res.stdout.splitlines() if " export --format gguf " in ln and "search-at" in ln]
+    export = next(ln for ln in exports if "f16" not in ln)
+    assert "search-at-q4_0-0.3/coec/export-q4_k_m-imatrix.gguf" in export and "--imatrix" in export

@@ -90,6 +90,7 @@ def test_search_cell_end_to_end_and_what_a_change_reruns(tmp_path):
         ),
         ({"survivors": [1, 2]}, "selections.search-obs.survivors must not increase"),
         ({"budget": {"bytes": 10, "type": "q9"}}, "selections.search-obs.budget.type"),
+        ({"budget": {"dense": "q9", "type": "q4_k_m"}}, "selections.search-obs.budget.dense: unknown GGUF type 'q9'"),
         ({"channel_multiple": 16}, "selections.search-obs.channel_multiple: a search takes no channel_multiple"),
         ({"generations": 0}, "config: bad value at selections.search-obs.generations"),
     ],

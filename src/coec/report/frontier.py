@@ -44,6 +44,12 @@ def check(config: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"config: {KEY}.rows[{i}].calibration: unknown calibration set {calib!r}")
         if row["compensation"] not in config["compensations"]:
             raise ConfigError(f"config: {KEY}.rows[{i}].compensation: unknown compensation {row['compensation']!r}")
+        extra = [g for g in row.get("types", []) if g not in dense_types(t)]
+        if extra:
+            raise ConfigError(
+                f"config: {KEY}.rows[{i}].types: {extra[0]!r} is not among the dense model's types "
+                f"(types, dense_types): a row is measured against the dense file of its type"
+            )
     return t
 
 
@@ -58,8 +64,9 @@ def dense_types(t: dict[str, Any]) -> list[str]:
 
 
 def frontier_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The dense model, then every row at every ratio: label, method, selection, compensation,
-    ratio, its folder (GGUF files, perplexities), keep.json (None for dense) and its GGUF types."""
+    """The dense model, then every row at every ratio (the row's ``ratios``, else the frontier's):
+    label, method, selection, compensation, ratio, its folder (GGUF files, perplexities), keep.json
+    (None for dense) and its GGUF types (the row's ``types``, else the frontier's)."""
     t = check(config)
     model = t["model"]
     cells: list[dict[str, Any]] = [
@@ -76,7 +83,7 @@ def frontier_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
     ]
     for row in t["rows"]:
         calib = row.get("calibration", t["calibration"])
-        for ratio in t["ratios"]:
+        for ratio in row.get("ratios", t["ratios"]):
             cells.append(
                 {
                     "label": f"{row_label(row)} {paths.fmt_ratio(ratio)}",
@@ -86,7 +93,7 @@ def frontier_cells(config: dict[str, Any]) -> list[dict[str, Any]]:
                     "ratio": ratio,
                     "folder": paths.cell_dir(model, calib, row["selection"], ratio, row["compensation"]),
                     "keep": paths.keep_file(model, calib, row["selection"], ratio),
-                    "types": list(t["types"]),
+                    "types": list(row.get("types", t["types"])),
                 }
             )
     return cells

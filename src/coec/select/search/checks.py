@@ -96,18 +96,21 @@ def _check_holdout(config: Mapping[str, Any], entry: Mapping[str, Any], where: s
 
 def _check_budget(budget: Any, where: str) -> None:
     """``null``, ``{uniform: S}`` (selection S's uniform cell's params), ``{type: T}`` (the uniform
-    cell's bytes), ``{params: N}`` or ``{bytes: N, type: T}``
+    cell's bytes), ``{dense: D, type: T}`` (the dense model's bytes in D), ``{params: N}`` or
+    ``{bytes: N, type: T}``
     with T a GGUF type (whether its bytes are modelled: the job's ``parse_budget``)."""
     try:
         if isinstance(budget, Mapping) and set(budget) == {"uniform"}:
             return
-        if isinstance(budget, Mapping) and set(budget) == {"type"}:
-            gguf_type: str | None = str(budget["type"])
+        types: dict[str, Any] = {}
+        if isinstance(budget, Mapping) and set(budget) in ({"type"}, {"dense", "type"}):
+            types = dict(budget)
         else:
-            _, _, gguf_type = budget_key(budget)
-        if gguf_type is not None and gguf_type not in GGUF_TYPES:
-            raise ValueError(
-                f"search.budget.type: unknown GGUF type {gguf_type!r}; expected one of {', '.join(GGUF_TYPES)}"
-            )
+            _, _, types["type"] = budget_key(budget)
+        for key, gguf_type in types.items():
+            if gguf_type is not None and gguf_type not in GGUF_TYPES:
+                raise ValueError(
+                    f"search.budget.{key}: unknown GGUF type {gguf_type!r}; expected one of {', '.join(GGUF_TYPES)}"
+                )
     except ValueError as exc:
         raise ValueError(rekey(str(exc), where.removeprefix("selections."))) from None

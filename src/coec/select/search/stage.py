@@ -107,7 +107,9 @@ class SearchJob:
 
 def resolve_budget(config: Any, rule: KeepRule, budget: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """A config budget for ``build_space``: ``{type: T}`` becomes the bytes of the GGUF file of
-    type T of the uniform cell at ``rule.ratio``; ``{uniform: {channel_multiple: M,
+    type T of the uniform cell at ``rule.ratio``; ``{dense: D, type: T}`` the bytes of the dense
+    model's GGUF file of type D, spent on a file of type T (the pruned cell at the size of dense D);
+    ``{uniform: {channel_multiple: M,
     channel_rounding: R}}`` (the wiring's form of ``{uniform: S}``) the prunable parameters of the
     uniform cell of that width rule at ``rule.ratio`` (e.g. the paper's unaligned widths, while the
     candidates' levels are multiples of 256); the others pass as they are."""
@@ -119,9 +121,15 @@ def resolve_budget(config: Any, rule: KeepRule, budget: Mapping[str, Any] | None
         )
         kv, ch = uniform_pair(d, other)
         return {"params": int(d["layers"]) * (prunable_params(d, "kv_groups", kv) + prunable_params(d, "channels", ch))}
-    if budget is None or set(budget) != {"type"}:
+    if budget is None or set(budget) not in ({"type"}, {"dense", "type"}):
         return budget
     d = arch_dims(config_dict(config))
+    if "dense" in budget:  # the dense model's file of type D, spent in type T
+        widths = [{"kv_groups": int(d["kv_heads"]), "channels": int(d["ffn"])}] * int(d["layers"])
+        try:
+            return {"bytes": model_bytes(config, widths, str(budget["dense"])), "type": budget["type"]}
+        except ValueError as e:
+            raise ValueError(f"search.budget.dense: {e}") from None
     kv, ch = uniform_pair(d, rule)
     widths = [{"kv_groups": kv, "channels": ch}] * int(d["layers"])
     return {"bytes": model_bytes(config, widths, str(budget["type"])), "type": budget["type"]}
