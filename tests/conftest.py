@@ -315,6 +315,7 @@ def pytest_itemcollected(item):
         item.add_marker(folder)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (``--dist loadgroup``, pyproject.toml's addopts) a test file's tests run
     on one worker (its module fixtures made once), and every test that reads the session's shared
