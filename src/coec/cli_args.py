@@ -64,11 +64,17 @@ def add_hub_args(s: argparse.ArgumentParser) -> None:
     )
 
 
+def add_model_check_args(s: argparse.ArgumentParser) -> None:
+    """--expect and the hub options of a stage whose model is checked before any work."""
+    s.add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
+    add_hub_args(s)
+
+
 def check_model_stage(a: argparse.Namespace) -> ResolvedSource:
     """A model stage's model against --expect, its --seqlen and its --keep, before any work
     (``coec.config.modelcheck``): one error line naming the config key and both values. Returns
     the sources as resolved (at --revision, as the stage loads it) and read for the check, which
-    the stage then reads too (``coec.cli.run_stage``, :func:`cell_source`)."""
+    the stage then reads too (:func:`run_checked`, :func:`cell_source`)."""
     from coec.config.modelcheck import check_stage  # deferred: keeps the job boundary torch-free
 
     resolved = resolve_source(cell_source(a)).local
@@ -90,7 +96,7 @@ def stream_options(a: argparse.Namespace) -> StreamOptions:
 
 def cell_source(a: argparse.Namespace) -> CellSource:
     """Which model and which cell a parsed stage names (options it does not take: their defaults),
-    with what its stage-start check resolved (``a.resolved``, ``coec.cli.run_stage``)."""
+    with what its stage-start check resolved (``a.resolved``, :func:`run_checked`)."""
     return CellSource(
         model=a.model,
         dtype=getattr(a, "dtype", CellSource.dtype),
@@ -122,3 +128,16 @@ def run_guarded(stage: str, fn: Callable[[], object]) -> int:
         return 2
     log.info("%s done in %.1fs", stage, time.time() - t0)
     return 0
+
+
+def run_checked(stage: str, a: argparse.Namespace, model_stage: bool) -> int:
+    """A parsed stage, guarded (:func:`run_guarded`): its model checked against the config first
+    (``model_stage``), then its command (``set_defaults(func=...)``), which reads the model as the
+    check resolved it."""
+
+    def run() -> None:
+        if model_stage:
+            a.resolved = check_model_stage(a)
+        a.func(a)
+
+    return run_guarded(stage, run)

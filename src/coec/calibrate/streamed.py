@@ -41,7 +41,7 @@ from coec.calibrate.layer_pass import (
     layer_statistics,
 )
 from coec.io import artifacts
-from coec.io.atomic import umask_modes
+from coec.io.atomic import fsync_file, umask_modes
 from coec.io.errors import ArtifactError
 from coec.io.progress import bar as progress_bar
 from coec.model.load import torch_dtype
@@ -138,11 +138,7 @@ def _publish(work: Path, out: Path) -> None:
     os.replace(work, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    fd = os.open(out.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_file(out.parent)
 
 
 def calibrate_streamed(

@@ -23,8 +23,8 @@ from coec.io import artifacts
 from coec.io.artifacts import GramLayer, log_timings, read_gram_layer
 from coec.io.progress import bar as progress_bar
 from coec.model.arch import MODULES, AttnShape, attention_shape, o_proj_columns
-from coec.model.load import layer_tensor_names, load_config, read_model_tensors, resolve_device
-from coec.model.source import CellSource, resolve_source
+from coec.model.load import layer_tensor_names, read_model_tensors, resolve_device
+from coec.model.source import CellSource, source_config
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,7 @@ def run_gram_check(source: CellSource, grams: str, out: str) -> dict[str, Any]:
     """App. B's verdict on every layer's o_proj and down_proj Gram and each module's output
     energy on it (``compensate.method.check_module``) -> gram_checks/{calib}.json, read by
     every compensation job of the calibration whose method reports no errors of its own."""
-    source = resolve_source(source)
-    model_dir = source.local.model_dir
-    cfg = load_config(model_dir, *source.hub)
+    source, model_dir, cfg = source_config(source)
     dev = resolve_device(source.device)
     layers = []
     for i in progress_bar(range(cfg.num_hidden_layers), desc="gram check", unit="layer"):
@@ -106,9 +104,7 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
     ``keep`` names the keep.json) -> one safetensors file with ``layer{i}.{module}.weight|bias``
     and a JSON twin with each module's ``info``."""
     o = options
-    source = resolve_source(source)
-    model_dir = source.local.model_dir
-    cfg = load_config(model_dir, *source.hub)
+    source, model_dir, cfg = source_config(source)
     keep = source.local.keep_for(cfg.num_hidden_layers)
     if keep is None:
         raise ValueError("compensate needs the cell's keep.json (--keep)")

@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 
 from coec.calibrate.layer_pass import layer_call, layer_masks
-from coec.evaluate.ppl import OnLogits, summed_nll
+from coec.evaluate.ppl import OnLogits, ppl_summary, summed_nll
 from coec.io.progress import bar as progress_bar
 from coec.model.streamed import StreamedModel
 
@@ -129,12 +129,4 @@ def perplexity_streamed(
             raise FloatingPointError(f"non-finite NLL in perplexity batch starting at window {b * batch_size}")
         total += nll
         count += ids[:, 1:].numel()
-    nll = total / count
-    return {
-        "ppl": math.exp(nll),
-        "nll": nll,
-        "tokens_scored": count,
-        "windows": int(windows.shape[0]),
-        "seqlen": int(windows.shape[1]),
-        "seconds": round(time.time() - t0, 3),
-    }
+    return ppl_summary(total, count, windows, t0)

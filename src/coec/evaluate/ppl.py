@@ -92,6 +92,13 @@ def perplexity(
     (``on_logits``: :func:`window_nll`'s)."""
     t0 = time.time()
     total, count = window_nll(model, windows, batch_size, device, progress, on_logits)
+    return ppl_summary(total, count, windows, t0)
+
+
+def ppl_summary(total: float, count: int, windows: torch.Tensor, t0: float) -> dict[str, Any]:
+    """{'ppl', 'nll', 'tokens_scored', 'windows', 'seqlen', 'seconds'} of the summed NLL ``total``
+    over ``count`` predicted tokens of the (n, seqlen) ``windows``, timed from ``t0``: the one
+    summary of every perplexity (loaded, streamed, llama.cpp)."""
     nll = total / count
     return {
         "ppl": math.exp(nll),

@@ -23,8 +23,8 @@ from coec.io.artifacts import log_timings
 from coec.io.progress import bar as progress_bar
 from coec.model.arch import attention_shape, o_proj_columns, pruned_value_proj
 from coec.model.cell import open_cell
-from coec.model.load import layer_tensor_names, load_config, read_model_tensors
-from coec.model.source import CellSource, resolve_source
+from coec.model.load import layer_tensor_names, read_model_tensors
+from coec.model.source import CellSource, resolve_source, source_config
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,7 @@ def run_geometry(source: CellSource, out: str) -> list[dict[str, Any]]:
     """App. C measurements of every layer's o_proj (r_p = 16) and down_proj (r = 64) of the cell
     ``source`` (its keep set and blocks) -> geometry.csv (uncompensated cells measure W_K
     against itself)."""
-    source = resolve_source(source)
-    model_dir = source.local.model_dir
-    cfg = load_config(model_dir, *source.hub)
+    source, model_dir, cfg = source_config(source)
     geom = attention_shape(cfg)
     keep = source.local.keep_for(cfg.num_hidden_layers)
     if keep is None:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_dir", "write_chunks", "write_bytes", "write_text", "umask_modes"]
+__all__ = ["atomic_path", "atomic_dir", "write_chunks", "write_bytes", "write_text", "umask_modes", "fsync_file"]
 
 
 def _umask() -> int:
@@ -70,7 +70,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             umask_modes(tmp)
         else:
             os.chmod(tmp, 0o666 & ~_umask())
-            _fsync_file(tmp)
+            fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         _remove(tmp)
@@ -113,10 +113,11 @@ def umask_modes(folder: str | Path) -> None:
             fd = os.path.join(root, f)
             if not os.path.islink(fd):
                 os.chmod(fd, 0o666 & ~mask)
-                _fsync_file(fd)
+                fsync_file(fd)
 
 
-def _fsync_file(path: str | Path) -> None:
+def fsync_file(path: str | Path) -> None:
+    """fsync a file or a folder (its entries), by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -28,17 +28,9 @@ from tqdm import tqdm
 ENV = "COEC_PROGRESS"
 _BAR, _LINES, _OFF = "bar", "lines", "off"
 _ALIASES = {
-    "1": _BAR,
-    "on": _BAR,
-    "true": _BAR,
-    "yes": _BAR,
-    "bar": _BAR,
-    "0": _OFF,
-    "off": _OFF,
-    "false": _OFF,
-    "no": _OFF,
-    "lines": _LINES,
-    "log": _LINES,
+    **dict.fromkeys(("1", "on", "true", "yes", "bar"), _BAR),
+    **dict.fromkeys(("0", "off", "false", "no"), _OFF),
+    **dict.fromkeys(("lines", "log"), _LINES),
 }
 
 log = logging.getLogger("coec.io.progress")

@@ -8,16 +8,7 @@ import argparse
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from coec.cli_args import (
-    EXPECT_HELP,
-    Subparsers,
-    add_hub_args,
-    cell_source,
-    check_model_stage,
-    config_arg,
-    json_arg,
-    run_guarded,
-)
+from coec.cli_args import Subparsers, add_model_check_args, cell_source, config_arg, json_arg, run_checked
 from coec.iterative.choices import MODES, STRUCTURES, VARIANCE_MIXES
 from coec.iterative.schedule import make_schedule
 from coec.model.source import CellSource
@@ -49,8 +40,7 @@ def _calib_args(s: argparse.ArgumentParser) -> None:
     config_arg(s, "--variance-mix", "iterative.mixes.*.variance_mix", choices=VARIANCE_MIXES)
     config_arg(s, "--device", "compute.device")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
-    s.add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
-    add_hub_args(s)
+    add_model_check_args(s)
     s.add_argument("--out", required=True)
 
 
@@ -129,15 +119,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``coec iterative <cmd>``: checked, then run with one error line on bad input."""
     if args.cmd == "run" and schedule_args_error(args):
         parser.error(f"iterative run: {schedule_args_error(args)}")
-    return run_guarded(f"iterative {args.cmd}", lambda: run_cmd(args))
-
-
-def run_cmd(a: argparse.Namespace) -> None:
-    """One ``coec iterative <cmd>``: its model checked against the config first (run, grams),
-    then its command (``set_defaults(func=...)``)."""
-    if a.cmd in MODEL_STAGES:
-        a.resolved = check_model_stage(a)  # the stage reads the model as the check resolved it
-    a.func(a)
+    return run_checked(f"iterative {args.cmd}", args, args.cmd in MODEL_STAGES)
 
 
 def _calibration(a: argparse.Namespace) -> tuple[CellSource, DomainCalibration, Options]:

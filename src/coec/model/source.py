@@ -102,3 +102,12 @@ def resolve_source(source: CellSource) -> CellSource:
     from coec.model.load import resolve_model_dir  # deferred: torch, ~3 s at CLI start
 
     return replace(source, resolved=ResolvedSource(resolve_model_dir(source.model, *source.hub), source.keep))
+
+
+def source_config(source: CellSource) -> tuple[CellSource, Path, Any]:
+    """``source`` resolved (:func:`resolve_source`), its model's local folder and its config
+    (``coec.model.load.load_config``)."""
+    from coec.model.load import load_config  # deferred: torch, ~3 s at CLI start
+
+    source = resolve_source(source)
+    return source, source.local.model_dir, load_config(source.local.model_dir, *source.hub)

@@ -293,20 +293,15 @@ def _write_zeroshot_or_table(spec: Spec, out: str | Path) -> pd.DataFrame:
     return df
 
 
-def _write_appc(spec: Spec, out: str | Path) -> pd.DataFrame:
-    df = appc_summary(spec)
-    write_table(df, out, 3, spec.get("caption", ""))
-    return df
+def _table_writer(build: Callable[[Spec], pd.DataFrame], digits: int) -> Callable[[Spec, str | Path], pd.DataFrame]:
+    """The writer of the table ``build`` makes of a spec (:func:`write_table`, ``digits`` places)."""
 
+    def write(spec: Spec, out: str | Path) -> pd.DataFrame:
+        df = build(spec)
+        write_table(df, out, digits, spec.get("caption", ""))
+        return df
 
-def _write_table4(spec: Spec, out: str | Path) -> pd.DataFrame:
-    df = table4(spec)
-    write_table(df, out, 2, spec.get("caption", ""))
-    return df
-
-
-def _write_claims(spec: Spec, out: str | Path) -> str:
-    return write_claims(spec, out)
+    return write
 
 
 def _write_readme(spec: Spec, out: str | Path) -> str:
@@ -318,14 +313,14 @@ def _write_readme(spec: Spec, out: str | Path) -> str:
 #: kind -> writer(spec, out); the writers return what they wrote (a table, text) or None.
 WRITERS: dict[str, Callable[[Spec, str | Path], Any]] = {
     "table": _write_zeroshot_or_table,
-    "appc": _write_appc,
-    "table4": _write_table4,
+    "appc": _table_writer(appc_summary, 3),
+    "table4": _table_writer(table4, 2),
     "table4-measured": write_measured,  # measured deployment cost (coec.report.measured.table)
     "frontier": write_frontier,  # pruned or quantized (coec.report.frontier)
     "sota": write_sota,  # the state of the art at one budget (coec.report.sota)
     "geometry-figure": plot_geometry,
     "lines-figure": plot_lines,
-    "claims": _write_claims,
+    "claims": write_claims,
     "readme": _write_readme,
 }
 

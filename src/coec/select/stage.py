@@ -10,8 +10,8 @@ from coec.io import artifacts
 from coec.io.artifacts import read_gram_layer
 from coec.io.progress import bar as progress_bar
 from coec.model.arch import MODULES, attention_shape
-from coec.model.load import layer_tensor_names, load_config, read_model_tensors
-from coec.model.source import CellSource, resolve_source
+from coec.model.load import layer_tensor_names, read_model_tensors
+from coec.model.source import CellSource, source_config
 from coec.select.options import SelectOptions
 from coec.select.scores import KeepRule, aligned_steps, check_multiple, select_layer, selection_spec
 from coec.select.widths import PAPER_WIDTH, width_note, width_record
@@ -28,9 +28,7 @@ def run_select(source: CellSource, grams: str, options: SelectOptions, out: str)
     o = options
     spec = selection_spec({"score": o.method, **(o.options or {})}, "--options")
     width = (o.channel_multiple, o.channel_rounding)
-    source = resolve_source(source)
-    model_dir = source.local.model_dir
-    cfg = load_config(model_dir, *source.hub)
+    source, model_dir, cfg = source_config(source)
     check_multiple(cfg.intermediate_size, o.channel_multiple)
     geom = attention_shape(cfg)
     rule = KeepRule(o.ratio, o.group_rounding, o.channel_rounding, o.channel_multiple)

@@ -130,9 +130,7 @@ class SearchWiring:
     def plugin_params(self, rule: str) -> dict[str, Any]:
         """``plugins`` of a candidates job (its model's family, its selection's score, its
         compensation's method) or a search job (its model's family), as ``Wiring.plugin_params``."""
-        if not self.config.get("plugins"):
-            return {}
-        return {"plugins": lambda wc: self.w.plugin_code(self.job_plugins(rule, wc))}
+        return self.w.plugin_params(rule, self.job_plugins)
 
     def job_plugins(self, rule: str, wc: Any) -> set[str]:
         used: set[str | None] = set(self.w.family_plugins(wc.model))

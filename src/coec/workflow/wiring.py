@@ -304,14 +304,15 @@ class Wiring(JobResources):
         return json.dumps({**spec, "inputs": extra} if extra else spec, sort_keys=True)
 
     # ------------------------------------------------------------------------- plug-in code
-    def plugin_params(self, rule: str) -> dict[str, Any]:
+    def plugin_params(self, rule: str, job_plugins: Callable[[str, Any], set[str]] | None = None) -> dict[str, Any]:
         """``plugins``: the sha256 of the code of every plug-in a job of ``rule`` uses
-        (``job_plugins``), so that editing a plug-in reruns exactly its jobs (Snakemake's params
-        trigger) and, through their outputs, what reads them. No param without plug-ins; for a
-        job that uses none, ``NO_PLUGINS``, which Snakemake does not record."""
+        (``job_plugins``, by default :meth:`job_plugins`), so that editing a plug-in reruns exactly
+        its jobs (Snakemake's params trigger) and, through their outputs, what reads them. No param
+        without plug-ins; for a job that uses none, ``NO_PLUGINS``, which Snakemake does not record."""
         if not self.config.get("plugins"):
             return {}
-        return {"plugins": lambda wc: self.plugin_code(self.job_plugins(rule, wc))}
+        used = job_plugins or self.job_plugins
+        return {"plugins": lambda wc: self.plugin_code(used(rule, wc))}
 
     def plugin_code(self, specs: set[str]) -> Any:
         """JSON ``{plug-in: sha256 of its code}`` (hashed once per plan), or ``NO_PLUGINS``."""

@@ -24,7 +24,7 @@ import torch
 
 from coec.evaluate.kl import KlMeter
 from coec.evaluate.llamacpp.amx import ENV, extra_buffers_off, keep_extra_buffers
-from coec.evaluate.ppl import summed_nll
+from coec.evaluate.ppl import ppl_summary, summed_nll
 from coec.io.isolated import call_isolated
 from coec.model.arch.gguf import bindings_model_class
 
@@ -128,16 +128,7 @@ def _gguf_perplexity(
         llm.close()
     if not math.isfinite(total):
         raise FloatingPointError(f"non-finite NLL from llama.cpp on {path}")
-    nll = total / count
-    return {
-        "ppl": math.exp(nll),
-        "nll": nll,
-        "tokens_scored": count,
-        "windows": int(windows.shape[0]),
-        "seqlen": int(windows.shape[1]),
-        "seconds": round(time.time() - t0, 3),
-        **({"kl": kl.mean()} if kl is not None else {}),
-    }
+    return {**ppl_summary(total, count, windows, t0), **({"kl": kl.mean()} if kl is not None else {})}
 
 
 #: How to install the bindings (every message that asks for them names this command).

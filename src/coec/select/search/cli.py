@@ -8,16 +8,7 @@ from __future__ import annotations
 import argparse
 
 from coec.calibrate.options import CalibrationWindows
-from coec.cli_args import (
-    EXPECT_HELP,
-    Subparsers,
-    add_hub_args,
-    cell_source,
-    check_model_stage,
-    config_arg,
-    json_arg,
-    run_guarded,
-)
+from coec.cli_args import Subparsers, add_model_check_args, cell_source, config_arg, json_arg, run_checked
 from coec.select.scores import CHANNEL_ROUNDINGS, ROUNDINGS, KeepRule
 from coec.select.search import ALLOCATIONS, OPTION_KEYS
 from coec.select.search.checks import search_options
@@ -29,8 +20,7 @@ def _model_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--model", required=True)
     config_arg(s, "--device", "compute.device")
     s.add_argument("--cell", type=json_arg, default={}, help="cell labels recorded in the output")
-    s.add_argument("--expect", type=json_arg, default={}, help=EXPECT_HELP)
-    add_hub_args(s)
+    add_model_check_args(s)
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -78,12 +68,7 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``coec search <cmd>``: the model checked against the config first, then the command."""
-    return run_guarded(f"search {args.cmd}", lambda: _run(args))
-
-
-def _run(a: argparse.Namespace) -> None:
-    a.resolved = check_model_stage(a)  # the stage reads the model as the check resolved it
-    a.func(a)
+    return run_checked(f"search {args.cmd}", args, True)
 
 
 def cmd_candidates(a: argparse.Namespace) -> None:

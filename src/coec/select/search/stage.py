@@ -20,7 +20,7 @@ from coec.io.artifacts import read_gram_layer
 from coec.model.arch import MODULES, attention_shape
 from coec.model.cell import load_source
 from coec.model.load import layer_tensor_names, load_config, read_model_tensors, resolve_device
-from coec.model.source import CellSource, resolve_source
+from coec.model.source import CellSource, source_config
 from coec.report.cost import arch_dims, config_dict
 from coec.select.scores import KeepRule, check_multiple, layer_scores, selection_spec
 from coec.select.search import rekey
@@ -53,9 +53,7 @@ def run_candidates(source: CellSource, grams: str, options: CandidateOptions, ou
     twin. A multiple above the MLP width stops before anything is read or written."""
     o = options
     spec = selection_spec({"score": o.method, **o.options}, "--options")
-    source = resolve_source(source)
-    model_dir = source.local.model_dir
-    cfg = load_config(model_dir, *source.hub)
+    source, model_dir, cfg = source_config(source)
     check_multiple(cfg.intermediate_size, o.channel_multiple)
     if not 0 <= o.layer < cfg.num_hidden_layers:
         raise ValueError(f"--layer {o.layer}: the model has {cfg.num_hidden_layers} layers")
@@ -201,8 +199,7 @@ def run_search(source: CellSource, job: SearchJob, out: str, record_out: str) ->
     """The allocation of per-layer widths under the budget (module docstring) -> keep.json
     (``out``) and its record (``record_out``). Refusals (a budget no allocation meets, levels the
     candidates do not hold, too few held-out tokens) stop before the model is loaded."""
-    source = resolve_source(source)
-    cfg = load_config(source.local.model_dir, *source.hub)
+    source, _, cfg = source_config(source)
     space = space_of(cfg, job)
     files = [LayerCandidateFile(p) for p in job.candidates]
     check_levels(space, files, job)
