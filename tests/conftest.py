@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -315,14 +316,34 @@ def pytest_itemcollected(item):
         item.add_marker(folder)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+@functools.cache
+def _reads_shared_run(path: str) -> bool:
+    """Whether the test file at ``path`` (relative to the repository) names :func:`shared_run`."""
+    return "shared_run" in (REPO / path).read_text()
+
+
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``--dist loadgroup``, pyproject.toml's addopts) a test file's tests run
-    on one worker (its module fixtures made once), and every test that reads the session's shared
-    trimmed run (:func:`shared_run`) on one worker (the run made once)."""
-    for item in items:
-        shared = "shared_run" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("shared_run" if shared else item.nodeid.split("::")[0]))
+    """The files that read the shared trimmed run first: under pytest-xdist their worker starts on
+    the longest group at once."""
+    items.sort(key=lambda item: not _reads_shared_run(item.nodeid.split("::", 1)[0]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (pyproject.toml's addopts) refined: a file's tests on one worker (its
+    module fixtures made once), and every file that reads :func:`shared_run` on the same worker (the
+    run made once). pytest 9.2 keeps ``xdist_group`` marks out of the node ids that ``--dist
+    loadgroup`` groups by, so the grouping is the scheduler's."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrSharedRun(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "shared_run" if _reads_shared_run(path) else path
+
+    return FileOrSharedRun(config, log)
 
 
 # ----------------------------------------------------------------------------- shared helpers
