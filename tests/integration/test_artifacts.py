@@ -289,7 +289,7 @@ def test_model_folder_checks(tmp_path):
 def test_run_guarded_turns_artifact_and_safetensors_errors_into_one_line(capsys):
     from safetensors import SafetensorError
 
-    from coec.cli import run_guarded
+    from coec.cli_args import run_guarded
 
     def bad_artifact():
         raise artifacts.ArtifactError("/x/layer0.safetensors", "truncated (10 bytes)")

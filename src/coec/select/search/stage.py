@@ -122,15 +122,13 @@ def resolve_budget(config: Any, rule: KeepRule, budget: Mapping[str, Any] | None
     if budget is None or set(budget) not in ({"type"}, {"dense", "type"}):
         return budget
     d = arch_dims(config_dict(config))
-    if "dense" in budget:  # the dense model's file of type D, spent in type T
-        widths = [{"kv_groups": int(d["kv_heads"]), "channels": int(d["ffn"])}] * int(d["layers"])
-        try:
-            return {"bytes": model_bytes(config, widths, str(budget["dense"])), "type": budget["type"]}
-        except ValueError as e:
-            raise ValueError(f"search.budget.dense: {e}") from None
-    kv, ch = uniform_pair(d, rule)
+    key = "dense" if "dense" in budget else "type"  # whose file's size: the dense model's or the uniform cell's
+    kv, ch = (int(d["kv_heads"]), int(d["ffn"])) if key == "dense" else uniform_pair(d, rule)
     widths = [{"kv_groups": kv, "channels": ch}] * int(d["layers"])
-    return {"bytes": model_bytes(config, widths, str(budget["type"])), "type": budget["type"]}
+    try:
+        return {"bytes": model_bytes(config, widths, str(budget[key])), "type": budget["type"]}
+    except ValueError as e:
+        raise ValueError(f"search.budget.{key}: {e}") from None
 
 
 def check_levels(space: SearchSpace, files: Sequence[LayerCandidateFile], job: SearchJob) -> None:
