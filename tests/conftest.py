@@ -172,6 +172,35 @@ def shared_run(tmp_path_factory) -> WorkflowRun:
     return run
 
 
+@pytest.fixture(scope="session")
+def embedded(tmp_path_factory) -> tuple[Path, Path]:
+    """(model folder, text folder) of the embedded SmolLM2-135M (tests/embedded_cells.py), made once
+    per worker; skipped with the reason where llama-cpp-python is missing."""
+    from coec.evaluate.llamacpp.run import unavailable
+    from embedded_cells import prepare
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    return prepare(tmp_path_factory.mktemp("embedded"))
+
+
+@pytest.fixture(scope="session")
+def embedded_cell(embedded, tmp_path_factory):
+    """``cell(name) -> (keep.json, block files)`` of the embedded model's ``"table1"`` (rcpu-0.3/coec)
+    or ``"al-am"`` (iterative iflap-alam-0.3) cell (tests/embedded_cells.py), each built on first use."""
+    import embedded_cells
+
+    build = {"table1": embedded_cells.table1_cell, "al-am": embedded_cells.al_am_cell}
+    config = embedded_cells.repo_config()
+
+    @functools.cache
+    def cell(name: str) -> tuple[Path, list[Path]]:
+        return build[name](config, *embedded, tmp_path_factory.mktemp(name))
+
+    return cell
+
+
 def full_workflow_config(work: Path) -> dict:
     """A trimmed config that reaches every stage of the paper's grid and of the iterative method
     (every selection and compensation method, Fig. 2, multi-domain mixes, every iterative mode and
@@ -316,24 +345,31 @@ def pytest_itemcollected(item):
         item.add_marker(folder)
 
 
+#: the session fixtures that take minutes to make: the test files that name one run on one
+#: pytest-xdist worker, which makes it once, and start first
+SHARED_FIXTURES = ("shared_run", "embedded_cell")
+
+
 @functools.cache
-def _reads_shared_run(path: str) -> bool:
-    """Whether the test file at ``path`` (relative to the repository) names :func:`shared_run`."""
-    return "shared_run" in (REPO / path).read_text()
+def _shared_fixture(path: str) -> str | None:
+    """The first of :data:`SHARED_FIXTURES` that the test file at ``path`` (relative to the
+    repository) names, or None."""
+    text = (REPO / path).read_text()
+    return next((name for name in SHARED_FIXTURES if name in text), None)
 
 
 def pytest_collection_modifyitems(items):
-    """The files that read the shared trimmed run first: under pytest-xdist their worker starts on
-    the longest group at once."""
-    items.sort(key=lambda item: not _reads_shared_run(item.nodeid.split("::", 1)[0]))
+    """The files that read a shared fixture first: under pytest-xdist their worker starts on the
+    longest group at once."""
+    items.sort(key=lambda item: _shared_fixture(item.nodeid.split("::", 1)[0]) is None)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` (pyproject.toml's addopts) refined: a file's tests on one worker (its
-    module fixtures made once), and every file that reads :func:`shared_run` on the same worker (the
-    run made once). pytest 9.2 keeps ``xdist_group`` marks out of the node ids that ``--dist
-    loadgroup`` groups by, so the grouping is the scheduler's."""
+    module fixtures made once), and the files that read one of :data:`SHARED_FIXTURES` on one worker
+    (the fixture made once). pytest 9.2 keeps ``xdist_group`` marks out of the node ids that
+    ``--dist loadgroup`` groups by, so the grouping is the scheduler's."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -341,7 +377,7 @@ def pytest_xdist_make_scheduler(config, log):
     class FileOrSharedRun(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "shared_run" if _reads_shared_run(path) else path
+            return _shared_fixture(path) or path
 
     return FileOrSharedRun(config, log)
 

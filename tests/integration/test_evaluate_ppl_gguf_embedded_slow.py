@@ -1,6 +1,7 @@
 """Slow: ``coec ppl --gguf`` of the embedded model's f32 GGUF export equals ``coec ppl`` (the
 in-memory model in transformers) to 0.1 %, for the dense model and Table 1's rcpu-0.3/coec cell,
-over the first evaluation windows. Needs llama-cpp-python; skipped with the reason otherwise."""
+over the first evaluation windows. The cell (tests/embedded_cells.py) is built once per pytest worker and
+shared with test_export_gguf_embedded_slow.py. Needs llama-cpp-python; skipped with the reason otherwise."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import pytest
 
 from coec.cli import main
-from test_export_gguf_embedded_slow import PPL_WINDOWS, config, dataset, embedded, table1_cell  # noqa: F401
+from embedded_cells import PPL_WINDOWS, dataset, repo_config
 
 pytestmark = pytest.mark.slow
 
@@ -17,11 +18,12 @@ TOL = 1e-3
 
 
 @pytest.mark.parametrize("pruned", [False, True], ids=["dense", "rcpu-0.3-coec"])
-def test_llama_cpp_ppl_equals_transformers(config, embedded, tmp_path, pruned):  # noqa: F811
+def test_llama_cpp_ppl_equals_transformers(embedded, embedded_cell, tmp_path, pruned):
+    config = repo_config()
     model, text = embedded
     cell = []
     if pruned:
-        keep, comp = table1_cell(config, model, text, tmp_path)
+        keep, comp = embedded_cell("table1")
         cell = ["--keep", str(keep), "--comp", *map(str, comp)]
     gguf_file = tmp_path / "export-f32.gguf"
     export = ["export", "--model", str(model), *cell, "--format", "gguf", "--gguf-type", "f32"]

@@ -1,0 +1,180 @@
+"""The embedded model (SmolLM2-135M) and two of its cells, built as the workflow builds them, for the
+slow tests that run them in a real llama.cpp (tests/integration/*_embedded_slow.py; fixtures
+``embedded`` and ``embedded_cell`` in tests/conftest.py make each once per pytest worker).
+
+The cells use config.yaml's settings (calibration enwiki-32x512, ``group_rounding``, the ``coec``
+compensation; the ``iflap-alam`` variant), made smaller where an export cannot tell the difference
+(``SMALLER``): 8 calibration sequences instead of 32 and 1 COEC round instead of 20, the same
+ratio, structure and compensated modules. Where this checkout's workflow already made the full
+cells (``results/smollm2-135m/...``), those files are used."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from coec.cli import main
+from coec.config.validate import validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+PPL_WINDOWS = 4  # the first 4 of the 48 evaluation windows of 512 tokens
+# config.yaml's settings lowered to build the cells in minutes: calibration sequences, COEC rounds
+SMALLER = {"nsamples": 8, "max_rounds": 1}
+
+
+def repo_config() -> dict:
+    """This checkout's config.yaml, validated (defaults filled in)."""
+    return validate_config(yaml.safe_load((REPO / "config.yaml").read_text()))
+
+
+def prepare(root: Path) -> tuple[Path, Path]:
+    """(model folder, text folder): this checkout's prepared resources, else prepared under ``root``."""
+    from coec.data.bundled import prepare_embedded_model, prepare_embedded_text
+
+    model = Path(os.environ.get("COEC_EMBEDDED_MODEL", REPO / f"resources/models/{MODEL}"))
+    if not (model / "config.json").is_file():
+        model = prepare_embedded_model(MODEL, root / MODEL)
+    text = REPO / "resources/text/enwiki"
+    if not (text / "eval.txt").is_file():
+        text = root / "enwiki"
+        text.mkdir(parents=True)
+        prepare_embedded_text(text)
+    return Path(model), text
+
+
+def dataset(text: Path, config: dict) -> dict:
+    """The embedded Wikipedia dataset spec, as the workflow passes it."""
+    return {"source": "embedded", "dir": str(text), "eval_every": config["datasets"]["enwiki"]["eval_every"]}
+
+
+def table1_cell(config, model: Path, text: Path, work: Path) -> tuple[Path, list[Path]]:
+    """keep.json and block files of Table 1's rcpu-0.3/coec cell (the workflow's, or built)."""
+    cell = REPO / f"results/{MODEL}/enwiki-32x512/rcpu-0.3"
+    if (cell / "keep.json").is_file() and (cell / "coec/block0-29.safetensors").is_file():
+        return cell / "keep.json", [cell / "coec/block0-29.safetensors"]
+    c = {**config["calibration"]["enwiki-32x512"], "nsamples": SMALLER["nsamples"]}
+    grams, keep, block = work / "grams", work / "keep.json", work / "block0-29.safetensors"
+    ds = json.dumps(dataset(text, config))
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(model),
+                "--dataset",
+                ds,
+                "--nsamples",
+                str(c["nsamples"]),
+                "--seqlen",
+                str(c["seqlen"]),
+                "--seed",
+                str(c["seed"]),
+                "--batch-size",
+                str(c["batch_size"]),
+                "--gram-dtype",
+                c["gram_dtype"],
+                "--device",
+                "cpu",
+                "--out",
+                str(grams),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "select",
+                "--model",
+                str(model),
+                "--grams",
+                str(grams),
+                "--method",
+                "rcpu",
+                "--ratio",
+                "0.3",
+                "--group-rounding",
+                config["group_rounding"],
+                "--out",
+                str(keep),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "compensate",
+                "--model",
+                str(model),
+                "--grams",
+                str(grams),
+                "--keep",
+                str(keep),
+                "--spec",
+                json.dumps({**config["compensations"]["coec"], "max_rounds": SMALLER["max_rounds"]}),
+                "--first",
+                "0",
+                "--last",
+                "29",
+                "--device",
+                "cpu",
+                "--out",
+                str(block),
+            ]
+        )
+        == 0
+    )
+    return keep, [block]
+
+
+def al_am_cell(config, model: Path, text: Path, work: Path) -> tuple[Path, list[Path]]:
+    """keep.json and block of the iterative ``iflap-alam`` cell at 30 % (the workflow's, or built)."""
+    cell = REPO / f"results/{MODEL}/enwiki-32x512/iterative/iflap-alam-0.3"
+    if (cell / "keep.json").is_file() and (cell / "block0-29.safetensors").is_file():
+        return cell / "keep.json", [cell / "block0-29.safetensors"]
+    c = {**config["calibration"]["enwiki-32x512"], "nsamples": SMALLER["nsamples"]}
+    v = config["iterative"]["variants"]["iflap-alam"]
+    ds = dataset(text, config)
+    out = work / "alam"
+    assert (
+        main(
+            [
+                "iterative",
+                "run",
+                "--model",
+                str(model),
+                "--domains",
+                json.dumps([{"name": "enwiki", "alpha": 1.0, "dataset": ds}]),
+                "--nsamples",
+                str(c["nsamples"]),
+                "--seqlen",
+                str(c["seqlen"]),
+                "--seed",
+                str(c["seed"]),
+                "--batch-size",
+                str(c["batch_size"]),
+                "--gram-dtype",
+                c["gram_dtype"],
+                "--ratio",
+                "0.3",
+                "--step",
+                str(v["step"]),
+                "--structure",
+                v["structure"],
+                "--group-rounding",
+                config["group_rounding"],
+                "--device",
+                "cpu",
+                "--quiet",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    return out / "keep.json", sorted(out.glob("block*.safetensors"))
