@@ -17,6 +17,8 @@
 #   COEC_LLAMACPP_AMX=1     keep llama.cpp's AMX kernels (no -mno-amx-*; once upstream fixes the crash)
 #   CMAKE_ARGS              extra cmake arguments, e.g. -DGGML_CUDA=on (part of the cache key)
 #   COEC_SETUP_DRY_RUN=1    print the cache key, flags and commands instead of running them
+#   COEC_LLAMACPP_WHEEL_ONLY=1  build (or find) the cached wheel and stop: install nothing (CI builds it
+#                           while other steps run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=${COEC_LLAMACPP_VERSION:-0.3.36}
@@ -82,6 +84,7 @@ if [ -z "$wheel" ]; then
 else
     echo "reusing $wheel"
 fi
+if [ -n "${COEC_LLAMACPP_WHEEL_ONLY:-}" ]; then echo "wheel: $wheel (not installed)"; exit 0; fi
 "${PIP[@]}" install -q --no-cache-dir --force-reinstall --no-deps "$wheel"
 "${PIP[@]}" install -q "$wheel"   # its dependencies (numpy, jinja2, diskcache, typing-extensions)
 .venv/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, '|', \
