@@ -30,10 +30,10 @@ import sys
 import time
 
 import torch
+from timing import device_sync, gemm_rate, span_totals
 
 from coec.compensate import compensate
 from coec.compensate.errors import OutputError
-from coec.compensate.profiling import device_sync, gemm_rate, span_totals
 
 # name: (module, d_out, d_in, k, extra)   extra: for o_proj (n_heads, n_kv, head_dim, d_model)
 SHAPES = {

@@ -22,9 +22,9 @@ import time
 
 import torch
 from gram_blocks import dense_gram_add_  # a sibling script: benchmarks/ is the script's folder
+from timing import device_sync, gemm_rate
 
 from coec.calibrate.layer_pass import GramAccumulator, LayerRun, run_layerwise
-from coec.compensate.profiling import device_sync, gemm_rate
 from coec.evaluate.ppl import perplexity
 from coec.model.load import load_model, resolve_device
 

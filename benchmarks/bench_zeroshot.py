@@ -4,7 +4,7 @@ lm-eval's overhead over plain forward passes on the same token count (goal <= 1.
     python benchmarks/bench_zeroshot.py --limit 50                 # all 8 tasks
     python benchmarks/bench_zeroshot.py --limit 20 --tasks arc_easy piqa --threads 1
 
-For each task it runs ``run_zeroshot`` (what a workflow cell pays: task set-up, tokenising,
+For each task it runs ``zeroshot_with_records`` (what a workflow cell pays: task set-up, tokenising,
 batching, scoring) while hooks record the shape of every batch lm-eval sends through the model
 and the time spent inside ``model.forward``. It then replays the same batch shapes as plain
 ``model(input_ids)`` + ``log_softmax`` calls. overhead = lm-eval wall time / replay time.
@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -98,7 +99,7 @@ def bench_task(model, tok, name: str, a, data_dir: Path) -> dict:
     t0 = time.perf_counter()
     try:
         options = ZeroshotOptions((name,), data_dir, a.limit, a.batch_size, a.max_length)
-        out = zs.run_zeroshot(model, tok, options)
+        out = zs.zeroshot_with_records(model, tok, replace(options, log_samples=False))[0]
     finally:
         rec.remove()
     total = time.perf_counter() - t0

@@ -16,9 +16,9 @@ import argparse
 import time
 
 import torch
+from timing import device_sync
 
 from coec.calibrate.layer_pass import gram_block, gram_block_edges, gram_upper_add_, symmetrize_upper_
-from coec.compensate.profiling import device_sync
 from coec.model.load import resolve_device, torch_dtype
 
 

@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 import torch
+from timing import device_sync
 
 from coec.compensate import compensate
 from coec.compensate.linalg import polar, polar_eigh
-from coec.compensate.profiling import device_sync
 
 OLD_MAX_COND_ATA = 1e12  # the earlier polar_eigh rule: SVD whenever cond(A^T A) >= 1e12
 POLARS = {"svd": polar, "eigh": polar_eigh}

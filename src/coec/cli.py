@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from coec.calibrate.options import CalibrateOptions, CalibrationWindows
 from coec.cli_args import (
@@ -36,6 +37,15 @@ from coec.registry import plugins_from_env
 from coec.select.options import SelectOptions
 from coec.select.scores import CHANNEL_ROUNDINGS
 from coec.select.search import cli as search_cli
+
+
+def _stage(sub: Subparsers, name: str, func: Any, help: str, model: bool = False) -> argparse.ArgumentParser:
+    """The subparser of stage ``name`` running ``func``; ``model``: its first option ``--model``."""
+    s = sub.add_parser(name, help=help)
+    s.set_defaults(func=func)
+    if model:
+        s.add_argument("--model", required=True)
+    return s
 
 
 def _cell_args(s: argparse.ArgumentParser) -> None:
@@ -87,11 +97,10 @@ def ppl_options(a: argparse.Namespace) -> PplOptions:
 def _model_parsers(sub: Subparsers) -> None:
     """The subcommands that only prepare inputs: prepare-model, tiny-model, prepare-text,
     prepare-zeroshot, report."""
-    s = sub.add_parser("prepare-model", help="convert an embedded (wheel-shipped) model")
+    s = _stage(sub, "prepare-model", cmd_prepare_model, "convert an embedded (wheel-shipped) model")
     s.add_argument("--name", required=True)
     s.add_argument("--spec", type=json_arg, default={})
     s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_prepare_model)
 
     s = sub.add_parser(
         "tiny-model",
@@ -104,30 +113,27 @@ def _model_parsers(sub: Subparsers) -> None:
     s.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     s.set_defaults(func=cmd_tiny_model)
 
-    s = sub.add_parser("prepare-text", help="extract the embedded Wikipedia text")
+    s = _stage(sub, "prepare-text", cmd_prepare_text, "extract the embedded Wikipedia text")
     s.add_argument("--out", required=True)
     config_arg(s, "--eval-every", "datasets.*.eval_every", type=int)
-    s.set_defaults(func=cmd_prepare_text)
 
 
 def _prune_parsers(sub: Subparsers) -> None:
     """calibrate, gram-check, select, compensate."""
-    s = sub.add_parser("calibrate", help="Grams of o_proj/down_proj inputs, layer by layer")
+    s = _stage(sub, "calibrate", cmd_calibrate, "Grams of o_proj/down_proj inputs, layer by layer")
     _calibration_args(s)
     config_arg(s, "--gram-dtype", "calibration.*.gram_dtype")
     config_arg(s, "--device", "compute.device")
     s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_calibrate)
 
-    s = sub.add_parser("gram-check", help="App. B's verdict on every Gram and each module's output energy")
-    s.add_argument("--model", required=True)
+    s = _stage(
+        sub, "gram-check", cmd_gram_check, "App. B's verdict on every Gram and each module's output energy", model=True
+    )
     s.add_argument("--grams", required=True)
     config_arg(s, "--device", "compute.device")
     s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_gram_check)
 
-    s = sub.add_parser("select", help="column scores -> keep.json")
-    s.add_argument("--model", required=True)
+    s = _stage(sub, "select", cmd_select, "column scores -> keep.json", model=True)
     s.add_argument("--grams", required=True)
     s.add_argument("--method", required=True, help="score: wanda_sp | flap | rcpu")
     s.add_argument(
@@ -140,10 +146,8 @@ def _prune_parsers(sub: Subparsers) -> None:
     config_arg(s, "--channel-multiple", "channel_multiple", type=int)
     config_arg(s, "--channel-rounding", "channel_rounding", choices=CHANNEL_ROUNDINGS)
     s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_select)
 
-    s = sub.add_parser("compensate", help="compensate a block of layers")
-    s.add_argument("--model", required=True)
+    s = _stage(sub, "compensate", cmd_compensate, "compensate a block of layers", model=True)
     s.add_argument("--grams", required=True)
     s.add_argument("--keep", required=True)
     s.add_argument("--spec", type=json_arg, required=True)
@@ -156,7 +160,6 @@ def _prune_parsers(sub: Subparsers) -> None:
         help="gram_checks/{calib}.json of the Grams (coec gram-check); none: formed in this job",
     )
     s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_compensate)
 
 
 def _ppl_window_args(s: argparse.ArgumentParser) -> None:
@@ -188,18 +191,16 @@ def _kl_reference_parser(sub: Subparsers) -> None:
 
 def _eval_parsers(sub: Subparsers) -> None:
     """ppl, zeroshot, imatrix, geometry."""
-    s = sub.add_parser("ppl", help="perplexity of a dense or pruned/compensated model")
+    s = _stage(sub, "ppl", cmd_ppl, "perplexity of a dense or pruned/compensated model")
     _ppl_window_args(s)
     _cell_args(s)
     s.add_argument("--gguf", default=None, help="score this GGUF file in llama.cpp instead (docs/deploy.md)")
     s.add_argument("--threads", type=int, default=None, help="llama.cpp threads of --gguf (none: its default)")
     s.add_argument("--kl-reference", default=None, help="also the mean token KL to the dense model (docs/kl.md)")
-    s.set_defaults(func=cmd_ppl)
 
     _kl_reference_parser(sub)
 
-    s = sub.add_parser("zeroshot", help="lm-eval zero-shot accuracy of a model cell")
-    s.add_argument("--model", required=True)
+    s = _stage(sub, "zeroshot", cmd_zeroshot, "lm-eval zero-shot accuracy of a model cell", model=True)
     s.add_argument("--tasks", nargs="+", required=True)
     s.add_argument("--data-dir", default=None)
     s.add_argument("--limit", type=optional_int, default=None)
@@ -213,7 +214,6 @@ def _eval_parsers(sub: Subparsers) -> None:
         help="also save lm-eval's per-sample records (<out stem>_samples/<task>.jsonl)",
     )
     _cell_args(s)
-    s.set_defaults(func=cmd_zeroshot)
 
     s = sub.add_parser(
         "imatrix", help="importance matrix for llama.cpp's quantizer: mean x^2 of each weight's input columns"
@@ -226,27 +226,22 @@ def _eval_parsers(sub: Subparsers) -> None:
     s.add_argument("--out", required=True, help="the imatrix file (.safetensors)")
     s.set_defaults(func=cmd_imatrix)
 
-    s = sub.add_parser("prepare-zeroshot", help="extract the offline zero-shot task data")
+    s = _stage(sub, "prepare-zeroshot", cmd_prepare_zeroshot, "extract the offline zero-shot task data")
     s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_prepare_zeroshot)
 
-    s = sub.add_parser("report", help="assemble a table from cell results")
+    s = _stage(sub, "report", cmd_report, "assemble a table from cell results")
     s.add_argument("--kind", required=True)
     s.add_argument("--spec", type=json_arg, required=True)
     s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("geometry", help="App. C measurements of one cell")
-    s.add_argument("--model", required=True)
+    s = _stage(sub, "geometry", cmd_geometry, "App. C measurements of one cell", model=True)
     s.add_argument("--keep", required=True)
     s.add_argument("--comp", nargs="*", default=[])
     s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_geometry)
 
 
 def _export_parser(sub: Subparsers) -> None:
-    s = sub.add_parser("export", help="write a pruned, compensated HF checkpoint or GGUF file")
-    s.add_argument("--model", required=True)
+    s = _stage(sub, "export", cmd_export, "write a pruned, compensated HF checkpoint or GGUF file", model=True)
     s.add_argument("--keep", default=None, help="keep.json of the cell (none: the dense model)")
     s.add_argument("--comp", nargs="*", default=[])
     config_arg(s, "--dtype", "models.*.dtype")
@@ -267,7 +262,6 @@ def _export_parser(sub: Subparsers) -> None:
     s.add_argument(
         "--out", required=True, help="hf: absent or empty folder; gguf: a file name (never inside the source model)"
     )
-    s.set_defaults(func=cmd_export)
 
 
 def build_parser() -> argparse.ArgumentParser:

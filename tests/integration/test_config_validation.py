@@ -166,7 +166,7 @@ def test_options_resolve_keeps_values_and_defaults():
     o = options.resolve("coec", {"alpha": 1, "gcv_grid": [1e-3, 1e4, 50]})
     assert o.alpha == 1 and isinstance(o.alpha, int)  # no coercion: the solver sees what was given
     assert o.gcv_grid == (1e-3, 1e4, 50) and o.max_rounds == 50 and o.kappa == 10.0  # a YAML list -> tuple
-    assert options.defaults("lstsq") == {"compute_dtype": None, "ridge": 1e-2}
+    assert {f.name: f.default for f in options.option_fields("lstsq")} == {"compute_dtype": None, "ridge": 1e-2}
     for method in METHODS:
         for f in options.option_fields(method):
             assert f.metadata["group"] in ("paper", "method", "solver") and f.metadata["doc"], f.name

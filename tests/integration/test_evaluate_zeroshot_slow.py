@@ -4,6 +4,7 @@ several reruns): set slow for the whole file (CI's slow steps, or `pytest -m slo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -24,11 +25,8 @@ def test_embedded_dense_above_chance(zs_data):
         pytest.skip(f"embedded model not converted yet ({EMBEDDED}; or set COEC_EMBEDDED_MODEL)")
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(EMBEDDED)
-    out = zs.run_zeroshot(
-        model,
-        tok,
-        ZeroshotOptions(tuple(["arc_easy", "hellaswag", "piqa"]), data_dir=zs_data[0], limit=200, batch_size=16),
-    )
+    options = ZeroshotOptions(("arc_easy", "hellaswag", "piqa"), data_dir=zs_data[0], limit=200, batch_size=16)
+    out = zs.zeroshot_with_records(model, tok, replace(options, log_samples=False))[0]
     print(json.dumps({k: v["metrics"] for k, v in out["tasks"].items()}, indent=1))
     chance = {"arc_easy": 0.25, "hellaswag": 0.25, "piqa": 0.5}
     for name, c in chance.items():

@@ -62,8 +62,6 @@ from coec.compensate.stiefel import RightProblem, solve_full, solve_reduced
 from coec.io.progress import INNER
 from coec.io.progress import bar as progress_bar
 
-__all__ = ["coec"]
-
 
 @dataclass
 class _State:
@@ -202,6 +200,10 @@ def _align_info(st: _State, al: Alignment, when: str) -> dict[str, float]:
 # --------------------------------------------------------------------------- the rounds
 
 
+#: the right solves' counts that ``_RightStats`` sums (``info["right"]``, in this order)
+_RIGHT_COUNTS = ("backtracks", "capped", "trials", "orth_cleanups", "carried", "rg_refreshes")
+
+
 @dataclass
 class _RightStats:
     """Totals of the right solves over the rounds (``info["right"]``; ``restarts`` with a
@@ -218,25 +220,13 @@ class _RightStats:
     restarts: int = 0
 
     def add(self, res: RightResult) -> None:
-        self.backtracks += res.backtracks
-        self.capped += res.capped
-        self.trials += res.trials
-        self.orth_cleanups += res.orth_cleanups
-        self.carried += res.carried
-        self.rg_refreshes += res.rg_refreshes
-        self.restarts += res.restarts
+        for key in (*_RIGHT_COUNTS, "restarts"):
+            setattr(self, key, getattr(self, key) + getattr(res, key))
         self.stops[res.stop] = self.stops.get(res.stop, 0) + 1
 
     def info(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "backtracks": self.backtracks,
-            "capped": self.capped,
-            "trials": self.trials,
-            "orth_cleanups": self.orth_cleanups,
-            "carried": self.carried,
-            "rg_refreshes": self.rg_refreshes,
-            "stops": self.stops,
-        }
+        out: dict[str, Any] = {key: getattr(self, key) for key in _RIGHT_COUNTS}
+        out["stops"] = self.stops
         if self.with_restarts:
             out["restarts"] = self.restarts
         return out

@@ -21,22 +21,6 @@ from coec.compensate.linalg import eigh_overwrites
 from coec.compensate.profiling import span
 from coec.compensate.stiefel import Preconditioner, RightProblem, make_preconditioner
 
-__all__ = [
-    "TemperSettings",
-    "AlignmentSettings",
-    "RescaleSettings",
-    "RoundSettings",
-    "CoecSettings",
-    "resolve_dtype",
-    "Plan",
-    "make_plan",
-    "Slices",
-    "slices",
-    "setup_info",
-    "setup_alignment",
-    "right_problem",
-]
-
 
 @dataclass(frozen=True)
 class TemperSettings:

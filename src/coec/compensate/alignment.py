@@ -15,8 +15,6 @@ import torch
 from coec.compensate.linalg import polar, top_singular_vectors
 from coec.compensate.profiling import traced
 
-__all__ = ["AlignmentSettings", "Alignment", "alignment_setup", "alignment_value", "alignment_grad"]
-
 
 @dataclass(frozen=True)
 class AlignmentSettings:

@@ -46,8 +46,6 @@ class BlendSettings(Protocol):
 
 _End = tuple[torch.Tensor, torch.Tensor | None]  # an end of the blend: weight (d_out, k), bias (d_out,) or None
 
-__all__ = ["intercept", "affine_ridge", "augmented_gram", "blend_weight", "solve_blend"]
-
 
 def intercept(W0: torch.Tensor, W: torch.Tensor, mean: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """The best bias for a fixed ``W``: ``b = W0 m - W m_K``. W0 (d_out, d_in), W (d_out, k),

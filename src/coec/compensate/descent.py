@@ -40,19 +40,6 @@ from coec.compensate.newton_schulz import ns_polar
 from coec.compensate.objective import Evaluation, ProfiledObjective
 from coec.compensate.profiling import span, traced
 
-__all__ = [
-    "RightSolveSettings",
-    "Carried",
-    "RightResult",
-    "Direction",
-    "Tangent",
-    "Space",
-    "Counts",
-    "Descent",
-    "descend",
-    "finish",
-]
-
 
 @dataclass(frozen=True)
 class RightSolveSettings:

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["relerr", "OutputError", "output_energy", "MetricParts", "Moments", "residual_errors"]
-
 
 def relerr(W: torch.Tensor, Gxx: torch.Tensor, Gyx: torch.Tensor, c: float) -> float:
     """Relative reconstruction error (paper Sec. 3.1):

@@ -14,17 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = [
-    "global_scale",
-    "positive_modes",
-    "lambda_grid",
-    "per_mode_scale",
-    "gcv_curve",
-    "kappa_clamp",
-    "Rescaled",
-    "rescale",
-]
-
 
 def global_scale(sigma: torch.Tensor, rho: torch.Tensor, e: torch.Tensor) -> tuple[float, bool]:
     """Optimal global scale ``s* = <Gyx, W> / <W, W Gxx> = sum sigma rho / sum sigma^2 e`` (Sec. 4.1).

@@ -16,19 +16,6 @@ import torch
 
 from coec.compensate.linalg import cholesky_in_place, eigh
 
-__all__ = [
-    "gram_scale",
-    "symmetrize_",
-    "normalize_gram_",
-    "Tempered",
-    "temper_gram",
-    "PSD_TOL",
-    "PSD_ACTION",
-    "psd_project",
-    "gram_psd",
-    "power_max_eig",
-]
-
 
 def gram_scale(G: torch.Tensor) -> float:
     """The factor ``normalize_gram_`` divides G (d, d) by: ``tr(G) / d`` summed in float64 (any

@@ -20,14 +20,12 @@ functions on the same tensors.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from coec.compensate.gram import gram_scale
-
-__all__ = ["GramCheck", "FINGERPRINT_RTOL", "frobenius"]
 
 #: Relative agreement of a check's fingerprints with the job's Gram and weight: far below any
 #: change of data, far above the reordered sums of another thread count.
@@ -69,13 +67,7 @@ class GramCheck:
         return self.energy is not None and _close(self.weight_norm, frobenius(W0))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "scale": self.scale,
-            "gram_norm": self.gram_norm,
-            "weight_norm": self.weight_norm,
-            "psd": self.psd,
-            "energy": self.energy,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, obj: Any) -> GramCheck:

@@ -23,8 +23,6 @@ from coec.model.arch import pruned_value_proj
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Job", "Module", "MethodInput", "OtherCell", "OtherCalibration", "ValueProjection"]
-
 
 @dataclass(frozen=True)
 class Job:

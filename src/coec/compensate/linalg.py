@@ -18,8 +18,6 @@ import torch
 from coec.compensate.newton_schulz import ns_orthonormalize
 from coec.compensate.watchdog import watched
 
-__all__ = ["SVD_CHAIN", "svd", "eigh", "polar", "polar_eigh", "svd_eigh", "top_singular_vectors"]
-
 SVD_CHAIN = ("default", "gesvd", "cpu_float64")
 
 

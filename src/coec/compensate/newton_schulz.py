@@ -13,8 +13,6 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["ns_inverse", "ns_inv_sqrt", "InvSqrt", "ns_polar", "ns_polar_with", "PolarWith", "ns_orthonormalize"]
-
 
 def ns_orthonormalize(P: torch.Tensor, max_refine: int) -> tuple[torch.Tensor, float]:
     """Newton–Schulz steps ``P <- P (3I - P^T P) / 2`` on a tall P (m, n) until ``P^T P = I`` to

@@ -20,8 +20,6 @@ import torch
 from coec.compensate.alignment import Alignment, alignment_grad, alignment_value
 from coec.compensate.profiling import traced
 
-__all__ = ["Evaluation", "AlignmentTerm", "ProfiledObjective"]
-
 
 @dataclass(frozen=True)
 class Evaluation:

@@ -27,19 +27,6 @@ from coec.compensate.methods.base import CommonOptions, Method
 from coec.model.arch import MODULES
 from coec.registry import UnknownName
 
-__all__ = [
-    "Resolved",
-    "resolve",
-    "planned",
-    "validate_spec",
-    "defaults",
-    "config_keys",
-    "option_fields",
-    "method",
-    "top_level_options",
-    "module_options",
-]
-
 
 def _fail(msg: str) -> NoReturn:
     raise ValueError(msg)
@@ -56,12 +43,6 @@ def method(name: Any) -> Method:
 def option_fields(name: str) -> list[Field[Any]]:
     """The dataclass fields of a method's options, common options first."""
     return list(fields(method(name).options))
-
-
-def defaults(name: str, common: bool = True) -> dict[str, Any]:
-    """``{option: default}`` of a method (without the common options if ``common`` is False)."""
-    skip = {f.name for f in fields(CommonOptions)} if not common else set()
-    return {f.name: f.default for f in option_fields(name) if f.name not in skip}
 
 
 def config_keys(name: str) -> list[str]:

@@ -15,8 +15,6 @@ from typing import Any
 from coec.compensate.methods import METHODS
 from coec.compensate.validators import GROUPS
 
-__all__ = ["markdown", "main"]
-
 
 def _fmt_default(v: Any) -> str:
     if v is None:

@@ -18,8 +18,6 @@ import torch
 
 from coec.compensate.methods.base import Compensation
 
-__all__ = ["MethodOutputError", "NotJSONError", "check_output", "check_cast", "jsonable"]
-
 
 class MethodOutputError(ValueError):
     """A method returned what cannot be written: wrong shape, dtype, non-finite values, or an

@@ -20,8 +20,6 @@ from coec.compensate.gram_check import GramCheck, frobenius
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Problem", "Metric", "form_metric", "prepare", "check_module"]
-
 
 @dataclass(frozen=True)
 class Metric:

@@ -9,8 +9,6 @@ import torch
 
 from coec.compensate.methods.base import Method
 
-__all__ = ["check_tensor", "check_keep", "check_problem"]
-
 
 def _fail(msg: str) -> NoReturn:
     raise ValueError(msg)

@@ -9,8 +9,6 @@ import torch
 from coec.compensate.newton_schulz import ns_inverse, ns_polar_with
 from coec.compensate.profiling import span, traced
 
-__all__ = ["riemannian_grad", "retract_polar", "retract_polar_with", "retract_cayley"]
-
 
 def riemannian_grad(R: torch.Tensor, Xi: torch.Tensor) -> torch.Tensor:
     """Riemannian gradient on St(r, k) (rows orthonormal), embedded metric: ``Xi - sym(Xi R^T) R``."""

@@ -18,9 +18,6 @@ from coec.compensate.output_checks import check_cast, check_output, jsonable
 from coec.compensate.problem import Problem, prepare
 from coec.compensate.problem_checks import check_problem
 
-__all__ = ["compensate"]
-
-
 #: What a method that reports no iterations has in ``info`` (the keys of coec's loop).
 _NO_LOOP: dict[str, Any] = dict(
     rounds=0,

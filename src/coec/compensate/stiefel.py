@@ -26,18 +26,6 @@ from coec.compensate.descent import Carried, Direction, RightResult, RightSolveS
 from coec.compensate.objective import AlignmentTerm, ProfiledObjective
 from coec.compensate.retraction import retract_cayley, retract_polar, retract_polar_with, riemannian_grad
 
-__all__ = [
-    "Preconditioner",
-    "RightProblem",
-    "make_preconditioner",
-    "PolarDirection",
-    "CayleyDirection",
-    "PolarTangent",
-    "CayleyTangent",
-    "solve_reduced",
-    "solve_full",
-]
-
 
 def make_preconditioner(Gxx: torch.Tensor, damping: float) -> torch.Tensor:
     """``(Gxx + mu I)^-1`` (k, k), ``mu = damping * mean(diag Gxx)``, by a float64 Cholesky

@@ -16,8 +16,6 @@ from typing import Any, NoReturn
 
 from coec.io.paths import NAME_PATTERN
 
-__all__ = ["Check", "GROUPS", "number", "choice", "boolean", "float_dtype", "gcv_grid", "name_or_none", "opt"]
-
 _NAME = re.compile(NAME_PATTERN)
 
 #: The groups of an option: ``paper`` (a hyperparameter of the paper's method), ``method`` (a

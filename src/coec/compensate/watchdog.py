@@ -31,8 +31,6 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-__all__ = ["DEFAULT_TIMEOUT", "ENV_VAR", "SolverTimeout", "solver_timeout", "timeout_seconds", "watched"]
-
 ENV_VAR = "COEC_SOLVER_TIMEOUT"
 DEFAULT_TIMEOUT: dict[str, float | None] = {"cuda": 600.0, "cpu": None}
 _UNSET = object()

@@ -20,18 +20,6 @@ from coec.io.provenance import PLAN_DIGITS, resolved_commit
 if TYPE_CHECKING:
     from coec.model.source import ResolvedSource
 
-__all__ = [
-    "ModelMismatch",
-    "shape_of",
-    "read_shape",
-    "config_shape",
-    "local_model_type",
-    "check_expected",
-    "check_keep",
-    "check_identity",
-    "check_stage",
-]
-
 
 class ModelMismatch(ValueError):
     """The model disagrees with the config / the stage's arguments / the plan."""

@@ -25,8 +25,6 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["orth", "principal_angles", "top_left_frame", "projector_penalty", "module_geometry", "summarize_geometry"]
-
 
 def _f64(x: Tensor) -> Tensor:
     return torch.as_tensor(x).detach().to(device="cpu", dtype=torch.float64)

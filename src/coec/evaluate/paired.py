@@ -33,8 +33,6 @@ from typing import Any
 
 from coec.evaluate.tasks import task_spec
 
-__all__ = ["per_document", "paired_difference", "margins", "two_choice", "margin_agreement", "main"]
-
 
 def _sample_rows(result_dir: str | Path, task: str) -> tuple[Path, list[dict[str, Any]]]:
     """(path, records) of ``<result_dir>/zeroshot_samples/<task>.jsonl``, lm-eval's per-sample

@@ -22,7 +22,6 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +250,7 @@ def _gold_index(row: dict[str, Any]) -> int:
 
 
 def zeroshot_with_records(
-    model: Any, tokenizer: Any, options: ZeroshotOptions, *, device: str | None = None, lm: Any = None
+    model: Any, tokenizer: Any, options: ZeroshotOptions, *, lm: Any = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """:func:`run_zeroshot` that also returns lm-eval's own records (:func:`lm_eval_records`;
     per-sample JSONL when ``options.log_samples``): ``(summary, records)``. ``lm``: an lm-eval
@@ -268,8 +267,6 @@ def zeroshot_with_records(
         for spec in specs:  # fail before touching the model
             data_file(spec, data_dir)
     if lm is None:
-        if device is not None:
-            model.to(device)
         model.eval()
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
     t0 = time.time()
@@ -294,15 +291,3 @@ def zeroshot_with_records(
         limit,
     )
     return out, lm_eval_records(raw, specs, names, includes)
-
-
-def run_zeroshot(model: Any, tokenizer: Any, options: ZeroshotOptions, *, device: str | None = None) -> dict[str, Any]:
-    """Zero-shot lm-eval on the in-memory ``model``; ``options.limit`` = first N docs of each task.
-
-    With ``options.data_dir``: our ``coec_*`` tasks (lm-eval's own YAMLs, :mod:`coec.evaluate.tasks`)
-    on the local JSONL files; without: lm-eval's built-in tasks (their hub datasets). ``device``
-    moves the model there first. Returns per-task metric/value/stderr/n docs/version, the
-    paper metric per task and ``mean7`` when all seven paper tasks ran. (The summary only:
-    :func:`zeroshot_with_records` also returns lm-eval's own records.)
-    """
-    return zeroshot_with_records(model, tokenizer, replace(options, log_samples=False), device=device)[0]

@@ -366,19 +366,14 @@ def write_comp_block(path: str | Path, tensors: dict[str, torch.Tensor], metadat
     write_tensors(path, tensors, "comp-block", metadata)
 
 
-def read_result(path: str | Path, fmt: str | None = None) -> dict[str, Any]:
-    """A per-cell result JSON (ppl.json, zeroshot.json, iterative.json); ``fmt`` None accepts
-    any coec result format."""
+def read_result(path: str | Path) -> dict[str, Any]:
+    """A per-cell result JSON (ppl.json, zeroshot.json, iterative.json) of any coec result format."""
     path = Path(path)
     obj: Any = read_json(path)
     if not isinstance(obj, dict):
         raise ArtifactError(path, f"expected a JSON object, found {type(obj).__name__}")
-    _check_format(
-        path,
-        obj.get(FORMAT_KEY),
-        obj.get(VERSION_KEY),
-        fmt or (obj.get(FORMAT_KEY) if obj.get(FORMAT_KEY) in FORMATS else None),
-    )
+    fmt = obj.get(FORMAT_KEY)
+    _check_format(path, fmt, obj.get(VERSION_KEY), fmt if fmt in FORMATS else None)
     return obj
 
 

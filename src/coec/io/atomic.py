@@ -6,14 +6,13 @@ through these."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-__all__ = ["atomic_path", "atomic_dir", "write_chunks", "write_bytes", "write_text", "umask_modes", "fsync_file"]
 
 
 def _umask() -> int:
@@ -34,26 +33,15 @@ def _tmp_name(path: Path) -> Path:
 
 
 def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError):
+        fsync_file(folder)
 
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+        path.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -32,32 +32,6 @@ RATIO_PATTERN = r"0\.[0-9]+"
 NAME = "[A-Za-z0-9][A-Za-z0-9._-]*"
 NAME_PATTERN = f"^{NAME}$"
 
-__all__ = [
-    "RESULTS",
-    "RESOURCES",
-    "ZEROSHOT_DATA",
-    "ZEROSHOT_MANIFEST",
-    "RATIO_PATTERN",
-    "fmt_ratio",
-    "model_dir",
-    "text_dir",
-    "grams_dir",
-    "gram_check_file",
-    "selection_dir",
-    "keep_file",
-    "cell_dir",
-    "block_file",
-    "block_info_file",
-    "search_candidates_file",
-    "search_record_file",
-    "dense_dir",
-    "kl_reference_file",
-    "table_file",
-    "figure_file",
-    "log_file",
-    "benchmark_file",
-]
-
 
 def fmt_ratio(r: float | str) -> str:
     """A ratio as it appears in paths: 0.30 -> '0.3' (a ``{wildcard}`` passes through)."""

@@ -88,26 +88,23 @@ def _it_size(kind: str) -> Check:
     return check
 
 
-for _claim in [
-    Claim(
+for _id, _section, _text, _figure, _check in [
+    (
         "iter-beats-flap",
-        ITER,
         "Results, Tables 1-2",
         "Iterative multi-domain FLAP has lower perplexity than FLAP (bias) at every ratio and model",
         "consistently better; gain up to 10.06 % (Qwen2.5-32B, 50 %)",
         _it_beats("iterative + multi-domain", "FLAP"),
     ),
-    Claim(
+    (
         "iter-gap-grows",
-        ITER,
         "Results, Tables 1-2",
         "The advantage over FLAP widens with the pruning ratio",
         "Qwen2.5-32B: 1.85 % at 25 %, 10.06 % at 50 %",
         _it_gap_grows,
     ),
-    Claim(
+    (
         "iter-high-sparsity",
-        ITER,
         "Fig. 3",
         "At the highest ratio the method beats both Wanda-sp and FLAP",
         "Qwen2.5-7B 50 %: 24.2 vs Wanda-sp > 6800, FLAP > 106",
@@ -116,37 +113,33 @@ for _claim in [
             _it_beats("iterative + multi-domain", "FLAP", True)(res),
         ),
     ),
-    Claim(
+    (
         "iter-ablation-iterative",
-        ITER,
         "Ablation",
         "Iterative recalibration alone improves on one-shot FLAP",
         "claimed, no number given",
         _it_beats("iterative", "FLAP"),
     ),
-    Claim(
+    (
         "iter-ablation-multidomain",
-        ITER,
         "Ablation",
         "Multi-domain calibration alone improves on FLAP",
         "claimed, no number given",
         _it_beats("multi-domain", "FLAP"),
     ),
-    Claim(
+    (
         "iter-calib-more",
-        ITER,
         "Fig. 2",
         "FLAP and the iterative method both improve with more calibration samples",
         "iterative ≈ 52 at N = 32, ≈ 50 at N ≥ 128 (Qwen2.5-7B, 50 %)",
         _it_size("more"),
     ),
-    Claim(
+    (
         "iter-calib-beats",
-        ITER,
         "Fig. 2",
         "The iterative method beats FLAP at every calibration size",
         "every N; FLAP > 170 at 50 %",
         _it_size("beats"),
     ),
 ]:
-    CLAIMS.register(_claim)
+    CLAIMS.register(Claim(_id, ITER, _section, _text, _figure, _check))

@@ -18,9 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from coec.model.arch import ADAPTERS
-from coec.model.arch.tiny import DEFAULT_FAMILY, tiny_config
-
-__all__ = ["CORPUS", "DEFAULT_FAMILY", "families", "make_model_dir", "make_tokenizer", "tiny_config"]
+from coec.model.arch.tiny import tiny_config
 
 #: The default tokenizer text (and the tests' calibration text).
 CORPUS = (

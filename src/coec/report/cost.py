@@ -29,20 +29,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from coec.model.arch import adapter_for
-from coec.model.arch.published import PUBLISHED_ARCHS  # re-exported: the Table 4 architectures
+from coec.model.arch.published import PUBLISHED_ARCHS as PUBLISHED_ARCHS  # the Table 4 architectures
 from coec.select.rounding import DEFAULT_ROUNDING
 from coec.select.scores import n_keep
-
-__all__ = [
-    "PUBLISHED_ARCHS",
-    "kept_count",
-    "pruned_shape",
-    "count_params",
-    "flops_per_token",
-    "kv_cache_bytes",
-    "peak_memory_gb",
-    "cost_table",
-]
 
 GIB = 2**30
 

@@ -59,6 +59,11 @@ def metric_value(path: str | Path, metric: str) -> float:
     return float(obj) if obj is not None else math.nan
 
 
+def _labels(row: dict[str, Any]) -> dict[str, Any]:
+    """A table row's label columns as shown (display names; numbers as ``{v:g}``)."""
+    return {k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()}
+
+
 def build_table(spec: Spec) -> pd.DataFrame:
     """One row per spec row: its label columns, then the metric per model column (a zero-shot
     table's also its noise: ``zeroshot_table``)."""
@@ -67,9 +72,7 @@ def build_table(spec: Spec) -> pd.DataFrame:
     extra = spec.get("columns", [])
     records = []
     for row in spec["rows"]:
-        rec: dict[str, Any] = {
-            k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()
-        }
+        rec = _labels(row)
         for model in spec["models"]:
             path = row["cells"].get(model)
             rec[model] = metric_value(path, spec["metric"]) if path else math.nan
@@ -115,18 +118,10 @@ def zeroshot_table(spec: Spec) -> pd.DataFrame:
         cols += [m] + [m + suffix for suffix in NOISE_COLUMNS]
     records = []
     for row in rows:
-        rec: dict[str, Any] = {
-            k: DISPLAY.get(v, v) if isinstance(v, str) else f"{v:g}" for k, v in row["labels"].items()
-        }
+        rec = _labels(row)
         ref = rows[row["compare"]] if row.get("compare") is not None else None
-        rec["vs"] = (
-            DISPLAY.get(
-                ref["labels"].get("compensation", ref["labels"].get("method")),
-                ref["labels"].get("compensation", ref["labels"].get("method")),
-            )
-            if ref
-            else ""
-        )
+        vs = ref["labels"].get("compensation", ref["labels"].get("method")) if ref else ""
+        rec["vs"] = DISPLAY.get(vs, vs)
         for m in spec["models"]:
             path = row["cells"].get(m)
             rec[m] = metric_value(path, spec["metric"]) if path else math.nan

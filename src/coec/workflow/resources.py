@@ -9,8 +9,6 @@ from typing import Any
 
 from coec.model.stream_options import OPTIONS, STAGE_OPTIONS
 
-__all__ = ["RESOURCE_DEFAULTS", "DEFAULT_THREADS", "SLURM_STRING_RESOURCES", "JobResources"]
-
 #: a job's resources where the config sets none (mem_mb in MB, runtime in minutes)
 RESOURCE_DEFAULTS: dict[str, int] = {"gpu": 0, "mem_mb": 8000, "runtime": 60, "cpus_per_task": 1}
 #: torch threads of a job whose config sets neither threads nor CPUs

@@ -37,7 +37,7 @@ from coec.registry import plugin_sha256
 from coec.select.scores import SCORES, selection_registry
 from coec.select.search import SEARCH
 from coec.select.widths import selection_width, width_args
-from coec.workflow.resources import SLURM_STRING_RESOURCES, JobResources
+from coec.workflow.resources import JobResources
 from coec.workflow.targets import (
     base_cells,
     dataset_spec,
@@ -46,8 +46,6 @@ from coec.workflow.targets import (
     method_inputs,
     model_path,
 )
-
-__all__ = ["Wiring", "coec_command", "planned_config", "SLURM_STRING_RESOURCES", "NO_PLUGINS"]
 
 
 def coec_command(deployment_methods: Any, executable: str = sys.executable) -> str:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from coec.compensate.methods.base import Method
 from coec.registry import Registry
 
-__all__ = ["METHODS", "BUILTIN"]
-
 #: Every compensation method, by name (built-ins: the modules below; plug-ins: config ``plugins``).
 METHODS: Registry[Method] = Registry("compensation method")
 

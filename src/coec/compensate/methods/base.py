@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
     from coec.compensate.problem import Problem
 
-__all__ = ["CommonOptions", "Compensation", "Method"]
-
 
 @dataclass(frozen=True)
 class CommonOptions:

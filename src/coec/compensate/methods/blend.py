@@ -15,8 +15,6 @@ from coec.compensate.validators import boolean, choice, name_or_none, number, op
 if TYPE_CHECKING:
     from coec.compensate.problem import Problem
 
-__all__ = ["BlendOptions", "solve", "check_data"]
-
 
 @dataclass(frozen=True)
 class BlendOptions(CommonOptions):

@@ -231,172 +231,151 @@ def _merge_ratios(res: Results, ratios: Sequence[float], sel: str, base: str, ne
     return every(pairs, lower)
 
 
-for _claim in [
-    Claim(
+for _id, _section, _text, _figure, _check in [
+    (
         "coec-wanda-ppl",
-        COEC,
         "§5.2, Table 1",
         "Under the Wanda-sp selection at 30 %, COEC lowers perplexity below prune-only on every model",
         "6/6 models (Qwen2.5-32B 13.90 → 9.64)",
         pair_claim("ppl", 0.3, "wanda_sp", "–", "COEC", every),
     ),
-    Claim(
+    (
         "coec-flap-ppl",
-        COEC,
         "§5.2, Table 1",
         "Under the FLAP selection at 30 %, COEC lowers perplexity below the FLAP bias on every model",
         "6/6 models (Llama-3.1-8B 11.89 → 10.86)",
         pair_claim("ppl", 0.3, "flap", "bias", "COEC", every),
     ),
-    Claim(
+    (
         "coec-rcpu-ppl",
-        COEC,
         "§5.2, Table 1",
         "Under the RCPU selection at 30 %, COEC lowers perplexity below the RCPU compensation on every model",
         "6/6 models (e.g. Qwen2.5-14B 7.98 → 7.63)",
         pair_claim("ppl", 0.3, "rcpu", "RCPU", "COEC", every),
     ),
-    Claim(
+    (
         "coec-wanda-zs",
-        COEC,
         "§5.2, Table 2",
         "Under Wanda-sp at 30 %, COEC matches or improves zero-shot accuracy on every model",
         "6/6 models (Qwen2.5-7B 49.1 → 56.0)",
         pair_claim("mean7", 0.3, "wanda_sp", "–", "COEC", every),
     ),
-    Claim(
+    (
         "coec-flap-zs",
-        COEC,
         "§5.2, Table 2",
         "Under FLAP at 30 %, COEC improves zero-shot accuracy over the bias on most models",
         "5/6 models",
         pair_claim("mean7", 0.3, "flap", "bias", "COEC", most),
     ),
-    Claim(
+    (
         "coec-rcpu-zs",
-        COEC,
         "§5.2, Table 2",
         "Under RCPU at 30 %, COEC improves zero-shot accuracy over the RCPU compensation on most models",
         "5/6 models (exception Qwen2.5-14B, −0.7 points)",
         pair_claim("mean7", 0.3, "rcpu", "RCPU", "COEC", most),
     ),
-    Claim(
+    (
         "coec-gap-grows",
-        COEC,
         "§5.2, App. A",
         "COEC's perplexity gain over the RCPU compensation (RCPU selection) grows with sparsity",
         "mean gap 0.06 (10 %), 0.20 (20 %), 0.25 (30 %)",
         _gap_grows,
     ),
-    Claim(
+    (
         "coec-bias-low-sparsity",
-        COEC,
         "App. A",
         "At 10 % and 20 %, the FLAP bias is ahead of COEC on perplexity (FLAP selection) on most models",
         "5/6 models at both ratios",
         _bias_ahead_low,
     ),
-    Claim(
+    (
         "coec-wanda-low-sparsity",
-        COEC,
         "App. A",
         "Under Wanda-sp at 10 % and 20 %, COEC lowers perplexity below prune-only on every model",
         "6/6 models at both ratios",
         lambda res: _merge_ratios(res, (0.1, 0.2), "Wanda-sp", "–", "COEC"),
     ),
-    Claim(
+    (
         "coec-calib-lowest",
-        COEC,
         "§5.3, Fig. 2",
         "Under the RCPU selection, COEC has the lowest perplexity of the figure's methods (prune-only, "
         "RCPU) at every calibration size and ratio",
         "every N ∈ {32, 64, 128, 256}, ratio ∈ {10, 20, 30 %} (Llama-3.1-8B)",
         _fig2("lowest"),
     ),
-    Claim(
+    (
         "coec-calib-monotone",
-        COEC,
         "§5.3, Fig. 2",
         "COEC's perplexity improves monotonically with the calibration size N",
         "monotone; N 256 → 32 costs about 0.6 PPL at 30 %",
         _fig2("monotone"),
     ),
-    Claim(
+    (
         "coec-rcpu-nonmonotone",
-        COEC,
         "§5.3, Fig. 2",
         "The RCPU compensation is non-monotone in the calibration size N",
         "non-monotone (read off the figure)",
         _fig2("rcpu"),
     ),
-    Claim(
+    (
         "coec-beats-ridge",
-        COEC,
         "§3.2",
         "The constrained update generalises better than an unconstrained least-squares refit "
         "(COEC below ridge on perplexity under every selection, 30 %)",
         "the premise; no ridge row in the paper's tables",
         _coec_vs_ridge,
     ),
-    Claim(
+    (
         "coec-ridge-small-n",
-        COEC,
         "§3.2, Fig. 2",
         "Least squares overfits a limited calibration set: at the smallest N ridge is behind COEC",
         "the premise; Fig. 2 has no ridge line",
         _ridge_small_n,
     ),
-    Claim(
+    (
         "coec-ablation-gcv",
-        COEC,
         "§5.4, Table 3",
         "The GCV per-mode rescale lowers perplexity below the RCPU compensation",
         "10.06 → 9.81 (mean of 5 models)",
         _ladder("rcpu", "coec-gcv"),
     ),
-    Claim(
+    (
         "coec-ablation-2sided",
-        COEC,
         "§5.4, Table 3",
         "The converged two-sided rotation lowers perplexity further",
         "9.81 → 9.45",
         _ladder("coec-gcv", "coec-2sided"),
     ),
-    Claim(
+    (
         "coec-ablation-temper",
-        COEC,
         "§5.4, Table 3",
         "Gram tempering (α = 0.9) recovers perplexity lost by the reduced-Stiefel solve",
         "9.86 → 9.65",
         _ladder("coec-stiefel", "coec-temper"),
     ),
-    Claim(
+    (
         "coec-ablation-total",
-        COEC,
         "§5.4, Table 3",
         "Full COEC lowers perplexity below the RCPU compensation (RCPU selection, 30 %)",
         "10.06 → 9.65",
         _ladder("rcpu", "coec"),
     ),
-    Claim(
+    (
         "coec-cost-range",
-        COEC,
         "§5.5, Table 4",
         "At 30 %, parameters, peak memory and FLOPs per token fall by 23-29 % on the paper's models",
         "Qwen2.5-7B and Llama-3-70B: 23-29 %",
         _t4_range,
     ),
-    Claim(
+    (
         "coec-cost-grows",
-        COEC,
         "§5.5, Table 4",
         "The parameter reduction at 30 % grows with model size",
         "Qwen2.5-7B −25.2 %, Llama-3-70B −28.3 %",
         _t4_grows,
     ),
-    Claim(
+    (
         "coec-cost-time",
-        COEC,
         "§5.5",
         "Compensating a 7-8B model takes 45-86 GPU-minutes on one B300",
         "45-86 GPU-min",
@@ -404,41 +383,36 @@ for _claim in [
             "needs a 7-8B model on a B300 GPU (the timings here are per job in results/benchmarks/, on other hardware)"
         ),
     ),
-    Claim(
+    (
         "coec-geom-rotation",
-        COEC,
         "§5.6, App. C",
         "Deleting columns rotates the kept input frame substantially (mean principal angle ≥ 10°)",
         "22.2° (o_proj), 22.6° (down_proj) mean",
         _appc(_appc_angle),
     ),
-    Claim(
+    (
         "coec-geom-residual",
-        COEC,
         "App. C",
         "Reconstruction-driven compensation does not undo that rotation (O–C > O–P on most module-layers)",
         "54/72 module-layers",
         _appc(_appc_oc),
     ),
-    Claim(
+    (
         "coec-geom-penalty",
-        COEC,
         "§5.6, App. C",
         "The anchored alignment penalty (λ_a = 50) reduces the projector mismatch",
         "median factor 7.2 (max 975)",
         _appc(_appc_penalty),
     ),
-    Claim(
+    (
         "coec-geom-pairing",
-        COEC,
         "§5.6, App. C",
         "COEC keeps the pairing of input and output frames (frame-change discrepancy < 5 %)",
         "1.1-1.2 % mean, 3.9 % max",
         _appc(_appc_disc),
     ),
-    Claim(
+    (
         "coec-seeds",
-        COEC,
         "App. B",
         "Across calibration seeds COEC's perplexity varies less than the RCPU compensation's",
         "median spread 0.08 vs 0.23 (3 seeds, Llama-3.1-8B)",
@@ -448,7 +422,7 @@ for _claim in [
         ),
     ),
 ]:
-    CLAIMS.register(_claim)
+    CLAIMS.register(Claim(_id, COEC, _section, _text, _figure, _check))
 
 
 def table4_beside_paper(spec: dict[str, Any]) -> list[dict[str, Any]]:

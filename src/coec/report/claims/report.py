@@ -10,6 +10,9 @@ from coec.iterative import claims as _iterative  # noqa: F401  (registers the it
 from coec.report.claims.core import CLAIMS, VERDICTS, Claim, NotTestable, Results
 from coec.report.claims.paper import table4_beside_paper  # importing .paper registers the paper's claims
 
+#: the columns of the report, in order (a claim's fields, then what was measured here)
+COLUMNS = ("id", "paper", "section", "claim", "paper_figure", "ours", "verdict")
+
 
 def registered_claims() -> list[Claim]:
     """Every registered claim, in registration order: the iterative method's
@@ -28,17 +31,7 @@ def evaluate(spec: dict[str, Any], claims: list[Claim] | None = None) -> list[di
             ours, verdict = "–", f"not testable here: {exc}"
         except FileNotFoundError as exc:
             ours, verdict = "–", f"not testable here: missing result file {exc.filename}"
-        out.append(
-            {
-                "id": c.id,
-                "paper": c.paper,
-                "section": c.section,
-                "claim": c.claim,
-                "paper_figure": c.paper_figure,
-                "ours": ours,
-                "verdict": verdict,
-            }
-        )
+        out.append({**{k: getattr(c, k) for k in COLUMNS[:5]}, "ours": ours, "verdict": verdict})
     return out
 
 
@@ -61,12 +54,7 @@ def claims_markdown(spec: dict[str, Any]) -> str:
         "| id | paper | section | claim | paper | here | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
-    lines += [
-        "| "
-        + " | ".join(_cell(r[k]) for k in ("id", "paper", "section", "claim", "paper_figure", "ours", "verdict"))
-        + " |"
-        for r in rows
-    ]
+    lines += ["| " + " | ".join(_cell(r[k]) for k in COLUMNS) + " |" for r in rows]
     t4 = table4_beside_paper(spec)
     if t4:
         lines += [
