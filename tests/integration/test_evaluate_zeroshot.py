@@ -30,7 +30,7 @@ EMBEDDED = Path(
 # ---------------------------------------------------------------------------- fixtures
 
 
-def summary(model, tok, options: ZeroshotOptions) -> dict:
+def zeroshot_summary(model, tok, options: ZeroshotOptions) -> dict:
     """The zero-shot summary of an in-memory model, without lm-eval's per-sample records."""
     return zs.zeroshot_with_records(model, tok, replace(options, log_samples=False))[0]
 
@@ -156,7 +156,7 @@ def test_unknown_task_lists_known():
     with pytest.raises(ValueError, match="available: boolq, rte"):
         zt.task_spec("mmlu")
     with pytest.raises(ValueError, match="unknown zero-shot task 'nope'"):
-        summary(None, None, ZeroshotOptions(("nope",), data_dir="."))
+        zeroshot_summary(None, None, ZeroshotOptions(("nope",), data_dir="."))
 
 
 def test_missing_data_names_file_and_rule(tmp_path):
@@ -166,7 +166,7 @@ def test_missing_data_names_file_and_rule(tmp_path):
     assert "arc_easy.jsonl" in msg and "resources/zeroshot/manifest.json" in msg
     assert "\n" not in msg
     with pytest.raises(FileNotFoundError, match="resources rule"):
-        summary(None, None, ZeroshotOptions(("piqa",), data_dir=tmp_path))
+        zeroshot_summary(None, None, ZeroshotOptions(("piqa",), data_dir=tmp_path))
 
 
 def test_bad_limit():
@@ -420,8 +420,8 @@ def test_tiny_model_run(zs_data, tiny_model):
     model, tok = tiny_model
     data_dir, _ = zs_data
     tasks = list(zt.PAPER_TASKS) + ["piqa"]
-    a = summary(model, tok, ZeroshotOptions(tuple(tasks), data_dir=data_dir, limit=3, batch_size=4))
-    b = summary(model, tok, ZeroshotOptions(tuple(tasks), data_dir=data_dir, limit=3, batch_size=4))
+    a = zeroshot_summary(model, tok, ZeroshotOptions(tuple(tasks), data_dir=data_dir, limit=3, batch_size=4))
+    b = zeroshot_summary(model, tok, ZeroshotOptions(tuple(tasks), data_dir=data_dir, limit=3, batch_size=4))
     assert a == b
     json.dumps(a)  # serialisable
     assert a["source"] == "local" and a["limit"] == 3 and a["num_fewshot"] == 0
@@ -438,7 +438,7 @@ def test_tiny_model_run(zs_data, tiny_model):
 
 def test_no_mean7_without_all_seven(zs_data, tiny_model):
     model, tok = tiny_model
-    out = summary(model, tok, ZeroshotOptions(("rte",), data_dir=zs_data[0], limit=2, batch_size=2))
+    out = zeroshot_summary(model, tok, ZeroshotOptions(("rte",), data_dir=zs_data[0], limit=2, batch_size=2))
     assert "mean7" not in out and list(out["paper_metrics"]) == ["rte"]
 
 
@@ -464,7 +464,7 @@ def test_builtin_path_uses_lm_eval_task_names(tiny_model, monkeypatch):
 
     monkeypatch.setattr(zs, "_evaluate", fake)
     model, tok = tiny_model
-    out = summary(model, tok, ZeroshotOptions(tuple(zt.PAPER_TASKS), limit=7))
+    out = zeroshot_summary(model, tok, ZeroshotOptions(tuple(zt.PAPER_TASKS), limit=7))
     assert seen["names"] == [zt.TASKS[t].builtin for t in zt.PAPER_TASKS]
     assert seen["tm"] is None and seen["limit"] == 7 and seen["lm"].model is model
     assert out["source"] == "builtin"
@@ -478,7 +478,7 @@ def test_rng_state_is_kept(zs_data, tiny_model):
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    summary(model, tok, ZeroshotOptions(("openbookqa",), data_dir=zs_data[0], limit=2, batch_size=2))
+    zeroshot_summary(model, tok, ZeroshotOptions(("openbookqa",), data_dir=zs_data[0], limit=2, batch_size=2))
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -510,7 +510,7 @@ def test_records_keep_summary_unchanged(zs_data, tiny_model, recorded_run):
     so a plain run of some of them gives the same entries)."""
     model, tok = tiny_model
     summary, _ = recorded_run
-    plain = summary(model, tok, ZeroshotOptions(tuple(LIGHT), data_dir=zs_data[0], limit=4, batch_size=4))
+    plain = zeroshot_summary(model, tok, ZeroshotOptions(tuple(LIGHT), data_dir=zs_data[0], limit=4, batch_size=4))
     assert plain["tasks"] == {t: summary["tasks"][t] for t in LIGHT}
     assert plain["paper_metrics"] == {t: summary["paper_metrics"][t] for t in LIGHT}
 
