@@ -51,84 +51,29 @@ def dataset(text: Path, config: dict) -> dict:
     return {"source": "embedded", "dir": str(text), "eval_every": config["datasets"]["enwiki"]["eval_every"]}
 
 
+def calibration_args(config: dict) -> list[str]:
+    """The flags of config.yaml's enwiki-32x512 calibration, with ``SMALLER``'s sequence count."""
+    c = {**config["calibration"]["enwiki-32x512"], "nsamples": SMALLER["nsamples"]}
+    keys = ("nsamples", "seqlen", "seed", "batch_size", "gram_dtype")
+    return [arg for k in keys for arg in (f"--{k.replace('_', '-')}", str(c[k]))]
+
+
 def table1_cell(config, model: Path, text: Path, work: Path) -> tuple[Path, list[Path]]:
     """keep.json and block files of Table 1's rcpu-0.3/coec cell (the workflow's, or built)."""
     cell = REPO / f"results/{MODEL}/enwiki-32x512/rcpu-0.3"
     if (cell / "keep.json").is_file() and (cell / "coec/block0-29.safetensors").is_file():
         return cell / "keep.json", [cell / "coec/block0-29.safetensors"]
-    c = {**config["calibration"]["enwiki-32x512"], "nsamples": SMALLER["nsamples"]}
     grams, keep, block = work / "grams", work / "keep.json", work / "block0-29.safetensors"
     ds = json.dumps(dataset(text, config))
-    assert (
-        main(
-            [
-                "calibrate",
-                "--model",
-                str(model),
-                "--dataset",
-                ds,
-                "--nsamples",
-                str(c["nsamples"]),
-                "--seqlen",
-                str(c["seqlen"]),
-                "--seed",
-                str(c["seed"]),
-                "--batch-size",
-                str(c["batch_size"]),
-                "--gram-dtype",
-                c["gram_dtype"],
-                "--device",
-                "cpu",
-                "--out",
-                str(grams),
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "select",
-                "--model",
-                str(model),
-                "--grams",
-                str(grams),
-                "--method",
-                "rcpu",
-                "--ratio",
-                "0.3",
-                "--group-rounding",
-                config["group_rounding"],
-                "--out",
-                str(keep),
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "compensate",
-                "--model",
-                str(model),
-                "--grams",
-                str(grams),
-                "--keep",
-                str(keep),
-                "--spec",
-                json.dumps({**config["compensations"]["coec"], "max_rounds": SMALLER["max_rounds"]}),
-                "--first",
-                "0",
-                "--last",
-                "29",
-                "--device",
-                "cpu",
-                "--out",
-                str(block),
-            ]
-        )
-        == 0
-    )
+    cpu = ["--device", "cpu"]
+    calibrate = ["calibrate", "--model", str(model), "--dataset", ds, *calibration_args(config), *cpu]
+    assert main([*calibrate, "--out", str(grams)]) == 0
+    rounding = ["--group-rounding", config["group_rounding"]]
+    select = ["--method", "rcpu", "--ratio", "0.3", *rounding]
+    assert main(["select", "--model", str(model), "--grams", str(grams), *select, "--out", str(keep)]) == 0
+    spec = json.dumps({**config["compensations"]["coec"], "max_rounds": SMALLER["max_rounds"]})
+    cell_args = ["--model", str(model), "--grams", str(grams), "--keep", str(keep), "--spec", spec]
+    assert main(["compensate", *cell_args, "--first", "0", "--last", "29", *cpu, "--out", str(block)]) == 0
     return keep, [block]
 
 
@@ -137,44 +82,11 @@ def al_am_cell(config, model: Path, text: Path, work: Path) -> tuple[Path, list[
     cell = REPO / f"results/{MODEL}/enwiki-32x512/iterative/iflap-alam-0.3"
     if (cell / "keep.json").is_file() and (cell / "block0-29.safetensors").is_file():
         return cell / "keep.json", [cell / "block0-29.safetensors"]
-    c = {**config["calibration"]["enwiki-32x512"], "nsamples": SMALLER["nsamples"]}
     v = config["iterative"]["variants"]["iflap-alam"]
-    ds = dataset(text, config)
+    domains = json.dumps([{"name": "enwiki", "alpha": 1.0, "dataset": dataset(text, config)}])
+    variant = ["--ratio", "0.3", "--step", str(v["step"]), "--structure", v["structure"]]
+    variant += ["--group-rounding", config["group_rounding"]]
     out = work / "alam"
-    assert (
-        main(
-            [
-                "iterative",
-                "run",
-                "--model",
-                str(model),
-                "--domains",
-                json.dumps([{"name": "enwiki", "alpha": 1.0, "dataset": ds}]),
-                "--nsamples",
-                str(c["nsamples"]),
-                "--seqlen",
-                str(c["seqlen"]),
-                "--seed",
-                str(c["seed"]),
-                "--batch-size",
-                str(c["batch_size"]),
-                "--gram-dtype",
-                c["gram_dtype"],
-                "--ratio",
-                "0.3",
-                "--step",
-                str(v["step"]),
-                "--structure",
-                v["structure"],
-                "--group-rounding",
-                config["group_rounding"],
-                "--device",
-                "cpu",
-                "--quiet",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    run = ["iterative", "run", "--model", str(model), "--domains", domains, *calibration_args(config), *variant]
+    assert main([*run, "--device", "cpu", "--quiet", "--out", str(out)]) == 0
     return out / "keep.json", sorted(out.glob("block*.safetensors"))
