@@ -377,10 +377,7 @@ def pytest_xdist_make_scheduler(config, log):
     class FileOrSharedRun(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            shared = _shared_fixture(path)
-            if shared == "embedded_cell" and "[al-am" in nodeid:
-                return "embedded_cell:al-am"  # the other embedded cell: its own worker, beside Table 1's
-            return shared or path
+            return _shared_fixture(path) or path
 
     return FileOrSharedRun(config, log)
 
