@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,60 @@ def write_trimmed_workflow(work: Path) -> tuple[dict, Path]:
     cfg_path = work / "trim.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     return cfg, cfg_path
+
+
+def trimmed_workflow_cmd(work: Path, cfg_path: Path, *extra: str) -> list[str]:
+    """The trimmed workflow's Table 1 in ``work`` (2 cores), finishing what a killed run left incomplete."""
+    cmd = ["--cores", "2", "--rerun-incomplete", *extra, "results/table1.csv", "--configfile", str(cfg_path)]
+    return snakemake_cmd(work, *cmd)
+
+
+def run_trimmed_workflow(work: Path, cfg_path: Path) -> subprocess.CompletedProcess:
+    """:func:`trimmed_workflow_cmd` run to the end; a non-zero exit fails the test."""
+    res = subprocess.run(trimmed_workflow_cmd(work, cfg_path), capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return res
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root/results`` except logs and per-job timings, with the
+    work folder's own path (recorded as the model and text source) replaced by a placeholder,
+    so runs in two folders compare."""
+    out = {}
+    for p in sorted((root / "results").rglob("*")):
+        rel = p.relative_to(root / "results").as_posix()
+        if p.is_file() and not rel.startswith(("logs/", "benchmarks/")):
+            data = p.read_bytes()
+            if p.suffix == ".safetensors":  # header length prefix + JSON header + tensor bytes
+                n = int.from_bytes(data[:8], "little")
+                data = data[8 : 8 + n] + b"|" + data[8 + n :]
+            out[rel] = hashlib.sha256(data.replace(str(root).encode(), b"<WORK>")).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="session")
+def trimmed_reference(tmp_path_factory) -> tuple[Path, float, dict[str, str]]:
+    """One uninterrupted run of the trimmed workflow's Table 1 (:func:`write_trimmed_workflow`,
+    :func:`run_trimmed_workflow`) for the whole pytest run: (work folder, wall seconds,
+    :func:`file_digests`). Under pytest-xdist the first worker that asks makes it in the folder the
+    workers share and the others wait for it (a file lock), so the fault-injection and SLURM tests
+    compare against one run instead of making one each."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this pytest run's folder, above every worker's own
+    work, record = root / "trimmed-reference", root / "trimmed-reference.json"
+    with FileLock(str(root / "trimmed-reference.lock")):
+        if not record.is_file():
+            shutil.rmtree(work, ignore_errors=True)  # what a worker that failed here left
+            _, cfg_path = write_trimmed_workflow(work)
+            t0 = time.monotonic()
+            run_trimmed_workflow(work, cfg_path)
+            seconds = time.monotonic() - t0
+            record.write_text(json.dumps({"seconds": seconds, "digests": file_digests(work)}))
+    done = json.loads(record.read_text())
+    return work, done["seconds"], done["digests"]
 
 
 # ----------------------------------------------------------------------------- the shared workflow run

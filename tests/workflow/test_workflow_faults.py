@@ -9,19 +9,17 @@ separate step).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import CORPUS, make_model_dir, snakemake_cmd, write_trimmed_workflow
+from conftest import CORPUS, make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 COEC = [sys.executable, "-m", "coec"]
@@ -44,22 +42,6 @@ def assert_refused(res: subprocess.CompletedProcess, *needles: str) -> str:
     for n in needles:
         assert n in lines[0], (n, lines[0])
     return lines[0]
-
-
-def file_digests(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root/results`` except logs and per-job timings, with the
-    work folder's own path (recorded as the model and text source) replaced by a placeholder,
-    so runs in two folders compare."""
-    out = {}
-    for p in sorted((root / "results").rglob("*")):
-        rel = p.relative_to(root / "results").as_posix()
-        if p.is_file() and not rel.startswith(("logs/", "benchmarks/")):
-            data = p.read_bytes()
-            if p.suffix == ".safetensors":  # header length prefix + JSON header + tensor bytes
-                n = int.from_bytes(data[:8], "little")
-                data = data[8 : 8 + n] + b"|" + data[8 + n :]
-            out[rel] = hashlib.sha256(data.replace(str(root).encode(), b"<WORK>")).hexdigest()
-    return out
 
 
 def truncate(path: Path, keep: float = 0.5) -> None:
@@ -383,18 +365,6 @@ def test_full_disk_keeps_the_previous_file(tmp_path, monkeypatch):
 # workflow faults (slow): kill -9, full disk, then a rerun with byte-identical results
 
 
-def workflow_cmd(work: Path, cfg_path: Path, *extra: str) -> list[str]:
-    """The trimmed workflow's Table 1 in ``work``, finishing what a killed run left incomplete."""
-    cmd = ["--cores", "2", "--rerun-incomplete", *extra, "results/table1.csv", "--configfile", str(cfg_path)]
-    return snakemake_cmd(work, *cmd)
-
-
-def run_workflow(work: Path, cfg_path: Path) -> subprocess.CompletedProcess:
-    res = subprocess.run(workflow_cmd(work, cfg_path), capture_output=True, text=True, timeout=1800)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return res
-
-
 def fresh_copy(reference: Path, dst: Path) -> Path:
     """The reference's inputs (model, text, config) without its results."""
     dst.mkdir(parents=True)
@@ -404,16 +374,6 @@ def fresh_copy(reference: Path, dst: Path) -> Path:
     cfg = (dst / "trim.yaml").read_text().replace(str(reference), str(dst))
     (dst / "trim.yaml").write_text(cfg)
     return dst / "trim.yaml"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """One uninterrupted run, and how long it took."""
-    work = tmp_path_factory.mktemp("ref")
-    _, cfg_path = write_trimmed_workflow(work)
-    t0 = time.time()
-    run_workflow(work, cfg_path)
-    return work, time.time() - t0, file_digests(work)
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

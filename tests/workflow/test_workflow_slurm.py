@@ -1,8 +1,9 @@
 """The trimmed workflow through a real SLURM scheduler (scripts/slurm/local_cluster.sh: a one-node
 cluster on this machine, as root) with profiles/slurm: every job goes through sbatch, the GPU
 rules ask for the (fake) GPU, compensation fans out one job per layer, and table1 equals the
-local run's byte for byte. Skipped, with the reason, where the cluster cannot be brought up
-(not root, no apt-get). Run with `pytest -m slow -rs tests/workflow/test_workflow_slurm.py`."""
+local run's (the session's ``trimmed_reference``) byte for byte. Skipped, with the reason, where
+the cluster cannot be brought up (not root, no apt-get). Run with
+`pytest -m slow -rs tests/workflow/test_workflow_slurm.py`."""
 
 from __future__ import annotations
 
@@ -87,25 +88,14 @@ def scontrol_job(jobid: str, env) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory):
-    """The trimmed workflow run locally (the default profile), and its wall time."""
-    local = tmp_path_factory.mktemp("local")
-    write_trimmed_workflow(local)
-    _, t_local = run_snakemake(
-        local, "--cores", "2", "--configfile", str(local / "trim.yaml"), "--", "results/table1.csv"
-    )
-    return local, t_local
-
-
 CELL = "results/tiny/c8/wanda_sp-0.5/coec/ppl.json"  # calibrate, select, 2 x compensate, kl_reference, ppl
 
 
-def test_trimmed_workflow_under_slurm(cluster, local_run, tmp_path_factory):
+def test_trimmed_workflow_under_slurm(cluster, trimmed_reference, tmp_path_factory):
     """squeue mode: all of table1 (18 jobs: one gram_check for the cells compensated without a
     check of their own, one dense KL reference); sacct mode: one COEC cell (6 jobs, no gram_check)."""
     mode, env = cluster
-    local, t_local = local_run
+    local, t_local, _ = trimmed_reference  # the same config, run locally
     work = tmp_path_factory.mktemp(f"slurm-{mode}")
     _, cfg_path = write_trimmed_workflow(work)
     # the trimmed config asks 3 CPUs per GPU for compensation; the node has fewer: the site

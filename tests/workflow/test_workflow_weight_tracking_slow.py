@@ -1,17 +1,15 @@
 """No result outlives the weights it was computed from: a model's weights are part of what its
 cells depend on (``provenance.planned_identity`` in every model stage's ``--expect``).
 
-On a finished two-model workflow run (the session's shared run, copied, with a second model):
-touching a weight file without changing it reruns nothing (and says so); changing its contents,
-or re-sharding the checkpoint, re-plans exactly the jobs of that model (and the table that reads
-them), none of the other model's; a job whose weights changed after it was planned stops before
-any work with one line naming the model and the file.
+On a finished two-model workflow run: touching a weight file without changing it reruns nothing
+(and says so); changing its contents, or re-sharding the checkpoint, re-plans exactly the jobs of
+that model (and the table that reads them), none of the other model's; a job whose weights changed
+after it was planned stops before any work with one line naming the model and the file.
 The same for a hub id without a pinned revision whose cached snapshot moves (a fake local hub
 cache, offline)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -52,6 +50,10 @@ def planned_models(output: str) -> dict[str, set]:
     return out
 
 
+#: Table 1's rows of every run here
+ROWS = [{"selection": "wanda_sp", "compensation": "none"}, {"selection": "flap", "compensation": "bias"}]
+
+
 def _config(work: Path, models: dict) -> dict:
     return {
         "models": models,
@@ -59,32 +61,29 @@ def _config(work: Path, models: dict) -> dict:
         "calibration": {"c8": {"dataset": "local", "nsamples": 8, "seqlen": 32, "batch_size": 4}},
         "evaluation": {"ppl_dataset": "local", "ppl_seqlen": 32, "ppl_max_windows": 4, "ppl_batch_size": 2},
         "compensations": {"none": {"method": "none"}, "bias": {"method": "bias"}},
-        "compute": {"device": "cpu", "compensate_block": 0, "threads": 1},
-        "table1": {
-            "calibration": "c8",
-            "models": list(models),
-            "ratios": [0.5],
-            "rows": [{"selection": "wanda_sp", "compensation": "none"}, {"selection": "flap", "compensation": "bias"}],
-        },
+        "compute": {"device": "cpu", "compensate_block": 1, "threads": 1},
+        "table1": {"calibration": "c8", "models": list(models), "ratios": [0.5], "rows": ROWS},
     }
 
 
-#: Table 1's rows of the two-model run
-ROWS = [{"selection": "wanda_sp", "compensation": "none"}, {"selection": "flap", "compensation": "bias"}]
+#: the two-model run's models: name, folder
+TWO = (("tiny", "tiny-llama"), ("b", "tiny-b"))
 
 
 @pytest.fixture(scope="module")
-def two_models(shared_run, tmp_path_factory):
-    """A finished run of two local models (same architecture, different seeds): the shared run
-    (model ``tiny``) copied, a second model ``b`` added, and Table 1 of the rows above for both
-    run (only b's jobs and the table run)."""
-    run = shared_run.copy(tmp_path_factory.mktemp("weights") / "work")
-    work = run.work
-    make_model_dir(work / "tiny-b", "llama", seed=1)
-    cfg = copy.deepcopy(run.cfg)
-    cfg["models"]["b"] = {"source": "tiny-b", "num_layers": 2, "dtype": "float32"}
-    cfg["table1"] = dict(cfg["table1"], models=["tiny", "b"], rows=ROWS)
-    cfg_path = run.write_config(work / "config.yaml", cfg)
+def two_models(tmp_path_factory):
+    """A finished run of two local models (same architecture, different seeds): Table 1 of the rows
+    above for both (:func:`_config`, 21 jobs; its own run: this slow file runs in CI's
+    whole-workflow step, where no shared run is made)."""
+    work = tmp_path_factory.mktemp("weights")
+    for seed, (_, folder) in enumerate(TWO):
+        make_model_dir(work / folder, "llama", seed=seed)
+    (work / "calib.txt").write_text(CORPUS)
+    (work / "eval.txt").write_text(CORPUS[1000:4000])
+    models = {name: {"source": str(work / folder), "num_layers": 2, "dtype": "float32"} for name, folder in TWO}
+    cfg = _config(work, models)
+    cfg_path = work / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
     _snakemake(work, cfg_path, "results/table1.csv")
     assert (work / "results/b/c8/flap-0.5/bias/ppl.json").is_file()
     return work, cfg_path
