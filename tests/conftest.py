@@ -120,15 +120,16 @@ def trimmed_reference(tmp_path_factory) -> tuple[Path, float, dict[str, str]]:
     """One uninterrupted run of the trimmed workflow's Table 1 (:func:`write_trimmed_workflow`,
     :func:`run_trimmed_workflow`) for the whole pytest run: (work folder, wall seconds,
     :func:`file_digests`). Under pytest-xdist the first worker that asks makes it in the folder the
-    workers share and the others wait for it (a file lock), so the fault-injection and SLURM tests
+    workers share and the others wait for it (an flock), so the fault-injection and SLURM tests
     compare against one run instead of making one each."""
-    from filelock import FileLock
+    import fcntl
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # this pytest run's folder, above every worker's own
     work, record = root / "trimmed-reference", root / "trimmed-reference.json"
-    with FileLock(str(root / "trimmed-reference.lock")):
+    with open(root / "trimmed-reference.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not record.is_file():
             shutil.rmtree(work, ignore_errors=True)  # what a worker that failed here left
             _, cfg_path = write_trimmed_workflow(work)
