@@ -23,7 +23,8 @@ from coec.io import artifacts
 from coec.io.artifacts import GramLayer, log_timings, read_gram_layer
 from coec.io.progress import bar as progress_bar
 from coec.model.arch import MODULES, AttnShape, attention_shape, o_proj_columns
-from coec.model.load import layer_tensor_names, read_model_tensors, resolve_device
+from coec.model.checkpoint import Checkpoint
+from coec.model.load import layer_tensor_names, resolve_device
 from coec.model.source import CellSource, source_config
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,10 @@ def run_gram_check(source: CellSource, grams: str, out: str) -> dict[str, Any]:
     source, model_dir, cfg = source_config(source)
     dev = resolve_device(source.device)
     layers = []
+    ckpt = Checkpoint(model_dir)
     for i in progress_bar(range(cfg.num_hidden_layers), desc="gram check", unit="layer"):
         names = layer_tensor_names(i, cfg)
-        w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
+        w = ckpt.read([names["o_proj"], names["down_proj"]], check_finite=True)
         layer = {}
         for module in MODULES:
             chk = check_module(w[names[module]].to(dev), read_gram_layer(grams, i, module)["gram"].to(dev))
@@ -118,9 +120,10 @@ def run_compensate(source: CellSource, grams: str, options: CompensateOptions, o
     tensors: dict[str, torch.Tensor] = {}
     infos: dict[str, Any] = {}
     prog = progress_bar(total=2 * (o.last - o.first + 1), desc=f"compensate {m.name}", unit="module")
+    ckpt = Checkpoint(model_dir)
     for i in range(o.first, o.last + 1):
         names = layer_tensor_names(i, cfg)
-        w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
+        w = ckpt.read([names["o_proj"], names["down_proj"], names["v_proj"]], check_finite=True)
         k = keep["layers"][i]
         for module, cols in (
             ("o_proj", o_proj_columns(k["kv_groups"], job.geom)),

@@ -23,7 +23,8 @@ from coec.io.artifacts import log_timings
 from coec.io.progress import bar as progress_bar
 from coec.model.arch import attention_shape, o_proj_columns, pruned_value_proj
 from coec.model.cell import open_cell
-from coec.model.load import layer_tensor_names, read_model_tensors
+from coec.model.checkpoint import Checkpoint
+from coec.model.load import layer_tensor_names
 from coec.model.source import CellSource, resolve_source, source_config
 
 log = logging.getLogger(__name__)
@@ -78,9 +79,10 @@ def run_geometry(source: CellSource, out: str) -> list[dict[str, Any]]:
         raise ValueError("geometry needs the cell's keep.json (--keep)")
     comp = artifacts.read_comp_blocks(list(source.comp))
     rows = []
+    ckpt = Checkpoint(model_dir)
     for i, k in progress_bar(list(enumerate(keep["layers"])), desc="geometry", unit="layer"):
         names = layer_tensor_names(i, cfg)
-        w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"], names["v_proj"]])
+        w = ckpt.read([names["o_proj"], names["down_proj"], names["v_proj"]], check_finite=True)
         for module, cols in (
             ("o_proj", o_proj_columns(k["kv_groups"], geom)),
             ("down_proj", torch.tensor(k["channels"], dtype=torch.long)),

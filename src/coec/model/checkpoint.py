@@ -67,9 +67,10 @@ class Checkpoint:
         """Bytes of the checkpoint's shards on disk."""
         return sum((self.dir / s).stat().st_size for s in set(self.map.values()))
 
-    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+    def read(self, names: list[str], check_finite: bool = False) -> dict[str, torch.Tensor]:
         """The named tensors, as stored (dtype, CPU, memory-mapped). A name the checkpoint lacks
-        raises ``ArtifactError`` naming the folder; a damaged shard names the shard."""
+        raises ``ArtifactError`` naming the folder; a damaged shard names the shard; ``check_finite``:
+        also every floating value finite (which reads every byte)."""
         missing = [n for n in names if n not in self.map]
         if missing:
             raise ArtifactError(self.dir, f"tensors not in the checkpoint: {missing[:3]}")
@@ -78,5 +79,5 @@ class Checkpoint:
             by_shard.setdefault(self.map[n], []).append(n)
         out: dict[str, torch.Tensor] = {}
         for shard, ns in by_shard.items():
-            out.update(artifacts.read_tensors(self.dir / shard, ns, check_finite=False))
+            out.update(artifacts.read_tensors(self.dir / shard, ns, check_finite=check_finite))
         return out

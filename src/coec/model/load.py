@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from coec.io.artifacts import MissingArtifact, read_json, read_tensors
+from coec.io.artifacts import read_json
 from coec.io.atomic import atomic_dir
 from coec.io.errors import ArtifactError
 from coec.io.safetensors_file import safetensors_header
 from coec.model.arch import Adapter, ModelError, adapter_for
+from coec.model.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -215,24 +216,7 @@ def check_model_dir(folder: str | Path) -> Path:
 
 
 def read_model_tensors(model_dir: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """Only the named tensors of a (sharded) safetensors checkpoint, each shard checked."""
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ArtifactError(index, "missing weight_map")
-    elif (model_dir / "model.safetensors").is_file():
-        weight_map = {n: "model.safetensors" for n in names}
-    else:
-        raise MissingArtifact(model_dir, "no safetensors checkpoint (model.safetensors or its index)")
-    missing = [n for n in names if n not in weight_map]
-    if missing:
-        raise ArtifactError(model_dir, f"tensors not in the checkpoint: {missing[:3]}")
-    by_file: dict[str, list[str]] = {}
-    for n in names:
-        by_file.setdefault(weight_map[n], []).append(n)
-    out = {}
-    for fname, ns in by_file.items():
-        out.update(read_tensors(model_dir / fname, ns))
-    return out
+    """Only the named tensors of a (sharded) safetensors checkpoint, each shard checked and every
+    floating tensor finite: one read of a :class:`~coec.model.checkpoint.Checkpoint` (a stage that
+    reads every layer builds one and reads each layer from it)."""
+    return Checkpoint(model_dir).read(names, check_finite=True)

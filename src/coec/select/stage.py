@@ -10,7 +10,8 @@ from coec.io import artifacts
 from coec.io.artifacts import read_gram_layer
 from coec.io.progress import bar as progress_bar
 from coec.model.arch import MODULES, attention_shape
-from coec.model.load import layer_tensor_names, read_model_tensors
+from coec.model.checkpoint import Checkpoint
+from coec.model.load import layer_tensor_names
 from coec.model.source import CellSource, source_config
 from coec.select.options import SelectOptions
 from coec.select.scores import KeepRule, aligned_steps, check_multiple, select_layer, selection_spec
@@ -33,9 +34,10 @@ def run_select(source: CellSource, grams: str, options: SelectOptions, out: str)
     geom = attention_shape(cfg)
     rule = KeepRule(o.ratio, o.group_rounding, o.channel_rounding, o.channel_multiple)
     layers = []
+    ckpt = Checkpoint(model_dir)
     for i in progress_bar(range(cfg.num_hidden_layers), desc=f"select {o.method}", unit="layer"):
         names = layer_tensor_names(i, cfg)
-        w = read_model_tensors(model_dir, [names["o_proj"], names["down_proj"]])
+        w = ckpt.read([names["o_proj"], names["down_proj"]], check_finite=True)
         weights = {m: w[names[m]] for m in MODULES}
         layers.append(select_layer(spec, weights, {m: read_gram_layer(grams, i, m) for m in MODULES}, geom, rule))
     if width != PAPER_WIDTH:

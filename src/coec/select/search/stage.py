@@ -19,6 +19,7 @@ from coec.io import artifacts
 from coec.io.artifacts import read_gram_layer
 from coec.model.arch import MODULES, attention_shape
 from coec.model.cell import load_source
+from coec.model.checkpoint import Checkpoint
 from coec.model.load import layer_tensor_names, load_config, read_model_tensors, resolve_device
 from coec.model.source import CellSource, source_config
 from coec.report.cost import arch_dims, config_dict
@@ -151,9 +152,10 @@ def alam_scores(source: CellSource, grams: str, n_layers: int) -> list[tuple[tor
     cfg = load_config(model_dir, *source.hub)
     geom = attention_shape(cfg)
     out = []
+    ckpt = Checkpoint(model_dir)
     for i in range(n_layers):
         names = layer_tensor_names(i, cfg)
-        w = read_model_tensors(model_dir, [names[m] for m in MODULES])
+        w = ckpt.read([names[m] for m in MODULES], check_finite=True)
         sc = layer_scores("flap", {m: w[names[m]] for m in MODULES}, {m: read_gram_layer(grams, i, m) for m in MODULES},
                           geom)  # fmt: skip
         out.append((sc["o_proj"], sc["down_proj"]))
